@@ -1,0 +1,48 @@
+"""hixl_client: the asyncio client of the hixl KV-cache transfer service.
+
+The public names follow LLM-DataDist's (``LLMDataDist``, ``CacheManager``,
+``CacheDesc``, keys, ``LLMConfig``, ``LLMStatusCode``, ``LLMException``...);
+the operations are coroutines served by the local ``hixl-serviced``.
+"""
+
+from .cache import Cache
+from .cache_manager import CacheManager
+from .config import LlmConfig, LLMClusterInfo, LLMConfig
+from .keys import BlocksCacheKey, CacheKey, CacheKeyByIdAndIndex
+from .llm_datadist import LLMDataDist
+from .status import LLMException, LLMStatusCode, Status
+from .types import (
+    CacheDesc,
+    DataType,
+    LayerSynchronizer,
+    LLMRole,
+    MemInfo,
+    Memtype,
+    Placement,
+    RegisterMemStatus,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BlocksCacheKey",
+    "Cache",
+    "CacheDesc",
+    "CacheKey",
+    "CacheKeyByIdAndIndex",
+    "CacheManager",
+    "DataType",
+    "LLMClusterInfo",
+    "LLMConfig",
+    "LLMDataDist",
+    "LLMException",
+    "LLMRole",
+    "LLMStatusCode",
+    "LayerSynchronizer",
+    "LlmConfig",
+    "MemInfo",
+    "Memtype",
+    "Placement",
+    "RegisterMemStatus",
+    "Status",
+]

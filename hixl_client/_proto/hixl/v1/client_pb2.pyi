@@ -1,0 +1,201 @@
+from hixl_client._proto.hixl.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class AttachRequest(_message.Message):
+    __slots__ = ("client_pid", "client_name")
+    CLIENT_PID_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_NAME_FIELD_NUMBER: _ClassVar[int]
+    client_pid: int
+    client_name: str
+    def __init__(self, client_pid: _Optional[int] = ..., client_name: _Optional[str] = ...) -> None: ...
+
+class SessionEvent(_message.Message):
+    __slots__ = ("attached",)
+    ATTACHED_FIELD_NUMBER: _ClassVar[int]
+    attached: Attached
+    def __init__(self, attached: _Optional[_Union[Attached, _Mapping]] = ...) -> None: ...
+
+class Attached(_message.Message):
+    __slots__ = ("session_id", "daemon_id", "version", "fd_socket")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    DAEMON_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    FD_SOCKET_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    daemon_id: str
+    version: str
+    fd_socket: str
+    def __init__(self, session_id: _Optional[str] = ..., daemon_id: _Optional[str] = ..., version: _Optional[str] = ..., fd_socket: _Optional[str] = ...) -> None: ...
+
+class InitRequest(_message.Message):
+    __slots__ = ("cluster_id", "role", "options")
+    class OptionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    cluster_id: int
+    role: int
+    options: _containers.ScalarMap[str, str]
+    def __init__(self, cluster_id: _Optional[int] = ..., role: _Optional[int] = ..., options: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class PoolInfo(_message.Message):
+    __slots__ = ("pool_id", "placement", "size", "page_shift", "fd_token")
+    POOL_ID_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENT_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SHIFT_FIELD_NUMBER: _ClassVar[int]
+    FD_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    pool_id: int
+    placement: int
+    size: int
+    page_shift: int
+    fd_token: bytes
+    def __init__(self, pool_id: _Optional[int] = ..., placement: _Optional[int] = ..., size: _Optional[int] = ..., page_shift: _Optional[int] = ..., fd_token: _Optional[bytes] = ...) -> None: ...
+
+class InitReply(_message.Message):
+    __slots__ = ("pools", "fd_socket")
+    POOLS_FIELD_NUMBER: _ClassVar[int]
+    FD_SOCKET_FIELD_NUMBER: _ClassVar[int]
+    pools: _containers.RepeatedCompositeFieldContainer[PoolInfo]
+    fd_socket: str
+    def __init__(self, pools: _Optional[_Iterable[_Union[PoolInfo, _Mapping]]] = ..., fd_socket: _Optional[str] = ...) -> None: ...
+
+class FinalizeRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class FinalizeReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ClusterLink(_message.Message):
+    __slots__ = ("remote_cluster_id", "remote_host", "remote_port")
+    REMOTE_CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_HOST_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_PORT_FIELD_NUMBER: _ClassVar[int]
+    remote_cluster_id: int
+    remote_host: str
+    remote_port: int
+    def __init__(self, remote_cluster_id: _Optional[int] = ..., remote_host: _Optional[str] = ..., remote_port: _Optional[int] = ...) -> None: ...
+
+class LinkClustersRequest(_message.Message):
+    __slots__ = ("clusters", "timeout_ms", "force")
+    CLUSTERS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    clusters: _containers.RepeatedCompositeFieldContainer[ClusterLink]
+    timeout_ms: int
+    force: bool
+    def __init__(self, clusters: _Optional[_Iterable[_Union[ClusterLink, _Mapping]]] = ..., timeout_ms: _Optional[int] = ..., force: _Optional[bool] = ...) -> None: ...
+
+class UnlinkClustersRequest(_message.Message):
+    __slots__ = ("clusters", "timeout_ms", "force")
+    CLUSTERS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    clusters: _containers.RepeatedCompositeFieldContainer[ClusterLink]
+    timeout_ms: int
+    force: bool
+    def __init__(self, clusters: _Optional[_Iterable[_Union[ClusterLink, _Mapping]]] = ..., timeout_ms: _Optional[int] = ..., force: _Optional[bool] = ...) -> None: ...
+
+class LinkResult(_message.Message):
+    __slots__ = ("status", "transport", "message")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    status: int
+    transport: str
+    message: str
+    def __init__(self, status: _Optional[int] = ..., transport: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class LinkClustersReply(_message.Message):
+    __slots__ = ("status", "results")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    status: int
+    results: _containers.RepeatedCompositeFieldContainer[LinkResult]
+    def __init__(self, status: _Optional[int] = ..., results: _Optional[_Iterable[_Union[LinkResult, _Mapping]]] = ...) -> None: ...
+
+class AllocateCacheRequest(_message.Message):
+    __slots__ = ("desc", "keys", "blocks", "blocks_key", "has_blocks_key")
+    DESC_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_KEY_FIELD_NUMBER: _ClassVar[int]
+    HAS_BLOCKS_KEY_FIELD_NUMBER: _ClassVar[int]
+    desc: _common_pb2.CacheDescriptor
+    keys: _containers.RepeatedCompositeFieldContainer[_common_pb2.CacheKey]
+    blocks: bool
+    blocks_key: _common_pb2.BlocksKey
+    has_blocks_key: bool
+    def __init__(self, desc: _Optional[_Union[_common_pb2.CacheDescriptor, _Mapping]] = ..., keys: _Optional[_Iterable[_Union[_common_pb2.CacheKey, _Mapping]]] = ..., blocks: _Optional[bool] = ..., blocks_key: _Optional[_Union[_common_pb2.BlocksKey, _Mapping]] = ..., has_blocks_key: _Optional[bool] = ...) -> None: ...
+
+class AllocateCacheReply(_message.Message):
+    __slots__ = ("cache_id", "pool_id", "tensor_offsets")
+    CACHE_ID_FIELD_NUMBER: _ClassVar[int]
+    POOL_ID_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    cache_id: int
+    pool_id: int
+    tensor_offsets: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, cache_id: _Optional[int] = ..., pool_id: _Optional[int] = ..., tensor_offsets: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class DeallocateCacheRequest(_message.Message):
+    __slots__ = ("cache_id", "blocks")
+    CACHE_ID_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    cache_id: int
+    blocks: bool
+    def __init__(self, cache_id: _Optional[int] = ..., blocks: _Optional[bool] = ...) -> None: ...
+
+class DeallocateCacheReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RemoveCacheKeyRequest(_message.Message):
+    __slots__ = ("key",)
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    key: _common_pb2.CacheKey
+    def __init__(self, key: _Optional[_Union[_common_pb2.CacheKey, _Mapping]] = ...) -> None: ...
+
+class RemoveCacheKeyReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PullCacheRequest(_message.Message):
+    __slots__ = ("src", "dst_cache_id", "batch_index", "size", "src_tensor_indices", "dst_tensor_indices", "tensor_num_per_layer")
+    SRC_FIELD_NUMBER: _ClassVar[int]
+    DST_CACHE_ID_FIELD_NUMBER: _ClassVar[int]
+    BATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    SRC_TENSOR_INDICES_FIELD_NUMBER: _ClassVar[int]
+    DST_TENSOR_INDICES_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_NUM_PER_LAYER_FIELD_NUMBER: _ClassVar[int]
+    src: _common_pb2.CacheRef
+    dst_cache_id: int
+    batch_index: int
+    size: int
+    src_tensor_indices: _containers.RepeatedScalarFieldContainer[int]
+    dst_tensor_indices: _containers.RepeatedScalarFieldContainer[int]
+    tensor_num_per_layer: int
+    def __init__(self, src: _Optional[_Union[_common_pb2.CacheRef, _Mapping]] = ..., dst_cache_id: _Optional[int] = ..., batch_index: _Optional[int] = ..., size: _Optional[int] = ..., src_tensor_indices: _Optional[_Iterable[int]] = ..., dst_tensor_indices: _Optional[_Iterable[int]] = ..., tensor_num_per_layer: _Optional[int] = ...) -> None: ...
+
+class PullCacheReply(_message.Message):
+    __slots__ = ("bytes", "transport")
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    bytes: int
+    transport: str
+    def __init__(self, bytes: _Optional[int] = ..., transport: _Optional[str] = ...) -> None: ...

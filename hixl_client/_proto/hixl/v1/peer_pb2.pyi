@@ -1,0 +1,90 @@
+from hixl_client._proto.hixl.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class HelloRequest(_message.Message):
+    __slots__ = ("protocol_version", "daemon_id", "version", "src_cluster_id", "dst_cluster_id")
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    DAEMON_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    SRC_CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    DST_CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: int
+    daemon_id: str
+    version: str
+    src_cluster_id: int
+    dst_cluster_id: int
+    def __init__(self, protocol_version: _Optional[int] = ..., daemon_id: _Optional[str] = ..., version: _Optional[str] = ..., src_cluster_id: _Optional[int] = ..., dst_cluster_id: _Optional[int] = ...) -> None: ...
+
+class HelloReply(_message.Message):
+    __slots__ = ("protocol_version", "daemon_id", "version", "data_host", "data_port", "link_token")
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    DAEMON_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    DATA_HOST_FIELD_NUMBER: _ClassVar[int]
+    DATA_PORT_FIELD_NUMBER: _ClassVar[int]
+    LINK_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: int
+    daemon_id: str
+    version: str
+    data_host: str
+    data_port: int
+    link_token: int
+    def __init__(self, protocol_version: _Optional[int] = ..., daemon_id: _Optional[str] = ..., version: _Optional[str] = ..., data_host: _Optional[str] = ..., data_port: _Optional[int] = ..., link_token: _Optional[int] = ...) -> None: ...
+
+class ResolveCacheRequest(_message.Message):
+    __slots__ = ("link_token", "ref")
+    LINK_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    REF_FIELD_NUMBER: _ClassVar[int]
+    link_token: int
+    ref: _common_pb2.CacheRef
+    def __init__(self, link_token: _Optional[int] = ..., ref: _Optional[_Union[_common_pb2.CacheRef, _Mapping]] = ...) -> None: ...
+
+class ResolveCacheReply(_message.Message):
+    __slots__ = ("cache_id", "region_id", "tensor_offsets", "tensor_size", "stride", "batch_size", "batch_index", "blocks")
+    CACHE_ID_FIELD_NUMBER: _ClassVar[int]
+    REGION_ID_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_SIZE_FIELD_NUMBER: _ClassVar[int]
+    STRIDE_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    BATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    cache_id: int
+    region_id: int
+    tensor_offsets: _containers.RepeatedScalarFieldContainer[int]
+    tensor_size: int
+    stride: int
+    batch_size: int
+    batch_index: int
+    blocks: bool
+    def __init__(self, cache_id: _Optional[int] = ..., region_id: _Optional[int] = ..., tensor_offsets: _Optional[_Iterable[int]] = ..., tensor_size: _Optional[int] = ..., stride: _Optional[int] = ..., batch_size: _Optional[int] = ..., batch_index: _Optional[int] = ..., blocks: _Optional[bool] = ...) -> None: ...
+
+class ReleaseKeyRequest(_message.Message):
+    __slots__ = ("link_token", "key", "tensor_indices")
+    LINK_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_INDICES_FIELD_NUMBER: _ClassVar[int]
+    link_token: int
+    key: _common_pb2.CacheKey
+    tensor_indices: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, link_token: _Optional[int] = ..., key: _Optional[_Union[_common_pb2.CacheKey, _Mapping]] = ..., tensor_indices: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ReleaseKeyReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class UnlinkRequest(_message.Message):
+    __slots__ = ("link_token",)
+    LINK_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    link_token: int
+    def __init__(self, link_token: _Optional[int] = ...) -> None: ...
+
+class UnlinkReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

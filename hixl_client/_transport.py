@@ -1,0 +1,149 @@
+"""The only module that touches gRPC stubs on the client side.
+
+It opens the channel to the local daemon, keeps the session's Attach stream,
+adds the session metadata to every call and turns ``AioRpcError`` into
+``LLMException`` with the daemon's exact LLMStatusCode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+import grpc.aio
+
+from ._proto.hixl.v1 import client_pb2, client_pb2_grpc
+from .status import STATUS_METADATA_KEY, LLMException, LLMStatusCode
+
+logger = logging.getLogger(__name__)
+
+SESSION_METADATA_KEY = "hixl-session"
+# Daemon calls that do only control work; transfers pass their own deadline.
+CONTROL_TIMEOUT_S = 30.0
+ATTACH_TIMEOUT_S = 10.0
+
+_FALLBACK = {
+    grpc.StatusCode.DEADLINE_EXCEEDED: LLMStatusCode.LLM_TIMEOUT,
+    grpc.StatusCode.INVALID_ARGUMENT: LLMStatusCode.LLM_PARAM_INVALID,
+    grpc.StatusCode.NOT_FOUND: LLMStatusCode.LLM_KV_CACHE_NOT_EXIST,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: LLMStatusCode.LLM_OUT_OF_MEMORY,
+}
+
+Reply = TypeVar("Reply")
+
+
+def error_from_rpc(err: grpc.aio.AioRpcError, what: str,
+                   unavailable: LLMStatusCode = LLMStatusCode.LLM_FAILED) -> LLMException:
+    """Turn a failed call into an LLMException carrying the daemon's status code.
+
+    Args:
+        err: the failed call.
+        what: who was called, for the message ("hixl daemon at unix:/run/hixl/hixl.sock").
+        unavailable: the code to use when nobody answered at all.
+    """
+    status: LLMStatusCode | None = None
+    for key, value in err.trailing_metadata() or ():
+        if key == STATUS_METADATA_KEY:
+            try:
+                status = LLMStatusCode(int(value))
+            except ValueError:
+                status = LLMStatusCode.LLM_FAILED
+    if status is None:
+        if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+            status = unavailable
+        else:
+            status = _FALLBACK.get(err.code(), LLMStatusCode.LLM_FAILED)
+        return LLMException(f"{what}: {err.code().name}: {err.details()}", status_code=status)
+    return LLMException(err.details() or status.name, status_code=status)
+
+
+class DaemonConnection:
+    """A channel to the local daemon plus the session that ties us to it."""
+
+    def __init__(self, target: str, client_name: str = "") -> None:
+        self.target = target
+        self._client_name = client_name or os.path.basename(sys.argv[0] or "python")
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: client_pb2_grpc.ClientStub | None = None
+        self._attach: Any = None
+        self._watch: asyncio.Task[None] | None = None
+        self.session_id = ""
+        self.daemon_id = ""
+        self.fd_socket = ""
+        self.lost: str | None = None
+
+    @property
+    def stub(self) -> client_pb2_grpc.ClientStub:
+        assert self._stub is not None, "not connected"
+        return self._stub
+
+    async def open(self) -> None:
+        """Connect and attach; the session lives until close() or process exit."""
+        self._channel = grpc.aio.insecure_channel(self.target)
+        self._stub = client_pb2_grpc.ClientStub(self._channel)
+        self._attach = self._stub.Attach(
+            client_pb2.AttachRequest(client_pid=os.getpid(), client_name=self._client_name),
+            wait_for_ready=False)
+        try:
+            event = await asyncio.wait_for(self._attach.read(), ATTACH_TIMEOUT_S)
+        except grpc.aio.AioRpcError as err:
+            await self.close()
+            raise error_from_rpc(err, f"hixl daemon at {self.target}") from None
+        except TimeoutError:
+            await self.close()
+            raise LLMException(f"hixl daemon at {self.target} did not answer within "
+                               f"{ATTACH_TIMEOUT_S} s", status_code=LLMStatusCode.LLM_TIMEOUT) from None
+        if event is grpc.aio.EOF or not event.HasField("attached"):
+            await self.close()
+            raise LLMException(f"hixl daemon at {self.target} refused the session",
+                               status_code=LLMStatusCode.LLM_FAILED)
+        self.session_id = event.attached.session_id
+        self.daemon_id = event.attached.daemon_id
+        self.fd_socket = event.attached.fd_socket
+        self._watch = asyncio.get_running_loop().create_task(self._watch_session())
+
+    async def _watch_session(self) -> None:
+        # The stream carries no traffic in steady state; it ends when the
+        # daemon goes away, which makes every later call fail clearly.
+        try:
+            async for _ in self._attach:
+                pass
+            self.lost = "the daemon closed the session"
+        except grpc.aio.AioRpcError as err:
+            if err.code() != grpc.StatusCode.CANCELLED:
+                self.lost = f"the session ended: {err.code().name}"
+        except asyncio.CancelledError:
+            raise
+
+    async def call(self, method: Callable[..., Awaitable[Reply]], request: Any,
+                   timeout: float = CONTROL_TIMEOUT_S) -> Reply:
+        """Run one unary call in the session, mapping failures to LLMException."""
+        if self.lost is not None:
+            raise LLMException(f"hixl daemon at {self.target}: {self.lost}",
+                               status_code=LLMStatusCode.LLM_FAILED)
+        try:
+            return await method(request, timeout=timeout,
+                                metadata=((SESSION_METADATA_KEY, self.session_id),))
+        except grpc.aio.AioRpcError as err:
+            raise error_from_rpc(err, f"hixl daemon at {self.target}") from None
+
+    async def close(self) -> None:
+        """End the session: the daemon frees what it allocated for us."""
+        if self._attach is not None:
+            self._attach.cancel()
+            self._attach = None
+        if self._watch is not None:
+            self._watch.cancel()
+            try:
+                await self._watch
+            except asyncio.CancelledError:
+                pass
+            self._watch = None
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None

@@ -1,0 +1,273 @@
+"""LLMDataDist: one cluster, one session with the local daemon, as coroutines.
+
+Unlike LLM-DataDist's blocking class, several instances may live in one
+process (one per cluster): each holds its own session with the daemon.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ._defaults import default_daemon_target
+from ._memory import PoolMapping, map_pools
+from ._proto.hixl.v1 import client_pb2
+from ._transport import DaemonConnection
+from ._validation import check_int32, check_isinstance, check_uint64
+from .cache_manager import CacheManager
+from .config import LLMClusterInfo, int_to_ip
+from .status import LLMException, LLMStatusCode, raise_if_false
+from .types import LLMRole, role_to_str
+
+OPT_ROLE = "llm.Role"
+OPT_CACHE_MANAGER = "llm.EnableCacheManager"
+OPT_REMOTE_ACCESSIBLE = "llm.EnableRemoteCacheAccessible"
+OPT_LOCAL_COMM_RES = "llm.LocalCommRes"
+OPT_TRANSFER_BACKEND = "llm.TransferBackend"
+OPT_LISTEN_IP_INFO = "llm.listenIpInfo"
+OPT_FLOW_GRAPH_MEM = "ge.flowGraphMemMaxSize"
+LINK_RPC_MARGIN_S = 10.0
+
+
+def normalize_options(options: dict[str, str], role: LLMRole) -> dict[str, str]:
+    """Apply LLM-DataDist's init-time option rules and return the options to send.
+
+    Raises:
+        TypeError: ``ge.flowGraphMemMaxSize`` is not a str.
+        ValueError: the listen port is not a number.
+        LLMException: a rule of LLM-DataDist's init is broken (``LLM_PARAM_INVALID``).
+    """
+    if OPT_FLOW_GRAPH_MEM in options:
+        value = options[OPT_FLOW_GRAPH_MEM]
+        check_isinstance(OPT_FLOW_GRAPH_MEM, value, str)
+        raise_if_false("," not in value, "{0} does not support multiple values, got {1}.",
+                       OPT_FLOW_GRAPH_MEM, value)
+        raise_if_false(value.isdigit(), "{0} must be digits, got {1}.", OPT_FLOW_GRAPH_MEM, value)
+    normalized = dict(options)
+    normalized[OPT_ROLE] = role_to_str(role)
+    if OPT_LOCAL_COMM_RES in normalized:
+        normalized.setdefault(OPT_CACHE_MANAGER, "1")
+        normalized.setdefault(OPT_REMOTE_ACCESSIBLE, "1")
+    cache_manager_mode = normalized.get(OPT_CACHE_MANAGER) == "1"
+    raise_if_false(OPT_LOCAL_COMM_RES not in normalized or cache_manager_mode,
+                   "{0} is not supported when llm.EnableCacheManager is not configured.",
+                   OPT_LOCAL_COMM_RES)
+    if OPT_TRANSFER_BACKEND in normalized:
+        raise_if_false(cache_manager_mode, "{0} requires llm.EnableCacheManager to be 1.",
+                       OPT_TRANSFER_BACKEND)
+        normalized.setdefault(OPT_REMOTE_ACCESSIBLE, "1")
+        raise_if_false(normalized[OPT_REMOTE_ACCESSIBLE] == "1",
+                       "{0} requires llm.EnableRemoteCacheAccessible to be 1.",
+                       OPT_TRANSFER_BACKEND)
+        raise_if_false(OPT_LISTEN_IP_INFO in normalized, "{0} requires llm.listenIpInfo.",
+                       OPT_TRANSFER_BACKEND)
+    if cache_manager_mode and OPT_LISTEN_IP_INFO in normalized:
+        parts = normalized[OPT_LISTEN_IP_INFO].split(":")
+        raise_if_false(len(parts) == 2, "llm.listenIpInfo should be 'ip:port', got {0}.",
+                       normalized[OPT_LISTEN_IP_INFO])
+        normalized["llm.ListenIp"] = parts[0]
+        normalized["llm.ListenPort"] = str(int(parts[1]))
+    return normalized
+
+
+class LLMDataDist:
+    """One prefill or decode cluster attached to the local hixl daemon.
+
+    Args:
+        role: the cluster's role label (``LLMRole``).
+        cluster_id: the cluster's id (uint64), unique among linked clusters.
+        daemon: the gRPC target of the local daemon; defaults to ``$HIXL_DAEMON``
+            or the default unix socket.
+
+    Raises:
+        TypeError / ValueError: wrong ``role`` or ``cluster_id``.
+    """
+
+    def __init__(self, role: LLMRole, cluster_id: int, *, daemon: str | None = None) -> None:
+        check_isinstance("role", role, LLMRole, allow_none=False)
+        check_uint64("cluster_id", cluster_id)
+        self._role = role
+        self._cluster_id = cluster_id
+        self._daemon = daemon or default_daemon_target()
+        self._connection: DaemonConnection | None = None
+        self._cache_manager: CacheManager | None = None
+        self._pools: dict[int, PoolMapping] = {}
+        self._options: dict[str, str] = {}
+
+    @property
+    def cluster_id(self) -> int:
+        """The cluster id given at construction."""
+        return self._cluster_id
+
+    @property
+    def role(self) -> LLMRole:
+        """The cluster's role label."""
+        return self._role
+
+    @property
+    def daemon(self) -> str:
+        """The gRPC target of the daemon this cluster attaches to."""
+        return self._daemon
+
+    @property
+    def is_initialized(self) -> bool:
+        return self._cache_manager is not None
+
+    @property
+    def cache_manager(self) -> CacheManager:
+        """The cache manager of the initialized cluster.
+
+        Raises:
+            RuntimeError: not initialized.
+        """
+        if self._cache_manager is None:
+            raise RuntimeError("llm datadist is not initialized")
+        return self._cache_manager
+
+    def _require_init(self) -> DaemonConnection:
+        if self._connection is None or self._cache_manager is None:
+            raise RuntimeError("llm datadist is not initialized")
+        return self._connection
+
+    async def init(self, options: dict[str, str]) -> None:
+        """Attach to the daemon and create this cluster's pools.
+
+        A second call on an initialized instance returns at once.
+
+        Args:
+            options: engine options, e.g. ``LLMConfig().generate_options()``.
+
+        Raises:
+            TypeError: ``options`` is not a dict.
+            ImportError: the options ask for LLM-DataDist's legacy (non cache
+                manager) mode, which hixl does not provide.
+            LLMException: invalid options or the daemon refused the cluster.
+        """
+        if self._cache_manager is not None:
+            return
+        check_isinstance("options", options, dict, allow_none=False)
+        normalized = normalize_options(options, self._role)
+        if normalized.get(OPT_CACHE_MANAGER) != "1":
+            raise ImportError("hixl implements LLM-DataDist's cache-manager mode only; set "
+                              "LLMConfig.enable_cache_manager = True")
+        connection = DaemonConnection(self._daemon)
+        await connection.open()
+        try:
+            reply = await connection.call(connection.stub.Init, client_pb2.InitRequest(
+                cluster_id=self._cluster_id, role=int(self._role), options=normalized))
+            self._pools = await map_pools(reply.fd_socket, list(reply.pools))
+        except BaseException:
+            await connection.close()
+            raise
+        self._connection = connection
+        self._options = normalized
+        self._cache_manager = CacheManager(connection, normalized, self._pools)
+
+    async def finalize(self) -> None:
+        """Free the cluster's caches and pools in the daemon and end the session.
+
+        A no-op when not initialized. The old ``cache_manager`` raises
+        ``LLM_ENGINE_FINALIZED`` afterwards; a later ``init`` creates a new one.
+        """
+        connection, self._connection = self._connection, None
+        manager, self._cache_manager = self._cache_manager, None
+        if manager is not None:
+            manager._expire()
+        if connection is None:
+            return
+        try:
+            await connection.call(connection.stub.Finalize, client_pb2.FinalizeRequest())
+        finally:
+            await connection.close()
+            # Views the caller still holds keep their mapping alive on their own.
+            self._pools = {}
+
+    def _cluster_targets(self, clusters: Sequence[LLMClusterInfo], timeout: int,
+                         options_require_local_ip: bool) -> None:
+        check_int32("timeout", timeout)
+        raise_if_false(timeout > 0, "timeout should be > 0, but got {0}.", timeout)
+        check_isinstance("clusters", clusters, [list, tuple], LLMClusterInfo, allow_none=False)
+        for cluster in clusters:
+            if options_require_local_ip:
+                raise_if_false(len(cluster.local_ip_info_list) > 0,
+                               "local_ip_info_list is empty. Please append local ip info "
+                               "when llm.LocalCommRes is not configured.")
+            check_uint64("remote_cluster_id", cluster.remote_cluster_id)
+
+    async def _link_call(self, clusters: Sequence[LLMClusterInfo], timeout: int,
+                         unlink: bool, force: bool = False
+                         ) -> tuple[LLMStatusCode, list[LLMStatusCode]]:
+        connection = self._require_init()
+        results: list[LLMStatusCode | None] = []
+        targets = []
+        for cluster in clusters:
+            if len(cluster.remote_ip_info_list) != 1 and not (unlink and force):
+                results.append(LLMStatusCode.LLM_PARAM_INVALID)
+                continue
+            host, port = ("", 0)
+            if cluster.remote_ip_info_list:
+                ip, port = cluster.remote_ip_info_list[0]
+                host = int_to_ip(ip)
+            targets.append(client_pb2.ClusterLink(
+                remote_cluster_id=cluster.remote_cluster_id or 0, remote_host=host,
+                remote_port=port))
+            results.append(None)
+        if targets:
+            method = connection.stub.UnlinkClusters if unlink else connection.stub.LinkClusters
+            request_cls: Any = (client_pb2.UnlinkClustersRequest if unlink
+                                else client_pb2.LinkClustersRequest)
+            reply = await connection.call(
+                method, request_cls(clusters=targets, timeout_ms=timeout, force=force),
+                timeout=timeout / 1000.0 + LINK_RPC_MARGIN_S)
+            answers = iter(reply.results)
+            results = [r if r is not None else LLMStatusCode(next(answers).status)
+                       for r in results]
+        statuses = [r for r in results if r is not None]
+        failed = [r for r in statuses if r != LLMStatusCode.LLM_SUCCESS]
+        if not statuses:
+            return LLMStatusCode.LLM_PARAM_INVALID, []
+        return (failed[-1] if failed else LLMStatusCode.LLM_SUCCESS), statuses
+
+    async def link_clusters(self, clusters: Sequence[LLMClusterInfo], timeout: int = 3000
+                            ) -> tuple[LLMStatusCode, list[LLMStatusCode]]:
+        """Link this cluster to remote clusters (one-sided; the remote side does nothing).
+
+        Each ``LLMClusterInfo`` names the remote daemon's peer endpoint in its
+        single remote ip info and the cluster inside it by ``remote_cluster_id``.
+
+        Returns:
+            ``(overall, per_cluster)``: overall is the last failure or success.
+
+        Raises:
+            RuntimeError: not initialized.
+            TypeError / ValueError / LLMException: invalid arguments (link
+                failures are reported in the result, never raised).
+        """
+        self._require_init()
+        self._cluster_targets(clusters, timeout, self._needs_local_ip())
+        return await self._link_call(clusters, timeout, unlink=False)
+
+    async def unlink_clusters(self, clusters: Sequence[LLMClusterInfo], timeout: int = 3000,
+                              force: bool = False) -> tuple[LLMStatusCode, list[LLMStatusCode]]:
+        """Unlink remote clusters; ``force`` tears down only the local side.
+
+        Returns:
+            ``(overall, per_cluster)`` as for `link_clusters`.
+        """
+        self._require_init()
+        self._cluster_targets(clusters, timeout, self._needs_local_ip())
+        check_isinstance("force", force, bool, allow_none=False)
+        return await self._link_call(clusters, timeout, unlink=True, force=force)
+
+    def _needs_local_ip(self) -> bool:
+        # Without llm.LocalCommRes, LLM-DataDist needs a local ip per cluster.
+        return not self._options.get(OPT_LOCAL_COMM_RES)
+
+    async def __aenter__(self) -> LLMDataDist:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.finalize()
+
+
+__all__ = ["LLMDataDist", "LLMException", "normalize_options"]

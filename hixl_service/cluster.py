@@ -1,0 +1,108 @@
+"""A cluster (one initialized LLMDataDist) inside the daemon, and its options.
+
+The options are LLM-DataDist's engine options, as ``LLMConfig`` emits them.
+The daemon checks them the way LLM-DataDist's native init does, keeps the
+ones that matter on this backend, and reports the others through the admin
+status instead of silently dropping them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from hixl_client.status import LLMException, LLMStatusCode
+from hixl_client.types import LLMRole, Placement
+
+from .pools import Pool, PoolSpec
+from .registry import CacheRegistry
+
+if TYPE_CHECKING:
+    from .links import OutboundLink
+
+OPT_MEM_POOL = "llm.MemPoolConfig"
+OPT_HOST_MEM_POOL = "llm.HostMemPoolConfig"
+OPT_SYNC_TIMEOUT = "llm.SyncKvCacheWaitTime"
+OPT_REMOTE_ACCESSIBLE = "llm.EnableRemoteCacheAccessible"
+OPT_TRANSFER_BACKEND = "llm.TransferBackend"
+OPT_DEVICE_ID = "ge.exec.deviceId"
+
+DEFAULT_SYNC_TIMEOUT_MS = 1000
+SUPPORTED_TRANSFER_BACKENDS = ("hixl",)
+
+
+def _invalid(message: str) -> LLMException:
+    return LLMException(message, status_code=LLMStatusCode.LLM_PARAM_INVALID)
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    """What the daemon takes from a cluster's engine options."""
+
+    sync_timeout_ms: int = DEFAULT_SYNC_TIMEOUT_MS
+    device_pool: PoolSpec | None = None
+    host_pool: PoolSpec | None = None
+    remote_cache_accessible: bool = False
+    device_id: int = 0
+
+    @property
+    def sync_timeout_s(self) -> float:
+        return self.sync_timeout_ms / 1000.0
+
+    @classmethod
+    def from_options(cls, options: dict[str, str]) -> ClusterSettings:
+        """Check options as LLM-DataDist's native init does (LLM_PARAM_INVALID on failure)."""
+        timeout = options.get(OPT_SYNC_TIMEOUT, str(DEFAULT_SYNC_TIMEOUT_MS))
+        if not timeout.isdigit() or int(timeout) <= 0:
+            raise _invalid(f"{OPT_SYNC_TIMEOUT} must be a positive integer, got {timeout!r}")
+        accessible = options.get(OPT_REMOTE_ACCESSIBLE, "0")
+        if accessible not in ("0", "1"):
+            raise _invalid(f"{OPT_REMOTE_ACCESSIBLE} must be '0' or '1', got {accessible!r}")
+        backend = options.get(OPT_TRANSFER_BACKEND)
+        if backend is not None and backend not in SUPPORTED_TRANSFER_BACKENDS:
+            raise _invalid(f"{OPT_TRANSFER_BACKEND} {backend!r} is not supported; "
+                           f"use one of {SUPPORTED_TRANSFER_BACKENDS}")
+        device = options.get(OPT_DEVICE_ID, "0").split(";")[0]
+        if not device.isdigit():
+            raise _invalid(f"{OPT_DEVICE_ID} must be a device number, got {device!r}")
+        pools = {name: PoolSpec.parse(name, options[name])
+                 for name in (OPT_MEM_POOL, OPT_HOST_MEM_POOL) if options.get(name)}
+        return cls(
+            sync_timeout_ms=int(timeout),
+            device_pool=pools.get(OPT_MEM_POOL),
+            host_pool=pools.get(OPT_HOST_MEM_POOL),
+            remote_cache_accessible=accessible == "1",
+            device_id=int(device),
+        )
+
+
+@dataclass
+class Cluster:
+    """One initialized LLMDataDist: its pools, caches, keys and outbound links."""
+
+    cluster_id: int
+    role: LLMRole
+    session_id: str
+    options: dict[str, str]
+    settings: ClusterSettings
+    pools: dict[Placement, Pool] = field(default_factory=dict)
+    registry: CacheRegistry = field(default_factory=CacheRegistry)
+    links: dict[int, OutboundLink] = field(default_factory=dict)
+    closed: bool = False
+
+    def pool_for(self, placement: Placement) -> Pool:
+        pool = self.pools.get(placement)
+        if pool is None:
+            option = OPT_MEM_POOL if placement is Placement.DEVICE else OPT_HOST_MEM_POOL
+            raise LLMException(
+                f"cluster {self.cluster_id} has no {placement.name} pool; set {option} at init",
+                status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
+        return pool
+
+    def link_to(self, remote_cluster_id: int) -> OutboundLink:
+        link = self.links.get(remote_cluster_id)
+        if link is None:
+            raise LLMException(
+                f"cluster {self.cluster_id} is not linked to cluster {remote_cluster_id}",
+                status_code=LLMStatusCode.LLM_NOT_YET_LINK)
+        return link

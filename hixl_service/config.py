@@ -1,0 +1,399 @@
+"""Daemon configuration: defaults < TOML file < ``HIXL_*`` environment.
+
+Every section is a frozen pydantic model that rejects unknown keys, so a
+misspelt setting fails at start instead of being silently ignored. The file
+and environment are merged by pydantic-settings; :func:`load_config` is the
+one entry point the process shell uses, and it turns every failure (missing
+file, bad TOML, invalid value) into a :class:`ConfigError` that names the
+offending fields.
+
+Environment variables use ``HIXL_<SECTION>__<FIELD>``, for example
+``HIXL_SERVER__PEER_PORT=26001`` or ``HIXL_POOL__MAX_BYTES=2GiB``. Only the
+section prefixes are read, so client variables such as ``HIXL_DAEMON`` are
+left alone. TOML has no null, so optional fields take an empty string to mean
+"unset".
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import math
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ByteSize,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from hixl_client._defaults import default_socket_path
+
+__all__ = [
+    "ENV_PREFIX",
+    "ConfigError",
+    "DaemonConfig",
+    "LoggingConfig",
+    "PoolConfig",
+    "ServerConfig",
+    "TransferConfig",
+    "dump_toml",
+    "load_config",
+]
+
+ENV_PREFIX = "HIXL_"
+_ENV_NESTED_DELIMITER = "__"
+# sun_path holds 108 bytes on Linux and 104 on macOS, including the final NUL.
+_MAX_UNIX_PATH = 103 if sys.platform == "darwin" else 107
+_WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", "[::]"})
+
+Port = Annotated[int, Field(ge=0, le=65535)]
+Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
+class ConfigError(Exception):
+    """The daemon configuration is missing, unreadable or invalid.
+
+    The message names every failing field as ``section.field: reason`` and the
+    file the configuration came from, so it can be shown to an operator as is.
+
+    Attributes:
+        path: The TOML file that was loaded, or ``None`` for defaults and
+            environment only.
+        problems: One ``section.field: reason`` line per failure.
+    """
+
+    def __init__(self, message: str, *, path: Path | None = None, problems: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.path = path
+        self.problems = problems
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
+
+
+def _empty_is_unset(value: object) -> object:
+    if isinstance(value, str) and not value.strip():
+        return None
+    return value
+
+
+class ServerConfig(_Section):
+    """Listeners of the daemon and how it stops."""
+
+    client_socket: Path | None = Field(
+        default_factory=default_socket_path,
+        description="Absolute path of the unix socket clients attach to; empty disables it. "
+        "Defaults to hixl.sock in the runtime directory ($RUNTIME_DIRECTORY, "
+        "$XDG_RUNTIME_DIR/hixl, /run/hixl for root, else /tmp/hixl-<uid>).",
+    )
+    client_tcp: str | None = Field(
+        default=None,
+        description='Optional "host:port" TCP listener for clients (port 0 = ephemeral); '
+        "empty disables it.",
+    )
+    peer_host: str = Field(
+        default="127.0.0.1",
+        min_length=1,
+        description="Address the peer gRPC server and the data plane listen on.",
+    )
+    peer_port: Port = Field(
+        default=26000, description="Peer gRPC port that other daemons dial; 0 = ephemeral."
+    )
+    data_port: Port = Field(default=0, description="Native TCP data-plane port; 0 = ephemeral.")
+    advertise_host: str | None = Field(
+        default=None,
+        description="Host peers should dial for the peer and data ports; empty means peer_host. "
+        "Required when peer_host is a wildcard address.",
+    )
+    max_concurrent_rpcs: int = Field(
+        default=256, gt=0, description="Concurrent RPCs the gRPC servers accept before refusing."
+    )
+    grace_period_s: Seconds = Field(
+        default=5.0,
+        description="Seconds in-flight RPCs and transfers get to finish after SIGTERM.",
+    )
+    use_uvloop: bool = Field(default=True, description="Run the event loop on uvloop.")
+    ready_file: Path | None = Field(
+        default=None,
+        description="If set, a JSON readiness record is written here (atomically) once the "
+        "daemon listens; empty disables it.",
+    )
+
+    _unset_if_empty = field_validator(
+        "client_socket", "client_tcp", "advertise_host", "ready_file", mode="before"
+    )(_empty_is_unset)
+
+    @field_validator("client_socket")
+    @classmethod
+    def _check_socket_path(cls, value: Path | None) -> Path | None:
+        if value is None:
+            return None
+        if not value.is_absolute():
+            raise ValueError(f"must be an absolute path, got {str(value)!r}")
+        if len(os.fsencode(value)) > _MAX_UNIX_PATH:
+            raise ValueError(f"longer than the {_MAX_UNIX_PATH} bytes a unix socket path may have")
+        return value
+
+    @field_validator("client_tcp")
+    @classmethod
+    def _check_host_port(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit() or int(port) > 65535:
+            raise ValueError(f'expected "host:port" with a port in 0..65535, got {value!r}')
+        return value
+
+    @model_validator(mode="after")
+    def _check_listeners(self) -> ServerConfig:
+        if self.client_socket is None and self.client_tcp is None:
+            raise ValueError("no client listener: set client_socket or client_tcp")
+        if self.peer_port != 0 and self.peer_port == self.data_port:
+            raise ValueError(f"peer_port and data_port must differ (both {self.peer_port})")
+        if self.advertise_host is None and self.peer_host in _WILDCARD_HOSTS:
+            raise ValueError(
+                f"peer_host {self.peer_host!r} is a wildcard address: set advertise_host "
+                "to a host peers can dial"
+            )
+        return self
+
+    @property
+    def effective_advertise_host(self) -> str:
+        """The host written into addresses given to peers."""
+        return self.advertise_host or self.peer_host
+
+
+class PoolConfig(_Section):
+    """Memory pools the daemon allocates for its clusters."""
+
+    backend: Literal["host"] = Field(
+        default="host", description='Pool memory backend; only "host" is supported so far.'
+    )
+    max_bytes: ByteSize = Field(
+        default=ByteSize(1 << 30),
+        description='Budget across all pools of all clusters, in bytes or with a unit ("1GiB").',
+    )
+    populate: bool = Field(default=True, description="Pre-fault pool pages at creation.")
+
+    @field_validator("max_bytes")
+    @classmethod
+    def _check_positive(cls, value: ByteSize) -> ByteSize:
+        if value <= 0:
+            raise ValueError("Input should be greater than 0")
+        return value
+
+
+class TransferConfig(_Section):
+    """Data-plane tuning."""
+
+    streams_per_link: int = Field(
+        default=4, ge=1, le=64, description="Parallel TCP streams per peer link."
+    )
+    connect_timeout_s: Seconds = Field(
+        default=3.0, description="Seconds allowed to connect to a peer daemon."
+    )
+    copy_threads: int = Field(
+        default=2, ge=1, le=64, description="Threads of the dedicated executor for native copies."
+    )
+
+
+class LoggingConfig(_Section):
+    """Log output of the daemon (always stderr)."""
+
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        default="INFO", description="Lowest level logged; case-insensitive."
+    )
+    format: Literal["text", "json"] = Field(
+        default="text", description='"text" lines, or one JSON object per line.'
+    )
+
+    @field_validator("level", mode="before")
+    @classmethod
+    def _upper(cls, value: object) -> object:
+        return value.upper() if isinstance(value, str) else value
+
+    @field_validator("format", mode="before")
+    @classmethod
+    def _lower(cls, value: object) -> object:
+        return value.lower() if isinstance(value, str) else value
+
+
+@dataclass(frozen=True)
+class _LoadRequest:
+    path: Path | None
+    environ: Mapping[str, str]
+
+
+# load_config() hands its file and environment to settings_customise_sources
+# through this variable, which is the only hook pydantic-settings gives a
+# classmethod; it is set and reset around a single construction.
+_LOAD_REQUEST: contextvars.ContextVar[_LoadRequest | None] = contextvars.ContextVar(
+    "hixl_config_load_request", default=None
+)
+
+
+class _MappingEnvSource(EnvSettingsSource):
+    """The environment source, reading a given mapping instead of ``os.environ``."""
+
+    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
+        super().__init__(settings_cls)
+        self.env_vars = {key.lower(): value for key, value in environ.items()}
+
+
+class DaemonConfig(BaseSettings):
+    """Effective configuration of one daemon; build it with :func:`load_config`."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter=_ENV_NESTED_DELIMITER,
+        env_nested_max_split=1,
+        case_sensitive=False,
+        extra="forbid",
+        frozen=True,
+    )
+
+    server: ServerConfig = Field(default_factory=ServerConfig, description="Listeners.")
+    pool: PoolConfig = Field(default_factory=PoolConfig, description="Memory pools.")
+    transfer: TransferConfig = Field(default_factory=TransferConfig, description="Data plane.")
+    logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Log output.")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Order the sources: keyword arguments > environment > TOML file > defaults."""
+        request = _LOAD_REQUEST.get()
+        if request is None:
+            return (init_settings, env_settings)
+        sources: list[PydanticBaseSettingsSource] = [
+            init_settings,
+            _MappingEnvSource(settings_cls, request.environ),
+        ]
+        if request.path is not None:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=request.path))
+        return tuple(sources)
+
+    def to_toml(self) -> str:
+        """Return the effective configuration as a TOML document ``load_config`` accepts."""
+        return dump_toml(self.model_dump(mode="json"))
+
+
+def load_config(path: Path | None, env: Mapping[str, str] | None = None) -> DaemonConfig:
+    """Load and validate the daemon configuration.
+
+    Args:
+        path: TOML file to read, or ``None`` for defaults and environment only.
+        env: Environment to read ``HIXL_*`` variables from; ``os.environ`` if
+            ``None``. The default socket path still follows the process
+            environment (``RUNTIME_DIRECTORY``, ``XDG_RUNTIME_DIR``).
+
+    Returns:
+        The frozen, validated configuration.
+
+    Raises:
+        ConfigError: The file is missing or not valid TOML, or a value is
+            invalid; the message names the file and every failing field.
+    """
+    environ: Mapping[str, str] = os.environ if env is None else env
+    where = f"config file {path}" if path is not None else "no config file"
+    if path is not None and not path.is_file():
+        raise ConfigError(f"{where}: no such file", path=path)
+    token = _LOAD_REQUEST.set(_LoadRequest(path, environ))
+    try:
+        return DaemonConfig()
+    except ValidationError as exc:
+        problems = tuple(_describe(error, environ) for error in exc.errors())
+        message = f"invalid configuration ({where}):\n" + "\n".join(f"  {p}" for p in problems)
+        raise ConfigError(message, path=path, problems=problems) from exc
+    except (OSError, ValueError) as exc:
+        # tomllib/tomli decode errors and pydantic-settings' SettingsError are ValueErrors.
+        raise ConfigError(f"cannot load configuration ({where}): {exc}", path=path) from exc
+    finally:
+        _LOAD_REQUEST.reset(token)
+
+
+def _describe(error: Any, environ: Mapping[str, str]) -> str:
+    loc = tuple(str(part) for part in error["loc"])
+    field = ".".join(loc) or "(root)"
+    message = str(error["msg"]).removeprefix("Value error, ")
+    text = f"{field}: {message}"
+    if error["type"] not in ("extra_forbidden", "missing") and not isinstance(
+        error["input"], (dict, BaseModel)
+    ):
+        text += f" (got {_short_repr(error['input'])})"
+    env_name = ENV_PREFIX + _ENV_NESTED_DELIMITER.join(loc).upper()
+    if any(key.upper() == env_name for key in environ):
+        text += f" [from ${env_name}]"
+    return text
+
+
+def _short_repr(value: object, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def dump_toml(data: Mapping[str, Mapping[str, object]]) -> str:
+    """Render ``{section: {key: value}}`` as TOML.
+
+    Values may be str, int, float, bool, ``os.PathLike`` or ``None``; ``None``
+    becomes ``""``, which the daemon reads as "unset".
+
+    Args:
+        data: The sections to render, in order.
+
+    Returns:
+        The TOML text, one ``[section]`` table per entry.
+
+    Raises:
+        TypeError: A value of another type.
+    """
+    lines: list[str] = []
+    for section, values in data.items():
+        if lines:
+            lines.append("")
+        lines.append(f"[{section}]")
+        lines.extend(f"{key} = {_toml_value(value)}" for key, value in values.items())
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(value: object) -> str:
+    if value is None:
+        return '""'
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(int(value))
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        return repr(value)
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if isinstance(value, str):
+        # JSON string escapes are valid TOML basic-string escapes, except that
+        # TOML also wants DEL escaped.
+        return json.dumps(value).replace("\x7f", "\\u007f")
+    raise TypeError(f"cannot write {type(value).__name__} {value!r} as a TOML value")

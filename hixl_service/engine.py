@@ -1,0 +1,367 @@
+"""The daemon's state and rules: sessions, clusters, caches, links, pulls.
+
+Plain asyncio, no gRPC: the servicers translate messages into these calls and
+``peer_client`` implements the calls this engine makes on other daemons.
+State changes happen in synchronous steps; slow work (native copies, socket
+setup, unregistering regions) happens afterwards, off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import hixl_native
+from hixl_client.status import LLMException, LLMStatusCode
+from hixl_client.types import LLMRole, Placement
+
+from .cluster import Cluster, ClusterSettings
+from .links import CompletionDispatcher, ExecutorCopier, InboundLink, OutboundLink
+from .peer_api import PROTOCOL_VERSION, BlocksRef, CacheRefSpec, IdRef, KeyRef, PeerApi, PeerHello
+from .peer_api import ResolvedCache
+from .pools import PoolManager
+from .registry import CacheEntry, KeySpec
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Session:
+    """One attached client connection; owns at most one cluster."""
+
+    session_id: str
+    client_pid: int
+    client_name: str
+    cluster: Cluster | None = None
+
+
+@dataclass(frozen=True)
+class NewCache:
+    """The layout of a cache to allocate, checked by the servicer."""
+
+    num_tensors: int
+    tensor_size: int
+    batch_size: int
+    placement: Placement
+    blocks: bool = False
+    blocks_model_id: int | None = None
+
+
+@dataclass
+class EngineDeps:
+    """What the engine is built from (the server wires the real ones)."""
+
+    daemon_id: str
+    version: str
+    pools: PoolManager
+    data_server: hixl_native.DataServer
+    data_host: str
+    peer_factory: Callable[[str], PeerApi]
+    copier: ExecutorCopier
+    dispatcher: CompletionDispatcher
+    streams_per_link: int = 4
+    connect_timeout_s: float = 3.0
+    started: float = field(default_factory=time.monotonic)
+
+
+class Engine:
+    """Owns every session, cluster, cache and link of the daemon."""
+
+    def __init__(self, deps: EngineDeps) -> None:
+        self.deps = deps
+        self.daemon_id = deps.daemon_id
+        self.pools = deps.pools
+        self.sessions: dict[str, Session] = {}
+        self.clusters: dict[int, Cluster] = {}
+        self.inbound: dict[int, InboundLink] = {}
+        self._region_ids = itertools.count(1)
+        self._closing = False
+
+    # -- sessions and clusters --------------------------------------------
+
+    def attach(self, client_pid: int, client_name: str) -> Session:
+        if self._closing:
+            raise LLMException("the daemon is shutting down",
+                               status_code=LLMStatusCode.LLM_FAILED)
+        session = Session(secrets.token_hex(16), client_pid, client_name)
+        self.sessions[session.session_id] = session
+        logger.info("session %s attached (pid %d, %s)", session.session_id, client_pid,
+                    client_name or "unnamed")
+        return session
+
+    def session(self, session_id: str) -> Session:
+        session = self.sessions.get(session_id)
+        if session is None:
+            raise LLMException("unknown or expired session; attach again",
+                               status_code=LLMStatusCode.LLM_FAILED)
+        return session
+
+    async def detach(self, session: Session) -> None:
+        """End a session (client gone): free everything it owned."""
+        if self.sessions.pop(session.session_id, None) is None:
+            return
+        if session.cluster is not None:
+            await self.finalize(session)
+        logger.info("session %s detached", session.session_id)
+
+    async def init_cluster(self, session: Session, cluster_id: int, role: LLMRole,
+                           options: dict[str, str]) -> Cluster:
+        if session.cluster is not None:
+            raise LLMException(f"this session already initialized cluster "
+                               f"{session.cluster.cluster_id}",
+                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
+        if cluster_id in self.clusters:
+            raise LLMException(f"cluster_id {cluster_id} is already in use on this daemon",
+                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
+        settings = ClusterSettings.from_options(options)
+        cluster = Cluster(cluster_id, role, session.session_id, dict(options), settings)
+        try:
+            for placement, spec in ((Placement.DEVICE, settings.device_pool),
+                                    (Placement.HOST, settings.host_pool)):
+                if spec is not None:
+                    cluster.pools[placement] = self.pools.create(cluster_id, placement, spec)
+        except BaseException:
+            for pool in cluster.pools.values():
+                await self.pools.destroy(pool)
+            raise
+        self.clusters[cluster_id] = cluster
+        session.cluster = cluster
+        logger.info("cluster %d initialized (%s)", cluster_id, role.name)
+        return cluster
+
+    def cluster_of(self, session: Session) -> Cluster:
+        if session.cluster is None or session.cluster.closed:
+            raise LLMException("the session has no initialized cluster; call init first",
+                               status_code=LLMStatusCode.LLM_FAILED)
+        return session.cluster
+
+    async def finalize(self, session: Session) -> None:
+        """Tear down the session's cluster: links, caches, pools."""
+        cluster, session.cluster = session.cluster, None
+        if cluster is None or cluster.closed:
+            return
+        cluster.closed = True
+        self.clusters.pop(cluster.cluster_id, None)
+        links = list(cluster.links.values())
+        cluster.links.clear()
+        await asyncio.gather(*(self._close_link(link, notify=True) for link in links))
+        for token in [t for t, i in self.inbound.items() if i.dst_cluster_id == cluster.cluster_id]:
+            self._drop_inbound(token)
+        for entry in cluster.registry.drain():
+            await asyncio.to_thread(self.deps.data_server.unregister_region, entry.region_id)
+        for pool in cluster.pools.values():
+            await self.pools.destroy(pool)
+        logger.info("cluster %d finalized", cluster.cluster_id)
+
+    async def close(self) -> None:
+        """Drain: end every session, then release native resources."""
+        self._closing = True
+        for session in list(self.sessions.values()):
+            await self.detach(session)
+        self.deps.dispatcher.close()
+        self.deps.copier.close()
+
+    # -- caches ---------------------------------------------------------------
+
+    def allocate(self, cluster: Cluster, spec: NewCache, keys: list[KeySpec]) -> CacheEntry:
+        pool = cluster.pool_for(spec.placement)
+        registry = cluster.registry
+        if spec.blocks_model_id is not None:
+            registry.check_blocks_key(spec.blocks_model_id)
+        if not spec.blocks:
+            registry.check_keys(keys, spec.batch_size)
+        cache_id = registry.reserve_id()
+        offset, size, tensor_offsets = pool.alloc_cache(spec.num_tensors, spec.tensor_size)
+        region_id = next(self._region_ids)
+        try:
+            self.deps.data_server.register_region(region_id, pool.native, offset, size,
+                                                  cluster.cluster_id, False)
+        except BaseException:
+            pool.native.free(offset)
+            raise
+        entry = CacheEntry(cache_id=cache_id, blocks=spec.blocks, num_tensors=spec.num_tensors,
+                           tensor_size=spec.tensor_size, batch_size=spec.batch_size,
+                           pool_id=pool.pool_id, extent_offset=offset, extent_size=size,
+                           tensor_offsets=tensor_offsets, region_id=region_id,
+                           blocks_model_id=spec.blocks_model_id)
+        registry.add(entry, keys)
+        return entry
+
+    async def deallocate(self, cluster: Cluster, cache_id: int, blocks: bool) -> None:
+        await self._free(cluster.registry.release(cache_id, blocks))
+
+    async def remove_key(self, cluster: Cluster, key: KeySpec) -> None:
+        await self._free(cluster.registry.remove_key(key))
+
+    async def _free(self, entry: CacheEntry | None) -> None:
+        if entry is None:
+            return
+        # Waits for data-plane reads of the region that already started.
+        await asyncio.to_thread(self.deps.data_server.unregister_region, entry.region_id)
+        try:
+            pool = self.pools.get(entry.pool_id)
+        except KeyError:
+            return  # the whole pool went away with its cluster
+        pool.native.free(entry.extent_offset)
+
+    # -- links ------------------------------------------------------------------
+
+    def accept_link(self, protocol_version: int, src_daemon_id: str, src_cluster_id: int,
+                    dst_cluster_id: int) -> PeerHello:
+        """Peer side of a link: authorize a token for one of our clusters."""
+        if protocol_version != PROTOCOL_VERSION:
+            raise LLMException(f"peer protocol {protocol_version} is not {PROTOCOL_VERSION}",
+                               status_code=LLMStatusCode.LLM_LINK_FAILED)
+        if dst_cluster_id not in self.clusters:
+            raise LLMException(f"cluster {dst_cluster_id} is not initialized on daemon "
+                               f"{self.daemon_id}", status_code=LLMStatusCode.LLM_LINK_FAILED)
+        token = secrets.randbits(64) or 1
+        self.inbound[token] = InboundLink(token, src_daemon_id, src_cluster_id, dst_cluster_id)
+        self.deps.data_server.authorize(token, dst_cluster_id)
+        return PeerHello(self.daemon_id, self.deps.version, self.deps.data_host,
+                         self.deps.data_server.port, token)
+
+    def drop_inbound_link(self, token: int) -> None:
+        if token not in self.inbound:
+            raise LLMException("unknown link", status_code=LLMStatusCode.LLM_NOT_YET_LINK)
+        self._drop_inbound(token)
+
+    def _drop_inbound(self, token: int) -> None:
+        self.inbound.pop(token, None)
+        self.deps.data_server.revoke(token)
+
+    async def link(self, cluster: Cluster, remote_cluster_id: int, address: str,
+                   timeout_s: float) -> OutboundLink:
+        """Open a link from ``cluster`` to a cluster of the daemon at ``address``."""
+        if remote_cluster_id == cluster.cluster_id:
+            raise LLMException("a cluster cannot link to itself",
+                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
+        if remote_cluster_id in cluster.links:
+            raise LLMException(f"already linked to cluster {remote_cluster_id}",
+                               status_code=LLMStatusCode.LLM_ALREADY_LINK)
+        peer = self.deps.peer_factory(address)
+        try:
+            async with asyncio.timeout(timeout_s):
+                link = await self._open_link(cluster, remote_cluster_id, peer)
+        except TimeoutError:
+            raise LLMException(f"linking to {address} timed out after {timeout_s:.3f} s",
+                               status_code=LLMStatusCode.LLM_LINK_FAILED) from None
+        if cluster.closed or remote_cluster_id in cluster.links:
+            await self._close_link(link, notify=True)
+            raise LLMException(f"already linked to cluster {remote_cluster_id}",
+                               status_code=LLMStatusCode.LLM_ALREADY_LINK)
+        cluster.links[remote_cluster_id] = link
+        logger.info("cluster %d linked to cluster %d at %s over %s", cluster.cluster_id,
+                    remote_cluster_id, address, link.transport)
+        return link
+
+    async def _open_link(self, cluster: Cluster, remote_cluster_id: int,
+                         peer: PeerApi) -> OutboundLink:
+        hello = await peer.hello(self.daemon_id, cluster.cluster_id, remote_cluster_id,
+                                 self.deps.connect_timeout_s)
+        link = OutboundLink(cluster.cluster_id, remote_cluster_id, peer.address,
+                            hello.daemon_id, hello.token, "local", peer)
+        if hello.daemon_id == self.daemon_id:
+            return link  # the address is ours: copy pool to pool
+        link.transport = "tcp"
+        try:
+            link.data = await asyncio.to_thread(
+                hixl_native.DataLink, hello.data_host, hello.data_port, hello.token,
+                self.deps.streams_per_link, self.deps.dispatcher.queue,
+                int(self.deps.connect_timeout_s * 1000))
+        except hixl_native.NativeError as exc:
+            await self._notify_unlink(link)
+            raise LLMException(f"cannot open the data plane to {hello.data_host}:"
+                               f"{hello.data_port}: {exc}",
+                               status_code=LLMStatusCode.LLM_LINK_FAILED) from exc
+        except BaseException:
+            await self._notify_unlink(link)
+            raise
+        return link
+
+    async def unlink(self, cluster: Cluster, remote_cluster_id: int, force: bool) -> None:
+        link = cluster.links.pop(remote_cluster_id, None)
+        if link is None:
+            raise LLMException(f"not linked to cluster {remote_cluster_id}",
+                               status_code=LLMStatusCode.LLM_UNLINK_FAILED)
+        if not await self._close_link(link, notify=not force):
+            raise LLMException(f"cluster {remote_cluster_id} could not be told of the unlink; "
+                               f"unlink on its side too",
+                               status_code=LLMStatusCode.LLM_NOTIFY_PROMPT_UNLINK_FAILED)
+
+    async def _close_link(self, link: OutboundLink, notify: bool) -> bool:
+        if link.data is not None:
+            await asyncio.to_thread(link.close)
+        return await self._notify_unlink(link) if notify else True
+
+    async def _notify_unlink(self, link: OutboundLink) -> bool:
+        if link.remote_daemon_id == self.daemon_id:
+            self._drop_inbound(link.token)
+            return True
+        if link.peer is None:
+            return True
+        try:
+            await link.peer.unlink(link.token, self.deps.connect_timeout_s)
+            return True
+        except LLMException as exc:
+            logger.warning("could not tell %s about an unlink: %s", link.remote_peer_address, exc)
+            return False
+
+    # -- resolving caches for pulls ----------------------------------------------
+
+    @staticmethod
+    def _lookup(cluster: Cluster, ref: CacheRefSpec) -> tuple[CacheEntry, int]:
+        if isinstance(ref, KeyRef):
+            binding = cluster.registry.lookup_key(ref.key)
+            return binding.cache, binding.batch_index
+        if isinstance(ref, IdRef):
+            entry = cluster.registry.get(ref.cache_id)
+            return entry, ref.batch_index
+        return cluster.registry.lookup_blocks(ref.model_id), 0
+
+    def _inbound_cluster(self, token: int) -> Cluster:
+        inbound = self.inbound.get(token)
+        cluster = self.clusters.get(inbound.dst_cluster_id) if inbound is not None else None
+        if cluster is None:
+            raise LLMException("the link is gone; link again",
+                               status_code=LLMStatusCode.LLM_NOT_YET_LINK)
+        return cluster
+
+    def resolve_for_peer(self, token: int, ref: CacheRefSpec) -> ResolvedCache:
+        """Peer side of a pull: describe the cache a linked cluster asks for."""
+        cluster = self._inbound_cluster(token)
+        if ref.cluster_id != cluster.cluster_id:
+            raise LLMException(f"the link reaches cluster {cluster.cluster_id}, "
+                               f"not {ref.cluster_id}",
+                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
+        entry, batch_index = self._lookup(cluster, ref)
+        return ResolvedCache(entry.cache_id, entry.region_id,
+                             tuple(o - entry.extent_offset for o in entry.tensor_offsets),
+                             entry.tensor_size, entry.batch_size, batch_index, entry.blocks)
+
+    async def release_for_peer(self, token: int, key: KeySpec,
+                               tensor_indices: list[int]) -> None:
+        """Peer side of a completed pull by key: account it, maybe free the cache."""
+        cluster = self._inbound_cluster(token)
+        await self._free(cluster.registry.record_pull(key, tensor_indices))
+
+    def lookup_local(self, link: OutboundLink, ref: CacheRefSpec) -> tuple[Cluster, CacheEntry, int]:
+        """Find the source of a pull over a local link."""
+        source = self.clusters.get(link.remote_cluster_id)
+        if source is None or link.token not in self.inbound:
+            raise LLMException(f"cluster {link.remote_cluster_id} is gone; link again",
+                               status_code=LLMStatusCode.LLM_NOT_YET_LINK)
+        entry, batch_index = self._lookup(source, ref)
+        return source, entry, batch_index
+
+    async def record_local_pull(self, source: Cluster, key: KeySpec,
+                                tensor_indices: list[int]) -> None:
+        await self._free(source.registry.record_pull(key, tensor_indices))
+
+
+__all__ = ["BlocksRef", "Engine", "EngineDeps", "IdRef", "KeyRef", "NewCache", "Session"]

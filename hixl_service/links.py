@@ -1,0 +1,165 @@
+"""Links between clusters and the transports that move their bytes.
+
+A link is chosen at link time and never changes silently:
+
+* ``local``: both clusters live in this daemon; a transfer is a native
+  memcpy between their pools in the copy executor (GIL released);
+* ``tcp``: the remote cluster lives in another daemon; a transfer is posted
+  to a native ``DataLink`` (several TCP streams) and its completion comes back
+  through one ``CompletionQueue`` watched by the event loop (no polling).
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import itertools
+import logging
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import hixl_native
+from hixl_client.status import LLMException, LLMStatusCode
+
+if TYPE_CHECKING:
+    from .peer_api import PeerApi
+    from .planning import Range
+    from .pools import Pool
+
+logger = logging.getLogger(__name__)
+
+TRANSPORT_LOCAL = "local"
+TRANSPORT_TCP = "tcp"
+
+# A native status becomes the LLMStatusCode the caller sees.
+_NATIVE_STATUS = {
+    hixl_native.E_TIMEOUT: (LLMStatusCode.LLM_TIMEOUT, "the transfer timed out"),
+    hixl_native.E_CLOSED: (LLMStatusCode.LLM_LINK_FAILED, "the peer daemon closed the link"),
+    hixl_native.E_REFUSED: (LLMStatusCode.LLM_PARAM_INVALID,
+                            "the peer refused a range outside the memory the cluster registered"),
+    hixl_native.E_IO: (LLMStatusCode.LLM_LINK_FAILED, "a data-plane socket failed"),
+    hixl_native.E_PROTO: (LLMStatusCode.LLM_LINK_FAILED, "the data-plane protocol broke"),
+    hixl_native.E_CANCELLED: (LLMStatusCode.LLM_LINK_FAILED, "the link was closed"),
+}
+
+
+def native_status_error(status: int) -> LLMException:
+    """Translate a failed native completion status into an LLMException."""
+    code, text = _NATIVE_STATUS.get(status, (LLMStatusCode.LLM_FAILED, "the transfer failed"))
+    return LLMException(f"{text} (native status {status})", status_code=code)
+
+
+class CompletionDispatcher:
+    """Resolves futures from native completions, woken by the queue's eventfd."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.queue = hixl_native.CompletionQueue()
+        self._loop = loop
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, asyncio.Future[int]] = {}
+        loop.add_reader(self.queue.fd, self._on_ready)
+
+    def expect(self) -> tuple[int, asyncio.Future[int]]:
+        """Reserve a request id and the future its completion will resolve."""
+        request_id = next(self._ids)
+        future: asyncio.Future[int] = self._loop.create_future()
+        self._waiting[request_id] = future
+        return request_id, future
+
+    def forget(self, request_id: int) -> None:
+        self._waiting.pop(request_id, None)
+
+    def _on_ready(self) -> None:
+        for request_id, status in self.queue.drain():
+            future = self._waiting.pop(request_id, None)
+            if future is not None and not future.done():
+                future.set_result(status)
+
+    def close(self) -> None:
+        self._loop.remove_reader(self.queue.fd)
+        for future in self._waiting.values():
+            if not future.done():
+                future.set_result(hixl_native.E_CANCELLED)
+        self._waiting.clear()
+        self.queue.close()
+
+
+class ExecutorCopier:
+    """Native memcpy in a dedicated, bounded, named thread pool."""
+
+    def __init__(self, threads: int) -> None:
+        self._executor = ThreadPoolExecutor(threads, thread_name_prefix="hixl-copy")
+
+    async def copy(self, dst: Pool, src: Pool, ranges: Sequence[Range]) -> None:
+        """Copy (src, dst, length) ranges from one pool into another."""
+        # The native call takes (dst, src, length) triples.
+        triples = array.array("Q", [v for s, d, n in ranges for v in (d, s, n)])
+        loop = asyncio.get_running_loop()
+        job = loop.run_in_executor(self._executor, hixl_native.copy_ranges,
+                                   dst.native, src.native, triples)
+        dst.pin_until(job)
+        src.pin_until(job)
+        await asyncio.shield(job)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)
+
+
+@dataclass
+class OutboundLink:
+    """A link this daemon opened from a local cluster to a (possibly local) remote one."""
+
+    local_cluster_id: int
+    remote_cluster_id: int
+    remote_peer_address: str
+    remote_daemon_id: str
+    token: int
+    transport: str
+    peer: PeerApi | None = None  # None for local links
+    data: hixl_native.DataLink | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.data.alive if self.data is not None else True
+
+    @property
+    def streams(self) -> int:
+        return self.data.streams if self.data is not None else 0
+
+    async def read(self, dispatcher: CompletionDispatcher, dst: Pool,
+                   region_id: int, ranges: Sequence[Range], timeout_ms: int) -> None:
+        """Move (remote offset, pool offset, length) ranges into ``dst``; raise on failure."""
+        assert self.data is not None
+        if not self.data.alive:
+            raise LLMException(
+                f"the link to cluster {self.remote_cluster_id} is down; unlink and link again",
+                status_code=LLMStatusCode.LLM_LINK_FAILED)
+        quads = array.array("Q", [v for s, d, n in ranges for v in (region_id, s, d, n)])
+        request_id, done = dispatcher.expect()
+        try:
+            self.data.read(request_id, dst.native, quads, max(1, timeout_ms))
+        except BaseException:
+            dispatcher.forget(request_id)
+            raise
+        dst.pin_until(done)
+        # The native side ends every request by its deadline, so this wait is
+        # bounded even if nothing else is.
+        status = await asyncio.shield(done)
+        if status != hixl_native.OK:
+            raise native_status_error(status)
+
+    def close(self) -> None:
+        if self.data is not None:
+            self.data.close()
+
+
+@dataclass
+class InboundLink:
+    """A link another daemon (or this one) opened to one of our clusters."""
+
+    token: int
+    src_daemon_id: str
+    src_cluster_id: int
+    dst_cluster_id: int

@@ -1,0 +1,88 @@
+"""What the engine needs from another daemon, independent of gRPC.
+
+``peer_client.PeerClient`` implements it over the Peer service; the engine
+only sees these types, so it stays testable without a network.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from .planning import Layout
+from .registry import KeySpec
+
+PROTOCOL_VERSION = 1
+
+
+@dataclass(frozen=True)
+class KeyRef:
+    """A remote cache slot named by CacheKey."""
+
+    cluster_id: int
+    key: KeySpec
+
+
+@dataclass(frozen=True)
+class IdRef:
+    """A remote cache slot named by CacheKeyByIdAndIndex."""
+
+    cluster_id: int
+    cache_id: int
+    batch_index: int
+
+
+@dataclass(frozen=True)
+class BlocksRef:
+    """A remote blocks cache named by BlocksCacheKey."""
+
+    cluster_id: int
+    model_id: int
+
+
+CacheRefSpec = KeyRef | IdRef | BlocksRef
+
+
+@dataclass(frozen=True)
+class ResolvedCache:
+    """A cache of a linked cluster, as its owner describes it."""
+
+    cache_id: int
+    region_id: int
+    tensor_offsets: tuple[int, ...]  # inside the region
+    tensor_size: int
+    batch_size: int
+    batch_index: int
+    blocks: bool
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(self.tensor_offsets, self.tensor_size, self.batch_size)
+
+
+@dataclass(frozen=True)
+class PeerHello:
+    """The answer of a daemon that accepted a link."""
+
+    daemon_id: str
+    version: str
+    data_host: str
+    data_port: int
+    token: int
+
+
+class PeerApi(Protocol):
+    """The calls one daemon makes on another."""
+
+    address: str
+
+    async def hello(self, daemon_id: str, src_cluster_id: int, dst_cluster_id: int,
+                    timeout_s: float) -> PeerHello: ...
+
+    async def resolve(self, token: int, ref: CacheRefSpec, timeout_s: float) -> ResolvedCache: ...
+
+    async def release_key(self, token: int, key: KeySpec, tensor_indices: Sequence[int],
+                          timeout_s: float) -> None: ...
+
+    async def unlink(self, token: int, timeout_s: float) -> None: ...

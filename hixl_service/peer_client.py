@@ -1,0 +1,106 @@
+"""PeerApi over the Peer gRPC service: how this daemon calls another one."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import grpc
+import grpc.aio
+
+from hixl_client._proto.hixl.v1 import common_pb2, peer_pb2, peer_pb2_grpc
+from hixl_client._transport import error_from_rpc
+from hixl_client.status import LLMStatusCode
+
+from .peer_api import (
+    PROTOCOL_VERSION,
+    BlocksRef,
+    CacheRefSpec,
+    IdRef,
+    KeyRef,
+    PeerHello,
+    ResolvedCache,
+)
+from .registry import KeySpec
+
+
+def key_to_proto(cluster_id: int, key: KeySpec) -> common_pb2.CacheKey:
+    return common_pb2.CacheKey(cluster_id=cluster_id, req_id=key.req_id,
+                               model_id=key.model_id, prefix_id=key.prefix_id)
+
+
+def ref_to_proto(ref: CacheRefSpec) -> common_pb2.CacheRef:
+    if isinstance(ref, KeyRef):
+        return common_pb2.CacheRef(key=key_to_proto(ref.cluster_id, ref.key))
+    if isinstance(ref, IdRef):
+        return common_pb2.CacheRef(id_and_index=common_pb2.CacheIdAndIndex(
+            cluster_id=ref.cluster_id, cache_id=ref.cache_id, batch_index=ref.batch_index))
+    return common_pb2.CacheRef(blocks_key=common_pb2.BlocksKey(
+        cluster_id=ref.cluster_id, model_id=ref.model_id))
+
+
+def ref_from_proto(ref: common_pb2.CacheRef) -> CacheRefSpec | None:
+    """Decode a CacheRef; None when no variant is set."""
+    kind = ref.WhichOneof("ref")
+    if kind == "key":
+        return KeyRef(ref.key.cluster_id,
+                      KeySpec(ref.key.req_id, ref.key.model_id, ref.key.prefix_id))
+    if kind == "id_and_index":
+        item = ref.id_and_index
+        return IdRef(item.cluster_id, item.cache_id, item.batch_index)
+    if kind == "blocks_key":
+        return BlocksRef(ref.blocks_key.cluster_id, ref.blocks_key.model_id)
+    return None
+
+
+class PeerClient:
+    """Calls the Peer service of one remote daemon over a cached channel."""
+
+    def __init__(self, address: str, version: str) -> None:
+        self.address = address
+        self._version = version
+        self._channel = grpc.aio.insecure_channel(address)
+        self._stub = peer_pb2_grpc.PeerStub(self._channel)
+
+    def _error(self, err: grpc.aio.AioRpcError) -> Exception:
+        return error_from_rpc(err, f"peer daemon at {self.address}",
+                              unavailable=LLMStatusCode.LLM_LINK_FAILED)
+
+    async def hello(self, daemon_id: str, src_cluster_id: int, dst_cluster_id: int,
+                    timeout_s: float) -> PeerHello:
+        request = peer_pb2.HelloRequest(protocol_version=PROTOCOL_VERSION, daemon_id=daemon_id,
+                                        version=self._version, src_cluster_id=src_cluster_id,
+                                        dst_cluster_id=dst_cluster_id)
+        try:
+            reply = await self._stub.Hello(request, timeout=timeout_s)
+        except grpc.aio.AioRpcError as err:
+            raise self._error(err) from None
+        return PeerHello(reply.daemon_id, reply.version, reply.data_host, reply.data_port,
+                         reply.link_token)
+
+    async def resolve(self, token: int, ref: CacheRefSpec, timeout_s: float) -> ResolvedCache:
+        request = peer_pb2.ResolveCacheRequest(link_token=token, ref=ref_to_proto(ref))
+        try:
+            reply = await self._stub.ResolveCache(request, timeout=timeout_s)
+        except grpc.aio.AioRpcError as err:
+            raise self._error(err) from None
+        return ResolvedCache(reply.cache_id, reply.region_id, tuple(reply.tensor_offsets),
+                             reply.tensor_size, reply.batch_size, reply.batch_index, reply.blocks)
+
+    async def release_key(self, token: int, key: KeySpec, tensor_indices: Sequence[int],
+                          timeout_s: float) -> None:
+        # The owner ignores the key's cluster id; it is the linked cluster anyway.
+        request = peer_pb2.ReleaseKeyRequest(link_token=token, key=key_to_proto(0, key),
+                                             tensor_indices=list(tensor_indices))
+        try:
+            await self._stub.ReleaseKey(request, timeout=timeout_s)
+        except grpc.aio.AioRpcError as err:
+            raise self._error(err) from None
+
+    async def unlink(self, token: int, timeout_s: float) -> None:
+        try:
+            await self._stub.Unlink(peer_pb2.UnlinkRequest(link_token=token), timeout=timeout_s)
+        except grpc.aio.AioRpcError as err:
+            raise self._error(err) from None
+
+    async def close(self) -> None:
+        await self._channel.close()

@@ -1,0 +1,183 @@
+"""The process shell: listeners, health, reflection, signals, drain.
+
+Two grpc.aio servers share one event loop: the client server (unix socket,
+optionally TCP) carries the Client service, the peer server (TCP) carries the
+Peer service. Both carry Admin, health and reflection, so ``grpcurl`` works on
+every listener. Readiness (ready file, sd_notify) is announced only once
+everything listens; SIGTERM/SIGINT stop taking work, end sessions, and free
+the pools before the process exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import secrets
+import signal
+import socket
+from pathlib import Path
+
+import grpc.aio
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+import hixl_native
+from hixl_client._defaults import default_runtime_dir
+from hixl_client._proto.hixl.v1 import admin_pb2, admin_pb2_grpc, client_pb2
+from hixl_client._proto.hixl.v1 import client_pb2_grpc, peer_pb2, peer_pb2_grpc
+
+from . import __version__, _systemd
+from .config import DaemonConfig
+from .engine import Engine, EngineDeps
+from .fd_server import FdServer
+from .links import CompletionDispatcher, ExecutorCopier
+from .peer_api import PeerApi
+from .peer_client import PeerClient
+from .pools import PoolManager
+from .servicer_admin import AdminServicer
+from .servicer_client import ClientServicer
+from .servicer_peer import PeerServicer
+
+logger = logging.getLogger(__name__)
+
+SERVICE_NAMES = {
+    "client": (client_pb2.DESCRIPTOR.services_by_name["Client"].full_name,),
+    "peer": (peer_pb2.DESCRIPTOR.services_by_name["Peer"].full_name,),
+}
+ADMIN_NAME = admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name
+
+
+def _prepare_socket(path: Path) -> None:
+    """Create the socket's directory and clear a stale socket, never a live one."""
+    path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
+    if not path.exists():
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        path.unlink()  # nobody listens: a leftover of a killed daemon
+    else:
+        raise SystemExit(f"another daemon already listens on {path}")
+    finally:
+        probe.close()
+
+
+def _add_common(server: grpc.aio.Server, engine: Engine,
+                health_servicer: health.aio.HealthServicer,
+                services: tuple[str, ...], backend: str, peer_address: str) -> None:
+    admin_pb2_grpc.add_AdminServicer_to_server(
+        AdminServicer(engine, backend, peer_address), server)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (*services, ADMIN_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+
+
+def _write_ready_file(path: Path, record: dict[str, object]) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(record))
+    os.replace(tmp, path)
+
+
+class Daemon:
+    """Everything one running daemon owns, started and stopped in order."""
+
+    def __init__(self, config: DaemonConfig) -> None:
+        self.config = config
+        self.daemon_id = secrets.token_hex(8)
+        server_cfg = config.server
+        self.socket_path = server_cfg.client_socket
+        runtime = self.socket_path.parent if self.socket_path else default_runtime_dir()
+        self.fd_path = runtime / f"hixl-{self.daemon_id}.fds.sock"
+        self.advertise_host = server_cfg.effective_advertise_host
+        self._peers: dict[str, PeerClient] = {}
+        self._stop = asyncio.Event()
+
+    def _peer(self, address: str) -> PeerApi:
+        client = self._peers.get(address)
+        if client is None:
+            client = self._peers[address] = PeerClient(address, __version__)
+        return client
+
+    async def run(self) -> None:
+        cfg = self.config
+        loop = asyncio.get_running_loop()
+        data_server = await asyncio.to_thread(hixl_native.DataServer, cfg.server.peer_host,
+                                              cfg.server.data_port)
+        pools = PoolManager(int(cfg.pool.max_bytes), cfg.pool.populate)
+        self.engine = engine = Engine(EngineDeps(
+            daemon_id=self.daemon_id, version=__version__, pools=pools,
+            data_server=data_server, data_host=self.advertise_host,
+            peer_factory=self._peer, copier=ExecutorCopier(cfg.transfer.copy_threads),
+            dispatcher=CompletionDispatcher(loop),
+            streams_per_link=cfg.transfer.streams_per_link,
+            connect_timeout_s=cfg.transfer.connect_timeout_s))
+        health_servicer = health.aio.HealthServicer()
+        fd_server = FdServer(self.fd_path, pools.take_fd)
+        await fd_server.start()
+
+        peer_server = grpc.aio.server(maximum_concurrent_rpcs=cfg.server.max_concurrent_rpcs)
+        peer_port = peer_server.add_insecure_port(f"{cfg.server.peer_host}:{cfg.server.peer_port}")
+        peer_address = f"{self.advertise_host}:{peer_port}"
+        peer_pb2_grpc.add_PeerServicer_to_server(PeerServicer(engine), peer_server)
+        _add_common(peer_server, engine, health_servicer, SERVICE_NAMES["peer"],
+                    cfg.pool.backend, peer_address)
+
+        client_server = grpc.aio.server(maximum_concurrent_rpcs=cfg.server.max_concurrent_rpcs)
+        client_servicer = ClientServicer(engine, __version__, str(self.fd_path))
+        client_pb2_grpc.add_ClientServicer_to_server(client_servicer, client_server)
+        _add_common(client_server, engine, health_servicer, SERVICE_NAMES["client"],
+                    cfg.pool.backend, peer_address)
+        client_target = ""
+        if self.socket_path is not None:
+            _prepare_socket(self.socket_path)
+            client_server.add_insecure_port(f"unix:{self.socket_path}")
+            client_target = f"unix:{self.socket_path}"
+        if cfg.server.client_tcp:
+            port = client_server.add_insecure_port(cfg.server.client_tcp)
+            client_target = client_target or f"{cfg.server.client_tcp.rsplit(':', 1)[0]}:{port}"
+
+        await peer_server.start()
+        await client_server.start()
+        if self.socket_path is not None:
+            os.chmod(self.socket_path, 0o660)
+        for name in ("", *SERVICE_NAMES["client"], *SERVICE_NAMES["peer"], ADMIN_NAME):
+            await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stop.set)
+        record = {"pid": os.getpid(), "client_target": client_target,
+                  "peer_address": peer_address,
+                  "data_address": f"{self.advertise_host}:{data_server.port}",
+                  "daemon_id": self.daemon_id}
+        if cfg.server.ready_file is not None:
+            _write_ready_file(cfg.server.ready_file, record)
+        _systemd.notify("READY=1\nSTATUS=serving")
+        logger.info("hixl-serviced %s ready: clients %s, peers %s, data %s", __version__,
+                    client_target, peer_address, record["data_address"])
+
+        await self._stop.wait()
+
+        logger.info("stopping: draining sessions and transfers")
+        _systemd.notify("STOPPING=1")
+        await health_servicer.enter_graceful_shutdown()
+        client_servicer.stop_sessions()
+        grace = cfg.server.grace_period_s
+        await asyncio.gather(client_server.stop(grace), peer_server.stop(grace))
+        await client_servicer.wait_cleanups()
+        await engine.close()
+        await fd_server.close()
+        for peer in self._peers.values():
+            await peer.close()
+        await asyncio.to_thread(data_server.close)
+        if self.socket_path is not None:
+            self.socket_path.unlink(missing_ok=True)
+        if cfg.server.ready_file is not None:
+            cfg.server.ready_file.unlink(missing_ok=True)
+        logger.info("stopped")
+
+
+async def run_daemon(config: DaemonConfig) -> None:
+    """Run a daemon until SIGTERM or SIGINT, then stop it cleanly."""
+    await Daemon(config).run()

@@ -1,0 +1,73 @@
+"""The Admin service: a read-only snapshot of the daemon for operators."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import grpc.aio
+
+from hixl_client._proto.hixl.v1 import admin_pb2, admin_pb2_grpc
+
+from .engine import Engine
+from .rpc_errors import handles_errors
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+def snapshot(engine: Engine, backend: str, peer_address: str) -> admin_pb2.DaemonStatus:
+    """Build the status message from the engine's current state."""
+    deps = engine.deps
+    status = admin_pb2.DaemonStatus(
+        daemon_id=engine.daemon_id, version=deps.version, backend=backend,
+        uptime_s=time.monotonic() - deps.started, peer_address=peer_address,
+        data_address=f"{deps.data_host}:{deps.data_server.port}",
+        pool_budget_bytes=engine.pools.budget_bytes,
+        pool_reserved_bytes=engine.pools.reserved_bytes)
+    for session in engine.sessions.values():
+        status.sessions.add(session_id=session.session_id, client_pid=session.client_pid,
+                            client_name=session.client_name,
+                            has_cluster=session.cluster is not None,
+                            cluster_id=session.cluster.cluster_id if session.cluster else 0)
+    for cluster in engine.clusters.values():
+        status.clusters.add(cluster_id=cluster.cluster_id, role=cluster.role.name,
+                            session_id=cluster.session_id, caches=len(cluster.registry),
+                            keys=cluster.registry.key_count, options=cluster.options)
+        for link in cluster.links.values():
+            status.links.add(local_cluster_id=link.local_cluster_id,
+                             remote_cluster_id=link.remote_cluster_id,
+                             remote_daemon_id=link.remote_daemon_id,
+                             remote_peer_address=link.remote_peer_address,
+                             transport=link.transport, streams=link.streams,
+                             alive=link.alive, direction="outbound")
+        for entry in cluster.registry.caches():
+            status.caches.add(cluster_id=cluster.cluster_id, cache_id=entry.cache_id,
+                              kind="blocks" if entry.blocks else "cache",
+                              bytes=entry.extent_size,
+                              keys=len(entry.keys) + len(entry.prefix_keys),
+                              released=entry.released)
+    for inbound in engine.inbound.values():
+        status.links.add(local_cluster_id=inbound.dst_cluster_id,
+                         remote_cluster_id=inbound.src_cluster_id,
+                         remote_daemon_id=inbound.src_daemon_id, direction="inbound",
+                         alive=True)
+    for pool in engine.pools.pools():
+        status.pools.add(pool_id=pool.pool_id, cluster_id=pool.cluster_id,
+                         placement=pool.placement.name, size=pool.size,
+                         used=pool.native.used_bytes, free=pool.native.free_bytes,
+                         page_size=pool.native.page_size)
+    return status
+
+
+class AdminServicer(admin_pb2_grpc.AdminServicer):
+    """Handlers of the Admin service."""
+
+    def __init__(self, engine: Engine, backend: str, peer_address: str) -> None:
+        self._engine = engine
+        self._backend = backend
+        self._peer_address = peer_address
+
+    @handles_errors
+    async def GetStatus(self, request: admin_pb2.GetStatusRequest,
+                        context: Context) -> admin_pb2.DaemonStatus:
+        return snapshot(self._engine, self._backend, self._peer_address)

@@ -1,0 +1,199 @@
+"""The Client service: translate messages, call the engine, build replies."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from typing import Any
+
+import grpc.aio
+
+from hixl_client._proto.hixl.v1 import client_pb2, client_pb2_grpc, common_pb2
+from hixl_client._transport import SESSION_METADATA_KEY
+from hixl_client.status import LLMException, LLMStatusCode
+from hixl_client.types import DataType, LLMRole, Placement, bytes_per_element
+
+from .engine import Engine, NewCache, Session
+from .peer_client import ref_from_proto
+from .registry import KeySpec
+from .rpc_errors import handles_errors
+from .transfers import PullSpec, pull_cache
+
+logger = logging.getLogger(__name__)
+
+Context = grpc.aio.ServicerContext[Any, Any]
+MAX_SHAPE_RANK = 32
+# LLM-DataDist links up to 16 clusters of one call in parallel.
+MAX_PARALLEL_LINKS = 16
+
+
+def _invalid(message: str) -> LLMException:
+    return LLMException(message, status_code=LLMStatusCode.LLM_PARAM_INVALID)
+
+
+def new_cache_from_proto(desc: common_pb2.CacheDescriptor, blocks: bool,
+                         blocks_model_id: int | None) -> NewCache:
+    """Check a descriptor as LLM-DataDist's native allocate does and size it ourselves."""
+    shape = list(desc.shape)
+    if not 1 <= len(shape) <= MAX_SHAPE_RANK:
+        raise _invalid(f"shape rank {len(shape)} is not in [1, {MAX_SHAPE_RANK}]")
+    if desc.num_tensors <= 0:
+        raise _invalid("num_tensors must be > 0")
+    if any(dim <= 0 for dim in shape):
+        raise _invalid(f"every dim of shape {shape} must be > 0")
+    batch_dim = 0 if blocks else desc.batch_dim_index
+    if not 0 <= batch_dim < len(shape):
+        raise _invalid(f"batch_dim_index {batch_dim} is out of range for shape {shape}")
+    tensor_size = math.prod(shape) * bytes_per_element(DataType(desc.data_type))
+    if tensor_size >= 2**63:
+        raise _invalid(f"tensor size of shape {shape} overflows int64")
+    return NewCache(num_tensors=desc.num_tensors, tensor_size=tensor_size,
+                    batch_size=shape[batch_dim], placement=Placement(desc.placement),
+                    blocks=blocks, blocks_model_id=blocks_model_id)
+
+
+def key_from_proto(key: common_pb2.CacheKey) -> KeySpec:
+    return KeySpec(key.req_id, key.model_id, key.prefix_id)
+
+
+class ClientServicer(client_pb2_grpc.ClientServicer):
+    """Handlers of the Client service; sessions are named by call metadata."""
+
+    def __init__(self, engine: Engine, version: str, fd_socket: str) -> None:
+        self._engine = engine
+        self._version = version
+        self._fd_socket = fd_socket
+        self._stopping = asyncio.Event()
+        self._cleanups: set[asyncio.Task[None]] = set()
+
+    def stop_sessions(self) -> None:
+        """Make every Attach stream end (graceful daemon stop)."""
+        self._stopping.set()
+
+    async def wait_cleanups(self) -> None:
+        await asyncio.gather(*self._cleanups, return_exceptions=True)
+
+    def _session(self, context: Context) -> Session:
+        for key, value in context.invocation_metadata() or ():
+            if key == SESSION_METADATA_KEY:
+                return self._engine.session(str(value))
+        raise LLMException("the call carries no session; attach first",
+                           status_code=LLMStatusCode.LLM_FAILED)
+
+    async def Attach(self, request: client_pb2.AttachRequest, context: Context) -> None:
+        try:
+            session = self._engine.attach(request.client_pid, request.client_name)
+        except LLMException as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+            return
+        try:
+            await context.write(client_pb2.SessionEvent(attached=client_pb2.Attached(
+                session_id=session.session_id, daemon_id=self._engine.daemon_id,
+                version=self._version, fd_socket=self._fd_socket)))
+            await self._stopping.wait()
+        finally:
+            # The stream ends when the client leaves, even by SIGKILL: free its
+            # memory. Shielded, and kept referenced, so a second cancellation
+            # cannot cut the cleanup short.
+            cleanup = asyncio.get_running_loop().create_task(self._engine.detach(session))
+            self._cleanups.add(cleanup)
+            cleanup.add_done_callback(self._cleanups.discard)
+            await asyncio.shield(cleanup)
+
+    @handles_errors
+    async def Init(self, request: client_pb2.InitRequest, context: Context) -> client_pb2.InitReply:
+        session = self._session(context)
+        cluster = await self._engine.init_cluster(session, request.cluster_id,
+                                                  LLMRole(request.role), dict(request.options))
+        pools = [client_pb2.PoolInfo(pool_id=p.pool_id, placement=int(p.placement), size=p.size,
+                                     page_shift=p.native.page_shift, fd_token=p.fd_token)
+                 for p in cluster.pools.values()]
+        return client_pb2.InitReply(pools=pools, fd_socket=self._fd_socket)
+
+    @handles_errors
+    async def Finalize(self, request: client_pb2.FinalizeRequest,
+                       context: Context) -> client_pb2.FinalizeReply:
+        await self._engine.finalize(self._session(context))
+        return client_pb2.FinalizeReply()
+
+    async def _link_all(self, request: client_pb2.LinkClustersRequest | client_pb2.UnlinkClustersRequest,
+                        context: Context, unlink: bool) -> client_pb2.LinkClustersReply:
+        cluster = self._engine.cluster_of(self._session(context))
+        if not request.clusters:
+            return client_pb2.LinkClustersReply(status=LLMStatusCode.LLM_PARAM_INVALID)
+        timeout_s = max(request.timeout_ms, 1) / 1000.0
+        gate = asyncio.Semaphore(MAX_PARALLEL_LINKS)
+
+        async def one(target: client_pb2.ClusterLink) -> client_pb2.LinkResult:
+            async with gate:
+                try:
+                    if unlink:
+                        await self._engine.unlink(cluster, target.remote_cluster_id,
+                                                  request.force)
+                        return client_pb2.LinkResult(status=LLMStatusCode.LLM_SUCCESS)
+                    link = await self._engine.link(
+                        cluster, target.remote_cluster_id,
+                        f"{target.remote_host}:{target.remote_port}", timeout_s)
+                    return client_pb2.LinkResult(status=LLMStatusCode.LLM_SUCCESS,
+                                                 transport=link.transport)
+                except LLMException as exc:
+                    return client_pb2.LinkResult(status=exc.status_code, message=str(exc))
+
+        results = await asyncio.gather(*(one(t) for t in request.clusters))
+        failed = [r.status for r in results if r.status != LLMStatusCode.LLM_SUCCESS]
+        overall = failed[-1] if failed else LLMStatusCode.LLM_SUCCESS
+        return client_pb2.LinkClustersReply(status=overall, results=results)
+
+    @handles_errors
+    async def LinkClusters(self, request: client_pb2.LinkClustersRequest,
+                           context: Context) -> client_pb2.LinkClustersReply:
+        return await self._link_all(request, context, unlink=False)
+
+    @handles_errors
+    async def UnlinkClusters(self, request: client_pb2.UnlinkClustersRequest,
+                             context: Context) -> client_pb2.LinkClustersReply:
+        return await self._link_all(request, context, unlink=True)
+
+    @handles_errors
+    async def AllocateCache(self, request: client_pb2.AllocateCacheRequest,
+                            context: Context) -> client_pb2.AllocateCacheReply:
+        cluster = self._engine.cluster_of(self._session(context))
+        model_id = request.blocks_key.model_id if request.has_blocks_key else None
+        spec = new_cache_from_proto(request.desc, request.blocks, model_id)
+        keys = [key_from_proto(k) for k in request.keys]
+        entry = self._engine.allocate(cluster, spec, keys)
+        return client_pb2.AllocateCacheReply(cache_id=entry.cache_id, pool_id=entry.pool_id,
+                                             tensor_offsets=entry.tensor_offsets)
+
+    @handles_errors
+    async def DeallocateCache(self, request: client_pb2.DeallocateCacheRequest,
+                              context: Context) -> client_pb2.DeallocateCacheReply:
+        cluster = self._engine.cluster_of(self._session(context))
+        await self._engine.deallocate(cluster, request.cache_id, request.blocks)
+        return client_pb2.DeallocateCacheReply()
+
+    @handles_errors
+    async def RemoveCacheKey(self, request: client_pb2.RemoveCacheKeyRequest,
+                             context: Context) -> client_pb2.RemoveCacheKeyReply:
+        cluster = self._engine.cluster_of(self._session(context))
+        await self._engine.remove_key(cluster, key_from_proto(request.key))
+        return client_pb2.RemoveCacheKeyReply()
+
+    @handles_errors
+    async def PullCache(self, request: client_pb2.PullCacheRequest,
+                        context: Context) -> client_pb2.PullCacheReply:
+        cluster = self._engine.cluster_of(self._session(context))
+        src = ref_from_proto(request.src)
+        if src is None:
+            raise _invalid("the pull names no source cache")
+        if request.size < -1 or request.size == 0:
+            raise _invalid(f"size must be -1 or > 0, got {request.size}")
+        spec = PullSpec(src=src, dst_cache_id=request.dst_cache_id,
+                        batch_index=request.batch_index, size=request.size,
+                        src_tensor_indices=list(request.src_tensor_indices),
+                        dst_tensor_indices=list(request.dst_tensor_indices),
+                        tensor_num_per_layer=request.tensor_num_per_layer or 2)
+        moved, transport = await pull_cache(self._engine, cluster, spec)
+        return client_pb2.PullCacheReply(bytes=moved, transport=transport)
+

@@ -1,0 +1,60 @@
+"""The Peer service: what other daemons call on this one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc.aio
+
+from hixl_client._proto.hixl.v1 import peer_pb2, peer_pb2_grpc
+from hixl_client.status import LLMException, LLMStatusCode
+
+from .engine import Engine
+from .peer_client import ref_from_proto
+from .rpc_errors import handles_errors
+from .servicer_client import key_from_proto
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+class PeerServicer(peer_pb2_grpc.PeerServicer):
+    """Handlers of the Peer service."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    @handles_errors
+    async def Hello(self, request: peer_pb2.HelloRequest, context: Context) -> peer_pb2.HelloReply:
+        hello = self._engine.accept_link(request.protocol_version, request.daemon_id,
+                                         request.src_cluster_id, request.dst_cluster_id)
+        return peer_pb2.HelloReply(protocol_version=request.protocol_version,
+                                   daemon_id=hello.daemon_id, version=hello.version,
+                                   data_host=hello.data_host, data_port=hello.data_port,
+                                   link_token=hello.token)
+
+    @handles_errors
+    async def ResolveCache(self, request: peer_pb2.ResolveCacheRequest,
+                           context: Context) -> peer_pb2.ResolveCacheReply:
+        ref = ref_from_proto(request.ref)
+        if ref is None:
+            raise LLMException("the request names no cache",
+                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
+        found = self._engine.resolve_for_peer(request.link_token, ref)
+        return peer_pb2.ResolveCacheReply(
+            cache_id=found.cache_id, region_id=found.region_id,
+            tensor_offsets=found.tensor_offsets, tensor_size=found.tensor_size,
+            stride=found.tensor_size // found.batch_size, batch_size=found.batch_size,
+            batch_index=found.batch_index, blocks=found.blocks)
+
+    @handles_errors
+    async def ReleaseKey(self, request: peer_pb2.ReleaseKeyRequest,
+                         context: Context) -> peer_pb2.ReleaseKeyReply:
+        await self._engine.release_for_peer(request.link_token, key_from_proto(request.key),
+                                            list(request.tensor_indices))
+        return peer_pb2.ReleaseKeyReply()
+
+    @handles_errors
+    async def Unlink(self, request: peer_pb2.UnlinkRequest,
+                     context: Context) -> peer_pb2.UnlinkReply:
+        self._engine.drop_inbound_link(request.link_token)
+        return peer_pb2.UnlinkReply()

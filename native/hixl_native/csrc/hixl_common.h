@@ -1,0 +1,54 @@
+/*
+ * Definitions shared by every part of the hixl native core.
+ *
+ * Every C function reports failure through one of these negative codes and
+ * never through errno alone: the Cython layer turns a code (plus errno, when
+ * the code is HIXL_E_IO or HIXL_E_NOMEM) into a Python exception in exactly
+ * one place. The first block of codes also travels on the wire and in
+ * completions, so their values are part of the protocol and must not change.
+ */
+#ifndef HIXL_COMMON_H
+#define HIXL_COMMON_H
+
+#include <pthread.h>
+#include <stdint.h>
+#include <time.h>
+
+enum {
+    HIXL_OK = 0,
+    /* Public statuses: on the wire, in completions, exported to Python. */
+    HIXL_E_TIMEOUT = -1,
+    HIXL_E_CLOSED = -2,
+    HIXL_E_REFUSED = -3,
+    HIXL_E_IO = -4,
+    HIXL_E_PROTO = -5,
+    HIXL_E_CANCELLED = -6,
+    /* Local API errors only; never sent to a peer nor posted. */
+    HIXL_E_NOMEM = -20,
+    HIXL_E_EXHAUSTED = -21,
+    HIXL_E_INVAL = -22,
+    HIXL_E_BUSY = -23,
+    HIXL_E_EXISTS = -24,
+};
+
+/* Monotonic time: deadlines must not jump with wall-clock adjustments. */
+static inline uint64_t hixl_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static inline uint64_t hixl_deadline_after_ms(uint64_t ms)
+{
+    return hixl_now_ns() + ms * 1000000ull;
+}
+
+/*
+ * Starts a native thread with every signal blocked, so that signals keep
+ * reaching the interpreter's main thread (CPython only acts on them there)
+ * and our syscalls are not interrupted by them.
+ */
+int hixl_spawn_thread(pthread_t *thread, void *(*fn)(void *), void *arg);
+
+#endif

@@ -1,0 +1,93 @@
+#define _GNU_SOURCE
+#include "mapping.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "hixl_common.h"
+
+int hixl_mapping_create(int fd, uint64_t size, int populate, int owned_fd,
+                        hixl_mapping **out)
+{
+    struct stat st;
+    if (size == 0 || size > (uint64_t)INT64_MAX)
+        return HIXL_E_INVAL;
+    if (fstat(fd, &st) != 0)
+        return HIXL_E_IO;
+    /* Touching a page past the end of a file raises SIGBUS, which would kill
+     * the whole daemon; refuse such a mapping up front instead. */
+    if (S_ISREG(st.st_mode) && (uint64_t)st.st_size < size)
+        return HIXL_E_INVAL;
+
+    hixl_mapping *m = calloc(1, sizeof(*m));
+    if (m == NULL)
+        return HIXL_E_NOMEM;
+    int flags = MAP_SHARED | (populate ? MAP_POPULATE : 0);
+    void *addr = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, flags, fd, 0);
+    if (addr == MAP_FAILED) {
+        int err = errno;
+        free(m);
+        errno = err;
+        return err == ENOMEM ? HIXL_E_NOMEM : HIXL_E_IO;
+    }
+    m->addr = addr;
+    m->size = size;
+    m->owned_fd = owned_fd;
+    atomic_init(&m->refs, 1);
+    atomic_init(&m->pins, 0);
+    *out = m;
+    return HIXL_OK;
+}
+
+void hixl_mapping_ref(hixl_mapping *m)
+{
+    atomic_fetch_add_explicit(&m->refs, 1, memory_order_relaxed);
+}
+
+static void release_memory(hixl_mapping *m)
+{
+    if (m->addr != NULL) {
+        munmap(m->addr, (size_t)m->size);
+        m->addr = NULL;
+    }
+    if (m->owned_fd >= 0) {
+        close(m->owned_fd);
+        m->owned_fd = -1;
+    }
+}
+
+void hixl_mapping_unref(hixl_mapping *m)
+{
+    if (atomic_fetch_sub_explicit(&m->refs, 1, memory_order_acq_rel) == 1) {
+        release_memory(m);
+        free(m);
+    }
+}
+
+void hixl_mapping_pin(hixl_mapping *m)
+{
+    atomic_fetch_add_explicit(&m->pins, 1, memory_order_relaxed);
+}
+
+void hixl_mapping_unpin(hixl_mapping *m)
+{
+    /* Release order: the bytes a native thread moved must be visible to
+     * whoever later sees the pin gone and reuses or unmaps the memory. */
+    atomic_fetch_sub_explicit(&m->pins, 1, memory_order_release);
+}
+
+int hixl_mapping_pins(const hixl_mapping *m)
+{
+    return atomic_load_explicit(&m->pins, memory_order_acquire);
+}
+
+int hixl_mapping_unmap(hixl_mapping *m)
+{
+    if (hixl_mapping_pins(m) > 0)
+        return HIXL_E_BUSY;
+    release_memory(m);
+    return HIXL_OK;
+}

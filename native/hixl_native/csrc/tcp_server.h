@@ -1,0 +1,30 @@
+/*
+ * The target side of the TCP data plane (protocol in tcp_wire.h): one
+ * accept thread plus one thread per accepted connection, all sharing the
+ * server's region table. Threads block only in poll() on their socket and
+ * on the server's stop eventfd, so hixl_server_stop() wakes every one of
+ * them at once.
+ */
+#ifndef HIXL_TCP_SERVER_H
+#define HIXL_TCP_SERVER_H
+
+#include <stdint.h>
+
+#include "region_table.h"
+
+typedef struct hixl_server hixl_server;
+
+/* Binds (SO_REUSEADDR; port 0 = ephemeral), listens, starts accepting. */
+int hixl_server_start(const char *host, uint16_t port, hixl_server **out);
+uint16_t hixl_server_port(const hixl_server *s);
+hixl_region_table *hixl_server_regions(hixl_server *s);
+/* HIXL_E_EXISTS when the token is already bound to another cluster. */
+int hixl_server_authorize(hixl_server *s, uint64_t token, uint64_t cluster);
+/* Forgets the token and shuts down the connections that presented it. */
+void hixl_server_revoke(hixl_server *s, uint64_t token);
+/* Stops accepting, wakes and joins every thread. Idempotent. */
+void hixl_server_stop(hixl_server *s);
+/* Stops, then frees the server and its regions. */
+void hixl_server_destroy(hixl_server *s);
+
+#endif

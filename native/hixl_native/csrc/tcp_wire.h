@@ -1,0 +1,122 @@
+/*
+ * The hixl TCP data-plane protocol, version 1, and the socket helpers that
+ * both ends share.
+ *
+ * All integers are little-endian and every header is fixed-size; there is
+ * no padding and no variable-length field except the range list, whose
+ * length the header announces. `status` fields carry the HIXL_E_* values of
+ * hixl_common.h (0 = OK, HIXL_E_REFUSED = -3, HIXL_E_PROTO = -5, ...).
+ *
+ * Connection setup (initiator -> target), once per TCP connection:
+ *
+ *   HELLO    24 bytes   u32 magic "HIXL" (0x4C584948) | u16 version (1)
+ *                       | u16 kind = 1 | u64 token | u64 reserved (0)
+ *   WELCOME  16 bytes   u32 magic | u16 version (the target's) | u16 kind = 2
+ *                       | i32 status | u32 reserved
+ *
+ *   status is OK, E_REFUSED (unknown token) or E_PROTO (bad magic or kind,
+ *   other version). On anything but OK the target closes the connection.
+ *
+ * Then any number of requests, strictly one at a time per connection (the
+ * initiator gets parallelism from several connections, not from pipelining,
+ * which keeps a timed-out connection easy to discard):
+ *
+ *   REQUEST  40 bytes   u32 magic | u16 version | u16 kind = 3 | u8 op
+ *                       (1 READ, 2 WRITE) | u8 flags (0) | u16 reserved
+ *                       | u32 nranges | u64 tag | u64 total_bytes
+ *                       | u32 timeout_ms | u32 reserved
+ *   RANGE    24 bytes   u64 region_id | u64 offset in region | u64 length
+ *                       (nranges of them, 1 <= nranges <= 65536, total_bytes
+ *                       must equal the sum of the lengths)
+ *   REPLY    24 bytes   u32 magic | u16 version | u16 kind = 4 | i32 status
+ *                       | u32 reserved | u64 tag (echoes the request)
+ *
+ *   READ:  initiator sends REQUEST + RANGEs. The target validates every
+ *          range (region exists and is not being unregistered, belongs to
+ *          the token's cluster, range in bounds) before touching memory and
+ *          answers REPLY; if status is OK, total_bytes of payload follow at
+ *          once, range after range, sent straight from region memory.
+ *   WRITE: initiator sends REQUEST + RANGEs + total_bytes of payload in one
+ *          go (no extra round trip waiting for an accept). The target
+ *          validates as for READ (and requires writable regions); if
+ *          accepted it receives the payload straight into region memory,
+ *          otherwise it reads and discards it so the stream stays in sync.
+ *          Then it answers REPLY, so an OK means the bytes are in place.
+ *
+ *   timeout_ms is the initiator's remaining budget; the target bounds its
+ *   own I/O for the request with it (clocks of two hosts are never
+ *   compared). A target that sees a malformed header answers E_PROTO if it
+ *   still can and closes the connection; an initiator that misses a
+ *   deadline closes its connection (the byte stream is out of sync) and
+ *   reconnects lazily for its next request.
+ */
+#ifndef HIXL_TCP_WIRE_H
+#define HIXL_TCP_WIRE_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#define HIXL_WIRE_MAGIC 0x4C584948u
+#define HIXL_WIRE_VERSION 1
+#define HIXL_WIRE_MAX_RANGES 65536u
+
+enum { HIXL_MSG_HELLO = 1, HIXL_MSG_WELCOME = 2, HIXL_MSG_REQUEST = 3, HIXL_MSG_REPLY = 4 };
+enum { HIXL_OP_READ = 1, HIXL_OP_WRITE = 2 };
+enum {
+    HIXL_HELLO_SIZE = 24,
+    HIXL_WELCOME_SIZE = 16,
+    HIXL_REQUEST_SIZE = 40,
+    HIXL_RANGE_SIZE = 24,
+    HIXL_REPLY_SIZE = 24,
+};
+
+typedef struct hixl_request_hdr {
+    uint8_t op;
+    uint32_t nranges;
+    uint64_t tag;
+    uint64_t total_bytes;
+    uint32_t timeout_ms;
+} hixl_request_hdr;
+
+void hixl_put_hello(uint8_t *b, uint64_t token);
+/* HIXL_E_PROTO for a foreign magic, kind or version. */
+int hixl_get_hello(const uint8_t *b, uint64_t *token);
+void hixl_put_welcome(uint8_t *b, int32_t status);
+int hixl_get_welcome(const uint8_t *b, int32_t *status);
+void hixl_put_request(uint8_t *b, const hixl_request_hdr *h);
+int hixl_get_request(const uint8_t *b, hixl_request_hdr *h);
+void hixl_put_range(uint8_t *b, uint64_t region, uint64_t offset, uint64_t length);
+void hixl_put_reply(uint8_t *b, uint64_t tag, int32_t status);
+int hixl_get_reply(const uint8_t *b, uint64_t *tag, int32_t *status);
+
+/* A position in an iovec array; the array itself is advanced in place. */
+typedef struct hixl_iovcur {
+    struct iovec *iov;
+    size_t cnt;
+} hixl_iovcur;
+
+/*
+ * Socket I/O on non-blocking sockets. Every wait is a poll() on the socket
+ * and on `stop_fd` (an eventfd that becomes readable when the owner shuts
+ * down; -1 for none), bounded by `deadline_ns` (monotonic; 0 = no
+ * deadline). Results: HIXL_OK, HIXL_E_TIMEOUT, HIXL_E_CANCELLED (stop_fd),
+ * HIXL_E_CLOSED (EOF, reset, broken pipe) or HIXL_E_IO (errno kept).
+ */
+int hixl_wait_fd(int fd, short events, int stop_fd, uint64_t deadline_ns);
+int hixl_send_iov(int fd, int stop_fd, hixl_iovcur *cur, uint64_t deadline_ns);
+/* Receives until at least `want` bytes arrived (it may take more, up to the
+ * iovecs' room); the count is added to *got. */
+int hixl_recv_iov(int fd, int stop_fd, hixl_iovcur *cur, size_t want,
+                  uint64_t deadline_ns, size_t *got);
+int hixl_send_buf(int fd, int stop_fd, const void *buf, size_t len, uint64_t deadline_ns);
+int hixl_recv_buf(int fd, int stop_fd, void *buf, size_t len, uint64_t deadline_ns);
+
+void hixl_tcp_tune(int fd);
+int hixl_tcp_connect(const char *host, uint16_t port, int stop_fd, uint64_t deadline_ns,
+                     int *fd_out);
+/* Initiator side of HELLO/WELCOME; returns the target's status. */
+int hixl_tcp_handshake(int fd, int stop_fd, uint64_t token, uint64_t deadline_ns);
+
+#endif
