@@ -16,6 +16,7 @@ import json
 import socket
 
 from hixl_client._validation import (
+    UINT32_MAX,
     check_dict,
     check_int32,
     check_isinstance,
@@ -27,8 +28,6 @@ from hixl_client.status import raise_if_false
 from hixl_client.types import LLMRole
 
 __all__ = ["LLMClusterInfo", "LLMConfig", "LlmConfig", "int_to_ip", "trans_str_ip"]
-
-_UINT32_MAX = 2**32 - 1
 
 
 def trans_str_ip(ip: str | int) -> int:
@@ -385,7 +384,7 @@ class LLMConfig:
     def link_total_time(self, value: int) -> None:
         check_isinstance("link_total_time", value, int, allow_none=False)
         raise_if_false(
-            0 <= value <= _UINT32_MAX,
+            0 <= value <= UINT32_MAX,
             "link_total_time should be an integer in [0, 2^32-1], but got {0}.",
             value,
         )

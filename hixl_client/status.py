@@ -30,6 +30,7 @@ __all__ = [
     "STATUS_TO_GRPC",
     "LLMException",
     "LLMStatusCode",
+    "QualifiedIntEnum",
     "Status",
     "code_2_status",
     "handle_llm_status",

@@ -124,6 +124,7 @@ def _build_numpy_maps() -> None:
 
 
 def __getattr__(name: str) -> Any:
+    """Build the numpy dtype maps on first access; any other name is an AttributeError."""
     if name not in _LAZY_NUMPY_NAMES:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     _build_numpy_maps()

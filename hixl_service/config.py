@@ -43,8 +43,6 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from hixl_client._defaults import default_socket_path
-
 __all__ = [
     "ENV_PREFIX",
     "ConfigError",
@@ -89,6 +87,14 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
 
 
+def _default_client_socket() -> Path:
+    # Imported here: the client package pulls in grpc and the native module,
+    # which --check and --print-config with an explicit socket do not need.
+    from hixl_client._defaults import default_socket_path
+
+    return default_socket_path()
+
+
 def _empty_is_unset(value: object) -> object:
     if isinstance(value, str) and not value.strip():
         return None
@@ -99,7 +105,7 @@ class ServerConfig(_Section):
     """Listeners of the daemon and how it stops."""
 
     client_socket: Path | None = Field(
-        default_factory=default_socket_path,
+        default_factory=_default_client_socket,
         description="Absolute path of the unix socket clients attach to; empty disables it. "
         "Defaults to hixl.sock in the runtime directory ($RUNTIME_DIRECTORY, "
         "$XDG_RUNTIME_DIR/hixl, /run/hixl for root, else /tmp/hixl-<uid>).",

@@ -71,8 +71,9 @@ class DaemonProcess:
         ``with DaemonProcess(pool__max_bytes="64MiB") as daemon: ...``
 
     Args:
-        env: Extra environment variables for the daemon. ``HIXL_*`` variables
-            of the test process are not inherited.
+        env: Extra environment variables for the daemon. The test process's
+            ``HIXL_<SECTION>*`` config variables and ``NOTIFY_SOCKET`` are not
+            inherited.
         **overrides: Config overrides, as described above.
 
     Raises:
@@ -397,10 +398,12 @@ def _make_tmpdir() -> Path:
 
 
 def _child_env(extra: Mapping[str, str] | None) -> dict[str, str]:
+    # The test's own HIXL_<SECTION>__* settings would beat the generated file.
+    config_prefixes = tuple(f"HIXL_{section.upper()}" for section in _SECTIONS)
     env = {
         key: value
         for key, value in os.environ.items()
-        if not key.upper().startswith("HIXL_") and key not in _SCRUBBED_ENV
+        if not key.upper().startswith(config_prefixes) and key not in _SCRUBBED_ENV
     }
     # The child must import the same packages as this process, whatever its cwd.
     roots: list[str] = []

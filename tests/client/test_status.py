@@ -59,7 +59,7 @@ EXPECTED_VALUES = [
 
 @pytest.mark.parametrize(("name", "value"), EXPECTED_VALUES)
 def test_member_integer(name: str, value: int) -> None:
-    member = S[name]
+    member = LLMStatusCode[name]
     assert member == value
     assert int(member) == value
     assert isinstance(member, int)
@@ -110,7 +110,9 @@ def test_exception_pickles_with_status() -> None:
     assert exc.status_code is S.LLM_LINK_BUSY
 
 
-@pytest.mark.parametrize(("code", "ok"), [(S.LLM_SUCCESS, True), (S.LLM_FAILED, False), (S.LLM_TIMEOUT, False)])
+@pytest.mark.parametrize(
+    ("code", "ok"), [(S.LLM_SUCCESS, True), (S.LLM_FAILED, False), (S.LLM_TIMEOUT, False)]
+)
 def test_status(code: LLMStatusCode, ok: bool) -> None:
     status = Status(code)
     assert status.is_ok() is ok
@@ -119,7 +121,12 @@ def test_status(code: LLMStatusCode, ok: bool) -> None:
 
 @pytest.mark.parametrize(
     ("helper", "pred", "raises"),
-    [(raise_if_false, False, True), (raise_if_false, True, False), (raise_if_true, True, True), (raise_if_true, False, False)],
+    [
+        (raise_if_false, False, True),
+        (raise_if_false, True, False),
+        (raise_if_true, True, True),
+        (raise_if_true, False, False),
+    ],
 )
 def test_raise_helpers(helper: object, pred: bool, raises: bool) -> None:
     assert callable(helper)
@@ -147,7 +154,9 @@ def test_handle_llm_status() -> None:
     with pytest.raises(LLMException) as info:
         handle_llm_status(int(S.LLM_TIMEOUT), "pull_cache", "cache_id=1")
     assert info.value.status_code is S.LLM_TIMEOUT
-    assert str(info.value) == "pull_cache failed, error code is LLMStatusCode.LLM_TIMEOUT, cache_id=1."
+    assert (
+        str(info.value) == "pull_cache failed, error code is LLMStatusCode.LLM_TIMEOUT, cache_id=1."
+    )
     with pytest.raises(LLMException) as info:
         handle_llm_status(0x5010B016, "copy_cache", "x")
     assert info.value.status_code is S.LLM_FAILED

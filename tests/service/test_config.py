@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
 import pytest
 from pydantic import ByteSize, ValidationError
 
-from hixl_client._defaults import default_socket_path
 from hixl_service.config import (
     ConfigError,
     DaemonConfig,
@@ -33,6 +33,8 @@ def write(tmp_path: Path, text: str, name: str = "hixl.toml") -> Path:
 
 
 def test_defaults() -> None:
+    from hixl_client._defaults import default_socket_path
+
     config = load_config(None, env={})
     assert config.server == ServerConfig()
     assert config.server.client_socket == default_socket_path()
@@ -291,3 +293,29 @@ def test_dump_toml_values() -> None:
     }
     with pytest.raises(TypeError, match="list"):
         dump_toml({"a": {"x": [1]}})
+
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+
+
+def test_example_config_loads_and_documents_every_field(tmp_path: Path) -> None:
+    text = (DEPLOY / "hixl.toml.example").read_text()
+    as_is = load_config(DEPLOY / "hixl.toml.example", env={})
+    assert as_is.server.client_socket == Path("/run/hixl/hixl.sock")
+    # Uncommenting every "# key = value" line must give the defaults again.
+    uncommented = re.sub(r"(?m)^# (\w+ = )", r"\1", text)
+    parsed = tomllib.loads(uncommented)
+    for section, model in DaemonConfig.model_fields.items():
+        assert model.annotation is not None
+        fields = set(model.annotation.model_fields)
+        assert set(parsed[section]) == fields, section
+    assert load_config(write(tmp_path, uncommented), env={}) == as_is
+
+
+def test_unit_stops_after_the_grace_period() -> None:
+    unit = (DEPLOY / "hixl.service").read_text()
+    stop = re.search(r"(?m)^TimeoutStopSec=(\d+)$", unit)
+    assert stop is not None
+    assert int(stop.group(1)) > ServerConfig().grace_period_s
+    assert "Type=notify" in unit
+    assert "RestartPreventExitStatus=2" in unit

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import json
 import logging
@@ -447,6 +448,32 @@ def test_pause_resume_and_stop_while_paused() -> None:
 
 
 @pytest.mark.usefixtures("fake_server")
+def test_test_process_settings_do_not_leak(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HIXL_POOL__MAX_BYTES", "0")
+    monkeypatch.setenv("NOTIFY_SOCKET", "@nobody-listens-here")
+    with DaemonProcess() as daemon:
+        assert daemon.stop() == 0
+
+
+def test_testing_module_imports_cheaply() -> None:
+    code = (
+        "import sys, hixl_service.testing; "
+        "heavy = {'grpc', 'pydantic', 'hixl_client', 'hixl_service.config'} & set(sys.modules); "
+        "sys.exit(sorted(heavy) or 0)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.usefixtures("fake_server")
 def test_kill() -> None:
     with DaemonProcess() as daemon:
         assert daemon.kill() == -signal.SIGKILL
@@ -461,6 +488,36 @@ async def test_start_daemon_async() -> None:
         tmpdir = daemon.tmpdir
     assert daemon.returncode == 0
     assert not tmpdir.exists()
+
+
+@pytest.mark.asyncio
+@pytest.mark.usefixtures("fake_server")
+async def test_start_daemon_cancelled_while_starting(monkeypatch: pytest.MonkeyPatch) -> None:
+    created: list[DaemonProcess] = []
+    original_start = DaemonProcess.start
+
+    def start(self: DaemonProcess, timeout: float = 15.0) -> DaemonProcess:
+        created.append(self)
+        return original_start(self, timeout)
+
+    monkeypatch.setattr(DaemonProcess, "start", start)
+
+    async def enter() -> None:
+        async with start_daemon(env={"FAKE_MODE": "stall"}):
+            pytest.fail("a stalled daemon cannot become ready")
+
+    task = asyncio.create_task(enter())
+    while not created or created[0].returncode is not None or created[0]._proc is None:
+        await asyncio.sleep(0.02)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    for _ in range(250):  # close() runs on in a worker thread; the start thread then reaps
+        if created[0].returncode is not None and not created[0].tmpdir.exists():
+            break
+        await asyncio.sleep(0.02)
+    assert created[0].returncode is not None
+    assert not created[0].tmpdir.exists()
 
 
 # -- DaemonProcess against the real server ----------------------------------------

@@ -1,0 +1,43 @@
+"""hixl's native core: shared-memory pools, local copies and the TCP data plane.
+
+Everything here is implemented in C behind a Cython wrapper (``_core``); see
+``_core.pyi`` for the typed interface.
+"""
+
+from hixl_native._core import (
+    E_CANCELLED,
+    E_CLOSED,
+    E_IO,
+    E_PROTO,
+    E_REFUSED,
+    E_TIMEOUT,
+    OK,
+    CompletionQueue,
+    DataLink,
+    DataServer,
+    Mapping,
+    NativeError,
+    PoolExhausted,
+    SharedPool,
+    copy_ranges,
+    status_name,
+)
+
+__all__ = [
+    "E_CANCELLED",
+    "E_CLOSED",
+    "E_IO",
+    "E_PROTO",
+    "E_REFUSED",
+    "E_TIMEOUT",
+    "OK",
+    "CompletionQueue",
+    "DataLink",
+    "DataServer",
+    "Mapping",
+    "NativeError",
+    "PoolExhausted",
+    "SharedPool",
+    "copy_ranges",
+    "status_name",
+]

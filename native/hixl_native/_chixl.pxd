@@ -1,0 +1,121 @@
+# C declarations of the native core (csrc/). Only what the Cython layer
+# touches is declared; everything here is callable without the GIL.
+
+from libc.stdint cimport int32_t, uint8_t, uint16_t, uint64_t
+
+
+cdef extern from "hixl_common.h" nogil:
+    enum:
+        HIXL_OK
+        HIXL_E_TIMEOUT
+        HIXL_E_CLOSED
+        HIXL_E_REFUSED
+        HIXL_E_IO
+        HIXL_E_PROTO
+        HIXL_E_CANCELLED
+        HIXL_E_NOMEM
+        HIXL_E_EXHAUSTED
+        HIXL_E_INVAL
+        HIXL_E_BUSY
+        HIXL_E_EXISTS
+
+
+cdef extern from "mapping.h" nogil:
+    ctypedef struct hixl_mapping:
+        uint8_t *addr
+        uint64_t size
+        int owned_fd
+
+    int hixl_mapping_create(int fd, uint64_t size, int populate, int owned_fd,
+                            hixl_mapping **out)
+    void hixl_mapping_ref(hixl_mapping *m)
+    void hixl_mapping_unref(hixl_mapping *m)
+    void hixl_mapping_pin(hixl_mapping *m)
+    void hixl_mapping_unpin(hixl_mapping *m)
+    int hixl_mapping_pins(const hixl_mapping *m)
+    int hixl_mapping_unmap(hixl_mapping *m)
+
+
+cdef extern from "pool.h" nogil:
+    enum:
+        HIXL_POOL_MIN_PAGE_SHIFT
+        HIXL_POOL_MAX_PAGE_SHIFT
+
+    ctypedef struct hixl_pool:
+        hixl_mapping *map
+        unsigned page_shift
+
+    int hixl_pool_create(const char *name, uint64_t size, unsigned page_shift,
+                         int populate, hixl_pool **out)
+    void hixl_pool_destroy(hixl_pool *p)
+    int hixl_pool_alloc(hixl_pool *p, uint64_t nbytes, uint64_t *offset)
+    int hixl_pool_free(hixl_pool *p, uint64_t offset)
+    int hixl_pool_allocation_size(hixl_pool *p, uint64_t offset, uint64_t *size)
+    void hixl_pool_usage(hixl_pool *p, uint64_t *used, uint64_t *free_bytes)
+
+
+cdef extern from "copy.h" nogil:
+    int hixl_check_triples(const uint8_t *triples, size_t n, uint64_t dst_size,
+                           uint64_t src_size, size_t *bad)
+    void hixl_copy_triples(uint8_t *dst, const uint8_t *src, const uint8_t *triples,
+                           size_t n)
+    uint64_t hixl_load_u64(const uint8_t *base, size_t k)
+    int hixl_in_bounds(uint64_t off, uint64_t length, uint64_t size)
+
+
+cdef extern from "completion.h" nogil:
+    ctypedef struct hixl_cq_node:
+        hixl_cq_node *next
+        uint64_t id
+        int32_t status
+
+    ctypedef struct hixl_cq:
+        pass
+
+    int hixl_cq_create(hixl_cq **out)
+    void hixl_cq_unref(hixl_cq *q)
+    hixl_cq_node *hixl_cq_take(hixl_cq *q)
+    void hixl_cq_close(hixl_cq *q)
+    int hixl_cq_fd(hixl_cq *q)
+
+
+cdef extern from "region_table.h" nogil:
+    ctypedef struct hixl_region_table:
+        pass
+
+    int hixl_regions_add(hixl_region_table *t, uint64_t id, hixl_mapping *map,
+                         uint64_t offset, uint64_t length, uint64_t cluster,
+                         int writable)
+    void hixl_regions_remove(hixl_region_table *t, uint64_t id)
+
+
+cdef extern from "tcp_wire.h" nogil:
+    enum:
+        HIXL_OP_READ
+        HIXL_OP_WRITE
+
+
+cdef extern from "tcp_server.h" nogil:
+    ctypedef struct hixl_server:
+        pass
+
+    int hixl_server_start(const char *host, uint16_t port, hixl_server **out)
+    uint16_t hixl_server_port(const hixl_server *s)
+    hixl_region_table *hixl_server_regions(hixl_server *s)
+    int hixl_server_authorize(hixl_server *s, uint64_t token, uint64_t cluster)
+    void hixl_server_revoke(hixl_server *s, uint64_t token)
+    void hixl_server_stop(hixl_server *s)
+    void hixl_server_destroy(hixl_server *s)
+
+
+cdef extern from "tcp_link.h" nogil:
+    ctypedef struct hixl_link:
+        pass
+
+    int hixl_link_open(const char *host, uint16_t port, uint64_t token, int nstreams,
+                       hixl_cq *cq, uint64_t connect_timeout_ms, hixl_link **out)
+    int hixl_link_alive(hixl_link *l)
+    int hixl_link_submit(hixl_link *l, int op, uint64_t request_id, hixl_mapping *local,
+                         const uint8_t *quads, size_t n, uint64_t timeout_ms)
+    void hixl_link_close(hixl_link *l)
+    void hixl_link_destroy(hixl_link *l)

@@ -1,0 +1,28 @@
+# cython: language_level=3
+"""The hixl native core: shared-memory pools, local copies and the TCP data plane.
+
+The C code in csrc/ does the work and reports integer status codes; this
+module wraps it in safe objects, validates every argument with the GIL held
+and releases the GIL around everything that can block or take long.
+"""
+
+cimport cython
+from cpython.buffer cimport (
+    PyBUF_C_CONTIGUOUS,
+    PyBUF_FORMAT,
+    PyBuffer_FillInfo,
+    PyBuffer_Release,
+    PyObject_GetBuffer,
+)
+from libc.errno cimport errno
+from libc.stdint cimport uint8_t, uint16_t, uint64_t, uintptr_t
+from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy
+
+from hixl_native._chixl cimport *
+
+include "_errors.pxi"
+include "_buffers.pxi"
+include "_mapping.pxi"
+include "_completion.pxi"
+include "_dataplane.pxi"

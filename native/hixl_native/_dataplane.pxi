@@ -1,0 +1,286 @@
+# DataServer (target side) and DataLink (initiator side) of the TCP data plane.
+
+_MAX_STREAMS = 64
+_MAX_TIMEOUT_MS = 0x7FFFFFFF
+
+
+cdef class DataServer:
+    """The target side of the TCP data plane: a listening socket plus native threads.
+
+    Args:
+        host: Address to bind ("" or "0.0.0.0" for all interfaces).
+        port: TCP port; 0 picks an ephemeral one (see ``port``).
+
+    Raises:
+        NativeError: The address cannot be resolved or bound (``E_IO``).
+    """
+
+    def __cinit__(self, *args, **kwargs):
+        self._s = NULL
+        self._closed = True
+        self._regions = {}
+
+    def __init__(self, str host not None, port):
+        cdef hixl_server *s = NULL
+        cdef int rc, err
+        cdef uint16_t cport = _int_in(port, 0, 65535, "port")
+        if self._s != NULL:
+            raise RuntimeError("DataServer is already initialized")
+        bhost = host.encode()
+        cdef const char *chost = bhost
+        with nogil:
+            rc = hixl_server_start(chost, cport, &s)
+            err = errno
+        if rc != HIXL_OK:
+            _raise(rc, f"cannot listen on {host}:{port}", err)
+        self._s = s
+        self._port = hixl_server_port(s)
+        self._closed = False
+
+    def __dealloc__(self):
+        if self._s != NULL:
+            with nogil:
+                hixl_server_destroy(self._s)
+            self._s = NULL
+
+    cdef int _check_running(self) except -1:
+        if self._closed:
+            raise NativeError(HIXL_E_CLOSED, "the data server is closed")
+        return 0
+
+    @property
+    def port(self):
+        """The bound TCP port."""
+        return self._port
+
+    def authorize(self, token, cluster_id):
+        """Let connections presenting ``token`` access regions of ``cluster_id``.
+
+        Args:
+            token: A uint64 shared secret of one link.
+            cluster_id: The uint64 cluster whose regions the token opens.
+
+        Raises:
+            ValueError: Out-of-range integers, or the token is already bound
+                to another cluster.
+        """
+        self._check_running()
+        cdef uint64_t t = _u64(token, "token")
+        cdef uint64_t c = _u64(cluster_id, "cluster_id")
+        cdef int rc = hixl_server_authorize(self._s, t, c)
+        if rc != HIXL_OK:
+            _raise(rc, f"token is already authorized for another cluster")
+
+    def revoke(self, token):
+        """Forget ``token`` and shut down the connections that presented it."""
+        cdef uint64_t t = _u64(token, "token")
+        if not self._closed:
+            hixl_server_revoke(self._s, t)
+
+    def register_region(self, region_id, Mapping mapping not None, offset, length,
+                        cluster_id, writable=False):
+        """Expose ``[offset, offset + length)`` of ``mapping`` to ``cluster_id``'s peers.
+
+        The server pins the mapping (it cannot be closed) until the region
+        is unregistered or the server closed.
+
+        Args:
+            region_id: uint64, unique within this server.
+            mapping: The memory to expose.
+            offset: Start of the region in the mapping.
+            length: Length of the region, > 0.
+            cluster_id: uint64 cluster owning the region.
+            writable: Whether peers may WRITE into it.
+
+        Raises:
+            ValueError: The id is taken or the range lies outside the mapping.
+        """
+        self._check_running()
+        mapping._check_open()
+        cdef uint64_t rid = _u64(region_id, "region_id")
+        cdef uint64_t cl = _u64(cluster_id, "cluster_id")
+        cdef uint64_t off = _int_in(offset, 0, mapping._size, "offset")
+        cdef uint64_t ln = _int_in(length, 1, mapping._size - off, "length")
+        cdef int rc = hixl_regions_add(hixl_server_regions(self._s), rid, mapping._m,
+                                       off, ln, cl, 1 if writable else 0)
+        if rc == HIXL_E_EXISTS:
+            raise ValueError(f"region {region_id} is already registered")
+        if rc != HIXL_OK:
+            _raise(rc, f"cannot register region {region_id}")
+        self._regions[region_id] = mapping
+
+    def unregister_region(self, region_id):
+        """Withdraw a region; unknown ids are ignored.
+
+        New requests naming it are refused at once; the call then waits,
+        with the GIL released, until requests already using it finish
+        (each is bounded by its timeout).
+        """
+        cdef uint64_t rid = _u64(region_id, "region_id")
+        if self._s == NULL:
+            return
+        with nogil:
+            hixl_regions_remove(hixl_server_regions(self._s), rid)
+        self._regions.pop(region_id, None)
+
+    def close(self):
+        """Stop accepting, close every connection, join the threads and
+        release all regions. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        with nogil:
+            hixl_server_stop(self._s)
+        for region_id in list(self._regions):
+            self.unregister_region(region_id)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    def __repr__(self):
+        state = "closed" if self._closed else f"port {self._port}"
+        return f"<DataServer {state}, {len(self._regions)} regions>"
+
+
+cdef class DataLink:
+    """The initiator side of one link: ``streams`` TCP connections to a DataServer.
+
+    Requests are submitted without blocking; each posts exactly one
+    ``(request_id, status)`` completion to ``completions`` when done.
+
+    Args:
+        host: The DataServer's address.
+        port: The DataServer's port.
+        token: uint64 token the server was told to ``authorize``.
+        streams: Number of parallel connections, 1..64.
+        completions: Where completions are posted.
+        connect_timeout_ms: Budget for connecting and handshaking all streams.
+
+    Raises:
+        NativeError: ``E_REFUSED`` if the server does not know the token,
+            ``E_TIMEOUT`` if it does not answer in time, ``E_IO`` if it
+            cannot be reached (errno in the message).
+    """
+
+    def __cinit__(self, *args, **kwargs):
+        self._l = NULL
+        self._closed = True
+
+    def __init__(self, str host not None, port, token, streams,
+                 CompletionQueue completions not None, connect_timeout_ms):
+        cdef hixl_link *l = NULL
+        cdef int rc, err
+        if self._l != NULL:
+            raise RuntimeError("DataLink is already initialized")
+        cdef uint16_t cport = _int_in(port, 1, 65535, "port")
+        cdef uint64_t tok = _u64(token, "token")
+        cdef int n = _int_in(streams, 1, _MAX_STREAMS, "streams")
+        cdef uint64_t tmo = _int_in(connect_timeout_ms, 1, _MAX_TIMEOUT_MS, "connect_timeout_ms")
+        bhost = host.encode()
+        cdef const char *chost = bhost
+        with nogil:
+            rc = hixl_link_open(chost, cport, tok, n, completions._q, tmo, &l)
+            err = errno
+        if rc != HIXL_OK:
+            _raise(rc, f"cannot link to {host}:{port}", err)
+        self._l = l
+        self._cq = completions
+        self._streams = n
+        self._closed = False
+
+    def __dealloc__(self):
+        if self._l != NULL:
+            with nogil:
+                hixl_link_destroy(self._l)
+            self._l = NULL
+
+    @property
+    def streams(self):
+        """Number of TCP connections."""
+        return self._streams
+
+    @property
+    def alive(self):
+        """False once a stream saw the peer vanish, or after ``close()``."""
+        return not self._closed and bool(hixl_link_alive(self._l))
+
+    cdef int _submit(self, int op, object request_id, Mapping local, object ranges,
+                     object timeout_ms) except -1:
+        cdef size_t n = 0, i
+        cdef uint64_t size, loff, length
+        if self._closed:
+            raise NativeError(HIXL_E_CLOSED, "the link is closed")
+        cdef uint64_t rid = _u64(request_id, "request_id")
+        cdef uint64_t tmo = _int_in(timeout_ms, 1, _MAX_TIMEOUT_MS, "timeout_ms")
+        local._check_open()
+        size = local._size
+        cdef uint8_t *quads = _snapshot_u64(ranges, 4, "ranges", &n)
+        try:
+            for i in range(n):
+                loff = hixl_load_u64(quads, 4 * i + 2)
+                length = hixl_load_u64(quads, 4 * i + 3)
+                if not hixl_in_bounds(loff, length, size):
+                    raise ValueError(
+                        f"range {i}: local [{loff}, {loff}+{length}) is outside "
+                        f"the local mapping of {size} bytes")
+            rc = hixl_link_submit(self._l, op, rid, local._m, quads, n, tmo)
+            if rc != HIXL_OK:
+                _raise(rc, f"cannot submit request {request_id}")
+        finally:
+            free(quads)
+        return 0
+
+    def read(self, request_id, Mapping dst not None, ranges, timeout_ms):
+        """Start reading remote ranges into ``dst``; returns at once.
+
+        Args:
+            request_id: uint64 echoed in the completion.
+            dst: Local destination mapping, pinned until completion.
+            ranges: Buffer of uint64 quads (remote_region_id, remote_offset,
+                local_dst_offset, length).
+            timeout_ms: Deadline for the whole request, > 0.
+
+        Raises:
+            TypeError: ``ranges`` is not a buffer of uint64.
+            ValueError: A local range lies outside ``dst`` (nothing is sent).
+            NativeError: ``E_CLOSED`` if the link was closed locally.
+        """
+        self._submit(HIXL_OP_READ, request_id, dst, ranges, timeout_ms)
+
+    def write(self, request_id, Mapping src not None, ranges, timeout_ms):
+        """Start writing ``src`` ranges into remote writable regions; returns at once.
+
+        Args:
+            request_id: uint64 echoed in the completion.
+            src: Local source mapping, pinned until completion.
+            ranges: Buffer of uint64 quads (remote_region_id, remote_offset,
+                local_src_offset, length).
+            timeout_ms: Deadline for the whole request, > 0.
+
+        Raises:
+            TypeError: ``ranges`` is not a buffer of uint64.
+            ValueError: A local range lies outside ``src`` (nothing is sent).
+            NativeError: ``E_CLOSED`` if the link was closed locally.
+        """
+        self._submit(HIXL_OP_WRITE, request_id, src, ranges, timeout_ms)
+
+    def close(self):
+        """Fail queued and in-flight requests with ``E_CANCELLED`` (each still
+        gets exactly one completion) and join the threads. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        with nogil:
+            hixl_link_close(self._l)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    def __repr__(self):
+        return f"<DataLink streams={self._streams} alive={self.alive}>"

@@ -1,0 +1,43 @@
+/*
+ * The initiator side of the TCP data plane (protocol in tcp_wire.h): a link
+ * is `nstreams` connections to one DataServer, each driven by its own
+ * worker thread with its own queue of request pieces.
+ *
+ * A request's ranges are cut by bytes into at most one piece per stream
+ * (more only when a piece would exceed the wire's range limit), splitting a
+ * range where a cut falls inside it, so that all streams move bytes in
+ * parallel. The request, its pieces, their wire ranges and iovecs live in a
+ * single allocation made at submit time; its first member is the completion
+ * node, so finishing a request posts it to the completion queue without
+ * allocating (the queue's consumer frees it).
+ */
+#ifndef HIXL_TCP_LINK_H
+#define HIXL_TCP_LINK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "completion.h"
+#include "mapping.h"
+
+typedef struct hixl_link hixl_link;
+
+/* Connects and handshakes every stream within connect_timeout_ms. */
+int hixl_link_open(const char *host, uint16_t port, uint64_t token, int nstreams,
+                   hixl_cq *cq, uint64_t connect_timeout_ms, hixl_link **out);
+int hixl_link_alive(hixl_link *l);
+/*
+ * Queues a READ or WRITE (HIXL_OP_*) and returns at once. `quads` holds n
+ * (remote_region, remote_offset, local_offset, length) uint64 quads in host
+ * order, already bounds-checked against `local` by the caller. Exactly one
+ * completion is posted later; HIXL_E_CLOSED (nothing posted) once the link
+ * was closed locally, HIXL_E_NOMEM/HIXL_E_INVAL (nothing posted) when the
+ * request cannot be built.
+ */
+int hixl_link_submit(hixl_link *l, int op, uint64_t request_id, hixl_mapping *local,
+                     const uint8_t *quads, size_t n, uint64_t timeout_ms);
+/* Cancels queued and in-flight pieces and joins the workers. Idempotent. */
+void hixl_link_close(hixl_link *l);
+void hixl_link_destroy(hixl_link *l);
+
+#endif

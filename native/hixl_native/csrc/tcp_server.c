@@ -1,0 +1,466 @@
+#define _GNU_SOURCE
+#include "tcp_server.h"
+
+#include <endian.h>
+#include <errno.h>
+#include <netdb.h>
+#include <poll.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "hixl_common.h"
+#include "tcp_wire.h"
+
+/* A peer gets this long to complete its HELLO, and to deliver a request's
+ * header and range list once its first byte arrived; the payload itself is
+ * bounded by the request's own timeout instead. */
+#define HANDSHAKE_TIMEOUT_MS 5000
+#define HEADER_TIMEOUT_MS 10000
+#define DISCARD_CHUNK (64 * 1024)
+
+typedef struct token_entry {
+    uint64_t token;
+    uint64_t cluster;
+} token_entry;
+
+typedef struct hixl_conn {
+    struct hixl_conn *next;
+    hixl_server *srv;
+    pthread_t thread;
+    int fd; /* -1 once closed; changed under srv->mu */
+    int authed;
+    uint64_t token;
+    uint64_t cluster;
+    atomic_int finished;
+    /* Per-connection buffers, grown on demand and reused by every request,
+     * so the hot path allocates nothing. */
+    uint8_t *ranges;
+    struct iovec *iov;
+    hixl_region **held;
+    size_t cap;
+} hixl_conn;
+
+struct hixl_server {
+    int listen_fd;
+    int stop_fd;
+    uint16_t port;
+    pthread_t accept_thread;
+    int accepting;
+    int stopped;
+    atomic_int stopping;
+    pthread_mutex_t mu; /* tokens and the connection list */
+    token_entry *tokens;
+    size_t ntokens, cap_tokens;
+    hixl_conn *conns;
+    hixl_region_table regions;
+};
+
+/* ---- tokens ---- */
+
+static token_entry *find_token(hixl_server *s, uint64_t token)
+{
+    for (size_t i = 0; i < s->ntokens; i++)
+        if (s->tokens[i].token == token)
+            return &s->tokens[i];
+    return NULL;
+}
+
+int hixl_server_authorize(hixl_server *s, uint64_t token, uint64_t cluster)
+{
+    int rc = HIXL_OK;
+    pthread_mutex_lock(&s->mu);
+    token_entry *e = find_token(s, token);
+    if (e != NULL) {
+        rc = e->cluster == cluster ? HIXL_OK : HIXL_E_EXISTS;
+    } else if (s->ntokens == s->cap_tokens) {
+        size_t ncap = s->cap_tokens ? s->cap_tokens * 2 : 8;
+        token_entry *nv = realloc(s->tokens, ncap * sizeof(*nv));
+        if (nv == NULL) {
+            rc = HIXL_E_NOMEM;
+        } else {
+            s->tokens = nv;
+            s->cap_tokens = ncap;
+        }
+    }
+    if (rc == HIXL_OK && e == NULL)
+        s->tokens[s->ntokens++] = (token_entry){token, cluster};
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+void hixl_server_revoke(hixl_server *s, uint64_t token)
+{
+    pthread_mutex_lock(&s->mu);
+    token_entry *e = find_token(s, token);
+    if (e != NULL)
+        *e = s->tokens[--s->ntokens];
+    /* shutdown() rather than close(): the connection thread owns the fd and
+     * closes it itself once it sees the connection end. */
+    for (hixl_conn *c = s->conns; c != NULL; c = c->next)
+        if (c->authed && c->token == token && c->fd >= 0)
+            shutdown(c->fd, SHUT_RDWR);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* ---- one connection ---- */
+
+static int handshake(hixl_conn *c)
+{
+    hixl_server *s = c->srv;
+    uint8_t hello[HIXL_HELLO_SIZE], welcome[HIXL_WELCOME_SIZE];
+    uint64_t deadline = hixl_deadline_after_ms(HANDSHAKE_TIMEOUT_MS);
+    uint64_t token = 0;
+    int rc = hixl_recv_buf(c->fd, s->stop_fd, hello, sizeof(hello), deadline);
+    if (rc != HIXL_OK)
+        return rc;
+    int status = hixl_get_hello(hello, &token);
+    if (status == HIXL_OK) {
+        pthread_mutex_lock(&s->mu);
+        token_entry *e = find_token(s, token);
+        if (e != NULL) {
+            c->authed = 1;
+            c->token = token;
+            c->cluster = e->cluster;
+        }
+        pthread_mutex_unlock(&s->mu);
+        status = e != NULL ? HIXL_OK : HIXL_E_REFUSED;
+    }
+    hixl_put_welcome(welcome, status);
+    rc = hixl_send_buf(c->fd, s->stop_fd, welcome, sizeof(welcome), deadline);
+    return rc != HIXL_OK ? rc : status;
+}
+
+static int reserve_buffers(hixl_conn *c, size_t n)
+{
+    if (n <= c->cap)
+        return HIXL_OK;
+    free(c->ranges);
+    free(c->iov);
+    free(c->held);
+    c->ranges = malloc(n * HIXL_RANGE_SIZE);
+    c->iov = malloc((n + 1) * sizeof(*c->iov)); /* +1: the reply header */
+    c->held = malloc(n * sizeof(*c->held));
+    c->cap = (c->ranges && c->iov && c->held) ? n : 0;
+    return c->cap ? HIXL_OK : HIXL_E_NOMEM;
+}
+
+/* Waits for the next request without a deadline: an idle connection is
+ * normal. Wakes on server stop, on shutdown() and once a second to re-check
+ * the stop flag in case a wakeup was lost. */
+static int wait_request(hixl_conn *c)
+{
+    for (;;) {
+        int rc = hixl_wait_fd(c->fd, POLLIN, c->srv->stop_fd, hixl_deadline_after_ms(1000));
+        if (rc != HIXL_E_TIMEOUT)
+            return rc;
+        if (atomic_load(&c->srv->stopping))
+            return HIXL_E_CANCELLED;
+    }
+}
+
+static int sum_lengths(const uint8_t *ranges, uint32_t n, uint64_t *total)
+{
+    uint64_t sum = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t len;
+        memcpy(&len, ranges + (size_t)i * HIXL_RANGE_SIZE + 16, 8);
+        len = le64toh(len);
+        if (__builtin_add_overflow(sum, len, &sum))
+            return HIXL_E_PROTO;
+    }
+    *total = sum;
+    return HIXL_OK;
+}
+
+static int discard(hixl_conn *c, uint64_t bytes, uint64_t deadline)
+{
+    uint8_t scratch[DISCARD_CHUNK];
+    while (bytes > 0) {
+        size_t chunk = bytes > sizeof(scratch) ? sizeof(scratch) : (size_t)bytes;
+        int rc = hixl_recv_buf(c->fd, c->srv->stop_fd, scratch, chunk, deadline);
+        if (rc != HIXL_OK)
+            return rc;
+        bytes -= chunk;
+    }
+    return HIXL_OK;
+}
+
+static int send_reply(hixl_conn *c, uint64_t tag, int status, uint64_t deadline)
+{
+    uint8_t reply[HIXL_REPLY_SIZE];
+    hixl_put_reply(reply, tag, status);
+    return hixl_send_buf(c->fd, c->srv->stop_fd, reply, sizeof(reply), deadline);
+}
+
+/* Runs an accepted or refused request; any I/O failure ends the connection
+ * because the byte stream can no longer be trusted to be in sync. */
+static int transfer(hixl_conn *c, const hixl_request_hdr *h, int status, uint64_t deadline)
+{
+    int stop = c->srv->stop_fd;
+    if (h->op == HIXL_OP_WRITE) {
+        int rc;
+        if (status == HIXL_OK) {
+            hixl_iovcur cur = {c->iov + 1, h->nranges};
+            rc = hixl_recv_iov(c->fd, stop, &cur, (size_t)h->total_bytes, deadline, NULL);
+        } else {
+            rc = discard(c, h->total_bytes, deadline);
+        }
+        return rc != HIXL_OK ? rc : send_reply(c, h->tag, status, deadline);
+    }
+    uint8_t reply[HIXL_REPLY_SIZE];
+    hixl_put_reply(reply, h->tag, status);
+    c->iov[0] = (struct iovec){reply, sizeof(reply)};
+    hixl_iovcur cur = {c->iov, status == HIXL_OK ? (size_t)h->nranges + 1 : 1};
+    return hixl_send_iov(c->fd, stop, &cur, deadline);
+}
+
+static int serve_request(hixl_conn *c)
+{
+    hixl_server *s = c->srv;
+    uint8_t hdr[HIXL_REQUEST_SIZE];
+    hixl_request_hdr h;
+    uint64_t total = 0, deadline = hixl_deadline_after_ms(HEADER_TIMEOUT_MS);
+    int rc = hixl_recv_buf(c->fd, s->stop_fd, hdr, sizeof(hdr), deadline);
+    if (rc != HIXL_OK)
+        return rc;
+    if (hixl_get_request(hdr, &h) != HIXL_OK) {
+        send_reply(c, h.tag, HIXL_E_PROTO, deadline);
+        return HIXL_E_PROTO;
+    }
+    if ((rc = reserve_buffers(c, h.nranges)) != HIXL_OK)
+        return rc;
+    rc = hixl_recv_buf(c->fd, s->stop_fd, c->ranges, (size_t)h.nranges * HIXL_RANGE_SIZE,
+                       deadline);
+    if (rc != HIXL_OK)
+        return rc;
+    if (sum_lengths(c->ranges, h.nranges, &total) != HIXL_OK || total != h.total_bytes) {
+        send_reply(c, h.tag, HIXL_E_PROTO, deadline);
+        return HIXL_E_PROTO;
+    }
+    deadline = hixl_deadline_after_ms(h.timeout_ms);
+    int status = hixl_regions_acquire(&s->regions, c->cluster, h.op == HIXL_OP_WRITE,
+                                      c->ranges, h.nranges, c->iov + 1, c->held);
+    rc = transfer(c, &h, status, deadline);
+    if (status == HIXL_OK)
+        hixl_regions_release(&s->regions, c->held, h.nranges);
+    return rc;
+}
+
+static void *conn_main(void *arg)
+{
+    hixl_conn *c = arg;
+    hixl_server *s = c->srv;
+    int rc = handshake(c);
+    while (rc == HIXL_OK) {
+        rc = wait_request(c);
+        if (rc == HIXL_OK)
+            rc = serve_request(c);
+    }
+    pthread_mutex_lock(&s->mu);
+    int fd = c->fd;
+    c->fd = -1;
+    pthread_mutex_unlock(&s->mu);
+    close(fd);
+    atomic_store(&c->finished, 1);
+    return NULL;
+}
+
+static void free_conn(hixl_conn *c)
+{
+    free(c->ranges);
+    free(c->iov);
+    free(c->held);
+    free(c);
+}
+
+/* ---- accepting ---- */
+
+/* Joins connection threads that ended, so a long-running server does not
+ * accumulate zombie threads from peers that came and went. */
+static void reap(hixl_server *s, int all)
+{
+    hixl_conn *done = NULL;
+    pthread_mutex_lock(&s->mu);
+    for (hixl_conn **pp = &s->conns; *pp != NULL;) {
+        hixl_conn *c = *pp;
+        if (all || atomic_load(&c->finished)) {
+            *pp = c->next;
+            c->next = done;
+            done = c;
+        } else {
+            pp = &c->next;
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    while (done != NULL) {
+        hixl_conn *next = done->next;
+        pthread_join(done->thread, NULL);
+        free_conn(done);
+        done = next;
+    }
+}
+
+static void start_conn(hixl_server *s, int fd)
+{
+    hixl_conn *c = calloc(1, sizeof(*c));
+    if (c == NULL) {
+        close(fd);
+        return;
+    }
+    c->srv = s;
+    c->fd = fd;
+    pthread_mutex_lock(&s->mu);
+    int rc = hixl_spawn_thread(&c->thread, conn_main, c);
+    if (rc == HIXL_OK) {
+        c->next = s->conns;
+        s->conns = c;
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (rc != HIXL_OK) {
+        close(fd);
+        free(c);
+    }
+}
+
+static void *accept_main(void *arg)
+{
+    hixl_server *s = arg;
+    while (!atomic_load(&s->stopping)) {
+        if (hixl_wait_fd(s->listen_fd, POLLIN, s->stop_fd, 0) != HIXL_OK)
+            break;
+        int fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            /* Out of fds or memory: back off instead of spinning on a
+             * listening socket that stays readable. */
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
+                hixl_wait_fd(s->stop_fd, POLLIN, -1, hixl_deadline_after_ms(100));
+            continue;
+        }
+        hixl_tcp_tune(fd);
+        reap(s, 0);
+        start_conn(s, fd);
+    }
+    return NULL;
+}
+
+/* ---- lifecycle ---- */
+
+static int open_listener(const char *host, uint16_t port, int *out)
+{
+    char service[8];
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+    struct addrinfo *res = NULL;
+    snprintf(service, sizeof(service), "%u", (unsigned)port);
+    if (getaddrinfo(host[0] ? host : NULL, service, &hints, &res) != 0) {
+        errno = ENXIO;
+        return HIXL_E_IO;
+    }
+    int rc = HIXL_E_IO, one = 1;
+    for (struct addrinfo *ai = res; ai != NULL && rc != HIXL_OK; ai = ai->ai_next) {
+        int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+            continue;
+        (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+        /* Accepted sockets inherit the buffer sizes, and the window scale
+         * is fixed during the handshake: they must be set here. */
+        hixl_tcp_tune(fd);
+        if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 128) == 0) {
+            *out = fd;
+            rc = HIXL_OK;
+        } else {
+            int err = errno;
+            close(fd);
+            errno = err;
+        }
+    }
+    int err = errno;
+    freeaddrinfo(res);
+    errno = err;
+    return rc;
+}
+
+static uint16_t bound_port(int fd)
+{
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof(ss);
+    if (getsockname(fd, (struct sockaddr *)&ss, &len) != 0)
+        return 0;
+    if (ss.ss_family == AF_INET6)
+        return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+    return ntohs(((struct sockaddr_in *)&ss)->sin_port);
+}
+
+int hixl_server_start(const char *host, uint16_t port, hixl_server **out)
+{
+    hixl_server *s = calloc(1, sizeof(*s));
+    if (s == NULL)
+        return HIXL_E_NOMEM;
+    s->listen_fd = -1;
+    s->stop_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    int rc = s->stop_fd >= 0 ? open_listener(host, port, &s->listen_fd) : HIXL_E_IO;
+    pthread_mutex_init(&s->mu, NULL);
+    hixl_regions_init(&s->regions);
+    if (rc == HIXL_OK) {
+        s->port = bound_port(s->listen_fd);
+        rc = hixl_spawn_thread(&s->accept_thread, accept_main, s);
+    }
+    if (rc != HIXL_OK) {
+        int err = errno;
+        hixl_server_destroy(s);
+        errno = err;
+        return rc;
+    }
+    s->accepting = 1;
+    *out = s;
+    return HIXL_OK;
+}
+
+uint16_t hixl_server_port(const hixl_server *s) { return s->port; }
+
+hixl_region_table *hixl_server_regions(hixl_server *s) { return &s->regions; }
+
+void hixl_server_stop(hixl_server *s)
+{
+    if (s->stopped)
+        return;
+    s->stopped = 1;
+    atomic_store(&s->stopping, 1);
+    uint64_t one = 1;
+    /* Cannot fail on a fresh eventfd; the shutdown() calls below and the
+     * threads' periodic stop-flag check are the fallback anyway. */
+    if (s->stop_fd >= 0) {
+        ssize_t n = write(s->stop_fd, &one, sizeof(one));
+        (void)n;
+    }
+    if (s->accepting)
+        pthread_join(s->accept_thread, NULL);
+    if (s->listen_fd >= 0)
+        close(s->listen_fd);
+    s->listen_fd = -1;
+    pthread_mutex_lock(&s->mu);
+    /* A thread busy in a long send never polls; shutdown makes it fail. */
+    for (hixl_conn *c = s->conns; c != NULL; c = c->next)
+        if (c->fd >= 0)
+            shutdown(c->fd, SHUT_RDWR);
+    pthread_mutex_unlock(&s->mu);
+    reap(s, 1);
+}
+
+void hixl_server_destroy(hixl_server *s)
+{
+    if (s == NULL)
+        return;
+    hixl_server_stop(s);
+    hixl_regions_destroy(&s->regions);
+    pthread_mutex_destroy(&s->mu);
+    if (s->stop_fd >= 0)
+        close(s->stop_fd);
+    free(s->tokens);
+    free(s);
+}

@@ -1,0 +1,110 @@
+"""Real daemon pairs for integration tests.
+
+Two daemons are started once per test session (a "prefill" and a "decode"
+host) and shared; each test uses fresh cluster ids and must finalize its
+clusters, which the leak check after every test verifies through the Admin
+service. Tests that stop, pause or kill a daemon start their own.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import grpc.aio
+import pytest
+import pytest_asyncio
+
+from hixl_client import LLMClusterInfo, LLMConfig, LLMDataDist, LLMRole, LLMStatusCode
+from hixl_client._proto.hixl.v1 import admin_pb2, admin_pb2_grpc
+from hixl_service.testing import DaemonProcess
+
+POOL_BYTES = 256 * 2**20
+DAEMON_BUDGET = "1GiB"
+
+
+async def daemon_status(target: str) -> admin_pb2.DaemonStatus:
+    """Ask a daemon's Admin service for its status."""
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = admin_pb2_grpc.AdminStub(channel)
+        return await stub.GetStatus(admin_pb2.GetStatusRequest(), timeout=10)
+
+
+def options(pool_bytes: int = POOL_BYTES, sync_kv_timeout: int | None = None,
+            host_pool_bytes: int | None = None) -> dict[str, str]:
+    config = LLMConfig()
+    config.device_id = 0
+    config.enable_cache_manager = True
+    config.mem_pool_cfg = json.dumps({"memory_size": pool_bytes, "page_shift": 16})
+    if host_pool_bytes:
+        config.host_mem_pool_cfg = json.dumps({"memory_size": host_pool_bytes})
+    if sync_kv_timeout is not None:
+        config.sync_kv_timeout = sync_kv_timeout
+    return dict(config.generate_options())
+
+
+def cluster_info(remote_cluster_id: int, peer_address: str) -> LLMClusterInfo:
+    host, port = peer_address.rsplit(":", 1)
+    info = LLMClusterInfo()
+    info.remote_cluster_id = remote_cluster_id
+    info.append_local_ip_info("127.0.0.1", 0)
+    info.append_remote_ip_info(host, int(port))
+    return info
+
+
+@dataclass
+class Pair:
+    """A prompt cluster on one daemon and a decoder cluster linked to it."""
+
+    prompt: LLMDataDist
+    decoder: LLMDataDist
+    prompt_daemon: DaemonProcess
+    decoder_daemon: DaemonProcess
+
+
+def start(**overrides: Any) -> DaemonProcess:
+    settings: dict[str, Any] = {"pool__max_bytes": DAEMON_BUDGET}
+    settings.update(overrides)
+    return DaemonProcess(**settings).start()
+
+
+@pytest.fixture(scope="session")
+def prefill_daemon() -> Iterator[DaemonProcess]:
+    with start() as daemon:
+        yield daemon
+
+
+@pytest.fixture(scope="session")
+def decode_daemon() -> Iterator[DaemonProcess]:
+    with start() as daemon:
+        yield daemon
+
+
+async def make_pair(prompt_daemon: DaemonProcess, decoder_daemon: DaemonProcess,
+                    next_cluster_id: Callable[[], int], **option_args: Any) -> Pair:
+    prompt = LLMDataDist(LLMRole.PROMPT, next_cluster_id(), daemon=prompt_daemon.client_target)
+    decoder = LLMDataDist(LLMRole.DECODER, next_cluster_id(),
+                          daemon=decoder_daemon.client_target)
+    await prompt.init(options(**option_args))
+    await decoder.init(options(**option_args))
+    status, results = await decoder.link_clusters(
+        [cluster_info(prompt.cluster_id, prompt_daemon.peer_address)], timeout=5000)
+    assert status == LLMStatusCode.LLM_SUCCESS, results
+    return Pair(prompt, decoder, prompt_daemon, decoder_daemon)
+
+
+@pytest_asyncio.fixture
+async def pair(prefill_daemon: DaemonProcess, decode_daemon: DaemonProcess,
+               next_cluster_id: Callable[[], int]) -> AsyncIterator[Pair]:
+    """A linked prompt/decoder pair across the two shared daemons."""
+    made = await make_pair(prefill_daemon, decode_daemon, next_cluster_id)
+    yield made
+    await made.decoder.finalize()
+    await made.prompt.finalize()
+    for daemon in (prefill_daemon, decode_daemon):
+        status = await daemon_status(daemon.client_target)
+        leftovers = {made.prompt.cluster_id, made.decoder.cluster_id} & {
+            c.cluster_id for c in status.clusters}
+        assert not leftovers, f"clusters left behind on {daemon}: {leftovers}"

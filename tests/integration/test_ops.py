@@ -1,0 +1,78 @@
+"""Operations: health, reflection, admin status, clean stop."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc.aio
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from hixl_client import LLMDataDist, LLMRole
+from hixl_service.testing import DaemonProcess, start_daemon
+
+from .conftest import daemon_status, options
+
+pytestmark = pytest.mark.asyncio(loop_scope="function")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+async def list_services(target: str) -> set[str]:
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+
+        async def requests():  # type: ignore[no-untyped-def]
+            yield reflection_pb2.ServerReflectionRequest(list_services="")
+
+        async for reply in stub.ServerReflectionInfo(requests(), timeout=10):
+            return {s.name for s in reply.list_services_response.service}
+    return set()
+
+
+async def test_health_and_reflection_on_every_listener(prefill_daemon: DaemonProcess) -> None:
+    for target in (prefill_daemon.client_target, prefill_daemon.peer_address):
+        async with grpc.aio.insecure_channel(target) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            reply = await health.Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        services = await list_services(target)
+        assert {"hixl.v1.Admin", "grpc.health.v1.Health"} <= services
+    assert "hixl.v1.Client" in await list_services(prefill_daemon.client_target)
+    assert "hixl.v1.Peer" in await list_services(prefill_daemon.peer_address)
+
+
+async def test_admin_status_reports_pools_and_clusters(prefill_daemon: DaemonProcess,
+                                                       next_cluster_id) -> None:  # type: ignore[no-untyped-def]
+    dd = LLMDataDist(LLMRole.PROMPT, next_cluster_id(), daemon=prefill_daemon.client_target)
+    await dd.init(options(pool_bytes=8 * 2**20, host_pool_bytes=4 * 2**20))
+    try:
+        status = await daemon_status(prefill_daemon.peer_address)  # Admin is on both listeners
+        assert status.backend == "host" and status.daemon_id == prefill_daemon.daemon_id
+        pools = {p.placement: p for p in status.pools if p.cluster_id == dd.cluster_id}
+        assert pools["DEVICE"].size == 8 * 2**20 and pools["DEVICE"].used == 0
+        assert pools["HOST"].size == 4 * 2**20
+        [cluster] = [c for c in status.clusters if c.cluster_id == dd.cluster_id]
+        assert cluster.role == "PROMPT" and cluster.options["llm.Role"] == "Prompt"
+    finally:
+        await dd.finalize()
+
+
+async def test_sigterm_stops_cleanly_and_leaves_nothing() -> None:
+    async with start_daemon() as daemon:
+        socket_path = Path(daemon.client_target.removeprefix("unix:"))
+        status = await daemon_status(daemon.client_target)
+        assert status.daemon_id == daemon.daemon_id
+        assert socket_path.exists()
+        assert daemon.stop() == 0
+        assert not socket_path.exists()
+        assert not list(socket_path.parent.glob("*.sock"))
+
+
+def test_generated_stubs_are_fresh() -> None:
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_proto.py"), "--check"],
+                            capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -1,0 +1,62 @@
+"""Byte-range planning of pulls, with LLM-DataDist's native checks."""
+
+from __future__ import annotations
+
+import pytest
+
+from hixl_client.status import LLMException, LLMStatusCode
+from hixl_service.planning import Layout, merge_ranges, plan_cache_pull, tensor_pairs
+
+
+def layout(num_tensors: int, tensor_size: int, batch_size: int, base: int = 0) -> Layout:
+    return Layout([base + i * tensor_size for i in range(num_tensors)], tensor_size, batch_size)
+
+
+def test_whole_cache_pull_merges_into_one_range() -> None:
+    src, dst = layout(4, 1024, 1), layout(4, 1024, 1, base=1 << 20)
+    pairs = tensor_pairs(src, dst, [], [], 2)
+    ranges, length = plan_cache_pull(src, 0, dst, 0, -1, pairs)
+    assert ranges == [(0, 1 << 20, 4096)] and length == 1024
+
+
+def test_batch_slots_and_size_select_part_of_each_tensor() -> None:
+    src, dst = layout(2, 1024, 4), layout(2, 2048, 8)
+    pairs = tensor_pairs(src, dst, [], [], 2)
+    ranges, length = plan_cache_pull(src, 1, dst, 3, 100, pairs)
+    assert length == 100
+    assert ranges == [(256, 3 * 256, 100), (1024 + 256, 2048 + 3 * 256, 100)]
+
+
+def test_layer_indices_pair_source_and_destination_tensors() -> None:
+    src, dst = layout(8, 64, 1), layout(4, 64, 1, base=4096)
+    pairs = tensor_pairs(src, dst, [4, 5, 6, 7], [0, 1, 2, 3], 2)
+    assert pairs == [(4, 0), (5, 1), (6, 2), (7, 3)]
+    ranges, _ = plan_cache_pull(src, 0, dst, 0, -1, pairs)
+    assert ranges == [(4 * 64, 4096, 256)]
+
+
+@pytest.mark.parametrize(
+    "src_idx,dst_idx,per_layer",
+    [
+        ([0, 1], [0, 1], 2),  # one tensor per cache cannot hold a 2-tensor layer (spec example)
+        ([0, 2], [], 1),  # not contiguous
+        ([], [0, 1, 2], 1),  # count mismatch against the one source tensor
+    ],
+)
+def test_invalid_tensor_selections(src_idx: list[int], dst_idx: list[int], per_layer: int) -> None:
+    one = layout(1, 64, 1)
+    with pytest.raises(LLMException) as info:
+        tensor_pairs(one, one, src_idx, dst_idx, per_layer)
+    assert info.value.status_code == LLMStatusCode.LLM_PARAM_INVALID
+
+
+@pytest.mark.parametrize("src_batch,dst_batch,size", [(0, 4, -1), (4, 0, -1), (0, 0, 257)])
+def test_invalid_slots_and_sizes(src_batch: int, dst_batch: int, size: int) -> None:
+    cache = layout(2, 1024, 4)
+    with pytest.raises(LLMException) as info:
+        plan_cache_pull(cache, src_batch, cache, dst_batch, size, [(0, 0), (1, 1)])
+    assert info.value.status_code == LLMStatusCode.LLM_PARAM_INVALID
+
+
+def test_merge_keeps_gaps_apart() -> None:
+    assert merge_ranges([(0, 0, 4), (4, 4, 4), (16, 8, 4), (20, 12, 0)]) == [(0, 0, 8), (16, 8, 4)]
