@@ -105,20 +105,18 @@ class DaemonConnection:
         self.session_id = event.attached.session_id
         self.daemon_id = event.attached.daemon_id
         self.fd_socket = event.attached.fd_socket
-        self._watch = asyncio.get_running_loop().create_task(self._watch_session())
+        self._watch = asyncio.get_running_loop().create_task(self._watch_session(self._attach))
 
-    async def _watch_session(self) -> None:
+    async def _watch_session(self, attach: Any) -> None:
         # The stream carries no traffic in steady state; it ends when the
         # daemon goes away, which makes every later call fail clearly.
         try:
-            async for _ in self._attach:
+            while await attach.read() is not grpc.aio.EOF:
                 pass
             self.lost = "the daemon closed the session"
         except grpc.aio.AioRpcError as err:
             if err.code() != grpc.StatusCode.CANCELLED:
                 self.lost = f"the session ended: {err.code().name}"
-        except asyncio.CancelledError:
-            raise
 
     async def call(self, method: Callable[..., Awaitable[Reply]], request: Any,
                    timeout: float = CONTROL_TIMEOUT_S) -> Reply:

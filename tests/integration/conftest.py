@@ -64,21 +64,21 @@ class Pair:
     decoder_daemon: DaemonProcess
 
 
-def start(**overrides: Any) -> DaemonProcess:
+def daemon_process(**overrides: Any) -> DaemonProcess:
     settings: dict[str, Any] = {"pool__max_bytes": DAEMON_BUDGET}
     settings.update(overrides)
-    return DaemonProcess(**settings).start()
+    return DaemonProcess(**settings)
 
 
 @pytest.fixture(scope="session")
 def prefill_daemon() -> Iterator[DaemonProcess]:
-    with start() as daemon:
+    with daemon_process() as daemon:
         yield daemon
 
 
 @pytest.fixture(scope="session")
 def decode_daemon() -> Iterator[DaemonProcess]:
-    with start() as daemon:
+    with daemon_process() as daemon:
         yield daemon
 
 

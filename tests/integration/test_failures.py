@@ -86,18 +86,18 @@ CLIENT_SCRIPT = textwrap.dedent("""
 async def test_killed_client_leaks_nothing(prefill_daemon: DaemonProcess,
                                            next_cluster_id: Callable[[], int]) -> None:
     cluster_id = next_cluster_id()
-    client = subprocess.Popen([sys.executable, "-c", CLIENT_SCRIPT,
-                               prefill_daemon.client_target, str(cluster_id)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        line = await asyncio.wait_for(asyncio.to_thread(client.stdout.readline), 30)  # type: ignore[union-attr]
-        assert line.strip() == b"ready", client.stderr.read() if client.stderr else b""
-        status = await daemon_status(prefill_daemon.client_target)
-        assert any(c.cluster_id == cluster_id and c.caches == 1 for c in status.clusters)
-        client.kill()
-    finally:
-        client.kill()
-        client.wait()
+    with subprocess.Popen([sys.executable, "-c", CLIENT_SCRIPT, prefill_daemon.client_target,
+                           str(cluster_id)], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE) as client:
+        assert client.stdout is not None and client.stderr is not None
+        try:
+            line = await asyncio.wait_for(asyncio.to_thread(client.stdout.readline), 30)
+            assert line.strip() == b"ready", client.stderr.read()
+            status = await daemon_status(prefill_daemon.client_target)
+            assert any(c.cluster_id == cluster_id and c.caches == 1 for c in status.clusters)
+        finally:
+            client.kill()
+            client.wait()
     deadline = time.monotonic() + 10
     while True:
         status = await daemon_status(prefill_daemon.client_target)

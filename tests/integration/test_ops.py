@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import grpc.aio
@@ -17,8 +15,6 @@ from hixl_service.testing import DaemonProcess, start_daemon
 from .conftest import daemon_status, options
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 async def list_services(target: str) -> set[str]:
@@ -71,8 +67,3 @@ async def test_sigterm_stops_cleanly_and_leaves_nothing() -> None:
         assert not socket_path.exists()
         assert not list(socket_path.parent.glob("*.sock"))
 
-
-def test_generated_stubs_are_fresh() -> None:
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_proto.py"), "--check"],
-                            capture_output=True, text=True, check=False)
-    assert result.returncode == 0, result.stdout + result.stderr

@@ -1,0 +1,189 @@
+"""Helpers for the native tests: waiting on completions and raw wire peers.
+
+The raw peers speak the data-plane protocol documented in
+``native/hixl_native/csrc/tcp_wire.h`` from plain Python sockets, to create
+faults that a real DataServer never shows (a target that stops answering,
+one that dies mid-request) and to hold a request open at a known point.
+"""
+
+from __future__ import annotations
+
+import select
+import selectors
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+MAGIC = 0x4C584948
+VERSION = 1
+HELLO = struct.Struct("<IHHQQ")
+WELCOME = struct.Struct("<IHHiI")
+REQUEST = struct.Struct("<IHHBBHIQQII")
+RANGE = struct.Struct("<QQQ")
+REPLY = struct.Struct("<IHHiIQ")
+OP_READ, OP_WRITE = 1, 2
+
+
+def wait_completions(cq: Any, count: int, timeout: float = 10.0) -> list[tuple[int, int]]:
+    """Wait on the queue's eventfd until ``count`` completions arrived."""
+    got: list[tuple[int, int]] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < count:
+        left = deadline - time.monotonic()
+        assert left > 0, f"only {got} of {count} completions after {timeout}s"
+        readable, _, _ = select.select([cq.fd], [], [], left)
+        if readable:
+            got.extend(cq.drain())
+    return got
+
+
+def wait_one(cq: Any, timeout: float = 10.0) -> tuple[int, int]:
+    """Wait for exactly one completion and return it."""
+    (done,) = wait_completions(cq, 1, timeout)
+    return done
+
+
+def assert_no_more(cq: Any, window: float = 0.1) -> None:
+    """Assert that nothing else is posted within a short window."""
+    readable, _, _ = select.select([cq.fd], [], [], window)
+    extra = cq.drain() if readable else []
+    assert not readable and not extra, f"unexpected completions {extra}"
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
+    """Wait for a condition that has no fd to wait on (bounded)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    """Receive exactly ``n`` bytes or raise EOFError."""
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            raise EOFError(f"EOF after {got} of {n} bytes")
+        got += k
+    return bytes(buf)
+
+
+class RawClient:
+    """A blocking initiator that speaks the wire protocol by hand."""
+
+    def __init__(self, port: int, token: int, version: int = VERSION, magic: int = MAGIC):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        self.sock.sendall(HELLO.pack(magic, version, 1, token, 0))
+
+    def welcome(self) -> int:
+        """Return the status of the target's WELCOME."""
+        magic, _version, kind, status, _ = WELCOME.unpack(recv_exact(self.sock, WELCOME.size))
+        assert (magic, kind) == (MAGIC, 2)
+        return int(status)
+
+    def request(self, op: int, tag: int, ranges: list[tuple[int, int, int]],
+                timeout_ms: int = 10_000, nranges: int | None = None,
+                total: int | None = None) -> None:
+        """Send a REQUEST header and its range list (not a WRITE payload)."""
+        real_total = sum(r[2] for r in ranges)
+        self.sock.sendall(REQUEST.pack(
+            MAGIC, VERSION, 3, op, 0, 0, len(ranges) if nranges is None else nranges, tag,
+            real_total if total is None else total, timeout_ms, 0))
+        self.sock.sendall(b"".join(RANGE.pack(*r) for r in ranges))
+
+    def reply(self) -> tuple[int, int]:
+        """Return (tag, status) of the next REPLY."""
+        magic, _v, kind, status, _r, tag = REPLY.unpack(recv_exact(self.sock, REPLY.size))
+        assert (magic, kind) == (MAGIC, 4)
+        return int(tag), int(status)
+
+    def at_eof(self) -> bool:
+        """True when the target closed the connection."""
+        try:
+            return self.sock.recv(1) == b""
+        except ConnectionResetError:
+            return True
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class RawServer:
+    """A fake target run by one thread.
+
+    Modes:
+        "silent": completes the handshake, then reads and ignores everything.
+        "close_after_request": completes the handshake, closes the
+            connection once a whole request header arrived.
+        "no_accept": listens but never accepts, so nobody ever answers HELLO.
+    """
+
+    def __init__(self, mode: str):
+        self.mode = mode
+        self.requests_seen = threading.Event()
+        self.accepted = 0
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._listener.getsockname()[1]
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._thread: threading.Thread | None = None
+        if mode != "no_accept":
+            self._thread = threading.Thread(target=self._run, name=f"raw-{mode}", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        conns: dict[socket.socket, bytearray] = {}
+        with selectors.DefaultSelector() as sel:
+            sel.register(self._listener, selectors.EVENT_READ)
+            sel.register(self._wake_r, selectors.EVENT_READ)
+            try:
+                while True:
+                    for key, _ in sel.select():
+                        if key.fileobj is self._wake_r:
+                            return
+                        if key.fileobj is self._listener:
+                            conn, _ = self._listener.accept()
+                            self.accepted += 1
+                            conns[conn] = bytearray()
+                            sel.register(conn, selectors.EVENT_READ)
+                        else:
+                            self._serve(sel, conns, key.fileobj)  # type: ignore[arg-type]
+            finally:
+                for conn in conns:
+                    conn.close()
+
+    def _serve(self, sel: selectors.BaseSelector, conns: dict[socket.socket, bytearray],
+               conn: socket.socket) -> None:
+        try:
+            data = conn.recv(1 << 20)
+        except ConnectionError:
+            data = b""
+        buf = conns[conn]
+        first = len(buf) < HELLO.size
+        buf += data
+        if first and len(buf) >= HELLO.size:
+            conn.sendall(WELCOME.pack(MAGIC, VERSION, 2, 0, 0))
+        request_done = len(buf) >= HELLO.size + REQUEST.size
+        if request_done:
+            self.requests_seen.set()
+        if not data or (self.mode == "close_after_request" and request_done):
+            sel.unregister(conn)
+            del conns[conn]
+            conn.close()
+        elif len(buf) > HELLO.size + REQUEST.size:
+            del buf[HELLO.size + REQUEST.size:]  # "silent": keep only what counts
+
+    def close(self) -> None:
+        self._wake_w.send(b"x")
+        if self._thread is not None:
+            self._thread.join(5)
+        self._listener.close()
+        self._wake_r.close()
+        self._wake_w.close()
