@@ -7,7 +7,7 @@ the operations are coroutines served by the local ``hixl-serviced``.
 
 from .cache import Cache
 from .cache_manager import CacheManager
-from .config import LlmConfig, LLMClusterInfo, LLMConfig
+from .config import LLMClusterInfo, LLMConfig, LlmConfig
 from .keys import BlocksCacheKey, CacheKey, CacheKeyByIdAndIndex
 from .llm_datadist import LLMDataDist
 from .status import LLMException, LLMStatusCode, Status

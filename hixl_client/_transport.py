@@ -94,10 +94,11 @@ class DaemonConnection:
         except grpc.aio.AioRpcError as err:
             await self.close()
             raise error_from_rpc(err, f"hixl daemon at {self.target}") from None
-        except TimeoutError:
+        except asyncio.TimeoutError:
             await self.close()
             raise LLMException(f"hixl daemon at {self.target} did not answer within "
-                               f"{ATTACH_TIMEOUT_S} s", status_code=LLMStatusCode.LLM_TIMEOUT) from None
+                               f"{ATTACH_TIMEOUT_S} s",
+                               status_code=LLMStatusCode.LLM_TIMEOUT) from None
         if event is grpc.aio.EOF or not event.HasField("attached"):
             await self.close()
             raise LLMException(f"hixl daemon at {self.target} refused the session",

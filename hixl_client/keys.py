@@ -20,7 +20,7 @@ __all__ = [
 ]
 
 PLACEHOLDER_ID = 2**64 - 1
-"""An id meaning "none": the default ``prefix_id``, and a ``req_id`` that only holds a batch slot."""
+"""An id meaning "none": the default ``prefix_id``; as ``req_id``, a key that only holds a slot."""
 
 _CLUSTER_SPELLINGS = ("prompt_cluster_id", "cluster_id")
 
@@ -38,7 +38,7 @@ def _collect(
     """
     raise_if_false(len(args) + len(kwargs) <= len(positional), "Param num is over limit")
     merged = dict(kwargs)
-    merged.update(zip(positional, args))
+    merged.update(zip(positional, args, strict=False))  # fewer args than names is normal
     raise_if_false(
         any(name in merged for name in _CLUSTER_SPELLINGS),
         "Param prompt_cluster_id or cluster_id is required",

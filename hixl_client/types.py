@@ -340,7 +340,8 @@ class CacheDesc:
             size = math.prod(self._shape) * bytes_per_element(self._data_type)
             if any(dim <= 0 for dim in self._shape) or size > INT64_MAX:
                 raise LLMException(
-                    f"Failed to calc tensor size, shape = {self._shape}, data_type = {self._data_type}."
+                    f"Failed to calc tensor size, shape = {self._shape}, "
+                    f"data_type = {self._data_type}."
                 )
             self._size = size
         return self._size
@@ -368,7 +369,7 @@ class CacheDesc:
         if isinstance(self._shape, list):
             self._shape[dim_index] = dim_value
         else:
-            self._shape = self._shape[:dim_index] + (dim_value,) + self._shape[dim_index + 1 :]
+            self._shape = (*self._shape[:dim_index], dim_value, *self._shape[dim_index + 1 :])
         self._size = None
 
 

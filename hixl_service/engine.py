@@ -17,13 +17,23 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import hixl_native
+
+from hixl_client._compat import timeout
 from hixl_client.status import LLMException, LLMStatusCode
 from hixl_client.types import LLMRole, Placement
 
 from .cluster import Cluster, ClusterSettings
 from .links import CompletionDispatcher, ExecutorCopier, InboundLink, OutboundLink
-from .peer_api import PROTOCOL_VERSION, BlocksRef, CacheRefSpec, IdRef, KeyRef, PeerApi, PeerHello
-from .peer_api import ResolvedCache
+from .peer_api import (
+    PROTOCOL_VERSION,
+    BlocksRef,
+    CacheRefSpec,
+    IdRef,
+    KeyRef,
+    PeerApi,
+    PeerHello,
+    ResolvedCache,
+)
 from .pools import PoolManager
 from .registry import CacheEntry, KeySpec
 
@@ -246,9 +256,9 @@ class Engine:
                                status_code=LLMStatusCode.LLM_ALREADY_LINK)
         peer = self.deps.peer_factory(address)
         try:
-            async with asyncio.timeout(timeout_s):
+            async with timeout(timeout_s):
                 link = await self._open_link(cluster, remote_cluster_id, peer)
-        except TimeoutError:
+        except asyncio.TimeoutError:
             raise LLMException(f"linking to {address} timed out after {timeout_s:.3f} s",
                                status_code=LLMStatusCode.LLM_LINK_FAILED) from None
         if cluster.closed or remote_cluster_id in cluster.links:
@@ -350,7 +360,8 @@ class Engine:
         cluster = self._inbound_cluster(token)
         await self._free(cluster.registry.record_pull(key, tensor_indices))
 
-    def lookup_local(self, link: OutboundLink, ref: CacheRefSpec) -> tuple[Cluster, CacheEntry, int]:
+    def lookup_local(self, link: OutboundLink,
+                     ref: CacheRefSpec) -> tuple[Cluster, CacheEntry, int]:
         """Find the source of a pull over a local link."""
         source = self.clusters.get(link.remote_cluster_id)
         if source is None or link.token not in self.inbound:

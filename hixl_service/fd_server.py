@@ -15,6 +15,8 @@ import socket
 from collections.abc import Callable
 from pathlib import Path
 
+from hixl_client._compat import timeout
+
 logger = logging.getLogger(__name__)
 
 TOKEN_BYTES = 16
@@ -59,13 +61,13 @@ class FdServer:
             conn.setblocking(False)
             token = b""
             try:
-                async with asyncio.timeout(REQUEST_TIMEOUT_S):
+                async with timeout(REQUEST_TIMEOUT_S):
                     while len(token) < TOKEN_BYTES:
                         chunk = await loop.sock_recv(conn, TOKEN_BYTES - len(token))
                         if not chunk:
                             return
                         token += chunk
-            except TimeoutError:
+            except asyncio.TimeoutError:
                 logger.info("fd request timed out")
                 return
             fd = self._lookup(token)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import hixl_native
+
 from hixl_client.status import LLMException, LLMStatusCode
 
 if TYPE_CHECKING:

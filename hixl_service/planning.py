@@ -8,6 +8,7 @@ for the transport. Work is per tensor, never per byte or per block.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -41,7 +42,7 @@ def _check_indices(name: str, indices: Sequence[int], num_tensors: int, per_laye
     if num_tensors % per_layer:
         raise _invalid(f"num_tensors {num_tensors} is not a multiple of "
                        f"tensor_num_per_layer {per_layer}")
-    if any(b != a + 1 for a, b in zip(indices, indices[1:])):
+    if any(b != a + 1 for a, b in itertools.pairwise(indices)):
         raise _invalid(f"{name} tensor indices must be contiguous")
     if indices[0] < 0 or indices[-1] >= num_tensors:
         raise _invalid(f"{name} tensor indices [{indices[0]}, {indices[-1]}] are out of "
@@ -62,7 +63,7 @@ def tensor_pairs(src: Layout, dst: Layout, src_indices: Sequence[int],
     if len(src_list) != len(dst_list):
         raise _invalid(f"{len(src_list)} source tensors do not match "
                        f"{len(dst_list)} destination tensors")
-    return list(zip(src_list, dst_list))
+    return list(zip(src_list, dst_list, strict=True))
 
 
 def plan_cache_pull(src: Layout, src_batch: int, dst: Layout, dst_batch: int, size: int,

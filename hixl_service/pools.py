@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import hixl_native
+
 from hixl_client.status import LLMException, LLMStatusCode
 from hixl_client.types import Placement
 

@@ -20,13 +20,19 @@ import socket
 from pathlib import Path
 
 import grpc.aio
+import hixl_native
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-import hixl_native
 from hixl_client._defaults import default_runtime_dir
-from hixl_client._proto.hixl.v1 import admin_pb2, admin_pb2_grpc, client_pb2
-from hixl_client._proto.hixl.v1 import client_pb2_grpc, peer_pb2, peer_pb2_grpc
+from hixl_client._proto.hixl.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    client_pb2,
+    client_pb2_grpc,
+    peer_pb2,
+    peer_pb2_grpc,
+)
 
 from . import __version__, _systemd
 from .config import DaemonConfig

@@ -117,8 +117,9 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         await self._engine.finalize(self._session(context))
         return client_pb2.FinalizeReply()
 
-    async def _link_all(self, request: client_pb2.LinkClustersRequest | client_pb2.UnlinkClustersRequest,
-                        context: Context, unlink: bool) -> client_pb2.LinkClustersReply:
+    async def _link_all(
+            self, request: client_pb2.LinkClustersRequest | client_pb2.UnlinkClustersRequest,
+            context: Context, unlink: bool) -> client_pb2.LinkClustersReply:
         cluster = self._engine.cluster_of(self._session(context))
         if not request.clusters:
             return client_pb2.LinkClustersReply(status=LLMStatusCode.LLM_PARAM_INVALID)

@@ -422,7 +422,7 @@ def _child_env(extra: Mapping[str, str] | None) -> dict[str, str]:
 
 def _check_ready(record: object, pid: int) -> dict[str, Any]:
     if not isinstance(record, dict):
-        raise RuntimeError(f"bad ready record {record!r}: not a JSON object")  # noqa: TRY004
+        raise RuntimeError(f"bad ready record {record!r}: not a JSON object")
     problems = [
         f"{name} should be {kind.__name__}"
         for name, kind in READY_FIELDS.items()

@@ -11,6 +11,7 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
+from hixl_client._compat import timeout_at
 from hixl_client.status import LLMException, LLMStatusCode
 
 from .cluster import Cluster
@@ -87,10 +88,10 @@ async def _pull_remote(engine: Engine, cluster: Cluster, link: OutboundLink, dst
     loop = asyncio.get_running_loop()
     deadline = loop.time() + cluster.settings.sync_timeout_s
     try:
-        async with asyncio.timeout_at(deadline):
+        async with timeout_at(deadline):
             source = await link.peer.resolve(link.token, spec.src,
                                              cluster.settings.sync_timeout_s)
-    except TimeoutError:
+    except asyncio.TimeoutError:
         raise _timeout(cluster) from None
     pairs = tensor_pairs(source.layout, _entry_layout(dst), spec.src_tensor_indices,
                          spec.dst_tensor_indices, spec.tensor_num_per_layer)

@@ -45,8 +45,10 @@ def _rewrite_imports(path: Path) -> None:
     # protoc writes imports relative to the proto root ("from hixl.v1 import");
     # the stubs live inside hixl_client, so make them absolute.
     text = path.read_text()
-    text = re.sub(r"^from hixl\.v1 import", f"from {PACKAGE_PREFIX}hixl.v1 import", text, flags=re.M)
-    text = re.sub(r"^import hixl\.v1\.", f"import {PACKAGE_PREFIX}hixl.v1.", text, flags=re.M)
+    text = re.sub(r"^from hixl\.v1 import", f"from {PACKAGE_PREFIX}hixl.v1 import", text,
+                  flags=re.MULTILINE)
+    text = re.sub(r"^import hixl\.v1\.", f"import {PACKAGE_PREFIX}hixl.v1.", text,
+                  flags=re.MULTILINE)
     path.write_text(text)
 
 
@@ -66,7 +68,8 @@ def check() -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--check", action="store_true", help="fail if the committed stubs are stale")
+    parser.add_argument("--check", action="store_true",
+                        help="fail if the committed stubs are stale")
     args = parser.parse_args()
     if args.check:
         return check()

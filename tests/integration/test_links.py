@@ -50,7 +50,7 @@ async def test_unlink_then_pull_is_not_linked(pair: Pair) -> None:
                                                           [LLMStatusCode.LLM_UNLINK_FAILED])
     with pytest.raises(Exception) as failure:
         await pair.decoder.cache_manager.pull_cache(key, dst)
-    assert getattr(failure.value, "status_code") == LLMStatusCode.LLM_NOT_YET_LINK
+    assert failure.value.status_code == LLMStatusCode.LLM_NOT_YET_LINK
     assert (await pair.decoder.link_clusters([info]))[0] == LLMStatusCode.LLM_SUCCESS
     await pair.decoder.cache_manager.pull_cache(key, dst)
     await pair.prompt.cache_manager.deallocate_cache(src)

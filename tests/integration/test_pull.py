@@ -94,14 +94,14 @@ async def test_layer_ranges_pull_only_the_chosen_layers(pair: Pair) -> None:
     dst = await pair.decoder.cache_manager.allocate_cache(desc)
     untouched = [tensor_bytes(dst, i).copy() for i in range(8)]
     await pair.decoder.cache_manager.pull_cache(key, dst, src_layer_range=range(1, 3),
-                                                dst_layer_range=range(0, 2))
+                                                dst_layer_range=range(2))
     for i in range(4):  # src layers 1..2 = tensors 2..5 land in tensors 0..3
         np.testing.assert_array_equal(tensor_bytes(dst, i), expected[i + 2])
     for i in range(4, 8):
         np.testing.assert_array_equal(tensor_bytes(dst, i), untouched[i])
     # the key survives a partial pull, and goes once the rest is pulled
-    await pair.decoder.cache_manager.pull_cache(key, dst, src_layer_range=range(0, 1),
-                                                dst_layer_range=range(0, 1))
+    await pair.decoder.cache_manager.pull_cache(key, dst, src_layer_range=range(1),
+                                                dst_layer_range=range(1))
     await pair.decoder.cache_manager.pull_cache(key, dst, src_layer_range=range(3, 4),
                                                 dst_layer_range=range(3, 4))
     with pytest.raises(LLMException) as info:

@@ -26,6 +26,10 @@ RANGE = struct.Struct("<QQQ")
 REPLY = struct.Struct("<IHHiIQ")
 OP_READ, OP_WRITE = 1, 2
 
+TOKEN = 0x1234_5678_9ABC_DEF0
+CLUSTER = 1
+OTHER_CLUSTER = 2
+
 
 def wait_completions(cq: Any, count: int, timeout: float = 10.0) -> list[tuple[int, int]]:
     """Wait on the queue's eventfd until ``count`` completions arrived."""

@@ -12,9 +12,7 @@ try:
 except ImportError:  # the test modules skip themselves via importorskip
     hixl_native = None
 
-TOKEN = 0x1234_5678_9ABC_DEF0
-CLUSTER = 1
-OTHER_CLUSTER = 2
+from tests.native._native_support import CLUSTER, TOKEN
 
 
 @pytest.fixture
