@@ -38,6 +38,7 @@ from . import __version__, _systemd
 from .config import DaemonConfig
 from .engine import Engine, EngineDeps
 from .fd_server import FdServer
+from .interceptors import RequestIdInterceptor, install_log_record_factory
 from .links import CompletionDispatcher, ExecutorCopier
 from .peer_api import PeerApi
 from .peer_client import PeerClient
@@ -124,14 +125,17 @@ class Daemon:
         fd_server = FdServer(self.fd_path, pools.take_fd)
         await fd_server.start()
 
-        peer_server = grpc.aio.server(maximum_concurrent_rpcs=cfg.server.max_concurrent_rpcs)
+        install_log_record_factory()
+        peer_server = grpc.aio.server(interceptors=[RequestIdInterceptor()],
+                                      maximum_concurrent_rpcs=cfg.server.max_concurrent_rpcs)
         peer_port = peer_server.add_insecure_port(f"{cfg.server.peer_host}:{cfg.server.peer_port}")
         peer_address = f"{self.advertise_host}:{peer_port}"
         peer_pb2_grpc.add_PeerServicer_to_server(PeerServicer(engine), peer_server)
         _add_common(peer_server, engine, health_servicer, SERVICE_NAMES["peer"],
                     cfg.pool.backend, peer_address)
 
-        client_server = grpc.aio.server(maximum_concurrent_rpcs=cfg.server.max_concurrent_rpcs)
+        client_server = grpc.aio.server(interceptors=[RequestIdInterceptor()],
+                                        maximum_concurrent_rpcs=cfg.server.max_concurrent_rpcs)
         client_servicer = ClientServicer(engine, __version__, str(self.fd_path))
         client_pb2_grpc.add_ClientServicer_to_server(client_servicer, client_server)
         _add_common(client_server, engine, health_servicer, SERVICE_NAMES["client"],

@@ -67,3 +67,13 @@ async def test_sigterm_stops_cleanly_and_leaves_nothing() -> None:
         assert not socket_path.exists()
         assert not list(socket_path.parent.glob("*.sock"))
 
+
+
+async def test_log_records_carry_request_ids(next_cluster_id) -> None:  # type: ignore[no-untyped-def]
+    async with start_daemon() as daemon:
+        dd = LLMDataDist(LLMRole.PROMPT, next_cluster_id(), daemon=daemon.client_target)
+        await dd.init(options(pool_bytes=2**20))
+        await dd.finalize()
+        [line] = [l for l in daemon.log_tail().splitlines()
+                  if f"cluster {dd.cluster_id} initialized" in l]
+        assert "[-]" not in line and "[" in line
