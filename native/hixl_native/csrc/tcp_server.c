@@ -22,6 +22,11 @@
 #define HANDSHAKE_TIMEOUT_MS 5000
 #define HEADER_TIMEOUT_MS 10000
 #define DISCARD_CHUNK (64 * 1024)
+/* The target's deadline for a request trails the initiator's by this much,
+ * so the initiator always gives up first (and closes its connection, which
+ * ends the target's wait at once). The other order would make the
+ * initiator see an EOF and take a slow transfer for a dead peer. */
+#define DEADLINE_GRACE_MS 1000
 
 typedef struct token_entry {
     uint64_t token;
@@ -242,7 +247,7 @@ static int serve_request(hixl_conn *c)
         send_reply(c, h.tag, HIXL_E_PROTO, deadline);
         return HIXL_E_PROTO;
     }
-    deadline = hixl_deadline_after_ms(h.timeout_ms);
+    deadline = hixl_deadline_after_ms((uint64_t)h.timeout_ms + DEADLINE_GRACE_MS);
     int status = hixl_regions_acquire(&s->regions, c->cluster, h.op == HIXL_OP_WRITE,
                                       c->ranges, h.nranges, c->iov + 1, c->held);
     rc = transfer(c, &h, status, deadline);

@@ -183,6 +183,14 @@ int hixl_wait_fd(int fd, short events, int stop_fd, uint64_t deadline_ns)
     }
 }
 
+/* Checked after every syscall that made progress, not only before waits:
+ * while bytes keep flowing a transfer never waits, and a slow but steady
+ * stream must still end at its deadline. clock_gettime is a vDSO call. */
+static int past(uint64_t deadline_ns)
+{
+    return deadline_ns != 0 && hixl_now_ns() >= deadline_ns;
+}
+
 /* Drops `n` consumed bytes and any empty iovecs from the front. */
 static void advance(hixl_iovcur *cur, size_t n)
 {
@@ -210,6 +218,8 @@ int hixl_send_iov(int fd, int stop_fd, hixl_iovcur *cur, uint64_t deadline_ns)
         ssize_t n = sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n >= 0) {
             advance(cur, (size_t)n);
+            if (cur->cnt > 0 && past(deadline_ns))
+                return HIXL_E_TIMEOUT;
             continue;
         }
         if (errno == EINTR)
@@ -234,6 +244,8 @@ int hixl_recv_iov(int fd, int stop_fd, hixl_iovcur *cur, size_t want,
         if (n > 0) {
             advance(cur, (size_t)n);
             done += (size_t)n;
+            if (done < want && past(deadline_ns))
+                return HIXL_E_TIMEOUT;
             continue;
         }
         if (n == 0)

@@ -44,7 +44,8 @@
  *          Then it answers REPLY, so an OK means the bytes are in place.
  *
  *   timeout_ms is the initiator's remaining budget; the target bounds its
- *   own I/O for the request with it (clocks of two hosts are never
+ *   own I/O for the request with it plus a grace period, so that the
+ *   initiator is always the first to give up (clocks of two hosts are never
  *   compared). A target that sees a malformed header answers E_PROTO if it
  *   still can and closes the connection; an initiator that misses a
  *   deadline closes its connection (the byte stream is out of sync) and
