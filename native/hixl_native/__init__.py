@@ -20,6 +20,7 @@ from hixl_native._core import (
     PoolExhausted,
     SharedPool,
     copy_ranges,
+    live_objects,
     status_name,
 )
 
@@ -39,5 +40,6 @@ __all__ = [
     "PoolExhausted",
     "SharedPool",
     "copy_ranges",
+    "live_objects",
     "status_name",
 ]

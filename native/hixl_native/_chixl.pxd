@@ -19,6 +19,18 @@ cdef extern from "hixl_common.h" nogil:
         HIXL_E_BUSY
         HIXL_E_EXISTS
 
+    enum:
+        HIXL_LIVE_MAPPINGS
+        HIXL_LIVE_POOLS
+        HIXL_LIVE_QUEUES
+        HIXL_LIVE_REQUESTS
+        HIXL_LIVE_REGIONS
+        HIXL_LIVE_SERVERS
+        HIXL_LIVE_CONNECTIONS
+        HIXL_LIVE_LINKS
+
+    long hixl_live_count(int kind)
+
 
 cdef extern from "mapping.h" nogil:
     ctypedef struct hixl_mapping:
@@ -76,6 +88,7 @@ cdef extern from "completion.h" nogil:
     void hixl_cq_unref(hixl_cq *q)
     hixl_cq_node *hixl_cq_take(hixl_cq *q)
     void hixl_cq_close(hixl_cq *q)
+    void hixl_cq_node_free(hixl_cq_node *node)
     int hixl_cq_fd(hixl_cq *q)
 
 
@@ -87,6 +100,7 @@ cdef extern from "region_table.h" nogil:
                          uint64_t offset, uint64_t length, uint64_t cluster,
                          int writable)
     void hixl_regions_remove(hixl_region_table *t, uint64_t id)
+    void hixl_regions_clear(hixl_region_table *t)
 
 
 cdef extern from "tcp_wire.h" nogil:

@@ -45,13 +45,13 @@ cdef class CompletionQueue:
             while node != NULL:
                 out.append((node.id, node.status))
                 nxt = node.next
-                free(node)
+                hixl_cq_node_free(node)
                 node = nxt
         finally:
             # Only reached with nodes left if append raised MemoryError.
             while node != NULL:
                 nxt = node.next
-                free(node)
+                hixl_cq_node_free(node)
                 node = nxt
         return out
 

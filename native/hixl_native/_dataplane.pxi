@@ -114,7 +114,8 @@ cdef class DataServer:
 
         New requests naming it are refused at once; the call then waits,
         with the GIL released, until requests already using it finish
-        (each is bounded by its timeout).
+        (each is bounded by its timeout). As it may block that long, call
+        it from an executor thread, not from an event loop.
         """
         cdef uint64_t rid = _u64(region_id, "region_id")
         if self._s == NULL:
@@ -131,8 +132,9 @@ cdef class DataServer:
         self._closed = True
         with nogil:
             hixl_server_stop(self._s)
-        for region_id in list(self._regions):
-            self.unregister_region(region_id)
+            # No connection thread is left to use a region: drop them all.
+            hixl_regions_clear(hixl_server_regions(self._s))
+        self._regions.clear()
 
     def __enter__(self):
         return self

@@ -41,6 +41,29 @@ def status_name(code):
     return _STATUS_NAMES.get(code, f"E_UNKNOWN({code})")
 
 
+def live_objects():
+    """Count live native resources, for leak checks in tests.
+
+    Counted: mapped memory, pool allocators, open completion queues, requests
+    not yet drained, registered regions, running servers, server connections
+    not yet reaped and links not yet closed. ``close()`` of the owning object
+    (or its garbage collection) brings each count back down.
+
+    Returns:
+        A mapping from object kind to count.
+    """
+    return {
+        "mappings": hixl_live_count(HIXL_LIVE_MAPPINGS),
+        "pools": hixl_live_count(HIXL_LIVE_POOLS),
+        "queues": hixl_live_count(HIXL_LIVE_QUEUES),
+        "requests": hixl_live_count(HIXL_LIVE_REQUESTS),
+        "regions": hixl_live_count(HIXL_LIVE_REGIONS),
+        "servers": hixl_live_count(HIXL_LIVE_SERVERS),
+        "connections": hixl_live_count(HIXL_LIVE_CONNECTIONS),
+        "links": hixl_live_count(HIXL_LIVE_LINKS),
+    }
+
+
 class NativeError(RuntimeError):
     """A failed native operation.
 

@@ -93,14 +93,32 @@ class RawClient:
         assert (magic, kind) == (MAGIC, 2)
         return int(status)
 
-    def request(self, op: int, tag: int, ranges: list[tuple[int, int, int]],
-                timeout_ms: int = 10_000, nranges: int | None = None,
-                total: int | None = None) -> None:
+    def request(
+        self,
+        op: int,
+        tag: int,
+        ranges: list[tuple[int, int, int]],
+        timeout_ms: int = 10_000,
+        nranges: int | None = None,
+        total: int | None = None,
+    ) -> None:
         """Send a REQUEST header and its range list (not a WRITE payload)."""
         real_total = sum(r[2] for r in ranges)
-        self.sock.sendall(REQUEST.pack(
-            MAGIC, VERSION, 3, op, 0, 0, len(ranges) if nranges is None else nranges, tag,
-            real_total if total is None else total, timeout_ms, 0))
+        self.sock.sendall(
+            REQUEST.pack(
+                MAGIC,
+                VERSION,
+                3,
+                op,
+                0,
+                0,
+                len(ranges) if nranges is None else nranges,
+                tag,
+                real_total if total is None else total,
+                timeout_ms,
+                0,
+            )
+        )
         self.sock.sendall(b"".join(RANGE.pack(*r) for r in ranges))
 
     def reply(self) -> tuple[int, int]:
@@ -163,8 +181,12 @@ class RawServer:
                 for conn in conns:
                     conn.close()
 
-    def _serve(self, sel: selectors.BaseSelector, conns: dict[socket.socket, bytearray],
-               conn: socket.socket) -> None:
+    def _serve(
+        self,
+        sel: selectors.BaseSelector,
+        conns: dict[socket.socket, bytearray],
+        conn: socket.socket,
+    ) -> None:
         try:
             data = conn.recv(1 << 20)
         except ConnectionError:
@@ -182,7 +204,7 @@ class RawServer:
             del conns[conn]
             conn.close()
         elif len(buf) > HELLO.size + REQUEST.size:
-            del buf[HELLO.size + REQUEST.size:]  # "silent": keep only what counts
+            del buf[HELLO.size + REQUEST.size :]  # "silent": keep only what counts
 
     def close(self) -> None:
         self._wake_w.send(b"x")

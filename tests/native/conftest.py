@@ -1,43 +1,69 @@
-"""Fixtures for the native-core tests (real memfds, real sockets on 127.0.0.1)."""
+"""Fixtures for the native-core tests (real memfds, real sockets on 127.0.0.1).
+
+The test modules skip themselves with ``importorskip`` when the extension is
+not built, so the imports below happen only inside fixtures they request.
+"""
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pytest
 
-try:
-    import hixl_native
-except ImportError:  # the test modules skip themselves via importorskip
-    hixl_native = None
-
 from tests.native._native_support import CLUSTER, TOKEN
+
+if TYPE_CHECKING:
+    from hixl_native import CompletionQueue, DataServer, SharedPool
+
+
+@pytest.fixture(autouse=True)
+def no_native_leaks() -> Iterator[None]:
+    """Fail a test that leaves native objects (mappings, requests, threads'
+    connections, ...) behind once its fixtures are torn down."""
+    try:
+        import hixl_native
+    except ImportError:
+        yield
+        return
+    # Collect first: garbage from earlier tests (of any package) must not
+    # be freed during this one and blur the count.
+    gc.collect()
+    before = hixl_native.live_objects()
+    yield
+    gc.collect()
+    after = hixl_native.live_objects()
+    leaked = {kind: after[kind] - before[kind] for kind in after if after[kind] > before[kind]}
+    assert not leaked, f"native objects leaked: {leaked}"
 
 
 @pytest.fixture
-def cq() -> Iterator[Any]:
+def cq() -> Iterator[CompletionQueue]:
+    import hixl_native
+
     queue = hixl_native.CompletionQueue()
     yield queue
     queue.close()
 
 
 @pytest.fixture
-def server() -> Iterator[Any]:
+def server() -> Iterator[DataServer]:
+    import hixl_native
+
     srv = hixl_native.DataServer("127.0.0.1", 0)
     srv.authorize(TOKEN, CLUSTER)
     yield srv
     srv.close()
 
 
-def _pool(name: str, size: int) -> Any:
-    return hixl_native.SharedPool(name, size, 12)
-
-
 @pytest.fixture
-def pools() -> Iterator[tuple[Any, Any]]:
+def pools() -> Iterator[tuple[SharedPool, SharedPool]]:
     """A (remote, local) pair of 8 MiB pools."""
-    remote, local = _pool("remote", 8 << 20), _pool("local", 8 << 20)
+    import hixl_native
+
+    remote = hixl_native.SharedPool("remote", 8 << 20, 12)
+    local = hixl_native.SharedPool("local", 8 << 20, 12)
     yield remote, local
     local.close()
     remote.close()

@@ -5,8 +5,13 @@ from __future__ import annotations
 import array
 import threading
 import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from hixl_native import SharedPool
 
 hn = pytest.importorskip("hixl_native")
 np = pytest.importorskip("numpy")
@@ -15,7 +20,7 @@ MIB = 1 << 20
 
 
 @pytest.fixture
-def pair():
+def pair() -> Iterator[tuple[SharedPool, SharedPool]]:
     src, dst = hn.SharedPool("src", 4 * MIB, 12), hn.SharedPool("dst", 4 * MIB, 12)
     np.frombuffer(src, np.uint8)[:] = np.random.default_rng(1).integers(0, 256, src.size, np.uint8)
     yield dst, src
@@ -23,7 +28,7 @@ def pair():
     src.close()
 
 
-def test_copy_matches_numpy(pair):
+def test_copy_matches_numpy(pair: tuple[SharedPool, SharedPool]) -> None:
     dst, src = pair
     rng = np.random.default_rng(2)
     lengths = rng.integers(1, 20_000, 64, dtype=np.uint64)
@@ -33,13 +38,13 @@ def test_copy_matches_numpy(pair):
     expected = np.frombuffer(dst, np.uint8).copy()
     s = np.frombuffer(src, np.uint8)
     for d, o, n in triples.reshape(-1, 3).tolist():
-        expected[d:d + n] = s[o:o + n]
+        expected[d : d + n] = s[o : o + n]
     hn.copy_ranges(dst, src, triples)
     assert np.array_equal(np.frombuffer(dst, np.uint8), expected)
 
 
 @pytest.mark.parametrize("kind", ["array", "bytes", "numpy"])
-def test_accepts_uint64_buffers(pair, kind):
+def test_accepts_uint64_buffers(pair: tuple[SharedPool, SharedPool], kind: str) -> None:
     dst, src = pair
     values = [100, 200, 50, 0, 4096, 10]
     ranges = {
@@ -52,14 +57,14 @@ def test_accepts_uint64_buffers(pair, kind):
     assert bytes(dst.view(0, 10)) == bytes(src.view(4096, 10))
 
 
-def test_same_mapping_overlapping(pair):
+def test_same_mapping_overlapping(pair: tuple[SharedPool, SharedPool]) -> None:
     _, src = pair
     before = bytes(src.view(0, 1000))
     hn.copy_ranges(src, src, array.array("Q", [10, 0, 1000]))
     assert bytes(src.view(10, 1000)) == before
 
 
-def test_bad_triple_is_named_and_nothing_copied(pair):
+def test_bad_triple_is_named_and_nothing_copied(pair: tuple[SharedPool, SharedPool]) -> None:
     dst, src = pair
     before = bytes(dst.view(0, 100))
     bad = array.array("Q", [0, 0, 100, dst.size - 10, 0, 11])
@@ -70,7 +75,7 @@ def test_bad_triple_is_named_and_nothing_copied(pair):
         hn.copy_ranges(dst, src, array.array("Q", [0, 2**64 - 1, 2]))
 
 
-def test_rejects_wrong_buffers(pair):
+def test_rejects_wrong_buffers(pair: tuple[SharedPool, SharedPool]) -> None:
     dst, src = pair
     with pytest.raises(TypeError):
         hn.copy_ranges(dst, src, np.zeros(3, dtype=np.float64))
@@ -82,15 +87,15 @@ def test_rejects_wrong_buffers(pair):
         hn.copy_ranges(dst, src, array.array("Q", [0, 0]))
 
 
-def test_closed_mapping_is_rejected(pair):
-    dst, src = pair
+def test_closed_mapping_is_rejected(pair: tuple[SharedPool, SharedPool]) -> None:
+    _, src = pair
     other = hn.SharedPool("tmp", MIB, 12)
     other.close()
     with pytest.raises(ValueError, match="closed"):
         hn.copy_ranges(other, src, array.array("Q", [0, 0, 1]))
 
 
-def test_gil_is_released_during_copy():
+def test_gil_is_released_during_copy() -> None:
     size = 64 * MIB
     src, dst = hn.SharedPool("gsrc", size, 12), hn.SharedPool("gdst", size, 12)
     ranges = array.array("Q", [0, 0, size] * 12)  # ~768 MiB of copying

@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from hixl_native import CompletionQueue, DataServer, SharedPool
 
 hn = pytest.importorskip("hixl_native")
 np = pytest.importorskip("numpy")
@@ -30,21 +35,25 @@ from tests.native._native_support import (  # noqa: E402
 KIB, MIB = 1 << 10, 1 << 20
 
 
-def quads(rows):
+def quads(rows: Any) -> Any:
     return np.array(rows, dtype=np.uint64).ravel()
 
 
 @pytest.fixture
-def raw_server(request):
+def raw_server(request: pytest.FixtureRequest) -> Iterator[RawServer]:
     srv = RawServer(request.param)
     yield srv
     srv.close()
 
 
 @pytest.mark.parametrize("raw_server", ["silent"], indirect=True)
-def test_deadline_without_answer(raw_server, cq, pools):
+def test_deadline_without_answer(
+    raw_server: RawServer, cq: CompletionQueue, pools: tuple[SharedPool, SharedPool]
+) -> None:
     _, local = pools
-    with hn.DataLink("127.0.0.1", raw_server.port, TOKEN, 2, cq, 2000) as link:
+    # one stream, so the second request must reuse (and reconnect) the
+    # stream that timed out
+    with hn.DataLink("127.0.0.1", raw_server.port, TOKEN, 1, cq, 2000) as link:
         start = time.monotonic()
         link.read(1, local, quads([(1, 0, 0, 256 * KIB)]), 200)
         assert wait_one(cq, 5) == (1, hn.E_TIMEOUT)
@@ -59,7 +68,9 @@ def test_deadline_without_answer(raw_server, cq, pools):
 
 
 @pytest.mark.parametrize("raw_server", ["no_accept"], indirect=True)
-def test_connect_deadline_when_nobody_answers_hello(raw_server, cq):
+def test_connect_deadline_when_nobody_answers_hello(
+    raw_server: RawServer, cq: CompletionQueue
+) -> None:
     start = time.monotonic()
     with pytest.raises(hn.NativeError) as info:
         hn.DataLink("127.0.0.1", raw_server.port, TOKEN, 1, cq, 200)
@@ -67,11 +78,13 @@ def test_connect_deadline_when_nobody_answers_hello(raw_server, cq):
     assert time.monotonic() - start < 2.0
 
 
-def test_timeout_mid_transfer_resets_stream(server, cq):
+def test_timeout_mid_transfer_resets_stream(server: DataServer, cq: CompletionQueue) -> None:
     size = 64 * MIB
     remote, local = hn.SharedPool("big-r", size, 12), hn.SharedPool("big-l", size, 12)
     try:
-        np.frombuffer(remote, np.uint8)[:] = np.random.default_rng(5).integers(0, 256, size, np.uint8)
+        np.frombuffer(remote, np.uint8)[:] = np.random.default_rng(5).integers(
+            0, 256, size, np.uint8
+        )
         server.register_region(1, remote, 0, size, CLUSTER)
         with hn.DataLink("127.0.0.1", server.port, TOKEN, 2, cq, 2000) as link:
             # ~512 MiB cannot cross loopback TCP in 20 ms
@@ -80,8 +93,10 @@ def test_timeout_mid_transfer_resets_stream(server, cq):
             assert link.alive
             link.read(2, local, quads([(1, 0, 0, 8 * MIB)]), 5000)
             assert wait_one(cq) == (2, hn.OK)
-            assert np.array_equal(np.frombuffer(local, np.uint8)[:8 * MIB],
-                                  np.frombuffer(remote, np.uint8)[:8 * MIB])
+            assert np.array_equal(
+                np.frombuffer(local, np.uint8)[: 8 * MIB],
+                np.frombuffer(remote, np.uint8)[: 8 * MIB],
+            )
         server.unregister_region(1)  # returns: the server let go of the region
     finally:
         local.close()
@@ -89,7 +104,9 @@ def test_timeout_mid_transfer_resets_stream(server, cq):
 
 
 @pytest.mark.parametrize("raw_server", ["close_after_request"], indirect=True)
-def test_peer_dies_mid_request(raw_server, cq, pools):
+def test_peer_dies_mid_request(
+    raw_server: RawServer, cq: CompletionQueue, pools: tuple[SharedPool, SharedPool]
+) -> None:
     _, local = pools
     with hn.DataLink("127.0.0.1", raw_server.port, TOKEN, 1, cq, 2000) as link:
         start = time.monotonic()
@@ -104,7 +121,9 @@ def test_peer_dies_mid_request(raw_server, cq, pools):
         assert wait_one(cq, 2) == (3, hn.E_CLOSED)
 
 
-def test_server_close_kills_link(server, pools, cq):
+def test_server_close_kills_link(
+    server: DataServer, pools: tuple[SharedPool, SharedPool], cq: CompletionQueue
+) -> None:
     remote, local = pools
     server.register_region(1, remote, 0, remote.size, CLUSTER)
     link = hn.DataLink("127.0.0.1", server.port, TOKEN, 4, cq, 2000)
@@ -122,7 +141,9 @@ def test_server_close_kills_link(server, pools, cq):
 
 @pytest.mark.parametrize("raw_server", ["silent"], indirect=True)
 @pytest.mark.parametrize("streams", [1, 3])
-def test_close_cancels_queued_and_in_flight(raw_server, cq, pools, streams):
+def test_close_cancels_queued_and_in_flight(
+    raw_server: RawServer, cq: CompletionQueue, pools: tuple[SharedPool, SharedPool], streams: int
+) -> None:
     _, local = pools
     link = hn.DataLink("127.0.0.1", raw_server.port, TOKEN, streams, cq, 2000)
     for i in range(6):
@@ -139,9 +160,13 @@ def test_close_cancels_queued_and_in_flight(raw_server, cq, pools, streams):
     assert not link.alive
 
 
-def test_unregister_waits_for_in_flight_read(server, cq, pools):
+def test_unregister_waits_for_in_flight_read(
+    server: DataServer, cq: CompletionQueue, pools: tuple[SharedPool, SharedPool]
+) -> None:
     remote, local = pools
-    np.frombuffer(remote, np.uint8)[:] = np.random.default_rng(6).integers(0, 256, remote.size, np.uint8)
+    np.frombuffer(remote, np.uint8)[:] = np.random.default_rng(6).integers(
+        0, 256, remote.size, np.uint8
+    )
     server.register_region(1, remote, 0, remote.size, CLUSTER)
     raw = RawClient(server.port, TOKEN)
     try:
@@ -167,7 +192,7 @@ def test_unregister_waits_for_in_flight_read(server, cq, pools):
         raw.close()
 
 
-def test_bad_hello_is_answered_with_proto(server):
+def test_bad_hello_is_answered_with_proto(server: DataServer) -> None:
     wrong_version = RawClient(server.port, TOKEN, version=VERSION + 1)
     try:
         assert wrong_version.welcome() == hn.E_PROTO
@@ -182,7 +207,7 @@ def test_bad_hello_is_answered_with_proto(server):
         wrong_magic.close()
 
 
-def test_unknown_token_closes_raw_connection(server):
+def test_unknown_token_closes_raw_connection(server: DataServer) -> None:
     raw = RawClient(server.port, TOKEN + 5)
     try:
         assert raw.welcome() == hn.E_REFUSED
@@ -192,7 +217,9 @@ def test_unknown_token_closes_raw_connection(server):
 
 
 @pytest.mark.parametrize("case", ["no_ranges", "total_mismatch", "bad_op"])
-def test_malformed_request_gets_proto_and_close(server, pools, case):
+def test_malformed_request_gets_proto_and_close(
+    server: DataServer, pools: tuple[SharedPool, SharedPool], case: str
+) -> None:
     remote, _ = pools
     server.register_region(1, remote, 0, remote.size, CLUSTER)
     raw = RawClient(server.port, TOKEN)

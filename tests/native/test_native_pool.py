@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from hixl_native import SharedPool
 
 hn = pytest.importorskip("hixl_native")
 
@@ -14,13 +20,13 @@ PAGE = 4096
 
 
 @pytest.fixture
-def pool():
+def pool() -> Iterator[SharedPool]:
     p = hn.SharedPool("test", 64 * PAGE, 12)
     yield p
     p.close()
 
 
-def test_alloc_rounds_up_to_pages(pool):
+def test_alloc_rounds_up_to_pages(pool: SharedPool) -> None:
     a = pool.alloc(1)
     b = pool.alloc(PAGE + 1)
     assert pool.allocation_size(a) == PAGE
@@ -30,7 +36,7 @@ def test_alloc_rounds_up_to_pages(pool):
     assert pool.free_bytes == 61 * PAGE
 
 
-def test_size_rounds_up_and_properties():
+def test_size_rounds_up_and_properties() -> None:
     with hn.SharedPool("odd", 3 * 1024 + 1, 10, populate=False) as p:
         assert p.size == 4 * 1024
         assert (p.page_size, p.page_shift) == (1024, 10)
@@ -39,18 +45,18 @@ def test_size_rounds_up_and_properties():
 
 
 @pytest.mark.parametrize("shift", [9, 31, -1])
-def test_page_shift_bounds(shift):
+def test_page_shift_bounds(shift: int) -> None:
     with pytest.raises(ValueError):
         hn.SharedPool("bad", 1 << 20, shift)
 
 
 @pytest.mark.parametrize("size", [0, -5])
-def test_size_must_be_positive(size):
+def test_size_must_be_positive(size: int) -> None:
     with pytest.raises(ValueError):
         hn.SharedPool("bad", size, 12)
 
 
-def test_exhaustion_raises_pool_exhausted(pool):
+def test_exhaustion_raises_pool_exhausted(pool: SharedPool) -> None:
     pool.alloc(60 * PAGE)
     with pytest.raises(hn.PoolExhausted) as info:
         pool.alloc(5 * PAGE)
@@ -60,7 +66,7 @@ def test_exhaustion_raises_pool_exhausted(pool):
     assert pool.alloc(4 * PAGE) >= 0
 
 
-def test_free_coalesces_into_one_full_extent(pool):
+def test_free_coalesces_into_one_full_extent(pool: SharedPool) -> None:
     offsets = [pool.alloc(PAGE * (1 + i % 3)) for i in range(32)]
     offsets.append(pool.alloc(pool.free_bytes))
     with pytest.raises(hn.PoolExhausted):
@@ -73,7 +79,7 @@ def test_free_coalesces_into_one_full_extent(pool):
 
 
 @pytest.mark.parametrize("bad", [PAGE, 1, 10**9])
-def test_bad_free_raises(pool, bad):
+def test_bad_free_raises(pool: SharedPool, bad: int) -> None:
     pool.alloc(PAGE)
     with pytest.raises(ValueError):
         pool.free(bad)
@@ -81,23 +87,23 @@ def test_bad_free_raises(pool, bad):
         pool.allocation_size(bad)
 
 
-def test_double_free_raises(pool):
+def test_double_free_raises(pool: SharedPool) -> None:
     off = pool.alloc(PAGE)
     pool.free(off)
     with pytest.raises(ValueError):
         pool.free(off)
 
 
-def test_alloc_argument_errors(pool):
+def test_alloc_argument_errors(pool: SharedPool) -> None:
     with pytest.raises(ValueError):
         pool.alloc(0)
     with pytest.raises(TypeError):
-        pool.alloc(1.5)
+        pool.alloc(1.5)  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         pool.free(-1)
 
 
-def test_concurrent_alloc_free_keeps_invariants():
+def test_concurrent_alloc_free_keeps_invariants() -> None:
     pool = hn.SharedPool("threads", 1024 * PAGE, 12, populate=False)
     live: dict[int, int] = {}
     lock = threading.Lock()
@@ -135,7 +141,7 @@ def test_concurrent_alloc_free_keeps_invariants():
         t.join()
     assert not errors
     spans = sorted(live.items())
-    for (a, asize), (b, _) in zip(spans, spans[1:]):
+    for (a, asize), (b, _) in itertools.pairwise(spans):
         assert a + asize <= b
     assert pool.used_bytes == sum(live.values())
     assert pool.used_bytes + pool.free_bytes == pool.size
@@ -145,7 +151,7 @@ def test_concurrent_alloc_free_keeps_invariants():
     pool.close()
 
 
-def test_second_mapping_of_fd_shares_bytes(pool):
+def test_second_mapping_of_fd_shares_bytes(pool: SharedPool) -> None:
     with hn.Mapping(pool.fd, pool.size) as other:
         assert other.address != pool.address
         pool.view(PAGE, 5)[:] = b"hello"
@@ -154,7 +160,7 @@ def test_second_mapping_of_fd_shares_bytes(pool):
         assert bytes(pool.view(0, 3)) == b"abc"
 
 
-def test_mapping_does_not_own_fd_and_checks_file_size():
+def test_mapping_does_not_own_fd_and_checks_file_size() -> None:
     fd = os.memfd_create("hixl-test", os.MFD_CLOEXEC)
     try:
         os.ftruncate(fd, 2 * PAGE)
@@ -167,7 +173,7 @@ def test_mapping_does_not_own_fd_and_checks_file_size():
         os.close(fd)
 
 
-def test_view_bounds(pool):
+def test_view_bounds(pool: SharedPool) -> None:
     assert len(pool.view(0, pool.size)) == pool.size
     assert len(pool.view(pool.size, 0)) == 0
     with pytest.raises(ValueError):
@@ -176,7 +182,7 @@ def test_view_bounds(pool):
         pool.view(-1, 1)
 
 
-def test_views_block_close_and_close_is_idempotent():
+def test_views_block_close_and_close_is_idempotent() -> None:
     pool = hn.SharedPool("views", 4 * PAGE, 12)
     first, second = pool.view(0, 10), pool.view(PAGE, 10)
     assert pool.exports == 2
@@ -196,7 +202,7 @@ def test_views_block_close_and_close_is_idempotent():
         pool.alloc(1)
 
 
-def test_buffer_protocol_whole_mapping(pool):
+def test_buffer_protocol_whole_mapping(pool: SharedPool) -> None:
     with memoryview(pool) as whole:
         assert whole.nbytes == pool.size and not whole.readonly
         assert pool.exports == 1

@@ -18,6 +18,7 @@ int hixl_cq_create(hixl_cq **out)
     }
     pthread_mutex_init(&q->mu, NULL);
     atomic_init(&q->refs, 1);
+    hixl_live_add(HIXL_LIVE_QUEUES, 1);
     *out = q;
     return HIXL_OK;
 }
@@ -27,11 +28,17 @@ void hixl_cq_ref(hixl_cq *q)
     atomic_fetch_add_explicit(&q->refs, 1, memory_order_relaxed);
 }
 
+void hixl_cq_node_free(hixl_cq_node *node)
+{
+    free(node);
+    hixl_live_add(HIXL_LIVE_REQUESTS, -1);
+}
+
 static void free_list(hixl_cq_node *n)
 {
     while (n != NULL) {
         hixl_cq_node *next = n->next;
-        free(n);
+        hixl_cq_node_free(n);
         n = next;
     }
 }
@@ -52,7 +59,7 @@ void hixl_cq_post(hixl_cq *q, hixl_cq_node *node)
     pthread_mutex_lock(&q->mu);
     if (q->efd < 0) {
         pthread_mutex_unlock(&q->mu);
-        free(node);
+        hixl_cq_node_free(node);
         return;
     }
     int was_empty = q->head == NULL;
@@ -91,6 +98,7 @@ void hixl_cq_close(hixl_cq *q)
     if (q->efd >= 0) {
         close(q->efd);
         q->efd = -1;
+        hixl_live_add(HIXL_LIVE_QUEUES, -1); /* counts open queues */
     }
     pthread_mutex_unlock(&q->mu);
 }

@@ -34,12 +34,15 @@ typedef struct hixl_cq {
 int hixl_cq_create(hixl_cq **out);
 void hixl_cq_ref(hixl_cq *q);
 void hixl_cq_unref(hixl_cq *q);
-/* Takes ownership of a malloc'd node; after close the node is freed at once. */
+/* Takes ownership of a malloc'd node counted as a live request; after close
+ * the node is freed at once. */
 void hixl_cq_post(hixl_cq *q, hixl_cq_node *node);
 /* Resets the eventfd and returns every pending node, oldest first. The caller
- * frees each node with free(). */
+ * frees each node with hixl_cq_node_free(). */
 hixl_cq_node *hixl_cq_take(hixl_cq *q);
 void hixl_cq_close(hixl_cq *q);
+/* Frees a node handed out by hixl_cq_take (it may be a whole request). */
+void hixl_cq_node_free(hixl_cq_node *node);
 int hixl_cq_fd(hixl_cq *q);
 
 #endif

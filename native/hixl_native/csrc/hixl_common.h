@@ -11,6 +11,7 @@
 #define HIXL_COMMON_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <time.h>
 
@@ -30,6 +31,35 @@ enum {
     HIXL_E_BUSY = -23,
     HIXL_E_EXISTS = -24,
 };
+
+/*
+ * Live-resource counters: one atomic add per acquire/release, cheap enough
+ * to stay on in every build. They count what close() gives back (mapped
+ * memory, open queues, running servers and links, registered regions) and
+ * native memory freed on its own schedule (requests until drained, server
+ * connections until reaped), so tests can assert after each case that
+ * nothing leaked. Defined in mapping.c.
+ */
+enum {
+    HIXL_LIVE_MAPPINGS,
+    HIXL_LIVE_POOLS,
+    HIXL_LIVE_QUEUES,
+    HIXL_LIVE_REQUESTS,
+    HIXL_LIVE_REGIONS,
+    HIXL_LIVE_SERVERS,
+    HIXL_LIVE_CONNECTIONS,
+    HIXL_LIVE_LINKS,
+    HIXL_LIVE_KINDS
+};
+
+extern atomic_long hixl_live_counts[HIXL_LIVE_KINDS];
+
+static inline void hixl_live_add(int kind, long delta)
+{
+    atomic_fetch_add_explicit(&hixl_live_counts[kind], delta, memory_order_relaxed);
+}
+
+long hixl_live_count(int kind);
 
 /* Monotonic time: deadlines must not jump with wall-clock adjustments. */
 static inline uint64_t hixl_now_ns(void)

@@ -9,6 +9,16 @@
 
 #include "hixl_common.h"
 
+/* Defined here because every other part links against mapping.c. */
+atomic_long hixl_live_counts[HIXL_LIVE_KINDS];
+
+long hixl_live_count(int kind)
+{
+    if (kind < 0 || kind >= HIXL_LIVE_KINDS)
+        return -1;
+    return atomic_load_explicit(&hixl_live_counts[kind], memory_order_relaxed);
+}
+
 int hixl_mapping_create(int fd, uint64_t size, int populate, int owned_fd,
                         hixl_mapping **out)
 {
@@ -38,6 +48,7 @@ int hixl_mapping_create(int fd, uint64_t size, int populate, int owned_fd,
     m->owned_fd = owned_fd;
     atomic_init(&m->refs, 1);
     atomic_init(&m->pins, 0);
+    hixl_live_add(HIXL_LIVE_MAPPINGS, 1); /* counts mapped memory */
     *out = m;
     return HIXL_OK;
 }
@@ -52,6 +63,7 @@ static void release_memory(hixl_mapping *m)
     if (m->addr != NULL) {
         munmap(m->addr, (size_t)m->size);
         m->addr = NULL;
+        hixl_live_add(HIXL_LIVE_MAPPINGS, -1);
     }
     if (m->owned_fd >= 0) {
         close(m->owned_fd);

@@ -108,6 +108,7 @@ int hixl_pool_create(const char *name, uint64_t size, unsigned page_shift,
     p->free_ext[0] = (hixl_extent){0, npages};
     p->nfree = 1;
     pthread_mutex_init(&p->mu, NULL);
+    hixl_live_add(HIXL_LIVE_POOLS, 1);
     *out = p;
     return HIXL_OK;
 }
@@ -121,6 +122,7 @@ void hixl_pool_destroy(hixl_pool *p)
     free(p->free_ext);
     free(p->live);
     free(p);
+    hixl_live_add(HIXL_LIVE_POOLS, -1);
 }
 
 /* Best fit keeps large extents intact for the large blocks that need them. */

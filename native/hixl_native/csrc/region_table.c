@@ -20,13 +20,25 @@ static void drop_region(hixl_region *r)
     hixl_mapping_unpin(r->map);
     hixl_mapping_unref(r->map);
     free(r);
+    hixl_live_add(HIXL_LIVE_REGIONS, -1);
+}
+
+void hixl_regions_clear(hixl_region_table *t)
+{
+    pthread_mutex_lock(&t->mu);
+    size_t n = t->n;
+    hixl_region **v = t->v;
+    t->v = NULL;
+    t->n = t->cap = 0;
+    pthread_mutex_unlock(&t->mu);
+    for (size_t i = 0; i < n; i++)
+        drop_region(v[i]);
+    free(v);
 }
 
 void hixl_regions_destroy(hixl_region_table *t)
 {
-    for (size_t i = 0; i < t->n; i++)
-        drop_region(t->v[i]);
-    free(t->v);
+    hixl_regions_clear(t);
     t->v = NULL;
     t->n = t->cap = 0;
     pthread_cond_destroy(&t->released);
@@ -85,6 +97,7 @@ int hixl_regions_add(hixl_region_table *t, uint64_t id, hixl_mapping *map,
         t->n++;
         hixl_mapping_ref(map);
         hixl_mapping_pin(map);
+        hixl_live_add(HIXL_LIVE_REGIONS, 1);
     }
     pthread_mutex_unlock(&t->mu);
     if (rc != HIXL_OK)

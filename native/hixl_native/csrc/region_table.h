@@ -42,6 +42,8 @@ void hixl_regions_init(hixl_region_table *t);
 void hixl_regions_destroy(hixl_region_table *t);
 int hixl_regions_add(hixl_region_table *t, uint64_t id, hixl_mapping *map,
                      uint64_t offset, uint64_t length, uint64_t cluster, int writable);
+/* Drops every region; only once no connection thread can use the table. */
+void hixl_regions_clear(hixl_region_table *t);
 /* Refuses new users at once, then blocks until current users are gone. */
 void hixl_regions_remove(hixl_region_table *t, uint64_t id);
 /*

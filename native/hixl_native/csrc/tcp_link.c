@@ -17,7 +17,7 @@
 #define MAX_STREAMS 64
 /* Below this, splitting a request over more streams costs more in wakeups
  * and round trips than the parallelism gains. */
-#define MIN_PIECE_BYTES (64 * 1024)
+#define MIN_PIECE_BYTES (256 * 1024)
 
 typedef struct hixl_piece {
     struct hixl_piece *next;
@@ -54,8 +54,7 @@ typedef struct hixl_stream {
 } hixl_stream;
 
 struct hixl_link {
-    char *host;
-    uint16_t port;
+    hixl_addr addr; /* the address stream 0 reached; used by all later connects */
     uint64_t token;
     int nstreams;
     hixl_stream *streams;
@@ -168,6 +167,7 @@ static hixl_request *build_request(hixl_link *l, const uint8_t *quads, size_t n,
         *rc = HIXL_E_NOMEM;
         return NULL;
     }
+    hixl_live_add(HIXL_LIVE_REQUESTS, 1); /* freed via hixl_cq_node_free */
     planner fill = {.r = r, .budget = pl.budget, .local = local};
     fill.iov = (struct iovec *)((uint8_t *)r->pieces + pieces_size);
     fill.wire = (uint8_t *)fill.iov + iov_size;
@@ -317,7 +317,7 @@ static int reconnect(hixl_stream *s, uint64_t deadline)
 {
     hixl_link *l = s->link;
     int fd = -1;
-    int rc = hixl_tcp_connect(l->host, l->port, l->stop_fd, deadline, &fd);
+    int rc = hixl_tcp_connect_addr(&l->addr, l->stop_fd, deadline, &fd);
     if (rc == HIXL_OK) {
         rc = hixl_tcp_handshake(fd, l->stop_fd, l->token, deadline);
         if (rc != HIXL_OK)
@@ -454,7 +454,8 @@ static void *stream_main(void *arg)
 
 /* ---- lifecycle ---- */
 
-static int open_stream(hixl_link *l, hixl_stream *s, uint64_t deadline)
+static int open_stream(hixl_link *l, hixl_stream *s, const char *host, uint16_t port,
+                       uint64_t deadline)
 {
     s->link = l;
     s->fd = -1;
@@ -462,7 +463,9 @@ static int open_stream(hixl_link *l, hixl_stream *s, uint64_t deadline)
     s->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (s->wake_fd < 0)
         return HIXL_E_IO;
-    int rc = hixl_tcp_connect(l->host, l->port, l->stop_fd, deadline, &s->fd);
+    int rc = s == l->streams
+                 ? hixl_tcp_connect(host, port, l->stop_fd, deadline, &s->fd, &l->addr)
+                 : hixl_tcp_connect_addr(&l->addr, l->stop_fd, deadline, &s->fd);
     if (rc == HIXL_OK)
         rc = hixl_tcp_handshake(s->fd, l->stop_fd, l->token, deadline);
     return rc;
@@ -476,19 +479,18 @@ int hixl_link_open(const char *host, uint16_t port, uint64_t token, int nstreams
     hixl_link *l = calloc(1, sizeof(*l));
     if (l == NULL)
         return HIXL_E_NOMEM;
-    l->port = port;
+    hixl_live_add(HIXL_LIVE_LINKS, 1);
     l->token = token;
     l->cq = cq;
     hixl_cq_ref(cq);
     l->stop_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    l->host = strdup(host);
     l->streams = calloc((size_t)nstreams, sizeof(*l->streams));
-    int rc = (l->host && l->streams) ? HIXL_OK : HIXL_E_NOMEM;
+    int rc = l->streams ? HIXL_OK : HIXL_E_NOMEM;
     if (rc == HIXL_OK && l->stop_fd < 0)
         rc = HIXL_E_IO;
     uint64_t deadline = hixl_deadline_after_ms(connect_timeout_ms);
     for (int i = 0; rc == HIXL_OK && i < nstreams; i++, l->nstreams++)
-        rc = open_stream(l, &l->streams[i], deadline);
+        rc = open_stream(l, &l->streams[i], host, port, deadline);
     for (int i = 0; rc == HIXL_OK && i < nstreams; i++) {
         rc = hixl_spawn_thread(&l->streams[i].thread, stream_main, &l->streams[i]);
         l->streams[i].started = rc == HIXL_OK;
@@ -514,6 +516,7 @@ void hixl_link_close(hixl_link *l)
         return;
     l->closed = 1;
     atomic_store(&l->closing, 1);
+    hixl_live_add(HIXL_LIVE_LINKS, -1); /* counts links not yet closed */
     if (l->stop_fd >= 0)
         wake(l->stop_fd);
     for (int i = 0; i < l->nstreams; i++) {
@@ -547,6 +550,5 @@ void hixl_link_destroy(hixl_link *l)
         close(l->stop_fd);
     hixl_cq_unref(l->cq);
     free(l->streams);
-    free(l->host);
     free(l);
 }

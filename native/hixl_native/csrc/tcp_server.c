@@ -27,6 +27,9 @@
  * ends the target's wait at once). The other order would make the
  * initiator see an EOF and take a slow transfer for a dead peer. */
 #define DEADLINE_GRACE_MS 1000
+/* Each connection is a thread; a bound keeps a misbehaving peer that opens
+ * connections in a loop from exhausting threads or fds of the daemon. */
+#define MAX_CONNS 1024
 
 typedef struct token_entry {
     uint64_t token;
@@ -62,6 +65,7 @@ struct hixl_server {
     token_entry *tokens;
     size_t ntokens, cap_tokens;
     hixl_conn *conns;
+    size_t nconns;
     hixl_region_table regions;
 };
 
@@ -281,6 +285,7 @@ static void free_conn(hixl_conn *c)
     free(c->iov);
     free(c->held);
     free(c);
+    hixl_live_add(HIXL_LIVE_CONNECTIONS, -1);
 }
 
 /* ---- accepting ---- */
@@ -295,6 +300,7 @@ static void reap(hixl_server *s, int all)
         hixl_conn *c = *pp;
         if (all || atomic_load(&c->finished)) {
             *pp = c->next;
+            s->nconns--;
             c->next = done;
             done = c;
         } else {
@@ -317,18 +323,20 @@ static void start_conn(hixl_server *s, int fd)
         close(fd);
         return;
     }
+    hixl_live_add(HIXL_LIVE_CONNECTIONS, 1);
     c->srv = s;
     c->fd = fd;
     pthread_mutex_lock(&s->mu);
-    int rc = hixl_spawn_thread(&c->thread, conn_main, c);
+    int rc = s->nconns < MAX_CONNS ? hixl_spawn_thread(&c->thread, conn_main, c) : HIXL_E_BUSY;
     if (rc == HIXL_OK) {
         c->next = s->conns;
         s->conns = c;
+        s->nconns++;
     }
     pthread_mutex_unlock(&s->mu);
     if (rc != HIXL_OK) {
         close(fd);
-        free(c);
+        free_conn(c);
     }
 }
 
@@ -406,6 +414,7 @@ int hixl_server_start(const char *host, uint16_t port, hixl_server **out)
     hixl_server *s = calloc(1, sizeof(*s));
     if (s == NULL)
         return HIXL_E_NOMEM;
+    hixl_live_add(HIXL_LIVE_SERVERS, 1);
     s->listen_fd = -1;
     s->stop_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     int rc = s->stop_fd >= 0 ? open_listener(host, port, &s->listen_fd) : HIXL_E_IO;
@@ -436,6 +445,7 @@ void hixl_server_stop(hixl_server *s)
         return;
     s->stopped = 1;
     atomic_store(&s->stopping, 1);
+    hixl_live_add(HIXL_LIVE_SERVERS, -1); /* counts running servers */
     uint64_t one = 1;
     /* Cannot fail on a fresh eventfd; the shutdown() calls below and the
      * threads' periodic stop-flag check are the fallback anyway. */

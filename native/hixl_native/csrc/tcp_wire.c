@@ -319,14 +319,15 @@ void hixl_tcp_tune(int fd)
         (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sockbuf_snd, sizeof(sockbuf_snd));
 }
 
-static int connect_one(const struct addrinfo *ai, int stop_fd, uint64_t deadline_ns, int *out)
+int hixl_tcp_connect_addr(const hixl_addr *addr, int stop_fd, uint64_t deadline_ns,
+                          int *fd_out)
 {
-    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    int fd = socket(addr->ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return HIXL_E_IO;
     hixl_tcp_tune(fd); /* before connect, so the window scale covers the buffers */
     int rc = HIXL_OK;
-    if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+    if (connect(fd, (const struct sockaddr *)&addr->ss, addr->len) != 0) {
         if (errno != EINPROGRESS)
             rc = HIXL_E_IO;
         else
@@ -348,12 +349,12 @@ static int connect_one(const struct addrinfo *ai, int stop_fd, uint64_t deadline
         errno = err;
         return rc;
     }
-    *out = fd;
+    *fd_out = fd;
     return HIXL_OK;
 }
 
 int hixl_tcp_connect(const char *host, uint16_t port, int stop_fd, uint64_t deadline_ns,
-                     int *fd_out)
+                     int *fd_out, hixl_addr *addr_out)
 {
     char service[8];
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
@@ -366,7 +367,11 @@ int hixl_tcp_connect(const char *host, uint16_t port, int stop_fd, uint64_t dead
     }
     int rc = HIXL_E_IO;
     for (struct addrinfo *ai = res; ai != NULL; ai = ai->ai_next) {
-        rc = connect_one(ai, stop_fd, deadline_ns, fd_out);
+        if (ai->ai_addrlen > sizeof(addr_out->ss))
+            continue;
+        memcpy(&addr_out->ss, ai->ai_addr, ai->ai_addrlen);
+        addr_out->len = ai->ai_addrlen;
+        rc = hixl_tcp_connect_addr(addr_out, stop_fd, deadline_ns, fd_out);
         if (rc == HIXL_OK || rc == HIXL_E_TIMEOUT || rc == HIXL_E_CANCELLED)
             break;
     }

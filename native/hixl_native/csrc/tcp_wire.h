@@ -57,6 +57,7 @@
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
 #include <sys/uio.h>
 
 #define HIXL_WIRE_MAGIC 0x4C584948u
@@ -114,9 +115,19 @@ int hixl_recv_iov(int fd, int stop_fd, hixl_iovcur *cur, size_t want,
 int hixl_send_buf(int fd, int stop_fd, const void *buf, size_t len, uint64_t deadline_ns);
 int hixl_recv_buf(int fd, int stop_fd, void *buf, size_t len, uint64_t deadline_ns);
 
+/* A resolved peer address, kept so reconnects never wait on DNS. */
+typedef struct hixl_addr {
+    struct sockaddr_storage ss;
+    socklen_t len;
+} hixl_addr;
+
 void hixl_tcp_tune(int fd);
+/* Resolves `host` and connects to the first address that answers, which is
+ * stored in *addr_out for later reconnects. */
 int hixl_tcp_connect(const char *host, uint16_t port, int stop_fd, uint64_t deadline_ns,
-                     int *fd_out);
+                     int *fd_out, hixl_addr *addr_out);
+int hixl_tcp_connect_addr(const hixl_addr *addr, int stop_fd, uint64_t deadline_ns,
+                          int *fd_out);
 /* Initiator side of HELLO/WELCOME; returns the target's status. */
 int hixl_tcp_handshake(int fd, int stop_fd, uint64_t token, uint64_t deadline_ns);
 
