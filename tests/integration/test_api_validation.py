@@ -27,7 +27,7 @@ from hixl_service.testing import DaemonProcess
 
 from .conftest import Pair, options
 
-pytestmark = pytest.mark.asyncio(loop_scope="function")
+pytestmark = pytest.mark.asyncio
 
 INVALID = LLMStatusCode.LLM_PARAM_INVALID
 

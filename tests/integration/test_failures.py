@@ -16,7 +16,7 @@ from hixl_service.testing import DaemonProcess, start_daemon
 
 from .conftest import daemon_status, make_pair
 
-pytestmark = pytest.mark.asyncio(loop_scope="function")
+pytestmark = pytest.mark.asyncio
 
 BUDGET = {"pool__max_bytes": "512MiB"}
 

@@ -12,7 +12,7 @@ from hixl_service.testing import DaemonProcess
 
 from .conftest import Pair, cluster_info, daemon_status, options
 
-pytestmark = pytest.mark.asyncio(loop_scope="function")
+pytestmark = pytest.mark.asyncio
 
 
 async def test_link_results_and_transport(pair: Pair, next_cluster_id: Callable[[], int]) -> None:

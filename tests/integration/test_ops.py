@@ -18,7 +18,7 @@ from hixl_service.testing import DaemonProcess, start_daemon
 
 from .conftest import daemon_status, options
 
-pytestmark = pytest.mark.asyncio(loop_scope="function")
+pytestmark = pytest.mark.asyncio
 
 
 async def list_services(target: str) -> set[str]:

@@ -20,7 +20,7 @@ from hixl_client.keys import PLACEHOLDER_ID
 
 from .conftest import Pair, daemon_status
 
-pytestmark = pytest.mark.asyncio(loop_scope="function")
+pytestmark = pytest.mark.asyncio
 
 RNG = np.random.default_rng(1234)
 
