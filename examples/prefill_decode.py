@@ -6,7 +6,7 @@ never collides with a daemon that is already running), fills a KV cache
 shaped like a Llama-3-8B prompt on the prefill side, pulls it on the decode
 side over the TCP data plane, verifies every byte and prints the throughput.
 
-    python examples/prefill_decode.py [--layers 32] [--tokens 2048]
+    python examples/prefill_decode.py [--layers 32] [--tokens 2048] [--no-uvloop]
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import statistics
 import time
 
 import numpy as np
+import uvloop
 
 from hixl_client import (
     CacheDesc,
@@ -105,8 +106,13 @@ def main() -> None:
     parser.add_argument("--kv-heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=4)
+    parser.add_argument("--no-uvloop", action="store_true", help="use asyncio's default loop")
     args = parser.parse_args()
-    asyncio.run(run(args.layers, args.tokens, args.kv_heads, args.head_dim, args.repeats))
+    job = run(args.layers, args.tokens, args.kv_heads, args.head_dim, args.repeats)
+    if args.no_uvloop:
+        asyncio.run(job)
+    else:
+        uvloop.run(job)
 
 
 if __name__ == "__main__":

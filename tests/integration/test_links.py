@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from hixl_client import CacheDesc, CacheKey, DataType, LLMDataDist, LLMRole, LLMStatusCode
-from hixl_service.testing import DaemonProcess
+from hixl_service.testing import DaemonProcess, start_daemon
 
-from .conftest import Pair, cluster_info, daemon_status, options
+from .conftest import Pair, cluster_info, daemon_status, make_pair, options
 
 pytestmark = pytest.mark.asyncio
 
@@ -90,3 +90,19 @@ async def test_two_clusters_in_one_daemon_copy_locally(
     assert not {prompt.cluster_id, decoder.cluster_id} & {c.cluster_id for c in status.clusters}
     assert not [l for l in status.links if l.local_cluster_id in (prompt.cluster_id,
                                                                    decoder.cluster_id)]
+
+
+async def test_daemons_on_asyncio_default_loop(next_cluster_id: Callable[[], int]) -> None:
+    async with start_daemon(server__use_uvloop=False) as prefill, \
+            start_daemon(server__use_uvloop=False) as decode:
+        pair = await make_pair(prefill, decode, next_cluster_id)
+        desc = CacheDesc(2, [1, 3 << 20], DataType.DT_UINT8)
+        key = CacheKey(pair.prompt.cluster_id, req_id=1)
+        src = await pair.prompt.cache_manager.allocate_cache(desc, [key])
+        src.numpy(1)[...] = 7
+        dst = await pair.decoder.cache_manager.allocate_cache(desc)
+        await pair.decoder.cache_manager.pull_cache(key, dst)
+        assert (dst.numpy(1) == 7).all()
+        await pair.decoder.finalize()
+        await pair.prompt.finalize()
+        assert "asyncio loop" in prefill.log_tail()
