@@ -36,6 +36,7 @@ class FdServer:
         self._handlers: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
+        self.path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
         if self.path.exists():
             self.path.unlink()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -13,7 +13,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from hixl_client import LLMDataDist, LLMRole
+from hixl_client import CacheDesc, DataType, LLMDataDist, LLMRole
 from hixl_service.testing import DaemonProcess, start_daemon
 
 from .conftest import daemon_status, options
@@ -108,3 +108,19 @@ async def test_readme_grpcurl_commands(prefill_daemon: DaemonProcess, listener: 
     assert '"SERVING"' in run("grpc.health.v1.Health/Check")
     status = json.loads(run("hixl.v1.Admin/GetStatus"))
     assert status["daemon_id"] == prefill_daemon.daemon_id
+
+
+async def test_clients_over_tcp_and_page_rounding(next_cluster_id) -> None:  # type: ignore[no-untyped-def]
+    async with start_daemon(server__client_socket=None,
+                            server__client_tcp="127.0.0.1:0") as daemon:
+        assert not daemon.client_target.startswith("unix:")
+        dd = LLMDataDist(LLMRole.PROMPT, next_cluster_id(), daemon=daemon.client_target)
+        opts = options(pool_bytes=2**20)
+        opts["llm.MemPoolConfig"] = '{"memory_size": 1048576, "page_shift": 12}'
+        await dd.init(opts)
+        cache = await dd.cache_manager.allocate_cache(CacheDesc(1, [1], DataType.DT_UINT8))
+        cache.numpy(0)[0] = 42
+        status = await daemon_status(daemon.client_target)
+        [pool] = [p for p in status.pools if p.cluster_id == dd.cluster_id]
+        assert (pool.page_size, pool.used) == (4096, 4096)  # one byte takes one page
+        await dd.finalize()
