@@ -1,4 +1,4 @@
-"""Builds the native extension; all other metadata lives in pyproject.toml."""
+"""Builds the native extensions; all other metadata lives in pyproject.toml."""
 
 import os
 
@@ -6,31 +6,35 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 DEBUG = os.environ.get("HIXL_DEBUG") == "1"
+CSRC = "native/hixl_native/csrc"
 
-csrc = "native/hixl_native/csrc"
-extension = Extension(
-    "hixl_native._core",
-    sources=[
-        "native/hixl_native/_core.pyx",
-        f"{csrc}/pool.c",
-        f"{csrc}/mapping.c",
-        f"{csrc}/copy.c",
-        f"{csrc}/region_table.c",
-        f"{csrc}/tcp_wire.c",
-        f"{csrc}/tcp_server.c",
-        f"{csrc}/tcp_link.c",
-        f"{csrc}/completion.c",
-    ],
-    include_dirs=[csrc],
-    extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wno-unused-function"]
-    + (["-g", "-O0", "-DHIXL_DEBUG=1"] if DEBUG else []),
-    define_macros=[("CYTHON_TRACE_NOGIL", "1")] if DEBUG else [],
-    libraries=["pthread"],
-)
+
+def native_extension(name: str, c_sources: list[str], libraries: tuple[str, ...] = ()) -> Extension:
+    """One Cython module of hixl_native plus its C sources, with the shared flags."""
+    return Extension(
+        f"hixl_native.{name}",
+        sources=[f"native/hixl_native/{name}.pyx", *(f"{CSRC}/{c}" for c in c_sources)],
+        include_dirs=[CSRC],
+        extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wno-unused-function"]
+        + (["-g", "-O0", "-DHIXL_DEBUG=1"] if DEBUG else []),
+        define_macros=[("CYTHON_TRACE_NOGIL", "1")] if DEBUG else [],
+        libraries=["pthread", *libraries],
+    )
+
+
+extensions = [
+    # pools, mappings, copies and the TCP data plane
+    native_extension("_core", ["pool.c", "mapping.c", "copy.c", "region_table.c", "tcp_wire.c",
+                               "tcp_server.c", "tcp_link.c", "completion.c"]),
+    # the ACL/HCCL shim: loads CANN with dlopen at run time, so it builds anywhere
+    native_extension("_ascend", ["acl_shim.c"], libraries=("dl",)),
+    # ceilings measured by hixl-bench next to hixl's own figures
+    native_extension("_bench", ["bench_ceiling.c"]),
+]
 
 setup(
     ext_modules=cythonize(
-        [extension],
+        extensions,
         compiler_directives={
             "language_level": "3",
             "embedsignature": True,

@@ -1,0 +1,1 @@
+"""The ACL/HCCL shim (placeholder until the Ascend backend lands)."""

@@ -1,0 +1,1 @@
+"""Native ceilings for hixl-bench (placeholder until the benchmark lands)."""

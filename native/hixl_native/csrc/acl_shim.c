@@ -1,0 +1,1 @@
+/* The ACL/HCCL shim's C side (placeholder until the Ascend backend lands). */
