@@ -188,9 +188,10 @@ class Engine:
         cache_id = registry.reserve_id()
         offset, size, tensor_offsets = pool.alloc_cache(spec.num_tensors, spec.tensor_size)
         region_id = next(self._region_ids)
+        writable = cluster.settings.remote_cache_accessible
         try:
             self.deps.data_server.register_region(region_id, pool.native, offset, size,
-                                                  cluster.cluster_id, False)
+                                                  cluster.cluster_id, writable)
         except BaseException:
             pool.native.free(offset)
             raise
@@ -198,7 +199,7 @@ class Engine:
                            tensor_size=spec.tensor_size, batch_size=spec.batch_size,
                            pool_id=pool.pool_id, extent_offset=offset, extent_size=size,
                            tensor_offsets=tensor_offsets, region_id=region_id,
-                           blocks_model_id=spec.blocks_model_id)
+                           blocks_model_id=spec.blocks_model_id, writable=writable)
         registry.add(entry, keys)
         return entry
 
@@ -352,7 +353,8 @@ class Engine:
         entry, batch_index = self._lookup(cluster, ref)
         return ResolvedCache(entry.cache_id, entry.region_id,
                              tuple(o - entry.extent_offset for o in entry.tensor_offsets),
-                             entry.tensor_size, entry.batch_size, batch_index, entry.blocks)
+                             entry.tensor_size, entry.batch_size, batch_index, entry.blocks,
+                             entry.writable)
 
     async def release_for_peer(self, token: int, key: KeySpec,
                                tensor_indices: list[int]) -> None:

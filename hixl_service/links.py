@@ -132,19 +132,30 @@ class OutboundLink:
     async def read(self, dispatcher: CompletionDispatcher, dst: Pool,
                    region_id: int, ranges: Sequence[Range], timeout_ms: int) -> None:
         """Move (remote offset, pool offset, length) ranges into ``dst``; raise on failure."""
+        quads = array.array("Q", [v for s, d, n in ranges for v in (region_id, s, d, n)])
+        await self._transfer(dispatcher, "read", dst, quads, timeout_ms)
+
+    async def write(self, dispatcher: CompletionDispatcher, src: Pool,
+                    region_id: int, ranges: Sequence[Range], timeout_ms: int) -> None:
+        """Move (pool offset, remote offset, length) ranges out of ``src``; raise on failure."""
+        quads = array.array("Q", [v for s, d, n in ranges for v in (region_id, d, s, n)])
+        await self._transfer(dispatcher, "write", src, quads, timeout_ms)
+
+    async def _transfer(self, dispatcher: CompletionDispatcher, op: str, local: Pool,
+                        quads: array.array[int], timeout_ms: int) -> None:
         assert self.data is not None
         if not self.data.alive:
             raise LLMException(
                 f"the link to cluster {self.remote_cluster_id} is down; unlink and link again",
                 status_code=LLMStatusCode.LLM_LINK_FAILED)
-        quads = array.array("Q", [v for s, d, n in ranges for v in (region_id, s, d, n)])
+        submit = self.data.read if op == "read" else self.data.write
         request_id, done = dispatcher.expect()
         try:
-            self.data.read(request_id, dst.native, quads, max(1, timeout_ms))
+            submit(request_id, local.native, quads, max(1, timeout_ms))
         except BaseException:
             dispatcher.forget(request_id)
             raise
-        dst.pin_until(done)
+        local.pin_until(done)
         # The native side ends every request by its deadline, so this wait is
         # bounded even if nothing else is.
         status = await asyncio.shield(done)

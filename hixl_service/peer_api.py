@@ -55,6 +55,7 @@ class ResolvedCache:
     batch_size: int
     batch_index: int
     blocks: bool
+    writable: bool = False
 
     @property
     def layout(self) -> Layout:

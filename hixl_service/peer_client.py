@@ -84,7 +84,8 @@ class PeerClient:
         except grpc.aio.AioRpcError as err:
             raise self._error(err) from None
         return ResolvedCache(reply.cache_id, reply.region_id, tuple(reply.tensor_offsets),
-                             reply.tensor_size, reply.batch_size, reply.batch_index, reply.blocks)
+                             reply.tensor_size, reply.batch_size, reply.batch_index, reply.blocks,
+                             reply.writable)
 
     async def release_key(self, token: int, key: KeySpec, tensor_indices: Sequence[int],
                           timeout_s: float) -> None:

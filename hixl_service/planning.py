@@ -95,3 +95,85 @@ def merge_ranges(ranges: Sequence[Range]) -> list[Range]:
         if length:
             merged.append((src, dst, length))
     return merged
+
+
+def block_runs(src_blocks: Sequence[int], dst_blocks: Sequence[int]) -> list[tuple[int, int, int]]:
+    """Merge block pairs into runs (src, dst, count) where both sides advance by one.
+
+    Contiguous runs become single ranges before they reach the data plane, so
+    a request of 128 neighbouring blocks costs one range per tensor, not 128.
+    """
+    runs: list[tuple[int, int, int]] = []
+    for src, dst in zip(src_blocks, dst_blocks, strict=True):
+        if runs:
+            run_src, run_dst, count = runs[-1]
+            if src == run_src + count and dst == run_dst + count:
+                runs[-1] = (run_src, run_dst, count + 1)
+                continue
+        runs.append((src, dst, 1))
+    return runs
+
+
+def _check_blocks(name: str, blocks: Sequence[int], num_blocks: int) -> None:
+    if not blocks:
+        raise _invalid(f"{name} must not be empty")
+    bad = next((b for b in blocks if not 0 <= b < num_blocks), None)
+    if bad is not None:
+        raise _invalid(f"{name} holds block {bad}, out of range [0, {num_blocks})")
+
+
+def plan_blocks(src: Layout, dst: Layout, pairs: Sequence[tuple[int, int]],
+                src_blocks: Sequence[int], dst_blocks: Sequence[int]) -> list[Range]:
+    """Ranges copying block src_blocks[i] to block dst_blocks[i] of every tensor pair."""
+    if len(src_blocks) != len(dst_blocks):
+        raise _invalid(f"{len(src_blocks)} source blocks do not match "
+                       f"{len(dst_blocks)} destination blocks")
+    _check_blocks("src_blocks", src_blocks, src.batch_size)
+    _check_blocks("dst_blocks", dst_blocks, dst.batch_size)
+    if src.stride != dst.stride:
+        raise _invalid(f"block sizes differ: {src.stride} bytes at the source, "
+                       f"{dst.stride} at the destination")
+    block = src.stride
+    runs = block_runs(src_blocks, dst_blocks)
+    return merge_ranges([(src.tensor_offsets[s] + run_src * block,
+                          dst.tensor_offsets[d] + run_dst * block, count * block)
+                         for s, d in pairs for run_src, run_dst, count in runs])
+
+
+def plan_slot_to_blocks(src: Layout, src_batch: int, dst: Layout,
+                        pairs: Sequence[tuple[int, int]],
+                        dst_blocks: Sequence[int]) -> list[Range]:
+    """Ranges scattering one continuous slot, block by block, into dst_blocks."""
+    if not 0 <= src_batch < src.batch_size:
+        raise _invalid(f"source batch index {src_batch} is out of range [0, {src.batch_size})")
+    _check_blocks("dst_blocks", dst_blocks, dst.batch_size)
+    block = dst.stride
+    if len(dst_blocks) * block > src.stride:
+        raise _invalid(f"{len(dst_blocks)} blocks of {block} bytes exceed the source slot "
+                       f"of {src.stride} bytes")
+    pieces = range(len(dst_blocks))
+    runs = block_runs(pieces, dst_blocks)
+    return merge_ranges([(src.tensor_offsets[s] + src_batch * src.stride + piece * block,
+                          dst.tensor_offsets[d] + dst_block * block, count * block)
+                         for s, d in pairs for piece, dst_block, count in runs])
+
+
+def plan_slot_copy(src: Layout, src_batch: int, dst: Layout, dst_batch: int, offset: int,
+                   size: int) -> list[Range]:
+    """copy_cache's ranges: ``size`` bytes at ``offset`` of one slot, tensor i to tensor i."""
+    if src.num_tensors != dst.num_tensors:
+        raise _invalid(f"num_tensors differ: {src.num_tensors} and {dst.num_tensors}")
+    for name, layout, batch in (("src", src, src_batch), ("dst", dst, dst_batch)):
+        if not 0 <= batch < layout.batch_size:
+            raise _invalid(f"{name}_batch_index {batch} is out of range [0, {layout.batch_size})")
+        if offset and offset >= layout.stride:
+            raise _invalid(f"offset {offset} is not inside the {name} slot of "
+                           f"{layout.stride} bytes")
+    length = size if size != -1 else min(src.stride, dst.stride) - offset
+    for name, layout in (("src", src), ("dst", dst)):
+        if offset + length > layout.stride:
+            raise _invalid(f"{length} bytes at offset {offset} exceed the {name} slot of "
+                           f"{layout.stride} bytes")
+    return merge_ranges([(src.tensor_offsets[i] + src_batch * src.stride + offset,
+                          dst.tensor_offsets[i] + dst_batch * dst.stride + offset, length)
+                         for i in range(src.num_tensors)])

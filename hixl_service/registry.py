@@ -65,6 +65,7 @@ class CacheEntry:
     keys: set[KeyIndex] = field(default_factory=set)
     prefix_keys: set[KeyIndex] = field(default_factory=set)
     blocks_model_id: int | None = None
+    writable: bool = False  # remote-accessible: linked peers may push into it
 
     @property
     def stride(self) -> int:

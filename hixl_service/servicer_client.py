@@ -14,11 +14,13 @@ from hixl_client._transport import SESSION_METADATA_KEY
 from hixl_client.status import LLMException, LLMStatusCode
 from hixl_client.types import DataType, LLMRole, Placement, bytes_per_element
 
+from . import copies
 from .engine import Engine, NewCache, Session
+from .peer_api import KeyRef
 from .peer_client import ref_from_proto
 from .registry import KeySpec
 from .rpc_errors import handles_errors
-from .transfers import PullSpec, pull_cache
+from .transfers import PullSpec, PushSpec, pull, push
 
 logger = logging.getLogger(__name__)
 
@@ -181,20 +183,90 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         await self._engine.remove_key(cluster, key_from_proto(request.key))
         return client_pb2.RemoveCacheKeyReply()
 
-    @handles_errors
-    async def PullCache(self, request: client_pb2.PullCacheRequest,
-                        context: Context) -> client_pb2.PullCacheReply:
-        cluster = self._engine.cluster_of(self._session(context))
+    def _pull_spec(self, request: client_pb2.PullCacheRequest, blocks: bool) -> PullSpec:
         src = ref_from_proto(request.src)
         if src is None:
             raise _invalid("the pull names no source cache")
         if request.size < -1 or request.size == 0:
             raise _invalid(f"size must be -1 or > 0, got {request.size}")
-        spec = PullSpec(src=src, dst_cache_id=request.dst_cache_id,
+        return PullSpec(src=src, dst_cache_id=request.dst_cache_id,
                         batch_index=request.batch_index, size=request.size,
                         src_tensor_indices=list(request.src_tensor_indices),
                         dst_tensor_indices=list(request.dst_tensor_indices),
-                        tensor_num_per_layer=request.tensor_num_per_layer or 2)
-        moved, transport = await pull_cache(self._engine, cluster, spec)
+                        tensor_num_per_layer=request.tensor_num_per_layer or 2, blocks=blocks,
+                        src_blocks=tuple(request.src_blocks),
+                        dst_blocks=tuple(request.dst_blocks))
+
+    @handles_errors
+    async def PullCache(self, request: client_pb2.PullCacheRequest,
+                        context: Context) -> client_pb2.PullCacheReply:
+        cluster = self._engine.cluster_of(self._session(context))
+        moved, transport = await pull(self._engine, cluster, self._pull_spec(request, False))
         return client_pb2.PullCacheReply(bytes=moved, transport=transport)
 
+    @handles_errors
+    async def PullBlocks(self, request: client_pb2.PullCacheRequest,
+                         context: Context) -> client_pb2.PullCacheReply:
+        cluster = self._engine.cluster_of(self._session(context))
+        moved, transport = await pull(self._engine, cluster, self._pull_spec(request, True))
+        return client_pb2.PullCacheReply(bytes=moved, transport=transport)
+
+    async def _push(self, request: client_pb2.PushRequest, context: Context,
+                    blocks: bool) -> client_pb2.PushReply:
+        cluster = self._engine.cluster_of(self._session(context))
+        dst = ref_from_proto(request.dst)
+        if dst is None or isinstance(dst, KeyRef):
+            raise _invalid("a push names its destination by cache id and index, "
+                           "or by blocks key")
+        spec = PushSpec(dst=dst, src_cache_id=request.src_cache_id,
+                        src_batch_index=request.src_batch_index,
+                        src_tensor_indices=list(request.src_tensor_indices),
+                        dst_tensor_indices=list(request.dst_tensor_indices),
+                        tensor_num_per_layer=request.tensor_num_per_layer or 2, blocks=blocks,
+                        src_blocks=tuple(request.src_blocks),
+                        dst_blocks=tuple(request.dst_blocks))
+        moved, transport = await push(self._engine, cluster, spec)
+        return client_pb2.PushReply(bytes=moved, transport=transport)
+
+    @handles_errors
+    async def PushCache(self, request: client_pb2.PushRequest,
+                        context: Context) -> client_pb2.PushReply:
+        return await self._push(request, context, blocks=False)
+
+    @handles_errors
+    async def PushBlocks(self, request: client_pb2.PushRequest,
+                         context: Context) -> client_pb2.PushReply:
+        return await self._push(request, context, blocks=True)
+
+    @handles_errors
+    async def CopyCache(self, request: client_pb2.CopyCacheRequest,
+                        context: Context) -> client_pb2.CopyReply:
+        cluster = self._engine.cluster_of(self._session(context))
+        if request.size < -1 or request.size == 0:
+            raise _invalid(f"size must be -1 or > 0, got {request.size}")
+        moved = await copies.copy_cache(self._engine, cluster, request.dst_cache_id,
+                                        request.src_cache_id, request.dst_batch_index,
+                                        request.src_batch_index, request.offset, request.size)
+        return client_pb2.CopyReply(bytes=moved)
+
+    @handles_errors
+    async def CopyBlocks(self, request: client_pb2.CopyBlocksRequest,
+                         context: Context) -> client_pb2.CopyReply:
+        cluster = self._engine.cluster_of(self._session(context))
+        moved = await copies.copy_blocks(self._engine, cluster, request.cache_id,
+                                         tuple(request.src_blocks), tuple(request.dst_blocks))
+        return client_pb2.CopyReply(bytes=moved)
+
+    @handles_errors
+    async def SwapBlocks(self, request: client_pb2.SwapBlocksRequest,
+                         context: Context) -> client_pb2.CopyReply:
+        cluster = self._engine.cluster_of(self._session(context))
+        moved = await copies.swap_blocks(self._engine, cluster, _operand(request.src),
+                                         _operand(request.dst), tuple(request.src_blocks),
+                                         tuple(request.dst_blocks))
+        return client_pb2.CopyReply(bytes=moved)
+
+
+def _operand(message: client_pb2.CacheOperand) -> copies.Operand:
+    return copies.Operand(message.cache_id, message.pool_id, tuple(message.tensor_offsets),
+                          message.tensor_size, message.batch_size)

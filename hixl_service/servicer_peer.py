@@ -44,7 +44,7 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
             cache_id=found.cache_id, region_id=found.region_id,
             tensor_offsets=found.tensor_offsets, tensor_size=found.tensor_size,
             stride=found.tensor_size // found.batch_size, batch_size=found.batch_size,
-            batch_index=found.batch_index, blocks=found.blocks)
+            batch_index=found.batch_index, blocks=found.blocks, writable=found.writable)
 
     @handles_errors
     async def ReleaseKey(self, request: peer_pb2.ReleaseKeyRequest,

@@ -1,8 +1,8 @@
-"""Pulls: resolve the source, plan byte ranges, move them, settle references.
+"""Pulls and pushes: find both ends, plan byte ranges, move them, settle keys.
 
-One deadline per pull (the cluster's ``sync_kv_timeout``) covers resolving
+One deadline per call (the cluster's ``sync_kv_timeout``) covers resolving
 the remote cache and moving its bytes; the native transport receives what is
-left of it, so every pull ends by then whatever the peer does.
+left of it, so every transfer ends by then whatever the peer does.
 """
 
 from __future__ import annotations
@@ -17,8 +17,16 @@ from hixl_client.status import LLMException, LLMStatusCode
 from .cluster import Cluster
 from .engine import Engine
 from .links import OutboundLink
-from .peer_api import CacheRefSpec, KeyRef
-from .planning import Layout, plan_cache_pull, tensor_pairs
+from .peer_api import CacheRefSpec, KeyRef, ResolvedCache
+from .planning import (
+    Layout,
+    Range,
+    plan_blocks,
+    plan_cache_pull,
+    plan_slot_to_blocks,
+    tensor_pairs,
+)
+from .pools import Pool
 from .registry import CacheEntry
 
 logger = logging.getLogger(__name__)
@@ -28,9 +36,13 @@ logger = logging.getLogger(__name__)
 RELEASE_TIMEOUT_S = 2.0
 
 
+def _invalid(message: str) -> LLMException:
+    return LLMException(message, status_code=LLMStatusCode.LLM_PARAM_INVALID)
+
+
 @dataclass(frozen=True)
 class PullSpec:
-    """A pull_cache request after client-side validation."""
+    """A pull_cache or pull_blocks request after client-side validation."""
 
     src: CacheRefSpec
     dst_cache_id: int
@@ -39,74 +51,165 @@ class PullSpec:
     src_tensor_indices: list[int]
     dst_tensor_indices: list[int]
     tensor_num_per_layer: int
+    blocks: bool = False  # pull_blocks: the destination is a blocks cache
+    src_blocks: tuple[int, ...] = ()
+    dst_blocks: tuple[int, ...] = ()
 
 
-def _entry_layout(entry: CacheEntry) -> Layout:
+@dataclass(frozen=True)
+class PushSpec:
+    """A push_cache or push_blocks request after client-side validation."""
+
+    dst: CacheRefSpec
+    src_cache_id: int
+    src_batch_index: int
+    src_tensor_indices: list[int]
+    dst_tensor_indices: list[int]
+    tensor_num_per_layer: int
+    blocks: bool = False
+    src_blocks: tuple[int, ...] = ()
+    dst_blocks: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Peer:
+    """The far end of a transfer, wherever it lives."""
+
+    layout: Layout
+    batch_index: int
+    blocks: bool
+    writable: bool
+    region_id: int = 0  # remote ends only
+    pool: Pool | None = None  # local ends only
+
+
+def entry_layout(entry: CacheEntry) -> Layout:
     return Layout(entry.tensor_offsets, entry.tensor_size, entry.batch_size)
 
 
 def _timeout(cluster: Cluster) -> LLMException:
-    return LLMException(f"pull did not finish within sync_kv_timeout "
+    return LLMException(f"the transfer did not finish within sync_kv_timeout "
                         f"({cluster.settings.sync_timeout_ms} ms)",
                         status_code=LLMStatusCode.LLM_TIMEOUT)
 
 
-async def pull_cache(engine: Engine, cluster: Cluster, spec: PullSpec) -> tuple[int, str]:
-    """Run one pull into a continuous cache; return (bytes moved, transport)."""
-    dst = cluster.registry.get(spec.dst_cache_id)
-    if dst.blocks:
-        raise LLMException("pull_cache needs a non-blocks destination cache",
-                           status_code=LLMStatusCode.LLM_PARAM_INVALID)
-    if spec.src.cluster_id == cluster.cluster_id:
-        raise LLMException("cannot pull from the cluster's own id",
-                           status_code=LLMStatusCode.LLM_PARAM_INVALID)
-    link = cluster.link_to(spec.src.cluster_id)
+async def _find(engine: Engine, cluster: Cluster, link: OutboundLink, ref: CacheRefSpec,
+                deadline: float) -> Peer:
     if link.transport == "local":
-        moved = await _pull_local(engine, link, dst, spec)
+        _, entry, batch_index = engine.lookup_local(link, ref)
+        return Peer(entry_layout(entry), batch_index, entry.blocks, entry.writable,
+                    pool=engine.pools.get(entry.pool_id))
+    assert link.peer is not None
+    try:
+        async with timeout_at(deadline):
+            found: ResolvedCache = await link.peer.resolve(link.token, ref,
+                                                           cluster.settings.sync_timeout_s)
+    except asyncio.TimeoutError:
+        raise _timeout(cluster) from None
+    return Peer(found.layout, found.batch_index, found.blocks, found.writable,
+                region_id=found.region_id)
+
+
+def _remaining_ms(cluster: Cluster, deadline: float) -> int:
+    remaining = int((deadline - asyncio.get_running_loop().time()) * 1000)
+    if remaining <= 0:
+        raise _timeout(cluster)
+    return remaining
+
+
+def plan_pull(source: Peer, dst: CacheEntry, spec: PullSpec) -> tuple[list[Range], int]:
+    """Ranges (source offset, destination pool offset, length) and the bytes they move."""
+    if dst.blocks != spec.blocks:
+        raise _invalid("pull_blocks needs a blocks destination cache" if spec.blocks
+                       else "pull_cache needs a non-blocks destination cache")
+    dst_layout = entry_layout(dst)
+    pairs = tensor_pairs(source.layout, dst_layout, spec.src_tensor_indices,
+                         spec.dst_tensor_indices, spec.tensor_num_per_layer)
+    if not spec.blocks:
+        if source.blocks:
+            raise _invalid("pull_cache cannot read a blocks cache; use pull_blocks")
+        ranges, length = plan_cache_pull(source.layout, source.batch_index, dst_layout,
+                                         spec.batch_index, spec.size, pairs)
+        return ranges, length * len(pairs)
+    if spec.src_blocks:
+        if not source.blocks:
+            raise _invalid("src_blocks name blocks, but the source is not a blocks cache")
+        ranges = plan_blocks(source.layout, dst_layout, pairs, spec.src_blocks,
+                             spec.dst_blocks)
     else:
-        moved = await _pull_remote(engine, cluster, link, dst, spec)
+        if source.blocks:
+            raise _invalid("a blocks source needs src_blocks")
+        ranges = plan_slot_to_blocks(source.layout, source.batch_index, dst_layout, pairs,
+                                     spec.dst_blocks)
+    return ranges, sum(n for _, _, n in ranges)
+
+
+async def pull(engine: Engine, cluster: Cluster, spec: PullSpec) -> tuple[int, str]:
+    """Run one pull; return (bytes moved, transport)."""
+    dst = cluster.registry.get(spec.dst_cache_id)
+    if spec.src.cluster_id == cluster.cluster_id:
+        raise _invalid("cannot pull from the cluster's own id")
+    link = cluster.link_to(spec.src.cluster_id)
+    deadline = asyncio.get_running_loop().time() + cluster.settings.sync_timeout_s
+    source = await _find(engine, cluster, link, spec.src, deadline)
+    ranges, moved = plan_pull(source, dst, spec)
+    dst_pool = engine.pools.get(dst.pool_id)
+    if source.pool is not None:
+        await engine.deps.copier.copy(dst_pool, source.pool, ranges)
+    else:
+        await link.read(engine.deps.dispatcher, dst_pool, source.region_id, ranges,
+                        _remaining_ms(cluster, deadline))
+    if isinstance(spec.src, KeyRef):
+        await _release_key(engine, link, spec.src, spec.src_tensor_indices)
     return moved, link.transport
 
 
-async def _pull_local(engine: Engine, link: OutboundLink, dst: CacheEntry,
-                      spec: PullSpec) -> int:
-    source, entry, src_batch = engine.lookup_local(link, spec.src)
-    pairs = tensor_pairs(_entry_layout(entry), _entry_layout(dst), spec.src_tensor_indices,
-                         spec.dst_tensor_indices, spec.tensor_num_per_layer)
-    ranges, length = plan_cache_pull(_entry_layout(entry), src_batch, _entry_layout(dst),
-                                     spec.batch_index, spec.size, pairs)
-    await engine.deps.copier.copy(engine.pools.get(dst.pool_id),
-                                  engine.pools.get(entry.pool_id), ranges)
-    if isinstance(spec.src, KeyRef):
-        await engine.record_local_pull(source, spec.src.key, spec.src_tensor_indices)
-    return length * len(pairs)
-
-
-async def _pull_remote(engine: Engine, cluster: Cluster, link: OutboundLink, dst: CacheEntry,
-                       spec: PullSpec) -> int:
+async def _release_key(engine: Engine, link: OutboundLink, ref: KeyRef,
+                       tensor_indices: list[int]) -> None:
+    if link.transport == "local":
+        source, _, _ = engine.lookup_local(link, ref)
+        await engine.record_local_pull(source, ref.key, tensor_indices)
+        return
     assert link.peer is not None
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + cluster.settings.sync_timeout_s
     try:
-        async with timeout_at(deadline):
-            source = await link.peer.resolve(link.token, spec.src,
-                                             cluster.settings.sync_timeout_s)
-    except asyncio.TimeoutError:
-        raise _timeout(cluster) from None
-    pairs = tensor_pairs(source.layout, _entry_layout(dst), spec.src_tensor_indices,
+        await link.peer.release_key(link.token, ref.key, tensor_indices, RELEASE_TIMEOUT_S)
+    except LLMException as exc:
+        logger.warning("pulled %s but could not release it on cluster %d: %s",
+                       ref.key, ref.cluster_id, exc)
+
+
+def plan_push(src: CacheEntry, target: Peer, spec: PushSpec) -> list[Range]:
+    """Ranges (local source offset, target offset, length)."""
+    if not target.writable:
+        raise _invalid("the destination cache is not remote-accessible; its cluster must "
+                       "enable_remote_cache_accessible")
+    if src.blocks != spec.blocks or target.blocks != spec.blocks:
+        kind = "blocks" if spec.blocks else "non-blocks"
+        raise _invalid(f"{'push_blocks' if spec.blocks else 'push_cache'} needs {kind} "
+                       f"caches at both ends")
+    src_layout = entry_layout(src)
+    pairs = tensor_pairs(src_layout, target.layout, spec.src_tensor_indices,
                          spec.dst_tensor_indices, spec.tensor_num_per_layer)
-    ranges, length = plan_cache_pull(source.layout, source.batch_index, _entry_layout(dst),
-                                     spec.batch_index, spec.size, pairs)
-    remaining_ms = int((deadline - loop.time()) * 1000)
-    if remaining_ms <= 0:
-        raise _timeout(cluster)
-    await link.read(engine.deps.dispatcher, engine.pools.get(dst.pool_id), source.region_id,
-                    ranges, remaining_ms)
-    if isinstance(spec.src, KeyRef):
-        try:
-            await link.peer.release_key(link.token, spec.src.key, spec.src_tensor_indices,
-                                        RELEASE_TIMEOUT_S)
-        except LLMException as exc:
-            logger.warning("pulled %s but could not release it on cluster %d: %s",
-                           spec.src.key, spec.src.cluster_id, exc)
-    return length * len(pairs)
+    if spec.blocks:
+        return plan_blocks(src_layout, target.layout, pairs, spec.src_blocks, spec.dst_blocks)
+    ranges, _ = plan_cache_pull(src_layout, spec.src_batch_index, target.layout,
+                                target.batch_index, src_layout.stride, pairs)
+    return ranges
+
+
+async def push(engine: Engine, cluster: Cluster, spec: PushSpec) -> tuple[int, str]:
+    """Run one push into a remote-accessible cache; return (bytes moved, transport)."""
+    src = cluster.registry.get(spec.src_cache_id)
+    if spec.dst.cluster_id == cluster.cluster_id:
+        raise _invalid("cannot push to the cluster's own id")
+    link = cluster.link_to(spec.dst.cluster_id)
+    deadline = asyncio.get_running_loop().time() + cluster.settings.sync_timeout_s
+    target = await _find(engine, cluster, link, spec.dst, deadline)
+    ranges = plan_push(src, target, spec)
+    src_pool = engine.pools.get(src.pool_id)
+    if target.pool is not None:
+        await engine.deps.copier.copy(target.pool, src_pool, ranges)
+    else:
+        await link.write(engine.deps.dispatcher, src_pool, target.region_id, ranges,
+                         _remaining_ms(cluster, deadline))
+    return sum(n for _, _, n in ranges), link.transport

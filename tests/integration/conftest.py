@@ -33,7 +33,8 @@ async def daemon_status(target: str) -> admin_pb2.DaemonStatus:
 
 
 def options(pool_bytes: int = POOL_BYTES, sync_kv_timeout: int | None = None,
-            host_pool_bytes: int | None = None) -> dict[str, str]:
+            host_pool_bytes: int | None = None,
+            remote_accessible: bool | None = None) -> dict[str, str]:
     config = LLMConfig()
     config.device_id = 0
     config.enable_cache_manager = True
@@ -42,6 +43,8 @@ def options(pool_bytes: int = POOL_BYTES, sync_kv_timeout: int | None = None,
         config.host_mem_pool_cfg = json.dumps({"memory_size": host_pool_bytes})
     if sync_kv_timeout is not None:
         config.sync_kv_timeout = sync_kv_timeout
+    if remote_accessible is not None:
+        config.enable_remote_cache_accessible = remote_accessible
     return dict(config.generate_options())
 
 

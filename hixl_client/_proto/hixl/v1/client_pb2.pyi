@@ -175,7 +175,7 @@ class RemoveCacheKeyReply(_message.Message):
     def __init__(self) -> None: ...
 
 class PullCacheRequest(_message.Message):
-    __slots__ = ("src", "dst_cache_id", "batch_index", "size", "src_tensor_indices", "dst_tensor_indices", "tensor_num_per_layer")
+    __slots__ = ("src", "dst_cache_id", "batch_index", "size", "src_tensor_indices", "dst_tensor_indices", "tensor_num_per_layer", "src_blocks", "dst_blocks")
     SRC_FIELD_NUMBER: _ClassVar[int]
     DST_CACHE_ID_FIELD_NUMBER: _ClassVar[int]
     BATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -183,6 +183,8 @@ class PullCacheRequest(_message.Message):
     SRC_TENSOR_INDICES_FIELD_NUMBER: _ClassVar[int]
     DST_TENSOR_INDICES_FIELD_NUMBER: _ClassVar[int]
     TENSOR_NUM_PER_LAYER_FIELD_NUMBER: _ClassVar[int]
+    SRC_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    DST_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     src: _common_pb2.CacheRef
     dst_cache_id: int
     batch_index: int
@@ -190,7 +192,9 @@ class PullCacheRequest(_message.Message):
     src_tensor_indices: _containers.RepeatedScalarFieldContainer[int]
     dst_tensor_indices: _containers.RepeatedScalarFieldContainer[int]
     tensor_num_per_layer: int
-    def __init__(self, src: _Optional[_Union[_common_pb2.CacheRef, _Mapping]] = ..., dst_cache_id: _Optional[int] = ..., batch_index: _Optional[int] = ..., size: _Optional[int] = ..., src_tensor_indices: _Optional[_Iterable[int]] = ..., dst_tensor_indices: _Optional[_Iterable[int]] = ..., tensor_num_per_layer: _Optional[int] = ...) -> None: ...
+    src_blocks: _containers.RepeatedScalarFieldContainer[int]
+    dst_blocks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, src: _Optional[_Union[_common_pb2.CacheRef, _Mapping]] = ..., dst_cache_id: _Optional[int] = ..., batch_index: _Optional[int] = ..., size: _Optional[int] = ..., src_tensor_indices: _Optional[_Iterable[int]] = ..., dst_tensor_indices: _Optional[_Iterable[int]] = ..., tensor_num_per_layer: _Optional[int] = ..., src_blocks: _Optional[_Iterable[int]] = ..., dst_blocks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PullCacheReply(_message.Message):
     __slots__ = ("bytes", "transport")
@@ -199,3 +203,89 @@ class PullCacheReply(_message.Message):
     bytes: int
     transport: str
     def __init__(self, bytes: _Optional[int] = ..., transport: _Optional[str] = ...) -> None: ...
+
+class PushRequest(_message.Message):
+    __slots__ = ("dst", "src_cache_id", "src_batch_index", "src_tensor_indices", "dst_tensor_indices", "tensor_num_per_layer", "src_blocks", "dst_blocks")
+    DST_FIELD_NUMBER: _ClassVar[int]
+    SRC_CACHE_ID_FIELD_NUMBER: _ClassVar[int]
+    SRC_BATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    SRC_TENSOR_INDICES_FIELD_NUMBER: _ClassVar[int]
+    DST_TENSOR_INDICES_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_NUM_PER_LAYER_FIELD_NUMBER: _ClassVar[int]
+    SRC_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    DST_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    dst: _common_pb2.CacheRef
+    src_cache_id: int
+    src_batch_index: int
+    src_tensor_indices: _containers.RepeatedScalarFieldContainer[int]
+    dst_tensor_indices: _containers.RepeatedScalarFieldContainer[int]
+    tensor_num_per_layer: int
+    src_blocks: _containers.RepeatedScalarFieldContainer[int]
+    dst_blocks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, dst: _Optional[_Union[_common_pb2.CacheRef, _Mapping]] = ..., src_cache_id: _Optional[int] = ..., src_batch_index: _Optional[int] = ..., src_tensor_indices: _Optional[_Iterable[int]] = ..., dst_tensor_indices: _Optional[_Iterable[int]] = ..., tensor_num_per_layer: _Optional[int] = ..., src_blocks: _Optional[_Iterable[int]] = ..., dst_blocks: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class PushReply(_message.Message):
+    __slots__ = ("bytes", "transport")
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    bytes: int
+    transport: str
+    def __init__(self, bytes: _Optional[int] = ..., transport: _Optional[str] = ...) -> None: ...
+
+class CacheOperand(_message.Message):
+    __slots__ = ("cache_id", "pool_id", "tensor_offsets", "tensor_size", "batch_size")
+    CACHE_ID_FIELD_NUMBER: _ClassVar[int]
+    POOL_ID_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_SIZE_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    cache_id: int
+    pool_id: int
+    tensor_offsets: _containers.RepeatedScalarFieldContainer[int]
+    tensor_size: int
+    batch_size: int
+    def __init__(self, cache_id: _Optional[int] = ..., pool_id: _Optional[int] = ..., tensor_offsets: _Optional[_Iterable[int]] = ..., tensor_size: _Optional[int] = ..., batch_size: _Optional[int] = ...) -> None: ...
+
+class CopyCacheRequest(_message.Message):
+    __slots__ = ("dst_cache_id", "src_cache_id", "dst_batch_index", "src_batch_index", "offset", "size")
+    DST_CACHE_ID_FIELD_NUMBER: _ClassVar[int]
+    SRC_CACHE_ID_FIELD_NUMBER: _ClassVar[int]
+    DST_BATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    SRC_BATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    dst_cache_id: int
+    src_cache_id: int
+    dst_batch_index: int
+    src_batch_index: int
+    offset: int
+    size: int
+    def __init__(self, dst_cache_id: _Optional[int] = ..., src_cache_id: _Optional[int] = ..., dst_batch_index: _Optional[int] = ..., src_batch_index: _Optional[int] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ...) -> None: ...
+
+class CopyBlocksRequest(_message.Message):
+    __slots__ = ("cache_id", "src_blocks", "dst_blocks")
+    CACHE_ID_FIELD_NUMBER: _ClassVar[int]
+    SRC_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    DST_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    cache_id: int
+    src_blocks: _containers.RepeatedScalarFieldContainer[int]
+    dst_blocks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, cache_id: _Optional[int] = ..., src_blocks: _Optional[_Iterable[int]] = ..., dst_blocks: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class SwapBlocksRequest(_message.Message):
+    __slots__ = ("src", "dst", "src_blocks", "dst_blocks")
+    SRC_FIELD_NUMBER: _ClassVar[int]
+    DST_FIELD_NUMBER: _ClassVar[int]
+    SRC_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    DST_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    src: CacheOperand
+    dst: CacheOperand
+    src_blocks: _containers.RepeatedScalarFieldContainer[int]
+    dst_blocks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, src: _Optional[_Union[CacheOperand, _Mapping]] = ..., dst: _Optional[_Union[CacheOperand, _Mapping]] = ..., src_blocks: _Optional[_Iterable[int]] = ..., dst_blocks: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class CopyReply(_message.Message):
+    __slots__ = ("bytes",)
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    bytes: int
+    def __init__(self, bytes: _Optional[int] = ...) -> None: ...

@@ -79,6 +79,36 @@ class ClientStub:
                 request_serializer=hixl_dot_v1_dot_client__pb2.PullCacheRequest.SerializeToString,
                 response_deserializer=hixl_dot_v1_dot_client__pb2.PullCacheReply.FromString,
                 _registered_method=True)
+        self.PullBlocks = channel.unary_unary(
+                '/hixl.v1.Client/PullBlocks',
+                request_serializer=hixl_dot_v1_dot_client__pb2.PullCacheRequest.SerializeToString,
+                response_deserializer=hixl_dot_v1_dot_client__pb2.PullCacheReply.FromString,
+                _registered_method=True)
+        self.PushCache = channel.unary_unary(
+                '/hixl.v1.Client/PushCache',
+                request_serializer=hixl_dot_v1_dot_client__pb2.PushRequest.SerializeToString,
+                response_deserializer=hixl_dot_v1_dot_client__pb2.PushReply.FromString,
+                _registered_method=True)
+        self.PushBlocks = channel.unary_unary(
+                '/hixl.v1.Client/PushBlocks',
+                request_serializer=hixl_dot_v1_dot_client__pb2.PushRequest.SerializeToString,
+                response_deserializer=hixl_dot_v1_dot_client__pb2.PushReply.FromString,
+                _registered_method=True)
+        self.CopyCache = channel.unary_unary(
+                '/hixl.v1.Client/CopyCache',
+                request_serializer=hixl_dot_v1_dot_client__pb2.CopyCacheRequest.SerializeToString,
+                response_deserializer=hixl_dot_v1_dot_client__pb2.CopyReply.FromString,
+                _registered_method=True)
+        self.CopyBlocks = channel.unary_unary(
+                '/hixl.v1.Client/CopyBlocks',
+                request_serializer=hixl_dot_v1_dot_client__pb2.CopyBlocksRequest.SerializeToString,
+                response_deserializer=hixl_dot_v1_dot_client__pb2.CopyReply.FromString,
+                _registered_method=True)
+        self.SwapBlocks = channel.unary_unary(
+                '/hixl.v1.Client/SwapBlocks',
+                request_serializer=hixl_dot_v1_dot_client__pb2.SwapBlocksRequest.SerializeToString,
+                response_deserializer=hixl_dot_v1_dot_client__pb2.CopyReply.FromString,
+                _registered_method=True)
 
 
 class ClientServicer:
@@ -142,6 +172,46 @@ class ClientServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PullBlocks(self, request, context):
+        """Pull into a blocks cache: blocks to blocks, or a continuous slot
+        scattered into blocks (src_blocks empty).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PushCache(self, request, context):
+        """Write a local cache slot or blocks into a remote-accessible cache.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PushBlocks(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CopyCache(self, request, context):
+        """Local copies between this cluster's caches, inside the daemon.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CopyBlocks(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SwapBlocks(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClientServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -189,6 +259,36 @@ def add_ClientServicer_to_server(servicer, server):
                     servicer.PullCache,
                     request_deserializer=hixl_dot_v1_dot_client__pb2.PullCacheRequest.FromString,
                     response_serializer=hixl_dot_v1_dot_client__pb2.PullCacheReply.SerializeToString,
+            ),
+            'PullBlocks': grpc.unary_unary_rpc_method_handler(
+                    servicer.PullBlocks,
+                    request_deserializer=hixl_dot_v1_dot_client__pb2.PullCacheRequest.FromString,
+                    response_serializer=hixl_dot_v1_dot_client__pb2.PullCacheReply.SerializeToString,
+            ),
+            'PushCache': grpc.unary_unary_rpc_method_handler(
+                    servicer.PushCache,
+                    request_deserializer=hixl_dot_v1_dot_client__pb2.PushRequest.FromString,
+                    response_serializer=hixl_dot_v1_dot_client__pb2.PushReply.SerializeToString,
+            ),
+            'PushBlocks': grpc.unary_unary_rpc_method_handler(
+                    servicer.PushBlocks,
+                    request_deserializer=hixl_dot_v1_dot_client__pb2.PushRequest.FromString,
+                    response_serializer=hixl_dot_v1_dot_client__pb2.PushReply.SerializeToString,
+            ),
+            'CopyCache': grpc.unary_unary_rpc_method_handler(
+                    servicer.CopyCache,
+                    request_deserializer=hixl_dot_v1_dot_client__pb2.CopyCacheRequest.FromString,
+                    response_serializer=hixl_dot_v1_dot_client__pb2.CopyReply.SerializeToString,
+            ),
+            'CopyBlocks': grpc.unary_unary_rpc_method_handler(
+                    servicer.CopyBlocks,
+                    request_deserializer=hixl_dot_v1_dot_client__pb2.CopyBlocksRequest.FromString,
+                    response_serializer=hixl_dot_v1_dot_client__pb2.CopyReply.SerializeToString,
+            ),
+            'SwapBlocks': grpc.unary_unary_rpc_method_handler(
+                    servicer.SwapBlocks,
+                    request_deserializer=hixl_dot_v1_dot_client__pb2.SwapBlocksRequest.FromString,
+                    response_serializer=hixl_dot_v1_dot_client__pb2.CopyReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -434,6 +534,168 @@ class Client:
             '/hixl.v1.Client/PullCache',
             hixl_dot_v1_dot_client__pb2.PullCacheRequest.SerializeToString,
             hixl_dot_v1_dot_client__pb2.PullCacheReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PullBlocks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hixl.v1.Client/PullBlocks',
+            hixl_dot_v1_dot_client__pb2.PullCacheRequest.SerializeToString,
+            hixl_dot_v1_dot_client__pb2.PullCacheReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PushCache(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hixl.v1.Client/PushCache',
+            hixl_dot_v1_dot_client__pb2.PushRequest.SerializeToString,
+            hixl_dot_v1_dot_client__pb2.PushReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PushBlocks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hixl.v1.Client/PushBlocks',
+            hixl_dot_v1_dot_client__pb2.PushRequest.SerializeToString,
+            hixl_dot_v1_dot_client__pb2.PushReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CopyCache(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hixl.v1.Client/CopyCache',
+            hixl_dot_v1_dot_client__pb2.CopyCacheRequest.SerializeToString,
+            hixl_dot_v1_dot_client__pb2.CopyReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CopyBlocks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hixl.v1.Client/CopyBlocks',
+            hixl_dot_v1_dot_client__pb2.CopyBlocksRequest.SerializeToString,
+            hixl_dot_v1_dot_client__pb2.CopyReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SwapBlocks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hixl.v1.Client/SwapBlocks',
+            hixl_dot_v1_dot_client__pb2.SwapBlocksRequest.SerializeToString,
+            hixl_dot_v1_dot_client__pb2.CopyReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -46,7 +46,7 @@ class ResolveCacheRequest(_message.Message):
     def __init__(self, link_token: _Optional[int] = ..., ref: _Optional[_Union[_common_pb2.CacheRef, _Mapping]] = ...) -> None: ...
 
 class ResolveCacheReply(_message.Message):
-    __slots__ = ("cache_id", "region_id", "tensor_offsets", "tensor_size", "stride", "batch_size", "batch_index", "blocks")
+    __slots__ = ("cache_id", "region_id", "tensor_offsets", "tensor_size", "stride", "batch_size", "batch_index", "blocks", "writable")
     CACHE_ID_FIELD_NUMBER: _ClassVar[int]
     REGION_ID_FIELD_NUMBER: _ClassVar[int]
     TENSOR_OFFSETS_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +55,7 @@ class ResolveCacheReply(_message.Message):
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     BATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    WRITABLE_FIELD_NUMBER: _ClassVar[int]
     cache_id: int
     region_id: int
     tensor_offsets: _containers.RepeatedScalarFieldContainer[int]
@@ -63,7 +64,8 @@ class ResolveCacheReply(_message.Message):
     batch_size: int
     batch_index: int
     blocks: bool
-    def __init__(self, cache_id: _Optional[int] = ..., region_id: _Optional[int] = ..., tensor_offsets: _Optional[_Iterable[int]] = ..., tensor_size: _Optional[int] = ..., stride: _Optional[int] = ..., batch_size: _Optional[int] = ..., batch_index: _Optional[int] = ..., blocks: _Optional[bool] = ...) -> None: ...
+    writable: bool
+    def __init__(self, cache_id: _Optional[int] = ..., region_id: _Optional[int] = ..., tensor_offsets: _Optional[_Iterable[int]] = ..., tensor_size: _Optional[int] = ..., stride: _Optional[int] = ..., batch_size: _Optional[int] = ..., batch_index: _Optional[int] = ..., blocks: _Optional[bool] = ..., writable: _Optional[bool] = ...) -> None: ...
 
 class ReleaseKeyRequest(_message.Message):
     __slots__ = ("link_token", "key", "tensor_indices")

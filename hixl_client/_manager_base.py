@@ -1,0 +1,66 @@
+"""State and helpers shared by the CacheManager's operation groups."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ._proto.hixl.v1 import common_pb2
+from .keys import BlocksCacheKey, CacheKey, CacheKeyByIdAndIndex
+from .status import LLMException, LLMStatusCode
+from .types import CacheDesc
+
+if TYPE_CHECKING:
+    from ._memory import PoolMapping
+    from ._transport import DaemonConnection
+
+# The daemon bounds a pull by sync_kv_timeout; the RPC deadline only guards
+# against a daemon that stopped answering altogether.
+PULL_RPC_MARGIN_S = 10.0
+PULL_KWARGS = ("src_layer_range", "dst_layer_range", "tensor_num_per_layer")
+
+
+def desc_to_proto(desc: CacheDesc) -> common_pb2.CacheDescriptor:
+    return common_pb2.CacheDescriptor(
+        num_tensors=desc.num_tensors, shape=list(desc.shape), data_type=desc.data_type.value,
+        placement=int(desc.placement), batch_dim_index=desc.batch_dim,
+        seq_len_dim_index=desc.seq_len_dim_index, tensor_size=desc.size)
+
+
+def key_to_proto(key: CacheKey) -> common_pb2.CacheKey:
+    return common_pb2.CacheKey(cluster_id=key.cluster_id, req_id=key.req_id,
+                               model_id=key.model_id, prefix_id=key.prefix_id)
+
+
+def ref_to_proto(key: CacheKey | CacheKeyByIdAndIndex | BlocksCacheKey) -> common_pb2.CacheRef:
+    if isinstance(key, CacheKey):
+        return common_pb2.CacheRef(key=key_to_proto(key))
+    if isinstance(key, CacheKeyByIdAndIndex):
+        return common_pb2.CacheRef(id_and_index=common_pb2.CacheIdAndIndex(
+            cluster_id=key.cluster_id, cache_id=key.cache_id, batch_index=key.batch_index))
+    return common_pb2.CacheRef(blocks_key=common_pb2.BlocksKey(
+        cluster_id=key.cluster_id, model_id=key.model_id))
+
+
+class ManagerBase:
+    """The session, pools and options every cache operation needs."""
+
+    def __init__(self, connection: DaemonConnection, options: dict[str, str],
+                 pools: dict[int, PoolMapping]) -> None:
+        self._connection = connection
+        self._pools = pools
+        self._initialized = True
+        self._is_call_linked = False
+        self._enabled_mem_pool = bool(options.get("llm.MemPoolConfig"))
+        self._enable_host_mem_pool = bool(options.get("llm.HostMemPoolConfig"))
+        self._enable_remote_cache_accessible = (
+            options.get("llm.EnableRemoteCacheAccessible") == "1")
+        self._sync_timeout_s = int(options.get("llm.SyncKvCacheWaitTime", "1000")) / 1000.0
+
+    def _check_is_inited(self) -> None:
+        if not self._initialized:
+            raise LLMException("the LLMDataDist that created this cache manager was finalized",
+                               status_code=LLMStatusCode.LLM_ENGINE_FINALIZED)
+
+    def _expire(self) -> None:
+        self._initialized = False
+

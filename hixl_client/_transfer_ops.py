@@ -1,0 +1,214 @@
+"""Transfers between clusters: pull_cache, pull_blocks, push_cache, push_blocks."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ._manager_base import PULL_KWARGS, PULL_RPC_MARGIN_S, ManagerBase, ref_to_proto
+from ._proto.hixl.v1 import client_pb2
+from ._validation import (
+    check_int64,
+    check_isinstance,
+    check_layer_range,
+    check_list_uint64,
+    check_uint32,
+    layer_range_to_tensor_indices,
+)
+from .cache import Cache
+from .keys import BlocksCacheKey, CacheKey, CacheKeyByIdAndIndex, check_cache_key
+from .status import raise_if_false
+
+
+def check_tensor_num_per_layer(value: Any) -> int:
+    check_uint32("tensor_num_per_layer", value)
+    raise_if_false(value > 0, "tensor_num_per_layer should be > 0, but got {0}.", value)
+    return int(value)
+
+
+def check_blocks_list(name: str, blocks: Any) -> list[int]:
+    check_isinstance(name, blocks, [list, tuple], int, allow_none=False)
+    check_list_uint64(name, blocks)
+    return list(blocks)
+
+
+def push_layer_indices(cache: Cache, src_range: range | None, dst_range: range | None,
+                       per_layer: int) -> tuple[list[int], list[int]]:
+    """Tensor indices of a push; both ranges default to every layer of the source."""
+    check_layer_range("src_layer_range", src_range)
+    check_layer_range("dst_layer_range", dst_range)
+    num_layers = cache.cache_desc.num_tensors // per_layer
+    src_layers = src_range if src_range is not None else range(num_layers)
+    dst_layers = dst_range if dst_range is not None else range(num_layers)
+    raise_if_false(len(src_layers) == len(dst_layers), "src_layer_range {0} and "
+                   "dst_layer_range {1} should have the same length.", src_layers, dst_layers)
+
+    def tensors(layers: range) -> list[int]:
+        return [t for layer in layers for t in range(layer * per_layer, (layer + 1) * per_layer)]
+
+    return tensors(src_layers), tensors(dst_layers)
+
+
+class TransferOps(ManagerBase):
+    """Pull and push coroutines of the CacheManager."""
+
+    def _pull_args(self, kwargs: dict[str, Any]) -> tuple[int, list[int], list[int]]:
+        unknown = set(kwargs) - set(PULL_KWARGS)
+        if unknown:
+            raise TypeError(f"unexpected keyword arguments {sorted(unknown)}")
+        per_layer = check_tensor_num_per_layer(kwargs.get("tensor_num_per_layer", 2))
+        src_indices, dst_indices = layer_range_to_tensor_indices(
+            kwargs.get("src_layer_range"), kwargs.get("dst_layer_range"), per_layer)
+        return per_layer, src_indices, dst_indices
+
+    async def _call_transfer(self, method: Any, request: Any) -> None:
+        await self._connection.call(method, request,
+                                    timeout=self._sync_timeout_s + PULL_RPC_MARGIN_S)
+
+    async def pull_cache(self, cache_key: CacheKey | CacheKeyByIdAndIndex, cache: Cache,
+                         batch_index: int = 0, size: int = -1, **kwargs: Any) -> None:
+        """Copy a remote cache slot into batch slot ``batch_index`` of ``cache``.
+
+        Args:
+            cache_key: the remote slot, by key or by cache id and batch index.
+            cache: the local continuous destination cache.
+            batch_index: the destination slot (uint32).
+            size: bytes per tensor, -1 for the whole destination slot.
+            **kwargs: ``src_layer_range`` / ``dst_layer_range`` (``range`` of layers),
+                ``tensor_num_per_layer`` (default 2).
+
+        Raises:
+            TypeError / ValueError: wrong argument types or ranges.
+            LLMException: a broken rule (``LLM_PARAM_INVALID``), no link
+                (``LLM_NOT_YET_LINK``), no such remote cache
+                (``LLM_KV_CACHE_NOT_EXIST``), or no answer within
+                ``sync_kv_timeout`` (``LLM_TIMEOUT``).
+        """
+        self._check_is_inited()
+        self._check_source_key("cache_key", cache_key, blocks_ok=False)
+        check_isinstance("cache", cache, Cache, allow_none=False)
+        check_uint32("batch_index", batch_index)
+        check_int64("size", size)
+        raise_if_false(size == -1 or size > 0, "size should be -1 or > 0, but got {0}.", size)
+        raise_if_false(not cache.is_blocks_cache, "pull_cache does not support blocks cache, "
+                       "please use pull_blocks.")
+        per_layer, src_indices, dst_indices = self._pull_args(kwargs)
+        if isinstance(cache_key, CacheKey):
+            check_cache_key(cache_key)
+        await self._call_transfer(self._connection.stub.PullCache, client_pb2.PullCacheRequest(
+            src=ref_to_proto(cache_key), dst_cache_id=cache.cache_id, batch_index=batch_index,
+            size=size, src_tensor_indices=src_indices, dst_tensor_indices=dst_indices,
+            tensor_num_per_layer=per_layer))
+
+    def _check_source_key(self, name: str, key: Any, blocks_ok: bool) -> None:
+        if self._enable_remote_cache_accessible:
+            allowed: list[type] = [CacheKeyByIdAndIndex, *([BlocksCacheKey] if blocks_ok else [])]
+            check_isinstance(name, key, allowed, allow_none=False,
+                             extra_fmt="While enable_remote_cache_accessible is True, ")
+        else:
+            allowed = [CacheKey, CacheKeyByIdAndIndex, *([BlocksCacheKey] if blocks_ok else [])]
+            check_isinstance(name, key, allowed, allow_none=False)
+
+    async def pull_blocks(self, src_cache_key: CacheKey | CacheKeyByIdAndIndex | BlocksCacheKey,
+                          dst_cache: Cache, src_blocks: Sequence[int] | None = (),
+                          dst_blocks: Sequence[int] = (), **kwargs: Any) -> None:
+        """Pull remote blocks (or a remote continuous slot) into blocks of ``dst_cache``.
+
+        Block ``src_blocks[i]`` lands in block ``dst_blocks[i]``. With a
+        ``CacheKey`` or ``CacheKeyByIdAndIndex`` the remote continuous slot is cut
+        into blocks and scattered into ``dst_blocks`` (``src_blocks`` stays empty).
+
+        Raises:
+            TypeError / ValueError: wrong argument types.
+            LLMException: a broken block rule (``LLM_PARAM_INVALID``) or a failed
+                transfer, as for `pull_cache`.
+        """
+        self._check_is_inited()
+        self._check_source_key("src_cache_key", src_cache_key, blocks_ok=True)
+        check_isinstance("dst_cache", dst_cache, Cache, allow_none=False)
+        raise_if_false(dst_cache.is_blocks_cache, "pull_blocks only supports blocks cache as "
+                       "dst_cache, please use pull_cache.")
+        src_list = check_blocks_list("src_blocks", src_blocks or ())
+        dst_list = check_blocks_list("dst_blocks", dst_blocks)
+        raise_if_false(len(dst_list) > 0, "dst_blocks should not be empty.")
+        per_layer, src_indices, dst_indices = self._pull_args(kwargs)
+        if isinstance(src_cache_key, BlocksCacheKey):
+            raise_if_false(len(src_list) > 0, "src_blocks should not be empty when "
+                           "src_cache_key is BlocksCacheKey.")
+        else:
+            raise_if_false(len(src_list) == 0, "src_blocks should be empty when "
+                           "src_cache_key is not BlocksCacheKey.")
+            if isinstance(src_cache_key, CacheKey):
+                check_cache_key(src_cache_key)
+        await self._call_transfer(self._connection.stub.PullBlocks, client_pb2.PullCacheRequest(
+            src=ref_to_proto(src_cache_key), dst_cache_id=dst_cache.cache_id, size=-1,
+            src_tensor_indices=src_indices, dst_tensor_indices=dst_indices,
+            tensor_num_per_layer=per_layer, src_blocks=src_list, dst_blocks=dst_list))
+
+    def _check_push_mode(self) -> None:
+        raise_if_false(self._enable_remote_cache_accessible, "push is only supported while "
+                       "enable_remote_cache_accessible is True.")
+
+    async def push_cache(self, dst_cache_key: CacheKeyByIdAndIndex, src_cache: Cache,
+                         src_batch_index: int = 0, src_layer_range: range | None = None,
+                         dst_layer_range: range | None = None, size: int = -1,
+                         tensor_num_per_layer: int = 2) -> None:
+        """Write a local cache slot into a remote-accessible cache slot.
+
+        Both layer ranges default to every layer of ``src_cache`` and must have
+        the same length; ``size`` must be -1 (whole slots).
+
+        Raises:
+            TypeError / ValueError: wrong argument types.
+            LLMException: not in remote-cache-accessible mode, a broken rule
+                (``LLM_PARAM_INVALID``) or a failed transfer.
+        """
+        self._check_is_inited()
+        self._check_push_mode()
+        check_isinstance("dst_cache_key", dst_cache_key, CacheKeyByIdAndIndex, allow_none=False)
+        check_isinstance("src_cache", src_cache, Cache, allow_none=False)
+        check_uint32("src_batch_index", src_batch_index)
+        raise_if_false(not src_cache.is_blocks_cache, "push_cache does not support blocks "
+                       "cache, please use push_blocks.")
+        per_layer = check_tensor_num_per_layer(tensor_num_per_layer)
+        src_indices, dst_indices = push_layer_indices(src_cache, src_layer_range,
+                                                      dst_layer_range, per_layer)
+        check_int64("size", size)
+        raise_if_false(size == -1, "push_cache only supports size == -1, but got {0}.", size)
+        if not src_indices:
+            return  # no whole layer to push (e.g. one tensor, two per layer)
+        await self._call_transfer(self._connection.stub.PushCache, client_pb2.PushRequest(
+            dst=ref_to_proto(dst_cache_key), src_cache_id=src_cache.cache_id,
+            src_batch_index=src_batch_index, src_tensor_indices=src_indices,
+            dst_tensor_indices=dst_indices, tensor_num_per_layer=per_layer))
+
+    async def push_blocks(self, dst_cache_key: BlocksCacheKey, src_cache: Cache,
+                          src_blocks: Sequence[int] = (), dst_blocks: Sequence[int] = (),
+                          src_layer_range: range | None = None,
+                          dst_layer_range: range | None = None,
+                          tensor_num_per_layer: int = 2) -> None:
+        """Write local blocks into blocks of a remote-accessible blocks cache.
+
+        Raises:
+            TypeError / ValueError: wrong argument types.
+            LLMException: not in remote-cache-accessible mode, a broken rule
+                (``LLM_PARAM_INVALID``) or a failed transfer.
+        """
+        self._check_is_inited()
+        self._check_push_mode()
+        check_isinstance("dst_cache_key", dst_cache_key, BlocksCacheKey, allow_none=False)
+        check_isinstance("src_cache", src_cache, Cache, allow_none=False)
+        raise_if_false(src_cache.is_blocks_cache, "push_blocks only supports blocks cache as "
+                       "src_cache, please use push_cache.")
+        src_list = check_blocks_list("src_blocks", src_blocks)
+        dst_list = check_blocks_list("dst_blocks", dst_blocks)
+        raise_if_false(len(dst_list) > 0, "dst_blocks should not be empty.")
+        per_layer = check_tensor_num_per_layer(tensor_num_per_layer)
+        src_indices, dst_indices = push_layer_indices(src_cache, src_layer_range,
+                                                      dst_layer_range, per_layer)
+        if not src_indices:
+            return
+        await self._call_transfer(self._connection.stub.PushBlocks, client_pb2.PushRequest(
+            dst=ref_to_proto(dst_cache_key), src_cache_id=src_cache.cache_id,
+            src_tensor_indices=src_indices, dst_tensor_indices=dst_indices,
+            tensor_num_per_layer=per_layer, src_blocks=src_list, dst_blocks=dst_list))

@@ -1,0 +1,100 @@
+"""Copies inside one cluster: copy_cache, copy_blocks, swap_blocks.
+
+All of them are native memcpy of merged ranges in the copy executor, with the
+GIL released; swap_blocks moves blocks between the HOST and DEVICE pools.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hixl_client.status import LLMException, LLMStatusCode
+
+from .cluster import Cluster
+from .engine import Engine
+from .planning import Layout, plan_blocks, plan_slot_copy
+from .pools import Pool
+from .transfers import entry_layout
+
+
+def _invalid(message: str) -> LLMException:
+    return LLMException(message, status_code=LLMStatusCode.LLM_PARAM_INVALID)
+
+
+@dataclass(frozen=True)
+class Operand:
+    """A local cache by id, or (cache_id -1) tensors the client found in one of its pools."""
+
+    cache_id: int
+    pool_id: int = 0
+    tensor_offsets: tuple[int, ...] = ()
+    tensor_size: int = 0
+    batch_size: int = 0
+
+
+@dataclass(frozen=True)
+class Resolved:
+    layout: Layout
+    pool: Pool
+    blocks: bool
+
+
+def _resolve(engine: Engine, cluster: Cluster, operand: Operand) -> Resolved:
+    if operand.cache_id != -1:
+        entry = cluster.registry.get(operand.cache_id)
+        return Resolved(entry_layout(entry), engine.pools.get(entry.pool_id), entry.blocks)
+    pool = next((p for p in cluster.pools.values() if p.pool_id == operand.pool_id), None)
+    if pool is None:
+        raise _invalid(f"pool {operand.pool_id} is not a pool of cluster {cluster.cluster_id}")
+    if operand.batch_size <= 0 or operand.tensor_size % operand.batch_size:
+        raise _invalid(f"{operand.tensor_size} bytes do not split into "
+                       f"{operand.batch_size} blocks")
+    for offset in operand.tensor_offsets:
+        if offset + operand.tensor_size > pool.size:
+            raise _invalid(f"a tensor at pool offset {offset} runs past the pool's end")
+    return Resolved(Layout(operand.tensor_offsets, operand.tensor_size, operand.batch_size),
+                    pool, blocks=True)
+
+
+async def copy_cache(engine: Engine, cluster: Cluster, dst_id: int, src_id: int,
+                     dst_batch: int, src_batch: int, offset: int, size: int) -> int:
+    dst = cluster.registry.get(dst_id)
+    src = cluster.registry.get(src_id)
+    if dst.blocks or src.blocks:
+        raise _invalid("copy_cache does not take blocks caches; use copy_blocks")
+    ranges = plan_slot_copy(entry_layout(src), src_batch, entry_layout(dst), dst_batch,
+                            offset, size)
+    await engine.deps.copier.copy(engine.pools.get(dst.pool_id),
+                                  engine.pools.get(src.pool_id), ranges)
+    return sum(n for _, _, n in ranges)
+
+
+async def copy_blocks(engine: Engine, cluster: Cluster, cache_id: int,
+                      src_blocks: tuple[int, ...], dst_blocks: tuple[int, ...]) -> int:
+    entry = cluster.registry.get(cache_id)
+    if not entry.blocks:
+        raise _invalid("copy_blocks needs a blocks cache")
+    layout = entry_layout(entry)
+    pairs = [(i, i) for i in range(entry.num_tensors)]
+    ranges = plan_blocks(layout, layout, pairs, src_blocks, dst_blocks)
+    pool = engine.pools.get(entry.pool_id)
+    await engine.deps.copier.copy(pool, pool, ranges)
+    return sum(n for _, _, n in ranges)
+
+
+async def swap_blocks(engine: Engine, cluster: Cluster, src_operand: Operand,
+                      dst_operand: Operand, src_blocks: tuple[int, ...],
+                      dst_blocks: tuple[int, ...]) -> int:
+    src = _resolve(engine, cluster, src_operand)
+    dst = _resolve(engine, cluster, dst_operand)
+    if not (src.blocks and dst.blocks):
+        raise _invalid("swap_blocks needs two blocks caches")
+    if src.pool.placement == dst.pool.placement:
+        raise _invalid("swap_blocks moves blocks between the HOST and the DEVICE pool")
+    if src.layout.num_tensors != dst.layout.num_tensors:
+        raise _invalid(f"num_tensors differ: {src.layout.num_tensors} and "
+                       f"{dst.layout.num_tensors}")
+    pairs = [(i, i) for i in range(src.layout.num_tensors)]
+    ranges = plan_blocks(src.layout, dst.layout, pairs, src_blocks, dst_blocks)
+    await engine.deps.copier.copy(dst.pool, src.pool, ranges)
+    return sum(n for _, _, n in ranges)
