@@ -5,12 +5,14 @@ The public names follow LLM-DataDist's (``LLMDataDist``, ``CacheManager``,
 the operations are coroutines served by the local ``hixl-serviced``.
 """
 
+from ._layerwise import CacheTask
 from .cache import Cache
 from .cache_manager import CacheManager
 from .config import LLMClusterInfo, LLMConfig, LlmConfig
 from .keys import BlocksCacheKey, CacheKey, CacheKeyByIdAndIndex
 from .llm_datadist import LLMDataDist
 from .status import LLMException, LLMStatusCode, Status
+from .transfer_config import TransferConfig, TransferWithCacheKeyConfig
 from .types import (
     CacheDesc,
     DataType,
@@ -31,6 +33,7 @@ __all__ = [
     "CacheKey",
     "CacheKeyByIdAndIndex",
     "CacheManager",
+    "CacheTask",
     "DataType",
     "LLMClusterInfo",
     "LLMConfig",
@@ -45,4 +48,6 @@ __all__ = [
     "Placement",
     "RegisterMemStatus",
     "Status",
+    "TransferConfig",
+    "TransferWithCacheKeyConfig",
 ]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar
 
 from .status import LLMException, LLMStatusCode
@@ -41,7 +41,8 @@ def ensure_not_in_loop() -> None:
     raise RuntimeError(
         "hixl_client.sync blocks the calling thread and cannot be called from a running "
         "event loop; in async code use the async API (`from hixl_client import ...`) and "
-        "await its coroutines")
+        "await its coroutines, or make the blocking call from a worker thread "
+        "(asyncio.to_thread)")
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:
@@ -57,8 +58,13 @@ def _serve(loop: asyncio.AbstractEventLoop) -> None:
     loop.run_forever()
 
 
-async def _invoke(fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs) -> T:
-    return await fn(*args, **kwargs)
+async def _invoke(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    result = fn(*args, **kwargs)
+    # Only coroutines are awaited: a plain method may return an awaitable object
+    # (the async CacheTask) that the caller wants as it is, not its outcome.
+    if asyncio.iscoroutine(result):
+        return await result
+    return result
 
 
 class LoopThread:
@@ -90,18 +96,35 @@ class LoopThread:
                 self._loop, self._thread = loop, thread
             return self._loop
 
-    def run(self, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs) -> T:
-        """Call ``fn(*args, **kwargs)`` on the loop thread and wait for its result.
+    def run(self, fn: Callable[P, Coroutine[Any, Any, T]], /, *args: P.args,
+            **kwargs: P.kwargs) -> T:
+        """Run the coroutine ``fn(*args, **kwargs)`` on the loop thread and wait for it.
 
         Returns:
-            What the awaitable returned.
+            What the coroutine returned.
+
+        Raises:
+            RuntimeError: called from a thread that runs an event loop.
+            BaseException: whatever ``fn`` raised, unchanged.
+        """
+        result: T = self.call(fn, *args, **kwargs)
+        return result
+
+    def call(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """Call ``fn(*args, **kwargs)`` on the loop thread and wait for the outcome.
+
+        A coroutine it returns is awaited on the loop; any other result is
+        returned as it is.
+
+        Returns:
+            The coroutine's result, or what ``fn`` returned when that is no coroutine.
 
         Raises:
             RuntimeError: called from a thread that runs an event loop.
             BaseException: whatever ``fn`` raised, unchanged.
         """
         ensure_not_in_loop()
-        future = asyncio.run_coroutine_threadsafe(_invoke(fn, *args, **kwargs), self.loop())
+        future = asyncio.run_coroutine_threadsafe(_invoke(fn, args, kwargs), self.loop())
         try:
             return future.result()
         except BaseException:
@@ -128,13 +151,16 @@ def loop_thread() -> LoopThread:
     return _LOOP_THREAD
 
 
-def run(fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs) -> T:
+def run(fn: Callable[P, Coroutine[Any, Any, T]], /, *args: P.args, **kwargs: P.kwargs) -> T:
     """Run ``fn(*args, **kwargs)`` on the process-wide loop thread; see `LoopThread.run`."""
     return _LOOP_THREAD.run(fn, *args, **kwargs)
 
 
 def call_method(obj: object, owner: str, name: str, *args: Any, **kwargs: Any) -> Any:
-    """Run the coroutine method ``name`` of an async object on the loop thread.
+    """Call the method ``name`` of an async object on the loop thread.
+
+    A coroutine it returns is awaited there; any other result (such as an
+    awaitable task) is returned as it is.
 
     Args:
         obj: the async object.
@@ -153,4 +179,4 @@ def call_method(obj: object, owner: str, name: str, *args: Any, **kwargs: Any) -
     if method is None:
         raise LLMException(f"{owner}.{name} is not available in this release of hixl",
                            status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
-    return _LOOP_THREAD.run(method, *args, **kwargs)
+    return _LOOP_THREAD.call(method, *args, **kwargs)

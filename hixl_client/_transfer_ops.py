@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ._layerwise import CacheTask, build_start, drive
 from ._manager_base import PULL_KWARGS, PULL_RPC_MARGIN_S, ManagerBase, ref_to_proto
 from ._proto.hixl.v1 import client_pb2
 from ._validation import (
@@ -13,11 +14,14 @@ from ._validation import (
     check_layer_range,
     check_list_uint64,
     check_uint32,
+    check_uint64,
     layer_range_to_tensor_indices,
 )
 from .cache import Cache
 from .keys import BlocksCacheKey, CacheKey, CacheKeyByIdAndIndex, check_cache_key
-from .status import raise_if_false
+from .status import LLMStatusCode, raise_if_false
+from .transfer_config import TransferConfig, TransferWithCacheKeyConfig
+from .types import LayerSynchronizer, Placement
 
 
 def check_tensor_num_per_layer(value: Any) -> int:
@@ -212,3 +216,93 @@ class TransferOps(ManagerBase):
             dst=ref_to_proto(dst_cache_key), src_cache_id=src_cache.cache_id,
             src_tensor_indices=src_indices, dst_tensor_indices=dst_indices,
             tensor_num_per_layer=per_layer, src_blocks=src_list, dst_blocks=dst_list))
+
+    def transfer_cache_async(
+            self, src_cache: Cache, layer_synchronizer: LayerSynchronizer,
+            transfer_configs: Sequence[TransferConfig | TransferWithCacheKeyConfig],
+            src_block_indices: Sequence[int] | None = None,
+            dst_block_indices: Sequence[int] | None = None,
+            dst_block_memory_size: int | None = None) -> CacheTask:
+        """Start a layer-wise transfer and return its task at once (call it in a running loop).
+
+        Each source layer is sent as soon as ``layer_synchronizer.synchronize_layer``
+        returns True for it, while the next layer is still being computed.
+        ``await task`` (or ``await task.get_results()``) gives one result per config.
+
+        Args:
+            src_cache: the local source (DEVICE placement).
+            layer_synchronizer: tells when each layer may go; a blocking method runs in
+                a worker thread, an ``async def`` one is awaited.
+            transfer_configs: the destinations: ``TransferWithCacheKeyConfig`` in
+                remote-cache-accessible mode, ``TransferConfig`` otherwise.
+            src_block_indices: source blocks (blocks to blocks).
+            dst_block_indices: destination blocks (blocks or cache to blocks).
+            dst_block_memory_size: block size in bytes when a cache goes into blocks.
+
+        Raises:
+            TypeError / ValueError / LLMException: LLM-DataDist's checks, before
+                anything starts.
+        """
+        self._check_is_inited()
+        num_layers = check_transfer_args(
+            src_cache, layer_synchronizer, transfer_configs, src_block_indices,
+            dst_block_indices, dst_block_memory_size, self._enable_remote_cache_accessible)
+        task = CacheTask(transfer_configs, LLMStatusCode.LLM_TIMEOUT)
+        start = build_start(src_cache.cache_id, transfer_configs, src_block_indices,
+                            dst_block_indices, dst_block_memory_size)
+        task._start(drive(task, self._connection, start, layer_synchronizer, num_layers,
+                          self._sync_timeout_s + PULL_RPC_MARGIN_S))
+        return task
+
+
+def check_transfer_args(src_cache: Any, synchronizer: Any, configs: Any,
+                        src_blocks: Any, dst_blocks: Any, dst_block_memory_size: Any,
+                        remote_accessible: bool) -> int:
+    """LLM-DataDist's transfer_cache_async checks, in its order; returns the layer count."""
+    check_isinstance("src_cache", src_cache, Cache, allow_none=False)
+    raise_if_false(src_cache.cache_desc.placement != Placement.HOST,
+                   "transfer_cache_async does not support HOST src_cache.")
+    for name, blocks in (("dst_block_indices", dst_blocks), ("src_block_indices", src_blocks)):
+        check_isinstance(name, blocks, [list, tuple], int)
+        if blocks is not None:
+            check_list_uint64(name, blocks)
+    if dst_block_memory_size is not None:
+        check_uint64("dst_block_memory_size", dst_block_memory_size)
+    if src_blocks:
+        raise_if_false(bool(dst_blocks), "transfer from blocks to cache is not supported.")
+        raise_if_false(len(src_blocks) == len(dst_blocks), "src_block_indices and "
+                       "dst_block_indices should have the same length.")
+    elif dst_blocks:
+        raise_if_false(dst_block_memory_size is not None, "dst_block_memory_size is required "
+                       "when transferring a cache into blocks.")
+    check_isinstance("layer_synchronizer", synchronizer, LayerSynchronizer, allow_none=False)
+    if remote_accessible:
+        check_isinstance("transfer_configs", configs, [list, tuple],
+                         TransferWithCacheKeyConfig, allow_none=False,
+                         extra_fmt="While enable_remote_cache_accessible is True, ")
+    else:
+        check_isinstance("transfer_configs", configs, [list, tuple], TransferConfig,
+                         allow_none=False)
+    if not dst_blocks:
+        raise_if_false(not dst_block_memory_size, "dst_block_memory_size should be None or 0 "
+                       "when dst is not blocks.")
+    desc = src_cache.cache_desc
+    raise_if_false(desc.num_tensors % 2 == 0, "num_tensors {0} is not even.", desc.num_tensors)
+    num_layers: int = desc.num_tensors // 2
+    for config in configs:
+        if config.src_layer_range is None:
+            config.src_layer_range = range(num_layers)  # on the user's object, as the reference
+        layers = config.src_layer_range
+        if src_cache.is_blocks_cache:
+            raise_if_false(config.src_batch_index == 0, "src_batch_index {0} != 0 while src is "
+                           "blocks.", config.src_batch_index)
+        else:
+            raise_if_false(0 <= config.src_batch_index < desc.batch_size,
+                           "src_batch_index {0} out of range: [0, {1})",
+                           config.src_batch_index, desc.batch_size)
+        raise_if_false(0 <= layers.start < layers.stop <= num_layers, "src_layer_range {0} is "
+                       "out of range [0, {1}).", layers, num_layers)
+        if isinstance(config, TransferConfig):
+            raise_if_false(len(config.dst_addrs) == 2 * len(layers), "expect {0} dst_addrs, "
+                           "but got {1}.", 2 * len(layers), len(config.dst_addrs))
+    return num_layers

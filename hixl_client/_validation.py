@@ -104,7 +104,7 @@ def check_isinstance(
         names = [cls.__name__ for cls in accepted]
         raise TypeError(f"{extra_fmt}{name} only support {names}, but got {type(value)}.")
     if inner_class is not None:
-        check_inner(name, cast("Iterable[Any]", value), inner_class)
+        check_inner(f"{extra_fmt}{name}", cast("Iterable[Any]", value), inner_class)
     return value
 
 

@@ -11,7 +11,8 @@ Every blocking method runs the matching coroutine of the async client
 any number of plain threads may call at once. Calling from a thread that runs
 an event loop raises ``RuntimeError``: async code uses `hixl_client` directly.
 Exceptions are the async client's, unchanged (types, messages, status codes),
-and `Cache` is the async client's class.
+and `Cache` is the async client's class. grpc.aio supports one event loop per
+process, so use either this facade or the async client in a process, not both.
 
 As in LLM-DataDist, one `LLMDataDist` may be initialized per process, and an
 ``atexit`` hook finalizes one that is still initialized. The daemon is found

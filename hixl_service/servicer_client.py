@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc.aio
@@ -16,10 +17,11 @@ from hixl_client.types import DataType, LLMRole, Placement, bytes_per_element
 
 from . import copies
 from .engine import Engine, NewCache, Session
+from .layerwise import LayerwiseTask
 from .peer_api import KeyRef
 from .peer_client import ref_from_proto
 from .registry import KeySpec
-from .rpc_errors import handles_errors
+from .rpc_errors import abort_with, handles_errors
 from .transfers import PullSpec, PushSpec, pull, push
 
 logger = logging.getLogger(__name__)
@@ -265,6 +267,25 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
                                          _operand(request.dst), tuple(request.src_blocks),
                                          tuple(request.dst_blocks))
         return client_pb2.CopyReply(bytes=moved)
+
+    async def TransferCache(self, request_iterator: AsyncIterator[client_pb2.TransferMessage],
+                            context: Context) -> None:
+        try:
+            cluster = self._engine.cluster_of(self._session(context))
+            first = await anext(aiter(request_iterator), None)
+            if first is None or not first.HasField("start"):
+                raise _invalid("a transfer stream starts with its task")
+            task = LayerwiseTask(self._engine, cluster, first.start)
+            for report in await task.prepare():
+                await context.write(report)
+            async for message in request_iterator:
+                if task.failed:
+                    return
+                if message.HasField("layer_ready"):
+                    for report in await task.send_layer(message.layer_ready):
+                        await context.write(report)
+        except LLMException as exc:
+            await abort_with(context, exc)
 
 
 def _operand(message: client_pb2.CacheOperand) -> copies.Operand:

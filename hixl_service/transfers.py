@@ -93,7 +93,7 @@ def _timeout(cluster: Cluster) -> LLMException:
                         status_code=LLMStatusCode.LLM_TIMEOUT)
 
 
-async def _find(engine: Engine, cluster: Cluster, link: OutboundLink, ref: CacheRefSpec,
+async def find_target(engine: Engine, cluster: Cluster, link: OutboundLink, ref: CacheRefSpec,
                 deadline: float) -> Peer:
     if link.transport == "local":
         _, entry, batch_index = engine.lookup_local(link, ref)
@@ -151,7 +151,7 @@ async def pull(engine: Engine, cluster: Cluster, spec: PullSpec) -> tuple[int, s
         raise _invalid("cannot pull from the cluster's own id")
     link = cluster.link_to(spec.src.cluster_id)
     deadline = asyncio.get_running_loop().time() + cluster.settings.sync_timeout_s
-    source = await _find(engine, cluster, link, spec.src, deadline)
+    source = await find_target(engine, cluster, link, spec.src, deadline)
     ranges, moved = plan_pull(source, dst, spec)
     dst_pool = engine.pools.get(dst.pool_id)
     if source.pool is not None:
@@ -204,7 +204,7 @@ async def push(engine: Engine, cluster: Cluster, spec: PushSpec) -> tuple[int, s
         raise _invalid("cannot push to the cluster's own id")
     link = cluster.link_to(spec.dst.cluster_id)
     deadline = asyncio.get_running_loop().time() + cluster.settings.sync_timeout_s
-    target = await _find(engine, cluster, link, spec.dst, deadline)
+    target = await find_target(engine, cluster, link, spec.dst, deadline)
     ranges = plan_push(src, target, spec)
     src_pool = engine.pools.get(src.pool_id)
     if target.pool is not None:

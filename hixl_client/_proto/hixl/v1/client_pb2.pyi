@@ -289,3 +289,57 @@ class CopyReply(_message.Message):
     BYTES_FIELD_NUMBER: _ClassVar[int]
     bytes: int
     def __init__(self, bytes: _Optional[int] = ...) -> None: ...
+
+class TransferTarget(_message.Message):
+    __slots__ = ("dst_cluster_id", "dst", "dst_addrs", "src_layer_start", "src_layer_stop", "dst_layer_start", "src_batch_index")
+    DST_CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    DST_FIELD_NUMBER: _ClassVar[int]
+    DST_ADDRS_FIELD_NUMBER: _ClassVar[int]
+    SRC_LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    SRC_LAYER_STOP_FIELD_NUMBER: _ClassVar[int]
+    DST_LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    SRC_BATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    dst_cluster_id: int
+    dst: _common_pb2.CacheRef
+    dst_addrs: _containers.RepeatedScalarFieldContainer[int]
+    src_layer_start: int
+    src_layer_stop: int
+    dst_layer_start: int
+    src_batch_index: int
+    def __init__(self, dst_cluster_id: _Optional[int] = ..., dst: _Optional[_Union[_common_pb2.CacheRef, _Mapping]] = ..., dst_addrs: _Optional[_Iterable[int]] = ..., src_layer_start: _Optional[int] = ..., src_layer_stop: _Optional[int] = ..., dst_layer_start: _Optional[int] = ..., src_batch_index: _Optional[int] = ...) -> None: ...
+
+class TransferStart(_message.Message):
+    __slots__ = ("src_cache_id", "targets", "src_blocks", "dst_blocks", "dst_block_memory_size")
+    SRC_CACHE_ID_FIELD_NUMBER: _ClassVar[int]
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    SRC_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    DST_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    DST_BLOCK_MEMORY_SIZE_FIELD_NUMBER: _ClassVar[int]
+    src_cache_id: int
+    targets: _containers.RepeatedCompositeFieldContainer[TransferTarget]
+    src_blocks: _containers.RepeatedScalarFieldContainer[int]
+    dst_blocks: _containers.RepeatedScalarFieldContainer[int]
+    dst_block_memory_size: int
+    def __init__(self, src_cache_id: _Optional[int] = ..., targets: _Optional[_Iterable[_Union[TransferTarget, _Mapping]]] = ..., src_blocks: _Optional[_Iterable[int]] = ..., dst_blocks: _Optional[_Iterable[int]] = ..., dst_block_memory_size: _Optional[int] = ...) -> None: ...
+
+class TransferMessage(_message.Message):
+    __slots__ = ("start", "layer_ready")
+    START_FIELD_NUMBER: _ClassVar[int]
+    LAYER_READY_FIELD_NUMBER: _ClassVar[int]
+    start: TransferStart
+    layer_ready: int
+    def __init__(self, start: _Optional[_Union[TransferStart, _Mapping]] = ..., layer_ready: _Optional[int] = ...) -> None: ...
+
+class TransferProgress(_message.Message):
+    __slots__ = ("target", "layer", "status", "message", "target_done")
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    LAYER_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_DONE_FIELD_NUMBER: _ClassVar[int]
+    target: int
+    layer: int
+    status: int
+    message: str
+    target_done: bool
+    def __init__(self, target: _Optional[int] = ..., layer: _Optional[int] = ..., status: _Optional[int] = ..., message: _Optional[str] = ..., target_done: _Optional[bool] = ...) -> None: ...

@@ -109,6 +109,11 @@ class ClientStub:
                 request_serializer=hixl_dot_v1_dot_client__pb2.SwapBlocksRequest.SerializeToString,
                 response_deserializer=hixl_dot_v1_dot_client__pb2.CopyReply.FromString,
                 _registered_method=True)
+        self.TransferCache = channel.stream_stream(
+                '/hixl.v1.Client/TransferCache',
+                request_serializer=hixl_dot_v1_dot_client__pb2.TransferMessage.SerializeToString,
+                response_deserializer=hixl_dot_v1_dot_client__pb2.TransferProgress.FromString,
+                _registered_method=True)
 
 
 class ClientServicer:
@@ -212,6 +217,16 @@ class ClientServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def TransferCache(self, request_iterator, context):
+        """Layer-wise transfer (transfer_cache_async): one stream per task. The
+        client sends the task, then each layer as soon as its synchronizer
+        returned; the daemon sends each layer as soon as it may and reports
+        progress per target. Ending the stream early cancels the task.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClientServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -289,6 +304,11 @@ def add_ClientServicer_to_server(servicer, server):
                     servicer.SwapBlocks,
                     request_deserializer=hixl_dot_v1_dot_client__pb2.SwapBlocksRequest.FromString,
                     response_serializer=hixl_dot_v1_dot_client__pb2.CopyReply.SerializeToString,
+            ),
+            'TransferCache': grpc.stream_stream_rpc_method_handler(
+                    servicer.TransferCache,
+                    request_deserializer=hixl_dot_v1_dot_client__pb2.TransferMessage.FromString,
+                    response_serializer=hixl_dot_v1_dot_client__pb2.TransferProgress.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -696,6 +716,33 @@ class Client:
             '/hixl.v1.Client/SwapBlocks',
             hixl_dot_v1_dot_client__pb2.SwapBlocksRequest.SerializeToString,
             hixl_dot_v1_dot_client__pb2.CopyReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TransferCache(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/hixl.v1.Client/TransferCache',
+            hixl_dot_v1_dot_client__pb2.TransferMessage.SerializeToString,
+            hixl_dot_v1_dot_client__pb2.TransferProgress.FromString,
             options,
             channel_credentials,
             insecure,

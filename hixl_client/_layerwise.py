@@ -1,0 +1,209 @@
+"""transfer_cache_async on the client side: the CacheTask and the layer driver.
+
+The driver asks the synchronizer for each layer some config needs, in
+increasing order, and tells the daemon over the task's stream as soon as a
+layer may go, so sending layer L overlaps computing layer L+1. A blocking
+``synchronize_layer`` runs in a worker thread; an ``async def`` one is awaited.
+Progress comes back on the same stream; nothing polls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import grpc.aio
+
+from ._proto.hixl.v1 import client_pb2
+from ._transport import SESSION_METADATA_KEY, error_from_rpc
+from .status import LLMStatusCode
+from .transfer_config import TransferConfig, TransferWithCacheKeyConfig
+from .types import LayerSynchronizer
+
+if TYPE_CHECKING:
+    from ._transport import DaemonConnection
+
+logger = logging.getLogger(__name__)
+
+Config = TransferConfig | TransferWithCacheKeyConfig
+
+
+class CacheTask:
+    """A running layer-wise transfer; ``await task`` gives the per-config results.
+
+    ``synchronize`` and ``get_results`` keep LLM-DataDist's contract: with a
+    timeout that passes before the task ends they answer the task's default
+    error code (``LLM_TIMEOUT``) and the task keeps running.
+    """
+
+    def __init__(self, configs: Sequence[Config],
+                 default_error_code: LLMStatusCode = LLMStatusCode.LLM_TIMEOUT) -> None:
+        self._configs = list(configs)
+        self._default = default_error_code
+        self._results: dict[int, LLMStatusCode] = {}
+        self._crashed = False
+        self._done = asyncio.Event()
+        self._runner: asyncio.Task[None] | None = None
+
+    def _start(self, driver: Any) -> None:
+        self._runner = asyncio.get_running_loop().create_task(self._run(driver))
+
+    async def _run(self, driver: Any) -> None:
+        try:
+            await driver
+        except asyncio.CancelledError:
+            self._crashed = True
+            raise
+        except Exception:  # NEWER: any failure inside is the task's default code
+            logger.exception("transfer task failed")
+            self._crashed = True
+        finally:
+            self._done.set()
+
+    def _record(self, dst_cluster_id: int, status: LLMStatusCode) -> None:
+        self._results[dst_cluster_id] = status
+
+    def _final_results(self) -> list[LLMStatusCode | None]:
+        if self._crashed:
+            return [self._default] * len(self._configs)
+        return [self._results.get(c.dst_cluster_id) for c in self._configs]
+
+    async def _wait(self, timeout_in_millis: int | None) -> bool:
+        if self._done.is_set():
+            return True
+        if timeout_in_millis is None:
+            await self._done.wait()
+            return True
+        try:
+            await asyncio.wait_for(asyncio.shield(self._done.wait()), timeout_in_millis / 1000)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+    async def synchronize(self, timeout_in_millis: int | None = None) -> LLMStatusCode:
+        """Wait for the task; return the first failure, or success.
+
+        Args:
+            timeout_in_millis: None waits for the end; else uint32 milliseconds.
+        """
+        _check_timeout(timeout_in_millis)
+        if not await self._wait(timeout_in_millis):
+            return self._default
+        failures = [r for r in self._final_results()
+                    if r is not None and r != LLMStatusCode.LLM_SUCCESS]
+        return failures[0] if failures else LLMStatusCode.LLM_SUCCESS
+
+    async def get_results(self, timeout_in_millis: int | None = None
+                          ) -> list[LLMStatusCode | None]:
+        """Per-config results aligned with the configs (None: never attempted)."""
+        _check_timeout(timeout_in_millis)
+        if not await self._wait(timeout_in_millis):
+            return [self._default] * len(self._configs)
+        return self._final_results()
+
+    def __await__(self) -> Any:
+        return self.get_results().__await__()
+
+    def cancel(self) -> None:
+        """Stop sending; the daemon ends its half when the stream closes."""
+        if self._runner is not None:
+            self._runner.cancel()
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+
+def _check_timeout(timeout_in_millis: int | None) -> None:
+    from ._validation import check_uint32
+
+    if timeout_in_millis is not None:
+        check_uint32("timeout_in_millis", timeout_in_millis)
+
+
+async def _synchronize(synchronizer: LayerSynchronizer, layer: int) -> bool:
+    method = synchronizer.synchronize_layer
+    if inspect.iscoroutinefunction(method):
+        return bool(await method(layer, None))
+    return bool(await asyncio.to_thread(method, layer, None))
+
+
+async def drive(task: CacheTask, connection: DaemonConnection, start: client_pb2.TransferStart,
+                synchronizer: LayerSynchronizer, num_layers: int, timeout_s: float) -> None:
+    """Run one task: send the layers as they become ready, record progress."""
+    call = connection.stub.TransferCache(
+        metadata=((SESSION_METADATA_KEY, connection.session_id),))
+    targets = list(start.targets)
+    try:
+        await call.write(client_pb2.TransferMessage(start=start))
+        reader = asyncio.get_running_loop().create_task(_read_progress(task, call, targets))
+        try:
+            for layer in range(num_layers):
+                if reader.done():
+                    break  # the daemon ended the task (a target failed)
+                needing = [t for t in targets if t.src_layer_start <= layer < t.src_layer_stop]
+                if not needing:
+                    continue
+                if not await _synchronize(synchronizer, layer):
+                    for target in needing:
+                        task._record(target.dst_cluster_id, LLMStatusCode.LLM_PARAM_INVALID)
+                    break
+                if reader.done():
+                    break
+                await call.write(client_pb2.TransferMessage(layer_ready=layer))
+            if not reader.done():
+                await call.done_writing()
+            await asyncio.wait_for(reader, timeout_s)
+        finally:
+            reader.cancel()
+    except grpc.aio.AioRpcError as err:
+        raise error_from_rpc(err, f"hixl daemon at {connection.target}") from None
+    finally:
+        call.cancel()
+
+
+async def _read_progress(task: CacheTask, call: Any,
+                         targets: list[client_pb2.TransferTarget]) -> None:
+    while (report := await call.read()) is not grpc.aio.EOF:
+        target = targets[report.target]
+        status = LLMStatusCode(report.status)
+        if status != LLMStatusCode.LLM_SUCCESS:
+            logger.warning("transfer to cluster %d failed: %s", target.dst_cluster_id,
+                           report.message)
+            task._record(target.dst_cluster_id, status)
+        elif report.target_done:
+            task._record(target.dst_cluster_id, status)
+
+
+def build_start(src_cache_id: int, configs: Sequence[Config],
+                src_block_indices: Sequence[int] | None, dst_block_indices: Sequence[int] | None,
+                dst_block_memory_size: int | None) -> client_pb2.TransferStart:
+    """The task message: one target per config (their ranges are already checked)."""
+    from ._manager_base import ref_to_proto
+
+    targets = []
+    for config in configs:
+        src_range = config.src_layer_range
+        assert src_range is not None
+        target = client_pb2.TransferTarget(
+            dst_cluster_id=config.dst_cluster_id, src_layer_start=src_range.start,
+            src_layer_stop=src_range.stop, src_batch_index=config.src_batch_index,
+            dst_layer_start=src_range.start)
+        if isinstance(config, TransferWithCacheKeyConfig):
+            assert config.cache_key is not None  # required by its constructor
+            target.dst.CopyFrom(ref_to_proto(config.cache_key))
+            if config.dst_layer_range is not None:
+                target.dst_layer_start = config.dst_layer_range.start
+        else:
+            target.dst_addrs.extend(config.dst_addrs)
+        targets.append(target)
+    return client_pb2.TransferStart(
+        src_cache_id=src_cache_id, targets=targets, src_blocks=list(src_block_indices or ()),
+        dst_blocks=list(dst_block_indices or ()),
+        dst_block_memory_size=dst_block_memory_size or 0)
+
+
+__all__ = ["CacheTask", "build_start", "drive"]

@@ -1,0 +1,162 @@
+"""KV-shaped mode: the time to move one prompt's KV cache of a model preset.
+
+Per preset a layer has a K and a V tensor of ``[tokens, kv_heads, head_dim]``
+fp16. Modes:
+
+* ``pull_cache``: one continuous cache ``2*layers x [1, tokens, kv_heads, head_dim]``
+  pulled whole (works in every build);
+* ``pull_cache_layers``: the same cache pulled one layer at a time (``layers``
+  sequential ``pull_cache`` calls with layer ranges), the per-layer cost;
+* ``pull_blocks``: a paged cache ``2*layers x [pages, page_tokens, kv_heads,
+  head_dim]`` on both sides, the prompt's pages listed in a shuffled order on
+  each side (as a paged allocator scatters them);
+* ``transfer_cache_async``: the initiator's continuous cache sent layer by
+  layer to the target's cache (LLM-DataDist's layer-wise API), waited for.
+
+A mode this build's CacheManager lacks is reported as skipped.
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from hixl_client import (
+    BlocksCacheKey,
+    Cache,
+    CacheDesc,
+    CacheKeyByIdAndIndex,
+    DataType,
+    LayerSynchronizer,
+)
+from hixl_service.bench.env import Clusters, supports
+from hixl_service.bench.model import HIXL, Budget, Row, drive
+from hixl_service.bench.plan import KvCase
+
+_METHODS = {"pull_cache": "pull_cache", "pull_cache_layers": "pull_cache",
+            "pull_blocks": "pull_blocks", "transfer_cache_async": "transfer_cache_async"}
+_MODEL_ID = 7
+
+
+class _Ready(LayerSynchronizer):
+    """Every layer is ready at once: the transfer alone is timed."""
+
+    def synchronize_layer(self, layer_index: int, timeout_in_millis: int | None) -> bool:
+        return True
+
+
+def _continuous(kv: KvCase) -> CacheDesc:
+    m = kv.model
+    return CacheDesc(2 * m.layers, [1, kv.tokens, m.kv_heads, m.head_dim], DataType.DT_FLOAT16)
+
+
+def _paged(kv: KvCase) -> CacheDesc:
+    m = kv.model
+    return CacheDesc(2 * m.layers, [kv.num_pages, kv.page_tokens, m.kv_heads, m.head_dim],
+                     DataType.DT_FLOAT16)
+
+
+def _row(kv: KvCase) -> Row:
+    block, nblocks = kv.ceiling_shape(1 << 62)
+    op = "push" if kv.mode == "transfer_cache_async" else "pull"
+    return Row(HIXL, "hixl", "kv", op, kv.path, block, nblocks, extra={
+        "model": kv.model.name, "tokens": kv.tokens, "page_tokens": kv.page_tokens,
+        "kv_mode": kv.mode, "prompt_bytes": kv.prompt_bytes})
+
+
+async def _wait_task(task: Any) -> None:
+    done = task.synchronize() if hasattr(task, "synchronize") else task
+    if inspect.isawaitable(done):
+        done = await done
+    if hasattr(done, "__iter__"):  # LLM-DataDist returns (status, per-cluster statuses)
+        status = next(iter(done), None)
+        if status is not None and int(status) != 0:
+            raise RuntimeError(f"transfer_cache_async finished with {done}")
+
+
+class _Prompt:
+    """The caches of one KV case on both sides, and its request."""
+
+    def __init__(self, env: Clusters, kv: KvCase) -> None:
+        self.env, self.kv = env, kv
+        self.target = env.target_id(kv.path)
+        self.local: Cache | None = None
+        self.remote: Cache | None = None
+
+    async def setup(self) -> Callable[[int], Awaitable[None]]:
+        cm, tcm = self.env.cm, self.env.target_cm(self.kv.path)
+        if self.kv.mode == "pull_blocks":
+            desc = _paged(self.kv)
+            self.remote = await tcm.allocate_blocks_cache(desc, BlocksCacheKey(0, _MODEL_ID))
+            self.local = await cm.allocate_blocks_cache(desc, BlocksCacheKey(0, _MODEL_ID))
+            return self._pull_blocks
+        desc = _continuous(self.kv)
+        self.remote = await tcm.allocate_cache(desc)
+        self.local = await cm.allocate_cache(desc)
+        return {"pull_cache": self._pull, "pull_cache_layers": self._pull_layers,
+                "transfer_cache_async": self._transfer}[self.kv.mode]
+
+    async def close(self) -> None:
+        for cache, cm in ((self.local, self.env.cm),
+                          (self.remote, self.env.target_cm(self.kv.path))):
+            if cache is not None:
+                free = cm.deallocate_blocks_cache if cache.is_blocks_cache else \
+                    cm.deallocate_cache
+                await free(cache)
+
+    def _key(self) -> CacheKeyByIdAndIndex:
+        assert self.remote is not None
+        return CacheKeyByIdAndIndex(self.target, self.remote.cache_id, 0)
+
+    async def _pull(self, _index: int) -> None:
+        assert self.local is not None
+        await self.env.cm.pull_cache(self._key(), self.local)
+
+    async def _pull_layers(self, _index: int) -> None:
+        assert self.local is not None
+        key = self._key()
+        for layer in range(self.kv.model.layers):
+            layers = range(layer, layer + 1)
+            await self.env.cm.pull_cache(key, self.local, src_layer_range=layers,
+                                         dst_layer_range=layers)
+
+    async def _pull_blocks(self, index: int) -> None:
+        assert self.local is not None
+        pages = list(range(self.kv.num_pages))
+        order = random.Random(index)
+        src, dst = order.sample(pages, len(pages)), order.sample(pages, len(pages))
+        pull_blocks: Any = getattr(self.env.cm, "pull_blocks")
+        await pull_blocks(BlocksCacheKey(self.target, _MODEL_ID), self.local, src, dst)
+
+    async def _transfer(self, _index: int) -> None:
+        assert self.local is not None and self.remote is not None
+        from hixl_client.transfer_config import TransferConfig
+
+        config = TransferConfig(self.target, list(self.remote.tensor_addrs))
+        transfer: Any = getattr(self.env.cm, "transfer_cache_async")
+        task = transfer(self.local, _Ready(), [config])
+        if inspect.isawaitable(task):
+            task = await task
+        await _wait_task(task)
+
+
+async def run_kv(env: Clusters, kv: KvCase, budget: Budget) -> Row:
+    """Measure one KV case: p50 of the whole prompt's move is its ``prompt_ms``."""
+    row = _row(kv)
+    method = _METHODS[kv.mode]
+    if not supports(env.cm, method):
+        row.status = f"skipped: {method} not available in this build"
+        return row
+    prompt = _Prompt(env, kv)
+    try:
+        request = await prompt.setup()
+        timing = await drive(request, 1, budget)
+        row.fill(timing, kv.prompt_bytes)
+        row.extra["prompt_ms"] = None if row.p50_us is None else row.p50_us / 1e3
+    except Exception as exc:  # reported in the row; the run goes on
+        row.status = f"error: {type(exc).__name__}: {exc}"
+    finally:
+        await prompt.close()
+    return row

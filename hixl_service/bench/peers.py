@@ -1,0 +1,156 @@
+"""Peers measured in the same run: Mooncake Transfer Engine (TCP) and NIXL (UCX over TCP).
+
+Each peer runs as two processes of ``peer_worker.py`` (a target that
+registers its memory and an initiator that moves the bytes), on the same
+block sizes and batch shapes as hixl's rows, one request in flight. A peer
+that is not installed (its package does not import in the chosen
+interpreter) is reported as skipped, never faked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hixl_service.bench.model import PEER, Budget, Case, Row, Timing
+
+_WORKER = str(Path(__file__).with_name("peer_worker.py"))
+
+
+@dataclass(frozen=True)
+class Peer:
+    """A peer engine: its row name, the module that must import, its environment."""
+
+    name: str
+    engine: str
+    module: str
+    env: dict[str, str] = field(default_factory=dict)
+
+
+PEERS = {
+    "mooncake": Peer("mooncake-tcp", "mooncake", "mooncake.engine"),
+    # UCX's default on one host is shared memory (CMA); TCP is the like-for-like path.
+    "nixl": Peer("nixl-ucx-tcp", "nixl", "nixl._api", {"UCX_TLS": "tcp"}),
+}
+
+
+def _skipped(peer: Peer, case: Case, reason: str) -> Row:
+    return Row(PEER, peer.name, case.suite, case.op, case.path, case.block, case.nblocks,
+               status=f"skipped: {reason}")
+
+
+async def _check_import(python: str, module: str) -> str | None:
+    """None if ``module`` imports under ``python``, else the reason it does not."""
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            python, "-c", f"import {module}", stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL)
+    except OSError as exc:
+        return f"cannot run {python}: {exc}"
+    _, err = await asyncio.wait_for(proc.communicate(), 120)
+    if proc.returncode == 0:
+        return None
+    lines = err.decode(errors="replace").strip().splitlines()
+    return f"not installed ({lines[-1] if lines else 'import failed'})"
+
+
+async def _spawn(python: str, peer: Peer, role: str, cold: int) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        python, "-u", _WORKER, role, peer.engine, str(cold),
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL, env={**os.environ, **peer.env})
+
+
+async def _read_json(proc: asyncio.subprocess.Process, timeout: float) -> dict[str, Any]:
+    assert proc.stdout is not None
+    while True:
+        line = await asyncio.wait_for(proc.stdout.readline(), timeout)
+        if not line:
+            raise RuntimeError(f"the worker exited (code {await proc.wait()})")
+        with contextlib.suppress(json.JSONDecodeError):
+            record = json.loads(line)
+            if isinstance(record, dict):
+                return record
+
+
+async def _stop(proc: asyncio.subprocess.Process) -> None:
+    if proc.stdin is not None and not proc.stdin.is_closing():
+        proc.stdin.close()
+    try:
+        await asyncio.wait_for(proc.wait(), 10)
+    except asyncio.TimeoutError:
+        proc.kill()
+        await proc.wait()
+
+
+async def _measure(python: str, peer: Peer, cases: list[Case], cold: int, budget: Budget,
+                   progress: Callable[[Row], None]) -> list[Row]:
+    rows: list[Row] = []
+    per_case = 3 * budget.seconds + 20
+    target = await _spawn(python, peer, "target", cold)
+    initiator: asyncio.subprocess.Process | None = None
+    try:
+        ready = await _read_json(target, 120)
+        if "info" not in ready:
+            raise RuntimeError(ready.get("error", f"unexpected {ready}"))
+        initiator = await _spawn(python, peer, "initiator", cold)
+        spec = {"info": ready["info"], "cases": [[c.op, c.block, c.nblocks] for c in cases],
+                "budget": {"seconds": budget.seconds, "min_requests": budget.min_requests,
+                           "max_requests": budget.max_requests, "warmup": budget.warmup}}
+        assert initiator.stdin is not None
+        initiator.stdin.write(json.dumps(spec).encode())
+        initiator.stdin.close()
+        for case in cases:
+            record = await _read_json(initiator, per_case + 120)
+            row = Row(PEER, peer.name, case.suite, case.op, case.path, case.block, case.nblocks)
+            if "latencies" in record:
+                row.fill(Timing(record["latencies"], record["wall_s"]), case.request_bytes)
+            else:
+                row.status = f"error: {record.get('error', record)}"
+            progress(row)
+            rows.append(row)
+            if "case" not in record:  # the worker failed as a whole
+                break
+    finally:
+        if initiator is not None:
+            await _stop(initiator)
+        await _stop(target)
+    return rows
+
+
+async def peer_rows(names: list[str], cases: list[Case], cold: int, budget: Budget,
+                    pythons: dict[str, str], progress: Callable[[Row], None]) -> list[Row]:
+    """Rows of every peer in ``names`` for ``cases``; skipped rows when one is unavailable.
+
+    Args:
+        names: keys of :data:`PEERS` to try.
+        cases: the shapes and operations to run (path ``tcp``, one in flight).
+        cold: bytes of registered memory on each side, rotated through.
+        budget: per case.
+        pythons: an interpreter per peer name (default: this one).
+        progress: called with each row as it completes.
+    """
+    rows: list[Row] = []
+    for name in names:
+        peer = PEERS[name]
+        python = pythons.get(name, sys.executable)
+        reason = await _check_import(python, peer.module)
+        if reason is None:
+            try:
+                rows += await _measure(python, peer, cases, cold, budget, progress)
+                continue
+            except (RuntimeError, OSError, asyncio.TimeoutError) as exc:
+                reason = f"failed: {exc}"
+        done = {(r.name, r.op, r.block, r.nblocks) for r in rows}
+        for case in cases:
+            if (peer.name, case.op, case.block, case.nblocks) not in done:
+                rows.append(_skipped(peer, case, reason))
+                progress(rows[-1])
+    return rows

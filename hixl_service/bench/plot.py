@@ -1,0 +1,70 @@
+"""Throughput against block size (one block per request) for hixl, the ceilings and the peers.
+
+``python -m hixl_service.bench.plot RESULTS.jsonl OUT.png`` replots a saved run;
+hixl-bench calls :func:`plot` itself with ``--plot``. Needs matplotlib (the
+``bench`` extra).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+
+def _series(records: list[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:
+    series: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    for r in records:
+        if r.get("status") != "ok" or not r.get("gbps") or r.get("nblocks") != 1:
+            continue
+        if r["kind"] == "ceiling" and r["name"] != "grpc-rtt":
+            series[r["name"]].append((r["block"], r["gbps"]))
+        elif r["kind"] in ("hixl", "peer") and r["suite"] == "block":
+            series[f"{r['name']} {r['op']} {r['path']}"].append((r["block"], r["gbps"]))
+    return {name: sorted(points) for name, points in series.items()}
+
+
+def plot(records: list[dict[str, Any]], path: Path, title: str = "") -> str | None:
+    """Write the PNG; returns None, or why it could not (matplotlib missing, no data)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install -e '.[bench]')"
+    series = _series(records)
+    if not series:
+        return "no block-size rows to plot"
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    for name, points in sorted(series.items()):
+        style = "--" if name.startswith(("memcpy", "tcp-c")) else "-"
+        ax.plot([p[0] for p in points], [p[1] for p in points], style, marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ticks = sorted({p[0] for points in series.values() for p in points})
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([f"{t >> 20}M" if t >= 1 << 20 else f"{t >> 10}K" for t in ticks])
+    ax.set_xlabel("block size (one block per request, one request in flight)")
+    ax.set_ylabel("GB/s (10^9 B/s)")
+    ax.set_title(title or "hixl-bench: throughput against block size")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None
+
+
+def main() -> int:
+    records = [json.loads(line) for line in Path(sys.argv[1]).read_text().splitlines() if line]
+    problem = plot(records, Path(sys.argv[2]))
+    if problem:
+        print(problem, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

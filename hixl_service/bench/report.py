@@ -1,0 +1,153 @@
+"""Ratios between rows, the terminal table, progress lines and the JSON-lines output."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, TextIO
+
+from hixl_service.bench.ceilings import GRPC_RTT, MEMCPY, tcp_name
+from hixl_service.bench.model import CEILING, GIB, HIXL, KIB, MIB, PEER, PROBE, Row
+from hixl_service.bench.runner import NOOP, TINY, split
+
+_ORDER = {CEILING: 0, PROBE: 1, HIXL: 2, PEER: 3}
+
+
+def size(n: int) -> str:
+    """4096 -> '4K', 1 << 20 -> '1M' (binary units)."""
+    for unit, scale in (("G", GIB), ("M", MIB), ("K", KIB)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale}{unit}"
+    if n >= MIB:
+        return f"{n / MIB:.1f}M"
+    return f"{n / KIB:.1f}K" if n >= KIB else str(n)
+
+
+def _find(rows: Iterable[Row], **want: Any) -> Row | None:
+    for row in rows:
+        if row.ok and all(getattr(row, k) == v for k, v in want.items()):
+            return row
+    return None
+
+
+def _ceiling_for(row: Row, ceilings: list[Row], streams: int) -> Row | None:
+    name = MEMCPY if row.path == "local" else tcp_name(streams)
+    if row.suite != "kv":
+        return _find(ceilings, name=name, block=row.block, nblocks=row.nblocks)
+    # A KV row's ceiling ran on the same block size with as many blocks as fit.
+    same_block = [c for c in ceilings if c.ok and c.name == name and c.block == row.block]
+    return max(same_block, key=lambda c: c.nblocks, default=None)
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b == 0 or math.isnan(a) or math.isnan(b):
+        return None
+    return a / b
+
+
+def add_ratios(rows: list[Row], streams: int) -> None:
+    """Fill ratio columns and the time split, in place.
+
+    * hixl rows: GB/s over the matching ceiling (``local`` -> cold memcpy,
+      ``tcp`` -> raw loopback TCP with as many streams as hixl's links), same
+      block size and blocks per request; concurrency rows compare with the
+      one-in-flight ceiling;
+    * peer rows: GB/s over hixl's row of the same operation and shape;
+    * every timed row: p50 over the bare gRPC round trip (``rtt_ratio``).
+    """
+    ceilings = [r for r in rows if r.kind == CEILING]
+    grpc = _find(ceilings, name=GRPC_RTT)
+    noop = _find(rows, name=NOOP)
+    for row in rows:
+        if not row.ok:
+            continue
+        if grpc is not None and row is not grpc:
+            row.rtt_ratio = _ratio(row.p50_us, grpc.p50_us)
+        if row.kind == HIXL:
+            ceiling = _ceiling_for(row, ceilings, streams)
+            if ceiling is not None:
+                row.ratio, row.ratio_to = _ratio(row.gbps, ceiling.gbps), ceiling.name
+            tiny = _find(rows, name=TINY, path=row.path)
+            split(row, noop.p50_us if noop else None, tiny.p50_us if tiny else None)
+        elif row.kind == PEER:
+            hixl = _find(rows, kind=HIXL, op=row.op, path=row.path, block=row.block,
+                         nblocks=row.nblocks, conc=1, suite=row.suite)
+            if hixl is not None:
+                row.ratio, row.ratio_to = _ratio(row.gbps, hixl.gbps), "hixl"
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "-" if value is None or math.isnan(value) else format(value, fmt)
+
+
+COLUMNS = (("what", 22), ("suite", 5), ("op", 4), ("path", 5), ("block", 6), ("n", 5),
+           ("conc", 4), ("GB/s", 7), ("req/s", 8), ("p50 us", 9), ("p99 us", 9),
+           ("client", 7), ("ctrl", 7), ("data", 9), ("ratio", 6), ("vs", 9), ("p50/rtt", 7))
+
+
+def _cells(row: Row) -> list[str]:
+    what = row.name
+    if row.suite == "kv":
+        what = f"{row.name} {row.extra.get('kv_mode', '')}"
+    return [what, row.suite, row.op, row.path, size(row.block) if row.block else "-",
+            str(row.nblocks or "-"), str(row.conc), _num(row.gbps, ".3f"), _num(row.rps, ".0f"),
+            _num(row.p50_us, ".1f"), _num(row.p99_us, ".1f"), _num(row.client_us, ".0f"),
+            _num(row.control_us, ".0f"), _num(row.data_us, ".0f"), _num(row.ratio, ".2f"),
+            row.ratio_to or "-", _num(row.rtt_ratio, ".2f")]
+
+
+def format_row(row: Row) -> str:
+    cells = _cells(row)
+    text = " ".join(c.rjust(w) if i > 0 else c.ljust(w)
+                    for i, (c, (_, w)) in enumerate(zip(cells, COLUMNS, strict=True)))
+    if row.suite == "kv" and row.ok:
+        text += f"  {row.extra['model']} {row.extra['tokens']} tok: " \
+                f"{_num(row.extra.get('prompt_ms'), '.1f')} ms/prompt"
+    elif row.suite == "kv":
+        text += f"  {row.extra['model']} {row.extra['tokens']} tok"
+    return text if row.ok else f"{text}  {row.status}"
+
+
+def header() -> str:
+    return " ".join(name.rjust(w) if i > 0 else name.ljust(w)
+                    for i, (name, w) in enumerate(COLUMNS))
+
+
+def print_table(rows: list[Row], out: TextIO = sys.stdout) -> None:
+    """The final table: ceilings, probes, hixl rows, peers; each group in run order."""
+    ordered = sorted(rows, key=lambda r: _ORDER.get(r.kind, 9))
+    print(header(), file=out)
+    print("-" * len(header()), file=out)
+    kind = None
+    for row in ordered:
+        if kind is not None and row.kind != kind:
+            print(file=out)
+        kind = row.kind
+        print(format_row(row), file=out)
+
+
+class Progress:
+    """Prints each row as it completes (stderr), with a running count."""
+
+    def __init__(self, total: int, out: TextIO = sys.stderr, quiet: bool = False) -> None:
+        self.total, self.done, self.out, self.quiet = total, 0, out, quiet
+
+    def __call__(self, row: Row) -> None:
+        self.done += 1
+        if not self.quiet:
+            print(f"[{self.done:>3}/{self.total}] {format_row(row)}", file=self.out, flush=True)
+
+    def note(self, text: str) -> None:
+        if not self.quiet:
+            print(f"# {text}", file=self.out, flush=True)
+
+
+def write_json(path: Path, rows: list[Row], meta: dict[str, Any]) -> None:
+    """JSON lines: one ``{"kind": "meta", ...}`` record, then one record per row."""
+    with path.open("w", encoding="utf-8") as out:
+        out.write(json.dumps({"kind": "meta", **meta}) + "\n")
+        for row in rows:
+            out.write(json.dumps(row.to_json()) + "\n")

@@ -1,0 +1,168 @@
+"""hixl rows of the block, batch and concurrency sweeps: one small adapter per operation.
+
+A request of ``nblocks`` blocks of ``block`` bytes is one call moving one batch
+slot of a continuous cache of ``nblocks`` tensors shaped ``[slots, block]``
+(uint8) between the initiator and a target cluster: the blocks of one request
+are ``slots * block`` bytes apart in both caches, so the daemon moves
+``nblocks`` separate ranges. Successive requests take successive slots, so
+source and destination rotate through about ``cold_bytes`` each, as the
+ceilings do.
+
+* ``pull``: ``pull_cache(CacheKeyByIdAndIndex(target, src, slot), dst,
+  batch_index=slot)`` (by id, which never drops the source);
+* ``push``: ``push_cache(CacheKeyByIdAndIndex(target, dst, slot), src,
+  src_batch_index=slot, tensor_num_per_layer=1)``, reported as skipped when
+  this build's CacheManager has no ``push_cache``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from hixl_client import Cache, CacheDesc, CacheKey, CacheKeyByIdAndIndex, DataType
+from hixl_service.bench.env import Clusters, slot_desc, slots_for, supports
+from hixl_service.bench.model import HIXL, PROBE, Budget, Case, Row, Timing, drive
+
+_OP_METHODS = {"pull": "pull_cache", "push": "push_cache"}
+NOOP, TINY = "hixl-noop", "hixl-tiny"
+
+
+@dataclass
+class Caches:
+    """The initiator's cache and the target's cache of one case."""
+
+    local: Cache
+    remote: Cache
+    slots: int
+
+
+class Operation:
+    """How one request of a case is issued; subclasses are the operations."""
+
+    name = ""
+    method = ""
+
+    def __init__(self, env: Clusters, path: str, caches: Caches) -> None:
+        self.env, self.path, self.caches = env, path, caches
+        self.target = env.target_id(path)
+
+    async def request(self, index: int) -> None:
+        raise NotImplementedError
+
+
+class Pull(Operation):
+    name, method = "pull", "pull_cache"
+
+    async def request(self, index: int) -> None:
+        slot = index % self.caches.slots
+        key = CacheKeyByIdAndIndex(self.target, self.caches.remote.cache_id, slot)
+        await self.env.cm.pull_cache(key, self.caches.local, batch_index=slot)
+
+
+class Push(Operation):
+    name, method = "push", "push_cache"
+
+    async def request(self, index: int) -> None:
+        slot = index % self.caches.slots
+        key = CacheKeyByIdAndIndex(self.target, self.caches.remote.cache_id, slot)
+        push = getattr(self.env.cm, self.method)
+        await push(key, self.caches.local, src_batch_index=slot, tensor_num_per_layer=1)
+
+
+OPERATIONS: dict[str, type[Operation]] = {"pull": Pull, "push": Push}
+
+
+def unavailable(env: Clusters, op: str) -> str | None:
+    """Why ``op`` cannot run in this build, or None."""
+    method = OPERATIONS[op].method
+    if not supports(env.cm, method):
+        return f"skipped: {method} not available in this build"
+    return None
+
+
+async def _allocate(env: Clusters, path: str, desc: CacheDesc) -> Caches:
+    local = await env.cm.allocate_cache(desc)
+    try:
+        remote = await env.target_cm(path).allocate_cache(desc)
+    except BaseException:
+        await env.cm.deallocate_cache(local)
+        raise
+    return Caches(local, remote, desc.shape[0])
+
+
+async def _free(env: Clusters, path: str, caches: Caches) -> None:
+    await env.cm.deallocate_cache(caches.local)
+    await env.target_cm(path).deallocate_cache(caches.remote)
+
+
+async def run_case(env: Clusters, case: Case, cold_bytes: int, budget: Budget) -> Row:
+    """Measure one case; a missing operation or a failure becomes the row's status."""
+    row = Row(HIXL, "hixl", case.suite, case.op, case.path, case.block, case.nblocks, case.conc)
+    reason = unavailable(env, case.op)
+    if reason:
+        row.status = reason
+        return row
+    slots = max(slots_for(case.block, case.nblocks, cold_bytes), 2 * case.conc)
+    try:
+        caches = await _allocate(env, case.path, slot_desc(case.block, case.nblocks, slots))
+    except Exception as exc:  # reported, not raised: one failed shape must not end the run
+        row.status = f"error: allocate: {exc}"
+        return row
+    try:
+        operation = OPERATIONS[case.op](env, case.path, caches)
+        timing = await drive(operation.request, case.conc, budget)
+        row.fill(timing, case.request_bytes)
+    except Exception as exc:
+        row.status = f"error: {type(exc).__name__}: {exc}"
+    finally:
+        await _free(env, case.path, caches)
+    return row
+
+
+async def probe_rows(env: Clusters, paths: tuple[str, ...], budget: Budget,
+                     progress: Callable[[Row], None]) -> list[Row]:
+    """The zero-byte-ish requests behind each row's time split.
+
+    * ``hixl-noop``: ``remove_cache_key`` of an unbound key, a client-to-daemon
+      round trip through hixl's client and servicer that does no work;
+    * ``hixl-tiny`` per path: a pull of one 64-byte block, i.e. the fixed cost
+      of a pull (client call, daemon control work, one data-plane round trip).
+    """
+    rows = []
+    unbound = CacheKey(env.initiator.cluster_id, req_id=0x7FFF_FFFF)
+
+    async def noop(_index: int) -> None:
+        await env.cm.remove_cache_key(unbound)
+
+    timing = await drive(noop, 1, budget)
+    rows.append(Row(PROBE, NOOP, "probe", "rpc", "unix").fill(timing, 0))
+    progress(rows[-1])
+    desc = CacheDesc(1, [2, 64], DataType.DT_UINT8)
+    for path in paths:
+        caches = await _allocate(env, path, desc)
+        try:
+            timing = await drive(Pull(env, path, caches).request, 1, budget)
+        finally:
+            await _free(env, path, caches)
+        rows.append(Row(PROBE, TINY, "probe", "pull", path, 64, 1).fill(timing, 64))
+        progress(rows[-1])
+    return rows
+
+
+def split(row: Row, noop_p50_us: float | None, tiny_p50_us: float | None) -> None:
+    """Split a row's p50 into client-to-daemon, daemon control and data movement.
+
+    Estimated from the probes until the daemon reports its own timing: client =
+    the no-op round trip; control = the tiny pull less the no-op (it includes
+    the data plane's fixed per-request round trip); data = the rest.
+    """
+    if row.p50_us is None or noop_p50_us is None or tiny_p50_us is None:
+        return
+    row.client_us = noop_p50_us
+    row.control_us = max(0.0, tiny_p50_us - noop_p50_us)
+    row.data_us = max(0.0, row.p50_us - tiny_p50_us)
+
+
+def empty_timing() -> Timing:
+    return Timing([], 0.0)

@@ -1,0 +1,272 @@
+"""transfer_cache_async: layer-wise pushes with a synchronizer, and CacheTask's contract."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+
+import numpy as np
+import pytest
+import pytest_asyncio
+
+from hixl_client import (
+    BlocksCacheKey,
+    Cache,
+    CacheDesc,
+    CacheKeyByIdAndIndex,
+    DataType,
+    LayerSynchronizer,
+    LLMDataDist,
+    LLMException,
+    LLMRole,
+    LLMStatusCode,
+    Placement,
+    TransferConfig,
+    TransferWithCacheKeyConfig,
+)
+from hixl_service.testing import DaemonProcess
+
+from .conftest import Pair, cluster_info, make_pair, options
+
+pytestmark = pytest.mark.asyncio
+
+OK = LLMStatusCode.LLM_SUCCESS
+RNG = np.random.default_rng(11)
+
+
+class Ready(LayerSynchronizer):
+    """Every layer is ready at once; records the calls."""
+
+    def __init__(self, answer: bool = True, delay_s: float = 0.0) -> None:
+        self.calls: list[int] = []
+        self.answer = answer
+        self.delay_s = delay_s
+
+    def synchronize_layer(self, layer_index: int, timeout_in_millis: int | None) -> bool:
+        self.calls.append(layer_index)
+        time.sleep(self.delay_s)  # blocking on purpose: it runs in a worker thread
+        return self.answer
+
+
+def fill(cache: Cache) -> None:
+    for i in range(cache.cache_desc.num_tensors):
+        view = np.frombuffer(cache.tensor_view(i), dtype=np.uint8)
+        view[:] = RNG.integers(0, 256, view.size, dtype=np.uint8)
+
+
+def raw(cache: Cache, tensor: int) -> np.ndarray:
+    return np.frombuffer(cache.tensor_view(tensor), dtype=np.uint8).reshape(
+        cache.cache_desc.shape[0], -1)
+
+
+@pytest_asyncio.fixture
+async def accessible(prefill_daemon: DaemonProcess, decode_daemon: DaemonProcess,
+                     next_cluster_id: Callable[[], int]) -> AsyncIterator[Pair]:
+    """decoder (the sender, on the decode daemon) linked to prompt (the receiver)."""
+    made = await make_pair(decode_daemon, prefill_daemon, next_cluster_id,
+                           remote_accessible=True)
+    yield made
+    await made.decoder.finalize()
+    await made.prompt.finalize()
+
+
+async def test_layers_land_with_relative_destination_layers(accessible: Pair) -> None:
+    sender, receiver = accessible.decoder, accessible.prompt
+    desc = CacheDesc(8, [2, 8192], DataType.DT_FLOAT16)  # 4 layers, 2 slots
+    src = await sender.cache_manager.allocate_cache(desc)
+    fill(src)
+    dst = await receiver.cache_manager.allocate_cache(desc)
+    before = [raw(dst, i).copy() for i in range(8)]
+    sync = Ready()
+    config = TransferWithCacheKeyConfig(CacheKeyByIdAndIndex(receiver.cluster_id, dst.cache_id, 1),
+                                        range(1, 3), range(2), src_batch_index=0)
+    task = sender.cache_manager.transfer_cache_async(src, sync, [config])
+    assert await task == [OK]
+    assert sync.calls == [1, 2]  # only layers some config needs, in order
+    for layer in (1, 2):
+        for kv in range(2):
+            np.testing.assert_array_equal(raw(dst, (layer - 1) * 2 + kv)[1],
+                                          raw(src, layer * 2 + kv)[0])
+    for tensor in (4, 5, 6, 7):
+        np.testing.assert_array_equal(raw(dst, tensor), before[tensor])
+    assert await task.synchronize() == OK and await task.synchronize(0) == OK
+
+
+async def test_blocks_to_blocks_and_cache_to_blocks(accessible: Pair) -> None:
+    sender, receiver = accessible.decoder, accessible.prompt
+    blocks_desc = CacheDesc(4, [16, 1024], DataType.DT_UINT8)
+    dst = await receiver.cache_manager.allocate_blocks_cache(
+        blocks_desc, BlocksCacheKey(receiver.cluster_id, 4))
+    src = await sender.cache_manager.allocate_blocks_cache(blocks_desc)
+    fill(src)
+    key = BlocksCacheKey(receiver.cluster_id, 4)
+    config = TransferWithCacheKeyConfig(key, range(2), range(2))
+    task = sender.cache_manager.transfer_cache_async(src, Ready(), [config], [0, 1, 5], [9, 10, 2])
+    assert await task.synchronize(5000) == OK
+    for i in range(4):
+        np.testing.assert_array_equal(raw(dst, i)[[9, 10, 2]], raw(src, i)[[0, 1, 5]])
+    slot = await sender.cache_manager.allocate_cache(CacheDesc(4, [1, 4 * 1024], DataType.DT_UINT8))
+    fill(slot)
+    task = sender.cache_manager.transfer_cache_async(
+        slot, Ready(), [TransferWithCacheKeyConfig(key, range(2), range(2))],
+        dst_block_indices=[12, 13, 3, 4], dst_block_memory_size=1024)
+    assert await task == [OK]
+    for i in range(4):
+        np.testing.assert_array_equal(raw(dst, i)[[12, 13, 3, 4]].reshape(-1), raw(slot, i)[0])
+
+
+async def test_each_layer_leaves_before_the_next_is_computed(accessible: Pair) -> None:
+    sender, receiver = accessible.decoder, accessible.prompt
+    desc = CacheDesc(4, [1, 1 << 20], DataType.DT_UINT8)
+    src = await sender.cache_manager.allocate_cache(desc)
+    fill(src)
+    dst = await receiver.cache_manager.allocate_cache(desc)
+    landed = threading.Event()
+
+    class WaitForLayer0(LayerSynchronizer):
+        def synchronize_layer(self, layer_index: int, timeout_in_millis: int | None) -> bool:
+            if layer_index == 1:  # "computing" layer 1 until layer 0 is at the receiver
+                deadline = time.monotonic() + 10
+                while not np.array_equal(raw(dst, 1), raw(src, 1)):
+                    assert time.monotonic() < deadline, "layer 0 never arrived"
+                    time.sleep(0.002)
+                landed.set()
+            return True
+
+    key = CacheKeyByIdAndIndex(receiver.cluster_id, dst.cache_id)
+    task = sender.cache_manager.transfer_cache_async(
+        src, WaitForLayer0(), [TransferWithCacheKeyConfig(key, range(2), range(2))])
+    assert await task == [OK] and landed.is_set()
+
+
+async def test_async_synchronizer_and_timing_contract(accessible: Pair) -> None:
+    sender, receiver = accessible.decoder, accessible.prompt
+    desc = CacheDesc(10, [1, 4096], DataType.DT_UINT8)
+    src = await sender.cache_manager.allocate_cache(desc)
+    dst = await receiver.cache_manager.allocate_cache(desc)
+
+    class Slow(LayerSynchronizer):
+        async def synchronize_layer(self, layer_index: int,  # type: ignore[override]
+                                    timeout_in_millis: int | None) -> bool:
+            if layer_index == 0:
+                await asyncio.sleep(0.3)
+            return True
+
+    key = CacheKeyByIdAndIndex(receiver.cluster_id, dst.cache_id)
+    configs = [TransferWithCacheKeyConfig(key, range(3), range(3)),
+               TransferWithCacheKeyConfig(key, range(3, 5), range(3, 5))]
+    task = sender.cache_manager.transfer_cache_async(src, Slow(), configs)
+    assert await task.synchronize(0) == LLMStatusCode.LLM_TIMEOUT
+    assert await task.get_results(0) == [LLMStatusCode.LLM_TIMEOUT] * 2
+    assert await task.synchronize(5000) == OK
+    assert await task.get_results() == [OK, OK]
+
+
+async def test_synchronizer_false_stops_the_task(
+        accessible: Pair, prefill_daemon: DaemonProcess,
+        next_cluster_id: Callable[[], int]) -> None:
+    sender, receiver = accessible.decoder, accessible.prompt
+    other = LLMDataDist(LLMRole.PROMPT, next_cluster_id(), daemon=prefill_daemon.client_target)
+    await other.init(options(remote_accessible=True))
+    try:
+        await sender.link_clusters([cluster_info(other.cluster_id, prefill_daemon.peer_address)])
+        desc = CacheDesc(10, [1, 64], DataType.DT_UINT8)
+        src = await sender.cache_manager.allocate_cache(desc)
+        first = await receiver.cache_manager.allocate_cache(desc)
+        second = await other.cache_manager.allocate_cache(desc)
+        configs = [
+            TransferWithCacheKeyConfig(CacheKeyByIdAndIndex(receiver.cluster_id, first.cache_id),
+                                       range(3), range(3)),
+            TransferWithCacheKeyConfig(CacheKeyByIdAndIndex(other.cluster_id, second.cache_id),
+                                       range(2, 4), range(2, 4)),
+        ]
+        sync = Ready(answer=False)
+        task = sender.cache_manager.transfer_cache_async(src, sync, configs)
+        assert await task.synchronize() != OK
+        assert await task.get_results() == [LLMStatusCode.LLM_PARAM_INVALID, None]
+        assert sync.calls == [0]
+    finally:
+        await sender.unlink_clusters([cluster_info(other.cluster_id,
+                                                   prefill_daemon.peer_address)])
+        await other.finalize()
+
+
+async def test_failures_are_reported_per_config(accessible: Pair) -> None:
+    sender, receiver = accessible.decoder, accessible.prompt
+    desc = CacheDesc(4, [1, 64], DataType.DT_UINT8)
+    src = await sender.cache_manager.allocate_cache(desc)
+    missing = TransferWithCacheKeyConfig(CacheKeyByIdAndIndex(receiver.cluster_id, 12345),
+                                         range(2), range(2))
+    task = sender.cache_manager.transfer_cache_async(src, Ready(), [missing])
+    assert await task == [LLMStatusCode.LLM_KV_CACHE_NOT_EXIST]
+    small = await receiver.cache_manager.allocate_cache(CacheDesc(2, [1, 64], DataType.DT_UINT8))
+    too_far = TransferWithCacheKeyConfig(
+        CacheKeyByIdAndIndex(receiver.cluster_id, small.cache_id), range(2), range(2))
+    task = sender.cache_manager.transfer_cache_async(src, Ready(), [too_far])
+    assert await task == [LLMStatusCode.LLM_PARAM_INVALID]  # layer 1 has no destination
+
+
+async def test_cancel_leaves_both_sides_usable(accessible: Pair) -> None:
+    sender, receiver = accessible.decoder, accessible.prompt
+    desc = CacheDesc(16, [1, 1 << 16], DataType.DT_UINT8)
+    src = await sender.cache_manager.allocate_cache(desc)
+    fill(src)
+    dst = await receiver.cache_manager.allocate_cache(desc)
+    key = CacheKeyByIdAndIndex(receiver.cluster_id, dst.cache_id)
+    config = TransferWithCacheKeyConfig(key, range(8), range(8))
+    task = sender.cache_manager.transfer_cache_async(src, Ready(delay_s=0.05), [config])
+    await asyncio.sleep(0.12)
+    task.cancel()
+    assert await task.synchronize(5000) == LLMStatusCode.LLM_TIMEOUT  # the default code
+    assert task.done()
+    again = sender.cache_manager.transfer_cache_async(src, Ready(), [config])
+    assert await again == [OK]
+    for i in range(16):
+        np.testing.assert_array_equal(raw(dst, i), raw(src, i))
+
+
+async def test_validation_before_anything_starts(accessible: Pair, pair: Pair) -> None:
+    cm = accessible.decoder.cache_manager
+    desc = CacheDesc(4, [2, 64], DataType.DT_UINT8)
+    src = await cm.allocate_cache(desc)
+    key = CacheKeyByIdAndIndex(accessible.prompt.cluster_id, 1)
+    good = TransferWithCacheKeyConfig(key, range(1), range(1))
+    sync = Ready()
+    cases: list[tuple[dict[str, object], type[Exception], str]] = [
+        ({"src_cache": None}, TypeError, ""),
+        ({"src_cache": "cache"}, TypeError, ""),
+        ({"dst_block_indices": [0, "1"]}, TypeError, ""),
+        ({"src_block_indices": [-1]}, ValueError, ""),
+        ({"dst_block_memory_size": -1}, ValueError, ""),
+        ({"src_block_indices": [0], "dst_block_indices": []}, LLMException, "blocks to cache"),
+        ({"src_block_indices": [0], "dst_block_indices": [0, 1]}, LLMException, "length"),
+        ({"dst_block_indices": [0]}, LLMException, "dst_block_memory_size"),
+        ({"layer_synchronizer": None}, TypeError, ""),
+        ({"transfer_configs": None}, TypeError, ""),
+        ({"transfer_configs": [TransferConfig(1, [1, 2])]}, TypeError,
+         "enable_remote_cache_accessible"),
+        ({"dst_block_memory_size": 1}, LLMException, "None or 0"),
+        ({"transfer_configs": [TransferWithCacheKeyConfig(key, range(3), range(3))]},
+         LLMException, "out of range"),
+        ({"transfer_configs": [TransferWithCacheKeyConfig(key, range(1), range(1), 2)]},
+         LLMException, r"src_batch_index 2 out of range: \[0, 2\)"),
+    ]
+    for change, error, match in cases:
+        args: dict[str, object] = {"src_cache": src, "layer_synchronizer": sync,
+                                   "transfer_configs": [good], **change}
+        with pytest.raises(error, match=match or None):
+            cm.transfer_cache_async(**args)  # type: ignore[arg-type]
+    odd = await cm.allocate_cache(CacheDesc(3, [1, 64], DataType.DT_UINT8))
+    with pytest.raises(LLMException, match="not even"):
+        cm.transfer_cache_async(odd, sync, [good])
+    host = Cache(5, CacheDesc(2, [1, 8], DataType.DT_UINT8, Placement.HOST), [1, 2])
+    with pytest.raises(LLMException):
+        cm.transfer_cache_async(host, sync, [good])
+    defaulted = TransferConfig(accessible.prompt.cluster_id, [1, 2, 3, 4])
+    plain_src = await pair.decoder.cache_manager.allocate_cache(desc)
+    task = pair.decoder.cache_manager.transfer_cache_async(plain_src, Ready(), [defaulted])
+    assert defaulted.src_layer_range == range(2)  # assigned on the user's object
+    assert await task.synchronize() != OK  # no link from this cluster
+    assert sync.calls == []
