@@ -11,6 +11,7 @@ from .cache_manager import CacheManager
 from .config import LLMClusterInfo, LLMConfig, LlmConfig
 from .keys import BlocksCacheKey, CacheKey, CacheKeyByIdAndIndex
 from .llm_datadist import LLMDataDist
+from .shareable import ShareableBuffer, alloc_shareable
 from .status import LLMException, LLMStatusCode, Status
 from .transfer_config import TransferConfig, TransferWithCacheKeyConfig
 from .types import (
@@ -47,7 +48,9 @@ __all__ = [
     "Memtype",
     "Placement",
     "RegisterMemStatus",
+    "ShareableBuffer",
     "Status",
     "TransferConfig",
     "TransferWithCacheKeyConfig",
+    "alloc_shareable",
 ]

@@ -45,9 +45,12 @@ class ManagerBase:
     """The session, pools and options every cache operation needs."""
 
     def __init__(self, connection: DaemonConnection, options: dict[str, str],
-                 pools: dict[int, PoolMapping]) -> None:
+                 pools: dict[int, PoolMapping], fd_socket: str = "",
+                 upload_token: bytes = b"") -> None:
         self._connection = connection
         self._pools = pools
+        self._fd_socket = fd_socket
+        self._upload_token = upload_token
         self._initialized = True
         self._is_call_linked = False
         self._enabled_mem_pool = bool(options.get("llm.MemPoolConfig"))

@@ -21,6 +21,9 @@ from .types import Placement
 
 FD_REQUEST_TIMEOUT_S = 5.0
 _GRANTED = b"\x00"
+# Operations of the daemon's fd socket (see hixl_service.fd_server).
+_OP_FETCH = b"\x01"
+_OP_UPLOAD = b"\x02"
 
 
 @dataclass
@@ -39,7 +42,7 @@ def _fetch_fd(fd_socket: str, token: bytes) -> int:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(FD_REQUEST_TIMEOUT_S)
         sock.connect(fd_socket)
-        sock.sendall(token)
+        sock.sendall(_OP_FETCH + token)
         message, fds, _flags, _addr = socket.recv_fds(sock, 1, 1)
     if message != _GRANTED or len(fds) != 1:
         for fd in fds:
@@ -66,3 +69,29 @@ async def map_pools(fd_socket: str, pools: list[client_pb2.PoolInfo]) -> dict[in
     """Fetch and map every pool of an Init reply, off the event loop."""
     mapped = await asyncio.gather(*(asyncio.to_thread(_map_pool, fd_socket, p) for p in pools))
     return {m.pool_id: m for m in mapped}
+
+
+def _upload(fd_socket: str, token: bytes, fd: int) -> int:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(FD_REQUEST_TIMEOUT_S)
+        sock.connect(fd_socket)
+        socket.send_fds(sock, [_OP_UPLOAD + token], [fd])
+        reply = b""
+        while len(reply) < 9:
+            chunk = sock.recv(9 - len(reply))
+            if not chunk:
+                break
+            reply += chunk
+    if len(reply) != 9 or reply[:1] != _GRANTED:
+        raise LLMException("the daemon refused the shareable buffer",
+                           status_code=LLMStatusCode.LLM_PARAM_INVALID)
+    return int.from_bytes(reply[1:], "little")
+
+
+async def upload_buffer(fd_socket: str, token: bytes, fd: int) -> int:
+    """Hand a shareable buffer's fd to the daemon; return the daemon's buffer id."""
+    try:
+        return await asyncio.to_thread(_upload, fd_socket, token, fd)
+    except OSError as exc:
+        raise LLMException(f"cannot hand a buffer to the daemon at {fd_socket}: {exc}",
+                           status_code=LLMStatusCode.LLM_FAILED) from exc

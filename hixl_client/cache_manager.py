@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from ._copy_ops import CopyOps
 from ._manager_base import desc_to_proto, key_to_proto
 from ._proto.hixl.v1 import client_pb2
+from ._register_ops import RegisterOps
 from ._transfer_ops import TransferOps
 from ._validation import check_isinstance
 from .cache import Cache
@@ -22,7 +23,7 @@ from .status import raise_if_false
 from .types import CacheDesc, Placement
 
 
-class CacheManager(TransferOps, CopyOps):
+class CacheManager(TransferOps, CopyOps, RegisterOps):
     """Allocates caches in the daemon's pools and moves them between clusters.
 
     Created by ``LLMDataDist.init``; after ``finalize`` every method raises

@@ -161,7 +161,8 @@ class LLMDataDist:
             raise
         self._connection = connection
         self._options = normalized
-        self._cache_manager = CacheManager(connection, normalized, self._pools)
+        self._cache_manager = CacheManager(connection, normalized, self._pools, reply.fd_socket,
+                                           reply.upload_token)
 
     async def finalize(self) -> None:
         """Free the cluster's caches and pools in the daemon and end the session.

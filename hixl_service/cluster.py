@@ -8,13 +8,14 @@ status instead of silently dropping them.
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from hixl_client.status import LLMException, LLMStatusCode
 from hixl_client.types import LLMRole, Placement
 
-from .pools import Pool, PoolSpec
+from .pools import Pool, PoolSpec, UserBuffer
 from .registry import CacheRegistry
 
 if TYPE_CHECKING:
@@ -88,6 +89,8 @@ class Cluster:
     pools: dict[Placement, Pool] = field(default_factory=dict)
     registry: CacheRegistry = field(default_factory=CacheRegistry)
     links: dict[int, OutboundLink] = field(default_factory=dict)
+    buffers: dict[int, UserBuffer] = field(default_factory=dict)
+    upload_token: bytes = field(default_factory=lambda: secrets.token_bytes(16))
     closed: bool = False
 
     def pool_for(self, placement: Placement) -> Pool:

@@ -13,7 +13,7 @@ from hixl_client.status import LLMException, LLMStatusCode
 from .cluster import Cluster
 from .engine import Engine
 from .planning import Layout, plan_blocks, plan_slot_copy
-from .pools import Pool
+from .pools import Memory
 from .transfers import entry_layout
 
 
@@ -35,14 +35,14 @@ class Operand:
 @dataclass(frozen=True)
 class Resolved:
     layout: Layout
-    pool: Pool
+    memory: Memory
     blocks: bool
 
 
 def _resolve(engine: Engine, cluster: Cluster, operand: Operand) -> Resolved:
     if operand.cache_id != -1:
         entry = cluster.registry.get(operand.cache_id)
-        return Resolved(entry_layout(entry), engine.pools.get(entry.pool_id), entry.blocks)
+        return Resolved(entry_layout(entry), entry.memory, entry.blocks)
     pool = next((p for p in cluster.pools.values() if p.pool_id == operand.pool_id), None)
     if pool is None:
         raise _invalid(f"pool {operand.pool_id} is not a pool of cluster {cluster.cluster_id}")
@@ -64,8 +64,7 @@ async def copy_cache(engine: Engine, cluster: Cluster, dst_id: int, src_id: int,
         raise _invalid("copy_cache does not take blocks caches; use copy_blocks")
     ranges = plan_slot_copy(entry_layout(src), src_batch, entry_layout(dst), dst_batch,
                             offset, size)
-    await engine.deps.copier.copy(engine.pools.get(dst.pool_id),
-                                  engine.pools.get(src.pool_id), ranges)
+    await engine.deps.copier.copy(dst.memory, src.memory, ranges)
     return sum(n for _, _, n in ranges)
 
 
@@ -77,8 +76,7 @@ async def copy_blocks(engine: Engine, cluster: Cluster, cache_id: int,
     layout = entry_layout(entry)
     pairs = [(i, i) for i in range(entry.num_tensors)]
     ranges = plan_blocks(layout, layout, pairs, src_blocks, dst_blocks)
-    pool = engine.pools.get(entry.pool_id)
-    await engine.deps.copier.copy(pool, pool, ranges)
+    await engine.deps.copier.copy(entry.memory, entry.memory, ranges)
     return sum(n for _, _, n in ranges)
 
 
@@ -89,12 +87,12 @@ async def swap_blocks(engine: Engine, cluster: Cluster, src_operand: Operand,
     dst = _resolve(engine, cluster, dst_operand)
     if not (src.blocks and dst.blocks):
         raise _invalid("swap_blocks needs two blocks caches")
-    if src.pool.placement == dst.pool.placement:
+    if src.memory.placement == dst.memory.placement:
         raise _invalid("swap_blocks moves blocks between the HOST and the DEVICE pool")
     if src.layout.num_tensors != dst.layout.num_tensors:
         raise _invalid(f"num_tensors differ: {src.layout.num_tensors} and "
                        f"{dst.layout.num_tensors}")
     pairs = [(i, i) for i in range(src.layout.num_tensors)]
     ranges = plan_blocks(src.layout, dst.layout, pairs, src_blocks, dst_blocks)
-    await engine.deps.copier.copy(dst.pool, src.pool, ranges)
+    await engine.deps.copier.copy(dst.memory, src.memory, ranges)
     return sum(n for _, _, n in ranges)

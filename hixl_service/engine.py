@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import secrets
 import time
 from collections.abc import Callable
@@ -34,7 +35,7 @@ from .peer_api import (
     PeerHello,
     ResolvedCache,
 )
-from .pools import PoolManager
+from .pools import Pool, PoolManager, UserBuffer
 from .registry import CacheEntry, KeySpec
 
 logger = logging.getLogger(__name__)
@@ -90,6 +91,7 @@ class Engine:
         self.clusters: dict[int, Cluster] = {}
         self.inbound: dict[int, InboundLink] = {}
         self._region_ids = itertools.count(1)
+        self._buffer_ids = itertools.count(1)
         self._closing = False
 
     # -- sessions and clusters --------------------------------------------
@@ -166,6 +168,10 @@ class Engine:
             await asyncio.to_thread(self.deps.data_server.unregister_region, entry.region_id)
         for pool in cluster.pools.values():
             await self.pools.destroy(pool)
+        for buffer in cluster.buffers.values():  # unmapped here, never freed: the user's
+            buffer.closed = True
+            await buffer.wait_unpinned()
+            buffer.native.close()
         logger.info("cluster %d finalized", cluster.cluster_id)
 
     async def close(self) -> None:
@@ -193,11 +199,11 @@ class Engine:
             self.deps.data_server.register_region(region_id, pool.native, offset, size,
                                                   cluster.cluster_id, writable)
         except BaseException:
-            pool.native.free(offset)
+            pool.pool.free(offset)
             raise
         entry = CacheEntry(cache_id=cache_id, blocks=spec.blocks, num_tensors=spec.num_tensors,
                            tensor_size=spec.tensor_size, batch_size=spec.batch_size,
-                           pool_id=pool.pool_id, extent_offset=offset, extent_size=size,
+                           memory=pool, extent_offset=offset, extent_size=size,
                            tensor_offsets=tensor_offsets, region_id=region_id,
                            blocks_model_id=spec.blocks_model_id, writable=writable)
         registry.add(entry, keys)
@@ -214,11 +220,65 @@ class Engine:
             return
         # Waits for data-plane reads of the region that already started.
         await asyncio.to_thread(self.deps.data_server.unregister_region, entry.region_id)
-        try:
-            pool = self.pools.get(entry.pool_id)
-        except KeyError:
-            return  # the whole pool went away with its cluster
-        pool.native.free(entry.extent_offset)
+        if entry.registered or entry.memory.closed:
+            return  # the user's memory, or the whole pool went away with its cluster
+        assert isinstance(entry.memory, Pool)
+        entry.memory.pool.free(entry.extent_offset)
+
+    # -- registered memory ------------------------------------------------------
+
+    def add_user_buffer(self, upload_token: bytes, fd: int) -> int:
+        """Map a client's shareable buffer (fd from the fd socket); return its id."""
+        cluster = next((c for c in self.clusters.values()
+                        if secrets.compare_digest(c.upload_token, upload_token)), None)
+        if cluster is None:
+            raise LLMException("unknown upload token", status_code=LLMStatusCode.LLM_FAILED)
+        size = os.fstat(fd).st_size
+        if size <= 0:
+            raise LLMException("the uploaded buffer is empty",
+                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
+        buffer_id = next(self._buffer_ids)
+        cluster.buffers[buffer_id] = UserBuffer(buffer_id, cluster.cluster_id,
+                                                hixl_native.Mapping(fd, size))
+        return buffer_id
+
+    def register(self, cluster: Cluster, spec: NewCache, buffer_id: int,
+                 tensor_offsets: list[int], keys: list[KeySpec],
+                 remote_accessible: bool) -> tuple[CacheEntry, list[CacheEntry]]:
+        """Describe user memory as a cache; return it and caches its keys orphaned."""
+        buffer = cluster.buffers.get(buffer_id)
+        if buffer is None:
+            raise LLMException(f"buffer {buffer_id} was not uploaded by this cluster",
+                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
+        if len(tensor_offsets) != spec.num_tensors:
+            raise LLMException(f"{len(tensor_offsets)} addresses for {spec.num_tensors} tensors",
+                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
+        if any(o + spec.tensor_size > buffer.size for o in tensor_offsets):
+            raise LLMException("a tensor runs past the end of its shareable buffer",
+                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
+        if spec.blocks_model_id is not None:
+            cluster.registry.check_blocks_key(spec.blocks_model_id)
+        start = min(tensor_offsets)
+        span = max(tensor_offsets) + spec.tensor_size - start
+        region_id = next(self._region_ids)
+        self.deps.data_server.register_region(region_id, buffer.native, start, span,
+                                              cluster.cluster_id, remote_accessible)
+        entry = CacheEntry(cache_id=cluster.registry.reserve_id(), blocks=spec.blocks,
+                           num_tensors=spec.num_tensors, tensor_size=spec.tensor_size,
+                           batch_size=spec.batch_size, memory=buffer, extent_offset=start,
+                           extent_size=span, tensor_offsets=list(tensor_offsets),
+                           region_id=region_id, blocks_model_id=spec.blocks_model_id,
+                           writable=remote_accessible, registered=True)
+        return entry, cluster.registry.add_registered(entry, keys)
+
+    async def unregister(self, cluster: Cluster, cache_id: int) -> None:
+        entry = cluster.registry.unregister(cache_id)
+        if entry is not None:
+            await asyncio.to_thread(self.deps.data_server.unregister_region, entry.region_id)
+
+    async def free_all(self, entries: list[CacheEntry]) -> None:
+        for entry in entries:
+            await self._free(entry)
 
     # -- links ------------------------------------------------------------------
 

@@ -1,9 +1,16 @@
-"""Hands pool file descriptors to attached clients (SCM_RIGHTS).
+"""Hands file descriptors between the daemon and attached clients (SCM_RIGHTS).
 
-gRPC cannot carry file descriptors, so clients fetch each pool's memfd here,
-over a unix socket next to the client socket, in exchange for the one-time
-token the Init reply gave them. Only a client that holds a session token can
-map a pool; there is no name in any filesystem that would expose the memory.
+gRPC cannot carry file descriptors, so they travel over a unix socket next
+to the client socket. A request is one byte of operation and a 16-byte token
+that only a client holding a session has (from its Init reply):
+
+* FETCH, with a pool's token: the answer is one status byte and the pool's
+  memfd, which the client maps;
+* UPLOAD, with the cluster's upload token and a shareable buffer's fd
+  attached: the daemon maps the buffer (for registered caches) and answers a
+  status byte and the buffer id (8 bytes, little endian).
+
+There is no name in any filesystem that would expose the memory.
 """
 
 from __future__ import annotations
@@ -12,25 +19,44 @@ import asyncio
 import logging
 import os
 import socket
+import struct
 from collections.abc import Callable
 from pathlib import Path
 
-from hixl_client._compat import timeout
+from hixl_client.status import LLMException
 
 logger = logging.getLogger(__name__)
 
 TOKEN_BYTES = 16
+REQUEST_BYTES = 1 + TOKEN_BYTES
 REQUEST_TIMEOUT_S = 5.0
+OP_FETCH = 1
+OP_UPLOAD = 2
 GRANTED = b"\x00"
 DENIED = b"\x01"
 
 
-class FdServer:
-    """A unix socket that answers a pool token with the pool's fd."""
+def _receive(conn: socket.socket) -> tuple[bytes, list[int]]:
+    """Read one request and any fds sent with it (blocking, bounded; runs in a thread)."""
+    conn.settimeout(REQUEST_TIMEOUT_S)
+    data, fds = b"", []
+    while len(data) < REQUEST_BYTES:
+        chunk, more, _flags, _addr = socket.recv_fds(conn, REQUEST_BYTES - len(data), 1)
+        fds.extend(more)
+        if not chunk:
+            break
+        data += chunk
+    return data, fds
 
-    def __init__(self, path: Path, lookup: Callable[[bytes], int | None]) -> None:
+
+class FdServer:
+    """A unix socket that trades tokens for fds, and fds for buffer ids."""
+
+    def __init__(self, path: Path, lookup_pool: Callable[[bytes], int | None],
+                 add_buffer: Callable[[bytes, int], int]) -> None:
         self.path = path
-        self._lookup = lookup
+        self._lookup_pool = lookup_pool
+        self._add_buffer = add_buffer
         self._sock: socket.socket | None = None
         self._accepting: asyncio.Task[None] | None = None
         self._handlers: set[asyncio.Task[None]] = set()
@@ -57,26 +83,39 @@ class FdServer:
             task.add_done_callback(self._handlers.discard)
 
     async def _serve(self, conn: socket.socket) -> None:
-        loop = asyncio.get_running_loop()
         with conn:
-            conn.setblocking(False)
-            token = b""
             try:
-                async with timeout(REQUEST_TIMEOUT_S):
-                    while len(token) < TOKEN_BYTES:
-                        chunk = await loop.sock_recv(conn, TOKEN_BYTES - len(token))
-                        if not chunk:
-                            return
-                        token += chunk
-            except asyncio.TimeoutError:
-                logger.info("fd request timed out")
+                data, fds = await asyncio.to_thread(_receive, conn)
+            except OSError as exc:
+                logger.info("fd request failed: %s", exc)
                 return
-            fd = self._lookup(token)
-            # One byte (and maybe one fd) into an empty socket buffer cannot block.
-            if fd is None:
-                await loop.sock_sendall(conn, DENIED)
+            try:
+                reply, send_fd = self._answer(data, fds)
+            finally:
+                for fd in fds:
+                    os.close(fd)  # the daemon keeps mappings, never the client's fds
+            # A few bytes (and maybe one fd) into an empty socket buffer cannot block.
+            conn.setblocking(False)
+            if send_fd is None:
+                await asyncio.get_running_loop().sock_sendall(conn, reply)
             else:
-                socket.send_fds(conn, [GRANTED], [fd])
+                socket.send_fds(conn, [reply], [send_fd])
+
+    def _answer(self, data: bytes, fds: list[int]) -> tuple[bytes, int | None]:
+        if len(data) != REQUEST_BYTES:
+            return DENIED, None
+        op, token = data[0], data[1:]
+        if op == OP_FETCH:
+            fd = self._lookup_pool(token)
+            return (DENIED, None) if fd is None else (GRANTED, fd)
+        if op == OP_UPLOAD and len(fds) == 1:
+            try:
+                buffer_id = self._add_buffer(token, fds[0])
+            except (LLMException, OSError) as exc:
+                logger.info("buffer upload refused: %s", exc)
+                return DENIED, None
+            return GRANTED + struct.pack("<Q", buffer_id), None
+        return DENIED, None
 
     async def close(self) -> None:
         tasks = [t for t in (self._accepting, *self._handlers) if t is not None]

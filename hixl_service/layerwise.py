@@ -111,12 +111,12 @@ class LayerwiseTask:
 
     async def _send(self, target: Target, layer: int) -> None:
         ranges = self._ranges(target, layer)
-        src_pool = self._engine.pools.get(self.source.pool_id)
-        if target.peer.pool is not None:
-            await self._engine.deps.copier.copy(target.peer.pool, src_pool, ranges)
+        source = self.source.memory
+        if target.peer.memory is not None:
+            await self._engine.deps.copier.copy(target.peer.memory, source, ranges)
             return
         timeout_ms = self._cluster.settings.sync_timeout_ms
-        await target.link.write(self._engine.deps.dispatcher, src_pool, target.peer.region_id,
+        await target.link.write(self._engine.deps.dispatcher, source, target.peer.region_id,
                                 ranges, timeout_ms)
 
     async def send_layer(self, layer: int) -> list[client_pb2.TransferProgress]:

@@ -27,7 +27,7 @@ from hixl_client.status import LLMException, LLMStatusCode
 if TYPE_CHECKING:
     from .peer_api import PeerApi
     from .planning import Range
-    from .pools import Pool
+    from .pools import Memory
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ class ExecutorCopier:
     def __init__(self, threads: int) -> None:
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix="hixl-copy")
 
-    async def copy(self, dst: Pool, src: Pool, ranges: Sequence[Range]) -> None:
+    async def copy(self, dst: Memory, src: Memory, ranges: Sequence[Range]) -> None:
         """Copy (src, dst, length) ranges from one pool into another."""
         # The native call takes (dst, src, length) triples.
         triples = array.array("Q", [v for s, d, n in ranges for v in (d, s, n)])
@@ -129,19 +129,19 @@ class OutboundLink:
     def streams(self) -> int:
         return self.data.streams if self.data is not None else 0
 
-    async def read(self, dispatcher: CompletionDispatcher, dst: Pool,
+    async def read(self, dispatcher: CompletionDispatcher, dst: Memory,
                    region_id: int, ranges: Sequence[Range], timeout_ms: int) -> None:
         """Move (remote offset, pool offset, length) ranges into ``dst``; raise on failure."""
         quads = array.array("Q", [v for s, d, n in ranges for v in (region_id, s, d, n)])
         await self._transfer(dispatcher, "read", dst, quads, timeout_ms)
 
-    async def write(self, dispatcher: CompletionDispatcher, src: Pool,
+    async def write(self, dispatcher: CompletionDispatcher, src: Memory,
                     region_id: int, ranges: Sequence[Range], timeout_ms: int) -> None:
         """Move (pool offset, remote offset, length) ranges out of ``src``; raise on failure."""
         quads = array.array("Q", [v for s, d, n in ranges for v in (region_id, d, s, n)])
         await self._transfer(dispatcher, "write", src, quads, timeout_ms)
 
-    async def _transfer(self, dispatcher: CompletionDispatcher, op: str, local: Pool,
+    async def _transfer(self, dispatcher: CompletionDispatcher, op: str, local: Memory,
                         quads: array.array[int], timeout_ms: int) -> None:
         assert self.data is not None
         if not self.data.alive:

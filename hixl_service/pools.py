@@ -70,19 +70,20 @@ class PoolSpec:
         return cls(size, shift)
 
 
-class Pool:
-    """One cluster's pool for one placement."""
+class Memory:
+    """Memory the daemon moves bytes in and out of: a pool, or a client's buffer.
 
-    def __init__(self, pool_id: int, cluster_id: int, placement: Placement,
-                 native: hixl_native.SharedPool) -> None:
-        self.pool_id = pool_id
+    Native transfers in flight pin it: a native job cannot be interrupted, so
+    the mapping must outlive it even when its awaiter was cancelled, and pins
+    are released from the job's completion.
+    """
+
+    def __init__(self, cluster_id: int, placement: Placement,
+                 native: hixl_native.Mapping) -> None:
         self.cluster_id = cluster_id
         self.placement = placement
         self.native = native
-        self.fd_token = secrets.token_bytes(16)
-        # Native transfers in flight against this pool. A native job cannot be
-        # interrupted, so the mapping must outlive it even when its awaiter
-        # was cancelled: pins are released from the job's completion.
+        self.closed = False
         self._pins = 0
         self._unpinned: asyncio.Event | None = None
 
@@ -97,7 +98,7 @@ class Pool:
             self._unpinned.set()
 
     async def wait_unpinned(self) -> None:
-        """Return once no native job uses the pool (jobs are bounded by their deadlines)."""
+        """Return once no native job uses the memory (jobs are bounded by their deadlines)."""
         while self._pins:
             self._unpinned = asyncio.Event()
             await self._unpinned.wait()
@@ -106,17 +107,39 @@ class Pool:
     def size(self) -> int:
         return self.native.size
 
+
+class UserBuffer(Memory):
+    """A client's shareable buffer, mapped by the daemon for registered caches.
+
+    The memory is the user's: hixl unmaps it when the cluster ends, never frees it.
+    """
+
+    def __init__(self, buffer_id: int, cluster_id: int, native: hixl_native.Mapping) -> None:
+        super().__init__(cluster_id, Placement.HOST, native)
+        self.buffer_id = buffer_id
+
+
+class Pool(Memory):
+    """One cluster's pool for one placement."""
+
+    def __init__(self, pool_id: int, cluster_id: int, placement: Placement,
+                 native: hixl_native.SharedPool) -> None:
+        super().__init__(cluster_id, placement, native)
+        self.pool_id = pool_id
+        self.pool: hixl_native.SharedPool = native
+        self.fd_token = secrets.token_bytes(16)
+
     def alloc_cache(self, num_tensors: int, tensor_size: int) -> tuple[int, int, list[int]]:
         """Take one extent for all tensors; return (offset, size, tensor offsets)."""
         pitch = -(-tensor_size // TENSOR_ALIGN) * TENSOR_ALIGN
         try:
-            offset = self.native.alloc(pitch * num_tensors)
+            offset = self.pool.alloc(pitch * num_tensors)
         except hixl_native.PoolExhausted:
             raise LLMException(
                 f"{self.placement.name} pool of cluster {self.cluster_id} cannot fit "
-                f"{num_tensors} x {tensor_size} bytes ({self.native.free_bytes} bytes free)",
+                f"{num_tensors} x {tensor_size} bytes ({self.pool.free_bytes} bytes free)",
                 status_code=LLMStatusCode.LLM_OUT_OF_MEMORY) from None
-        size = self.native.allocation_size(offset)
+        size = self.pool.allocation_size(offset)
         return offset, size, [offset + i * pitch for i in range(num_tensors)]
 
 
@@ -165,12 +188,13 @@ class PoolManager:
         """
         for pool in self._pools.values():
             if secrets.compare_digest(pool.fd_token, token):
-                return pool.native.fd
+                return pool.pool.fd
         return None
 
     async def destroy(self, pool: Pool) -> None:
         """Unmap and close a pool once no transfer uses it; clients keep their own mapping."""
         self._pools.pop(pool.pool_id, None)
+        pool.closed = True
         await pool.wait_unpinned()
         pool.native.close()
         logger.info("pool %d of cluster %d freed", pool.pool_id, pool.cluster_id)

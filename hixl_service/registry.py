@@ -19,9 +19,13 @@ Rules kept from LLM-DataDist (see the spec, section 2.8):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from hixl_client.keys import PLACEHOLDER_ID
 from hixl_client.status import LLMException, LLMStatusCode
+
+if TYPE_CHECKING:
+    from .pools import Memory
 
 KeyIndex = tuple[int, int]  # (req_id or prefix_id, model_id)
 
@@ -56,16 +60,17 @@ class CacheEntry:
     num_tensors: int
     tensor_size: int
     batch_size: int  # number of slots (continuous) or blocks (blocks cache)
-    pool_id: int
-    extent_offset: int  # start of the cache's extent in its pool
+    memory: Memory  # the pool (or registered user buffer) holding the tensors
+    extent_offset: int  # start of the cache's extent in its memory
     extent_size: int
-    tensor_offsets: list[int]  # pool offsets of each tensor
+    tensor_offsets: list[int]  # offsets of each tensor in its memory
     region_id: int
     released: bool = False  # the id reference was dropped
     keys: set[KeyIndex] = field(default_factory=set)
     prefix_keys: set[KeyIndex] = field(default_factory=set)
     blocks_model_id: int | None = None
     writable: bool = False  # remote-accessible: linked peers may push into it
+    registered: bool = False  # the user's memory: never freed, keys not refcounted
 
     @property
     def stride(self) -> int:
@@ -191,7 +196,7 @@ class CacheRegistry:
         once together with its blocks key.
         """
         entry = self._caches.get(cache_id)
-        if entry is None or entry.released:
+        if entry is None or entry.released or entry.registered:
             return None
         if entry.blocks != blocks:
             kind = "blocks" if entry.blocks else "non-blocks"
@@ -205,10 +210,11 @@ class CacheRegistry:
     def remove_key(self, key: KeySpec) -> CacheEntry | None:
         """Unbind a key; return the cache if that was its last reference."""
         table = self._prefix_keys if key.is_prefix else self._req_keys
-        bound = table.pop(key.index, None)
-        self._pulled.pop(key.index, None)
-        if bound is None:
+        bound = table.get(key.index)
+        if bound is None or self._caches[bound[0]].registered:
             return None
+        del table[key.index]
+        self._pulled.pop(key.index, None)
         entry = self._caches[bound[0]]
         (entry.prefix_keys if key.is_prefix else entry.keys).discard(key.index)
         return self._reap(entry)
@@ -221,12 +227,46 @@ class CacheRegistry:
         if key.is_prefix or key.is_placeholder or key.index not in self._req_keys:
             return None
         entry = self._caches[self._req_keys[key.index][0]]
+        if entry.registered:
+            return None
         if tensor_indices:
             pulled = self._pulled.setdefault(key.index, set())
             pulled.update(i for i in tensor_indices if 0 <= i < entry.num_tensors)
             if len(pulled) < entry.num_tensors:
                 return None
         return self.remove_key(key)
+
+    def add_registered(self, entry: CacheEntry, keys: list[KeySpec]) -> list[CacheEntry]:
+        """Insert a registered cache; its keys overwrite earlier bindings (no checks).
+
+        Returns the allocated caches that lost their last reference that way.
+        """
+        orphans = []
+        for key in keys:
+            table = self._prefix_keys if key.is_prefix else self._req_keys
+            previous = None if key.is_placeholder else table.get(key.index)
+            if previous is not None:
+                old = self._caches[previous[0]]
+                (old.prefix_keys if key.is_prefix else old.keys).discard(key.index)
+                if self._reap(old) is not None:
+                    orphans.append(old)
+        self.add(entry, keys)
+        return orphans
+
+    def unregister(self, cache_id: int) -> CacheEntry | None:
+        """Forget a registered cache and the keys bound to it; unknown ids are a no-op."""
+        entry = self._caches.get(cache_id)
+        if entry is None or not entry.registered:
+            return None
+        for index in entry.keys:
+            self._req_keys.pop(index, None)
+            self._pulled.pop(index, None)
+        for index in entry.prefix_keys:
+            self._prefix_keys.pop(index, None)
+        if entry.blocks_model_id is not None:
+            self._blocks_by_model.pop(entry.blocks_model_id, None)
+        del self._caches[cache_id]
+        return entry
 
     def drain(self) -> list[CacheEntry]:
         """Forget everything (cluster teardown) and return every cache to free."""

@@ -122,7 +122,7 @@ class Daemon:
             streams_per_link=cfg.transfer.streams_per_link,
             connect_timeout_s=cfg.transfer.connect_timeout_s))
         health_servicer = health.aio.HealthServicer()
-        fd_server = FdServer(self.fd_path, pools.take_fd)
+        fd_server = FdServer(self.fd_path, pools.take_fd, engine.add_user_buffer)
         await fd_server.start()
 
         install_log_record_factory()

@@ -20,6 +20,7 @@ from .engine import Engine, NewCache, Session
 from .layerwise import LayerwiseTask
 from .peer_api import KeyRef
 from .peer_client import ref_from_proto
+from .pools import Pool
 from .registry import KeySpec
 from .rpc_errors import abort_with, handles_errors
 from .transfers import PullSpec, PushSpec, pull, push
@@ -111,9 +112,10 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         cluster = await self._engine.init_cluster(session, request.cluster_id,
                                                   LLMRole(request.role), dict(request.options))
         pools = [client_pb2.PoolInfo(pool_id=p.pool_id, placement=int(p.placement), size=p.size,
-                                     page_shift=p.native.page_shift, fd_token=p.fd_token)
+                                     page_shift=p.pool.page_shift, fd_token=p.fd_token)
                  for p in cluster.pools.values()]
-        return client_pb2.InitReply(pools=pools, fd_socket=self._fd_socket)
+        return client_pb2.InitReply(pools=pools, fd_socket=self._fd_socket,
+                                    upload_token=cluster.upload_token)
 
     @handles_errors
     async def Finalize(self, request: client_pb2.FinalizeRequest,
@@ -168,8 +170,30 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         spec = new_cache_from_proto(request.desc, request.blocks, model_id)
         keys = [key_from_proto(k) for k in request.keys]
         entry = self._engine.allocate(cluster, spec, keys)
-        return client_pb2.AllocateCacheReply(cache_id=entry.cache_id, pool_id=entry.pool_id,
+        assert isinstance(entry.memory, Pool)
+        return client_pb2.AllocateCacheReply(cache_id=entry.cache_id,
+                                             pool_id=entry.memory.pool_id,
                                              tensor_offsets=entry.tensor_offsets)
+
+    @handles_errors
+    async def RegisterCache(self, request: client_pb2.RegisterCacheRequest,
+                            context: Context) -> client_pb2.AllocateCacheReply:
+        cluster = self._engine.cluster_of(self._session(context))
+        model_id = request.blocks_key.model_id if request.has_blocks_key else None
+        spec = new_cache_from_proto(request.desc, request.blocks, model_id)
+        entry, orphans = self._engine.register(
+            cluster, spec, request.buffer_id, list(request.tensor_offsets),
+            [key_from_proto(k) for k in request.keys], request.remote_accessible)
+        await self._engine.free_all(orphans)
+        return client_pb2.AllocateCacheReply(cache_id=entry.cache_id,
+                                             tensor_offsets=entry.tensor_offsets)
+
+    @handles_errors
+    async def UnregisterCache(self, request: client_pb2.UnregisterCacheRequest,
+                              context: Context) -> client_pb2.UnregisterCacheReply:
+        cluster = self._engine.cluster_of(self._session(context))
+        await self._engine.unregister(cluster, request.cache_id)
+        return client_pb2.UnregisterCacheReply()
 
     @handles_errors
     async def DeallocateCache(self, request: client_pb2.DeallocateCacheRequest,

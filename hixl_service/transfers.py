@@ -26,7 +26,7 @@ from .planning import (
     plan_slot_to_blocks,
     tensor_pairs,
 )
-from .pools import Pool
+from .pools import Memory
 from .registry import CacheEntry
 
 logger = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ class Peer:
     blocks: bool
     writable: bool
     region_id: int = 0  # remote ends only
-    pool: Pool | None = None  # local ends only
+    memory: Memory | None = None  # local ends only
 
 
 def entry_layout(entry: CacheEntry) -> Layout:
@@ -98,7 +98,7 @@ async def find_target(engine: Engine, cluster: Cluster, link: OutboundLink, ref:
     if link.transport == "local":
         _, entry, batch_index = engine.lookup_local(link, ref)
         return Peer(entry_layout(entry), batch_index, entry.blocks, entry.writable,
-                    pool=engine.pools.get(entry.pool_id))
+                    memory=entry.memory)
     assert link.peer is not None
     try:
         async with timeout_at(deadline):
@@ -153,11 +153,10 @@ async def pull(engine: Engine, cluster: Cluster, spec: PullSpec) -> tuple[int, s
     deadline = asyncio.get_running_loop().time() + cluster.settings.sync_timeout_s
     source = await find_target(engine, cluster, link, spec.src, deadline)
     ranges, moved = plan_pull(source, dst, spec)
-    dst_pool = engine.pools.get(dst.pool_id)
-    if source.pool is not None:
-        await engine.deps.copier.copy(dst_pool, source.pool, ranges)
+    if source.memory is not None:
+        await engine.deps.copier.copy(dst.memory, source.memory, ranges)
     else:
-        await link.read(engine.deps.dispatcher, dst_pool, source.region_id, ranges,
+        await link.read(engine.deps.dispatcher, dst.memory, source.region_id, ranges,
                         _remaining_ms(cluster, deadline))
     if isinstance(spec.src, KeyRef):
         await _release_key(engine, link, spec.src, spec.src_tensor_indices)
@@ -206,10 +205,9 @@ async def push(engine: Engine, cluster: Cluster, spec: PushSpec) -> tuple[int, s
     deadline = asyncio.get_running_loop().time() + cluster.settings.sync_timeout_s
     target = await find_target(engine, cluster, link, spec.dst, deadline)
     ranges = plan_push(src, target, spec)
-    src_pool = engine.pools.get(src.pool_id)
-    if target.pool is not None:
-        await engine.deps.copier.copy(target.pool, src_pool, ranges)
+    if target.memory is not None:
+        await engine.deps.copier.copy(target.memory, src.memory, ranges)
     else:
-        await link.write(engine.deps.dispatcher, src_pool, target.region_id, ranges,
+        await link.write(engine.deps.dispatcher, src.memory, target.region_id, ranges,
                          _remaining_ms(cluster, deadline))
     return sum(n for _, _, n in ranges), link.transport

@@ -11,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
+from typing import Protocol
 
 from hixl_service.bench.model import CEILING, Budget, Row, Timing, drive, drive_sync
 
@@ -36,6 +37,16 @@ def _error_row(name: str, path: str, shape: tuple[int, int], exc: BaseException)
                status=f"error: {exc}")
 
 
+class _Ceiling(Protocol):
+    def run(self, block: int, nblocks: int, iters: int) -> list[float]: ...
+
+
+def _runner(ceiling: _Ceiling, shape: tuple[int, int]) -> Callable[[int], list[float]]:
+    def run(iters: int) -> list[float]:
+        return ceiling.run(shape[0], shape[1], iters)
+    return run
+
+
 async def memcpy_rows(shapes: list[tuple[int, int]], cold_bytes: int, budget: Budget,
                       progress: Callable[[Row], None]) -> list[Row]:
     """Single-thread cold memcpy, one call per block, for every shape."""
@@ -46,8 +57,7 @@ async def memcpy_rows(shapes: list[tuple[int, int]], cold_bytes: int, budget: Bu
     try:
         for shape in shapes:
             try:
-                timing = await asyncio.to_thread(
-                    drive_sync, lambda n, s=shape: ceiling.run(s[0], s[1], n), budget)
+                timing = await asyncio.to_thread(drive_sync, _runner(ceiling, shape), budget)
                 row = _row(MEMCPY, "local", shape, timing)
             except (OSError, ValueError, MemoryError) as exc:
                 row = _error_row(MEMCPY, "local", shape, exc)
@@ -69,8 +79,7 @@ async def tcp_rows(shapes: list[tuple[int, int]], cold_bytes: int, streams: int,
     try:
         for shape in shapes:
             try:
-                timing = await asyncio.to_thread(
-                    drive_sync, lambda n, s=shape: ceiling.run(s[0], s[1], n), budget)
+                timing = await asyncio.to_thread(drive_sync, _runner(ceiling, shape), budget)
                 row = _row(name, "tcp", shape, timing)
             except (ValueError, MemoryError) as exc:
                 row = _error_row(name, "tcp", shape, exc)
@@ -104,9 +113,7 @@ async def echo_server() -> AsyncIterator[str]:
         if proc.returncode is None:
             proc.terminate()
         await proc.wait()
-        with contextlib.suppress(OSError):
-            Path(socket_path).unlink(missing_ok=True)
-            os.rmdir(tmpdir)
+        await asyncio.to_thread(shutil.rmtree, tmpdir, True)
 
 
 async def grpc_row(budget: Budget) -> Row:
@@ -114,7 +121,8 @@ async def grpc_row(budget: Budget) -> Row:
     import grpc.aio
 
     async with echo_server() as target, grpc.aio.insecure_channel(target) as channel:
-        ping = channel.unary_unary(_ECHO_METHOD)
+        ping: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(
+            _ECHO_METHOD)
 
         async def request(_index: int) -> None:
             await ping(b"", timeout=10)

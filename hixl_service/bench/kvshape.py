@@ -31,7 +31,7 @@ from hixl_client import (
     DataType,
     LayerSynchronizer,
 )
-from hixl_service.bench.env import Clusters, supports
+from hixl_service.bench.env import Clusters, remote_accessible, supports
 from hixl_service.bench.model import HIXL, Budget, Row, drive
 from hixl_service.bench.plan import KvCase
 
@@ -127,15 +127,20 @@ class _Prompt:
         pages = list(range(self.kv.num_pages))
         order = random.Random(index)
         src, dst = order.sample(pages, len(pages)), order.sample(pages, len(pages))
-        pull_blocks: Any = getattr(self.env.cm, "pull_blocks")
+        cm: Any = self.env.cm  # pull_blocks is not in every build
+        pull_blocks = cm.pull_blocks
         await pull_blocks(BlocksCacheKey(self.target, _MODEL_ID), self.local, src, dst)
 
     async def _transfer(self, _index: int) -> None:
         assert self.local is not None and self.remote is not None
-        from hixl_client.transfer_config import TransferConfig
+        from hixl_client.transfer_config import TransferConfig, TransferWithCacheKeyConfig
 
-        config = TransferConfig(self.target, list(self.remote.tensor_addrs))
-        transfer: Any = getattr(self.env.cm, "transfer_cache_async")
+        layers = range(self.kv.model.layers)
+        config: object = (
+            TransferWithCacheKeyConfig(self._key(), layers, layers) if remote_accessible()
+            else TransferConfig(self.target, list(self.remote.tensor_addrs)))
+        cm: Any = self.env.cm  # nor transfer_cache_async
+        transfer = cm.transfer_cache_async
         task = transfer(self.local, _Ready(), [config])
         if inspect.isawaitable(task):
             task = await task

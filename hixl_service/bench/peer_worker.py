@@ -78,7 +78,8 @@ class Nixl:
     def __init__(self, cold: int, fill: int) -> None:
         api: Any = importlib.import_module("nixl._api")
         name = f"hixl-bench-{os.getpid()}"
-        self.agent = api.nixl_agent(name, api.nixl_agent_config(backends=["UCX"]))
+        self.agent = api.nixl_agent(name, api.nixl_agent_config(
+            enable_prog_thread=False, backends=["UCX"]))
         self.buffer = _Buffer(cold, fill)
         self.registered = self.agent.register_memory([(self.buffer.addr, cold, 0, "")], "DRAM")
         self.remote_name = ""
@@ -109,7 +110,7 @@ class Nixl:
             self.agent.release_xfer_handle(handle)
 
 
-ENGINES = {"mooncake": Mooncake, "nixl": Nixl}
+ENGINES: dict[str, Any] = {"mooncake": Mooncake, "nixl": Nixl}
 
 
 def _emit(record: dict[str, Any]) -> None:

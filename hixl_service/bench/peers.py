@@ -41,9 +41,9 @@ PEERS = {
 }
 
 
-def _skipped(peer: Peer, case: Case, reason: str) -> Row:
+def _failed(peer: Peer, case: Case, status: str) -> Row:
     return Row(PEER, peer.name, case.suite, case.op, case.path, case.block, case.nblocks,
-               status=f"skipped: {reason}")
+               status=status)
 
 
 async def _check_import(python: str, module: str) -> str | None:
@@ -127,7 +127,7 @@ async def _measure(python: str, peer: Peer, cases: list[Case], cold: int, budget
 
 async def peer_rows(names: list[str], cases: list[Case], cold: int, budget: Budget,
                     pythons: dict[str, str], progress: Callable[[Row], None]) -> list[Row]:
-    """Rows of every peer in ``names`` for ``cases``; skipped rows when one is unavailable.
+    """Rows of every peer in ``names`` for ``cases``; one skipped row for a peer not installed.
 
     Args:
         names: keys of :data:`PEERS` to try.
@@ -142,15 +142,17 @@ async def peer_rows(names: list[str], cases: list[Case], cold: int, budget: Budg
         peer = PEERS[name]
         python = pythons.get(name, sys.executable)
         reason = await _check_import(python, peer.module)
-        if reason is None:
-            try:
-                rows += await _measure(python, peer, cases, cold, budget, progress)
-                continue
-            except (RuntimeError, OSError, asyncio.TimeoutError) as exc:
-                reason = f"failed: {exc}"
-        done = {(r.name, r.op, r.block, r.nblocks) for r in rows}
-        for case in cases:
-            if (peer.name, case.op, case.block, case.nblocks) not in done:
-                rows.append(_skipped(peer, case, reason))
-                progress(rows[-1])
+        if reason is not None:  # one row says so; no per-case rows are invented
+            rows.append(Row(PEER, peer.name, "peer", "-", "tcp", status=f"skipped: {reason}"))
+            progress(rows[-1])
+            continue
+        try:
+            rows += await _measure(python, peer, cases, cold, budget, progress)
+        except (RuntimeError, OSError, asyncio.TimeoutError) as exc:
+            # The cases it did not reach are errors: the peer is installed but broke.
+            done = {(r.name, r.op, r.block, r.nblocks) for r in rows}
+            for case in cases:
+                if (peer.name, case.op, case.block, case.nblocks) not in done:
+                    rows.append(_failed(peer, case, f"error: {exc}"))
+                    progress(rows[-1])
     return rows

@@ -13,7 +13,7 @@ PATHS = ("local", "tcp")
 
 @dataclass(frozen=True)
 class ModelPreset:
-    """The KV shape of one model: per layer a K and a V tensor of ``[tokens, kv_heads, head_dim]``."""
+    """The KV shape of one model: per layer, K and V tensors of ``[tokens, kv_heads, head_dim]``."""
 
     name: str
     layers: int

@@ -7,6 +7,7 @@ hixl-bench calls :func:`plot` itself with ``--plot``. Needs matplotlib (the
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 from collections import defaultdict
@@ -29,10 +30,9 @@ def _series(records: list[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]
 def plot(records: list[dict[str, Any]], path: Path, title: str = "") -> str | None:
     """Write the PNG; returns None, or why it could not (matplotlib missing, no data)."""
     try:
-        import matplotlib
-
+        matplotlib: Any = importlib.import_module("matplotlib")
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt: Any = importlib.import_module("matplotlib.pyplot")
     except ImportError:
         return "matplotlib is not installed (pip install -e '.[bench]')"
     series = _series(records)
@@ -43,6 +43,7 @@ def plot(records: list[dict[str, Any]], path: Path, title: str = "") -> str | No
         style = "--" if name.startswith(("memcpy", "tcp-c")) else "-"
         ax.plot([p[0] for p in points], [p[1] for p in points], style, marker="o", label=name)
     ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
     ticks = sorted({p[0] for points in series.values() for p in points})
     ax.set_xticks(ticks)
     ax.set_xticklabels([f"{t >> 20}M" if t >= 1 << 20 else f"{t >> 10}K" for t in ticks])

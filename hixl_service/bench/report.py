@@ -64,7 +64,7 @@ def add_ratios(rows: list[Row], streams: int) -> None:
     for row in rows:
         if not row.ok:
             continue
-        if grpc is not None and row is not grpc:
+        if grpc is not None and row.kind != CEILING:
             row.rtt_ratio = _ratio(row.p50_us, grpc.p50_us)
         if row.kind == HIXL:
             ceiling = _ceiling_for(row, ceilings, streams)

@@ -378,6 +378,7 @@ def test_cache_task_waits_from_any_thread() -> None:
         waiter.join()
     assert results == [LLMStatusCode.LLM_SUCCESS] * 3
     assert task.get_results(1000) == [LLMStatusCode.LLM_SUCCESS, None]
+    assert task._task.threads == {_sync_loop.THREAD_NAME}
 
 
 def test_a_blocking_call_on_the_facade_loop_raises() -> None:

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 
 import pytest
 
+import hixl_client
 from hixl_service.testing import DaemonProcess
 
 from .conftest import daemon_status
@@ -160,6 +161,13 @@ SINGLETON = PRELUDE + textwrap.dedent("""
             else:
                 raise AssertionError(f"{name} is not built but returned")
             unbuilt.append(name)
+    if hasattr(hixl_client.CacheManager, "transfer_cache_async"):
+        try:  # the async layer validates before anything starts
+            first.cache_manager.transfer_cache_async(None, None, [])
+        except TypeError as err:
+            assert "src_cache" in str(err), err
+        else:
+            raise AssertionError("transfer_cache_async(None, ...)")
     if not hasattr(hixl_client.LLMDataDist, "kv_cache_manager"):
         try:
             first.kv_cache_manager
@@ -196,6 +204,67 @@ AT_EXIT = "import atexit\n" + textwrap.dedent("""
     dd.init(options())
     dd.cache_manager.allocate_cache(DESC, [CacheKey(dd.cluster_id, req_id=1)])
     print("ready", flush=True)
+""")
+
+# Layer-wise transfer in remote-cache-accessible mode: the decode side holds a
+# destination cache; the prefill side sends into it and waits from plain threads.
+LAYERWISE_DST = PRELUDE + textwrap.dedent("""
+    config = LLMConfig()
+    config.enable_cache_manager = True
+    config.enable_remote_cache_accessible = True
+    config.mem_pool_cfg = json.dumps({"memory_size": 64 * 2**20})
+    dd = LLMDataDist(LLMRole.DECODER, int(sys.argv[1]))  # daemon from $HIXL_DAEMON
+    dd.init(config.generate_options())
+    dst = dd.cache_manager.allocate_cache(CacheDesc(4, [1, 4096], DataType.DT_UINT8))
+    print(dst.cache_id, flush=True)
+    sys.stdin.readline()
+    print("received", [int(dst.numpy(i)[0, 0]) for i in range(4)], flush=True)
+    dd.finalize()
+""")
+
+LAYERWISE_SRC = PRELUDE + textwrap.dedent("""
+    import time
+    from hixl_client.sync import CacheKeyByIdAndIndex, LayerSynchronizer, TransferWithCacheKeyConfig
+    config = LLMConfig()
+    config.enable_cache_manager = True
+    config.enable_remote_cache_accessible = True
+    config.mem_pool_cfg = json.dumps({"memory_size": 64 * 2**20})
+    set_daemon(sys.argv[1])
+    dd = LLMDataDist(LLMRole.PROMPT, int(sys.argv[2]))
+    dd.init(config.generate_options())
+    src = dd.cache_manager.allocate_cache(CacheDesc(4, [1, 4096], DataType.DT_UINT8))
+    for i in range(4):
+        src.numpy(i)[...] = 10 + i
+    decode, host_port = int(sys.argv[3]), sys.argv[4]
+    host, port = host_port.rsplit(":", 1)
+    info = LLMClusterInfo()
+    info.remote_cluster_id = decode
+    info.append_local_ip_info("127.0.0.1", 0)
+    info.append_remote_ip_info(host, int(port))
+    status, per_cluster = dd.link_clusters([info], timeout=5000)
+    assert status == LLMStatusCode.LLM_SUCCESS, per_cluster
+
+    class SlowLayers(LayerSynchronizer):
+        def synchronize_layer(self, layer_index, timeout_in_millis):
+            time.sleep(0.2)
+            return True
+
+    transfer = TransferWithCacheKeyConfig(CacheKeyByIdAndIndex(decode, int(sys.argv[5])),
+                                          range(0, 2), range(0, 2))
+    task = dd.cache_manager.transfer_cache_async(src, SlowLayers(), [transfer])
+    assert task.synchronize(0) == LLMStatusCode.LLM_TIMEOUT  # still running: keeps going
+    results = []
+    waiters = [threading.Thread(target=lambda: results.append(task.get_results()))
+               for _ in range(3)]
+    for waiter in waiters:
+        waiter.start()
+    for waiter in waiters:
+        waiter.join()
+    assert results == [[LLMStatusCode.LLM_SUCCESS]] * 3, results
+    assert task.synchronize() == LLMStatusCode.LLM_SUCCESS
+    dd.unlink_clusters([info], timeout=5000)
+    dd.finalize()
+    print("sent", flush=True)
 """)
 
 
@@ -265,3 +334,26 @@ async def test_atexit_finalizes_a_forgotten_instance(prefill_daemon: DaemonProce
     status = await daemon_status(prefill_daemon.client_target)
     assert cluster_id not in {c.cluster_id for c in status.clusters}
     assert cluster_id not in {p.cluster_id for p in status.pools}
+
+
+def test_layerwise_transfer_waited_from_plain_threads(
+        prefill_daemon: DaemonProcess, decode_daemon: DaemonProcess,
+        next_cluster_id: Callable[[], int]) -> None:
+    if not hasattr(hixl_client.CacheManager, "transfer_cache_async"):
+        pytest.skip("the async client has no transfer_cache_async yet")
+    decode = next_cluster_id()
+    with subprocess.Popen([sys.executable, "-c", LAYERWISE_DST, str(decode)],
+                          env=decode_env(decode_daemon), stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as dst:
+        assert dst.stdout is not None
+        try:
+            cache_id = dst.stdout.readline().strip()
+            assert cache_id.isdigit(), dst.communicate(timeout=5)
+            done = run_script(LAYERWISE_SRC, prefill_daemon.client_target, next_cluster_id(),
+                              decode, decode_daemon.peer_address, cache_id)
+            out, err = dst.communicate("\n", timeout=SCRIPT_TIMEOUT_S)
+        finally:
+            if dst.poll() is None:
+                dst.kill()
+    assert done.stdout.strip() == "sent"
+    assert dst.returncode == 0 and "received [10, 11, 12, 13]" in out, out + err

@@ -23,7 +23,7 @@ def make_entry(
         num_tensors=num_tensors,
         tensor_size=64 * batch_size,
         batch_size=batch_size,
-        pool_id=1,
+        memory=None,
         extent_offset=0,
         extent_size=4096,
         tensor_offsets=[0, 1024][:num_tensors],

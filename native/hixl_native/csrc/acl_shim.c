@@ -1,1 +1,483 @@
-/* The ACL/HCCL shim's C side (placeholder until the Ascend backend lands). */
+/* The ACL/HCCL shim: dlopen'ed CANN entry points behind status-returning
+ * wrappers (see acl_shim.h). Contains no Python. */
+#define _GNU_SOURCE
+#include "acl_shim.h"
+
+#include <dlfcn.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    hixl_aclInit_fn aclInit;
+    hixl_aclFinalize_fn aclFinalize;
+    hixl_aclGetRecentErrMsg_fn aclGetRecentErrMsg;
+    hixl_aclrtGetDeviceCount_fn aclrtGetDeviceCount;
+    hixl_aclrtSetDevice_fn aclrtSetDevice;
+    hixl_aclrtResetDevice_fn aclrtResetDevice;
+    hixl_aclrtDeviceGetBareTgid_fn aclrtDeviceGetBareTgid;
+    hixl_aclrtCreateStream_fn aclrtCreateStream;
+    hixl_aclrtDestroyStream_fn aclrtDestroyStream;
+    hixl_aclrtSynchronizeStream_fn aclrtSynchronizeStream;
+    hixl_aclrtSynchronizeStreamWithTimeout_fn aclrtSynchronizeStreamWithTimeout;
+    hixl_aclrtMalloc_fn aclrtMalloc;
+    hixl_aclrtFree_fn aclrtFree;
+    hixl_aclrtMallocHost_fn aclrtMallocHost;
+    hixl_aclrtFreeHost_fn aclrtFreeHost;
+    hixl_aclrtMemcpy_fn aclrtMemcpy;
+    hixl_aclrtMemcpyAsync_fn aclrtMemcpyAsync;
+    hixl_aclrtIpcMemGetExportKey_fn aclrtIpcMemGetExportKey;
+    hixl_aclrtIpcMemSetImportPid_fn aclrtIpcMemSetImportPid;
+    hixl_aclrtIpcMemImportByKey_fn aclrtIpcMemImportByKey;
+    hixl_aclrtIpcMemClose_fn aclrtIpcMemClose;
+    hixl_HcclGetRootInfo_fn HcclGetRootInfo;
+    hixl_HcclCommInitRootInfo_fn HcclCommInitRootInfo;
+    hixl_HcclSend_fn HcclSend;
+    hixl_HcclRecv_fn HcclRecv;
+    hixl_HcclBatchSendRecv_fn HcclBatchSendRecv;
+    hixl_HcclCommDestroy_fn HcclCommDestroy;
+    hixl_HcclGetErrorString_fn HcclGetErrorString;
+} cann_table;
+
+/* One entry point: where its pointer goes, which library holds it, whether
+ * it is required and which feature bit it belongs to when it is not. */
+typedef struct {
+    const char *name;
+    size_t offset;
+    int lib;
+    unsigned feature; /* 0: required */
+} symbol_spec;
+
+#define SYM(n, lib, feat) {#n, offsetof(cann_table, n), lib, feat}
+static const symbol_spec SYMBOLS[] = {
+    SYM(aclInit, HIXL_LIB_ACL, 0),
+    SYM(aclFinalize, HIXL_LIB_ACL, 0),
+    SYM(aclrtGetDeviceCount, HIXL_LIB_ACL, 0),
+    SYM(aclrtSetDevice, HIXL_LIB_ACL, 0),
+    SYM(aclrtResetDevice, HIXL_LIB_ACL, 0),
+    SYM(aclrtCreateStream, HIXL_LIB_ACL, 0),
+    SYM(aclrtDestroyStream, HIXL_LIB_ACL, 0),
+    SYM(aclrtSynchronizeStream, HIXL_LIB_ACL, 0),
+    SYM(aclrtMalloc, HIXL_LIB_ACL, 0),
+    SYM(aclrtFree, HIXL_LIB_ACL, 0),
+    SYM(aclrtMallocHost, HIXL_LIB_ACL, 0),
+    SYM(aclrtFreeHost, HIXL_LIB_ACL, 0),
+    SYM(aclrtMemcpy, HIXL_LIB_ACL, 0),
+    SYM(aclrtMemcpyAsync, HIXL_LIB_ACL, 0),
+    SYM(aclGetRecentErrMsg, HIXL_LIB_ACL, HIXL_ACL_HAS_RECENT_ERR),
+    SYM(aclrtSynchronizeStreamWithTimeout, HIXL_LIB_ACL, HIXL_ACL_HAS_SYNC_TIMEOUT),
+    SYM(aclrtDeviceGetBareTgid, HIXL_LIB_ACL, HIXL_ACL_HAS_BARE_TGID),
+    SYM(aclrtIpcMemGetExportKey, HIXL_LIB_ACL, HIXL_ACL_HAS_IPC),
+    SYM(aclrtIpcMemSetImportPid, HIXL_LIB_ACL, HIXL_ACL_HAS_IPC),
+    SYM(aclrtIpcMemImportByKey, HIXL_LIB_ACL, HIXL_ACL_HAS_IPC),
+    SYM(aclrtIpcMemClose, HIXL_LIB_ACL, HIXL_ACL_HAS_IPC),
+    SYM(HcclGetRootInfo, HIXL_LIB_HCCL, 0),
+    SYM(HcclCommInitRootInfo, HIXL_LIB_HCCL, 0),
+    SYM(HcclSend, HIXL_LIB_HCCL, 0),
+    SYM(HcclRecv, HIXL_LIB_HCCL, 0),
+    SYM(HcclCommDestroy, HIXL_LIB_HCCL, 0),
+    SYM(HcclBatchSendRecv, HIXL_LIB_HCCL, HIXL_ACL_HAS_BATCH),
+    SYM(HcclGetErrorString, HIXL_LIB_HCCL, HIXL_ACL_HAS_ERR_STRING),
+};
+#define NSYMBOLS (sizeof SYMBOLS / sizeof SYMBOLS[0])
+#define ALL_IPC_SYMBOLS 4
+
+static pthread_mutex_t g_load_lock = PTHREAD_MUTEX_INITIALIZER;
+static cann_table g;
+static int g_loaded;
+static unsigned g_features;
+static void *g_acl_handle, *g_hccl_handle;
+static char g_acl_path[PATH_MAX], g_hccl_path[PATH_MAX];
+/* Bumped when a device is reset or ACL finalized: every thread rebinds. */
+static unsigned g_bind_gen = 1;
+
+static __thread hixl_acl_status t_status;
+static __thread int32_t t_bound_dev = -1;
+static __thread unsigned t_bound_gen;
+
+/* ------------------------------------------------------------ loading */
+
+static void resolve_path(void *fn, char *out)
+{
+    Dl_info info;
+    char real[PATH_MAX];
+    out[0] = '\0';
+    if (dladdr(fn, &info) && info.dli_fname)
+        snprintf(out, PATH_MAX, "%s", realpath(info.dli_fname, real) ? real : info.dli_fname);
+}
+
+static int resolve_all(void *acl, void *hccl, cann_table *t, unsigned *features, char *err,
+                       size_t errlen)
+{
+    unsigned missing = 0, ipc_found = 0;
+    for (size_t i = 0; i < NSYMBOLS; i++) {
+        const symbol_spec *s = &SYMBOLS[i];
+        void *p = dlsym(s->lib == HIXL_LIB_ACL ? acl : hccl, s->name);
+        memcpy((char *)t + s->offset, &p, sizeof p);
+        if (p && s->feature == HIXL_ACL_HAS_IPC)
+            ipc_found++;
+        if (p || !s->feature) {
+            if (!p) {
+                snprintf(err, errlen, "%s lacks the entry point %s",
+                         s->lib == HIXL_LIB_ACL ? "libascendcl.so" : "libhccl.so", s->name);
+                return -1;
+            }
+            continue;
+        }
+        missing |= s->feature;
+    }
+    *features = 0;
+    for (unsigned bit = 1; bit <= HIXL_ACL_HAS_ERR_STRING; bit <<= 1)
+        if (!(missing & bit))
+            *features |= bit;
+    /* IPC is usable only with all four entry points */
+    if (ipc_found != ALL_IPC_SYMBOLS)
+        *features &= ~(unsigned)HIXL_ACL_HAS_IPC;
+    return 0;
+}
+
+int hixl_acl_open(const char *acl_path, const char *hccl_path, int trial, char *err, size_t errlen)
+{
+    cann_table t;
+    unsigned features = 0;
+    int rc = -1;
+    err[0] = '\0';
+    pthread_mutex_lock(&g_load_lock);
+    /* Handles are never closed: unloading CANN (C++ runtimes, threads) is
+     * not safe, and a failed candidate costs only its mapping. */
+    void *acl = dlopen(acl_path, RTLD_NOW | RTLD_GLOBAL);
+    void *hccl = acl ? dlopen(hccl_path, RTLD_NOW | RTLD_LOCAL) : NULL;
+    if (!acl || !hccl) {
+        const char *why = dlerror();
+        snprintf(err, errlen, "%s", why ? why : "dlopen failed");
+    } else if (resolve_all(acl, hccl, &t, &features, err, errlen) == 0) {
+        rc = 0;
+        if (g_loaded && (acl != g_acl_handle || hccl != g_hccl_handle)) {
+            char other[PATH_MAX];
+            resolve_path((void *)t.aclInit, other);
+            snprintf(err, errlen, "CANN is already loaded from %s; cannot also load %s",
+                     g_acl_path, other);
+            rc = -1;
+        } else if (!g_loaded && !trial) {
+            g = t;
+            g_features = features;
+            g_acl_handle = acl;
+            g_hccl_handle = hccl;
+            resolve_path((void *)t.aclInit, g_acl_path);
+            resolve_path((void *)t.HcclSend, g_hccl_path);
+            __atomic_store_n(&g_loaded, 1, __ATOMIC_RELEASE);
+        }
+    }
+    pthread_mutex_unlock(&g_load_lock);
+    return rc;
+}
+
+int hixl_acl_is_loaded(void)
+{
+    return __atomic_load_n(&g_loaded, __ATOMIC_ACQUIRE);
+}
+
+const char *hixl_acl_loaded_path(int lib)
+{
+    if (!hixl_acl_is_loaded())
+        return "";
+    return lib == HIXL_LIB_HCCL ? g_hccl_path : g_acl_path;
+}
+
+unsigned hixl_acl_features(void)
+{
+    return hixl_acl_is_loaded() ? g_features : 0;
+}
+
+/* ------------------------------------------------------------- status */
+
+const hixl_acl_status *hixl_acl_last_error(void)
+{
+    return &t_status;
+}
+
+static void set_status(int code, int lib, const char *api, const char *detail)
+{
+    t_status.code = code;
+    t_status.lib = lib;
+    t_status.api = api;
+    snprintf(t_status.detail, sizeof t_status.detail, "%s", detail ? detail : "");
+}
+
+/* Records a failed ACL call with CANN's message for this thread. */
+static int acl_fail(int code, const char *api)
+{
+    const char *msg = g.aclGetRecentErrMsg ? g.aclGetRecentErrMsg() : NULL;
+    set_status(code, HIXL_LIB_ACL, api, msg);
+    return code;
+}
+
+static int hccl_fail(int code, const char *api)
+{
+    const char *name = g.HcclGetErrorString ? g.HcclGetErrorString(code) : NULL;
+    /* HCCL also reports through ACL's error manager */
+    const char *msg = g.aclGetRecentErrMsg ? g.aclGetRecentErrMsg() : NULL;
+    char both[sizeof t_status.detail];
+    snprintf(both, sizeof both, "%s%s%s", name ? name : "", name && msg ? "; " : "",
+             msg ? msg : "");
+    set_status(code, HIXL_LIB_HCCL, api, both);
+    return code;
+}
+
+static int not_loaded(const char *api)
+{
+    set_status(HIXL_ACL_ERROR_UNINITIALIZE, HIXL_LIB_ACL, api, "CANN is not loaded");
+    return HIXL_ACL_ERROR_UNINITIALIZE;
+}
+
+static int absent(int lib, const char *api)
+{
+    int code = lib == HIXL_LIB_HCCL ? HIXL_HCCL_E_NOT_SUPPORT : HIXL_ACL_ERROR_API_NOT_SUPPORT;
+    char msg[160];
+    snprintf(msg, sizeof msg, "%s is absent from the loaded %s", api,
+             lib == HIXL_LIB_HCCL ? "libhccl.so" : "libascendcl.so");
+    set_status(code, lib, api, msg);
+    return code;
+}
+
+#define ACL_RET(api, call)                                  \
+    do {                                                    \
+        aclError rc_ = (call);                              \
+        return rc_ ? acl_fail(rc_, api) : 0;                \
+    } while (0)
+
+#define HCCL_RET(api, call)                                 \
+    do {                                                    \
+        HcclResult rc_ = (call);                            \
+        return rc_ ? hccl_fail(rc_, api) : 0;               \
+    } while (0)
+
+/* Makes `dev` current on this thread (cached until a reset/finalize). */
+static int bind_device(int32_t dev)
+{
+    if (!hixl_acl_is_loaded())
+        return not_loaded("aclrtSetDevice");
+    unsigned gen = __atomic_load_n(&g_bind_gen, __ATOMIC_ACQUIRE);
+    if (t_bound_dev == dev && t_bound_gen == gen)
+        return 0;
+    aclError rc = g.aclrtSetDevice(dev);
+    if (rc)
+        return acl_fail(rc, "aclrtSetDevice");
+    t_bound_dev = dev;
+    t_bound_gen = gen;
+    return 0;
+}
+
+#define BIND(dev)                  \
+    do {                           \
+        int brc_ = bind_device(dev);      \
+        if (brc_)                  \
+            return brc_;           \
+    } while (0)
+
+#define NEED_LOADED(api)                \
+    do {                                \
+        if (!hixl_acl_is_loaded())      \
+            return not_loaded(api);     \
+    } while (0)
+
+/* ----------------------------------------------------------- lifecycle */
+
+int hixl_acl_init(int *owned)
+{
+    NEED_LOADED("aclInit");
+    aclError rc = g.aclInit(NULL);
+    *owned = rc == 0;
+    /* Someone else in the process (torch_npu, ...) initialized ACL first. */
+    if (rc == HIXL_ACL_ERROR_REPEAT_INITIALIZE)
+        return 0;
+    return rc ? acl_fail(rc, "aclInit") : 0;
+}
+
+int hixl_acl_finalize(void)
+{
+    NEED_LOADED("aclFinalize");
+    __atomic_add_fetch(&g_bind_gen, 1, __ATOMIC_ACQ_REL);
+    ACL_RET("aclFinalize", g.aclFinalize());
+}
+
+int hixl_acl_device_count(uint32_t *count)
+{
+    NEED_LOADED("aclrtGetDeviceCount");
+    ACL_RET("aclrtGetDeviceCount", g.aclrtGetDeviceCount(count));
+}
+
+int hixl_acl_set_device(int32_t dev)
+{
+    return bind_device(dev);
+}
+
+int hixl_acl_reset_device(int32_t dev)
+{
+    NEED_LOADED("aclrtResetDevice");
+    __atomic_add_fetch(&g_bind_gen, 1, __ATOMIC_ACQ_REL);
+    ACL_RET("aclrtResetDevice", g.aclrtResetDevice(dev));
+}
+
+int hixl_acl_bare_tgid(int32_t *pid)
+{
+    NEED_LOADED("aclrtDeviceGetBareTgid");
+    if (!g.aclrtDeviceGetBareTgid)
+        return absent(HIXL_LIB_ACL, "aclrtDeviceGetBareTgid");
+    ACL_RET("aclrtDeviceGetBareTgid", g.aclrtDeviceGetBareTgid(pid));
+}
+
+/* -------------------------------------------------------------- memory */
+
+int hixl_acl_malloc(int32_t dev, size_t size, aclrtMemMallocPolicy policy, void **out)
+{
+    BIND(dev);
+    ACL_RET("aclrtMalloc", g.aclrtMalloc(out, size, policy));
+}
+
+int hixl_acl_free(int32_t dev, void *ptr)
+{
+    BIND(dev);
+    ACL_RET("aclrtFree", g.aclrtFree(ptr));
+}
+
+int hixl_acl_malloc_host(int32_t dev, size_t size, void **out)
+{
+    BIND(dev);
+    ACL_RET("aclrtMallocHost", g.aclrtMallocHost(out, size));
+}
+
+int hixl_acl_free_host(int32_t dev, void *ptr)
+{
+    BIND(dev);
+    ACL_RET("aclrtFreeHost", g.aclrtFreeHost(ptr));
+}
+
+int hixl_acl_memcpy(int32_t dev, void *dst, size_t dest_max, const void *src, size_t count,
+                    aclrtMemcpyKind kind)
+{
+    BIND(dev);
+    ACL_RET("aclrtMemcpy", g.aclrtMemcpy(dst, dest_max, src, count, kind));
+}
+
+int hixl_acl_memcpy_async(int32_t dev, void *dst, size_t dest_max, const void *src, size_t count,
+                          aclrtMemcpyKind kind, aclrtStream stream)
+{
+    BIND(dev);
+    ACL_RET("aclrtMemcpyAsync", g.aclrtMemcpyAsync(dst, dest_max, src, count, kind, stream));
+}
+
+/* ------------------------------------------------------------- streams */
+
+int hixl_acl_stream_create(int32_t dev, aclrtStream *out)
+{
+    BIND(dev);
+    ACL_RET("aclrtCreateStream", g.aclrtCreateStream(out));
+}
+
+int hixl_acl_stream_destroy(int32_t dev, aclrtStream stream)
+{
+    BIND(dev);
+    ACL_RET("aclrtDestroyStream", g.aclrtDestroyStream(stream));
+}
+
+int hixl_acl_stream_sync(int32_t dev, aclrtStream stream, int32_t timeout_ms)
+{
+    BIND(dev);
+    if (timeout_ms < 0)
+        ACL_RET("aclrtSynchronizeStream", g.aclrtSynchronizeStream(stream));
+    if (!g.aclrtSynchronizeStreamWithTimeout)
+        return absent(HIXL_LIB_ACL, "aclrtSynchronizeStreamWithTimeout");
+    ACL_RET("aclrtSynchronizeStreamWithTimeout",
+            g.aclrtSynchronizeStreamWithTimeout(stream, timeout_ms));
+}
+
+/* ----------------------------------------------------------------- IPC */
+
+#define NEED_IPC(api)                                   \
+    do {                                                \
+        if (!(g_features & HIXL_ACL_HAS_IPC))           \
+            return absent(HIXL_LIB_ACL, api);           \
+    } while (0)
+
+int hixl_acl_ipc_export(int32_t dev, void *ptr, size_t size, int validate_pid,
+                        char key[HIXL_ACL_IPC_KEY_LEN])
+{
+    BIND(dev);
+    NEED_IPC("aclrtIpcMemGetExportKey");
+    uint64_t flags = validate_pid ? ACL_RT_IPC_MEM_EXPORT_FLAG_DEFAULT
+                                  : ACL_RT_IPC_MEM_EXPORT_FLAG_DISABLE_PID_VALIDATION;
+    memset(key, 0, HIXL_ACL_IPC_KEY_LEN);
+    aclError rc = g.aclrtIpcMemGetExportKey(ptr, size, key, HIXL_ACL_IPC_KEY_LEN, flags);
+    key[HIXL_ACL_IPC_KEY_LEN - 1] = '\0';
+    return rc ? acl_fail(rc, "aclrtIpcMemGetExportKey") : 0;
+}
+
+int hixl_acl_ipc_allow(int32_t dev, const char *key, int32_t *pids, size_t npids)
+{
+    BIND(dev);
+    NEED_IPC("aclrtIpcMemSetImportPid");
+    ACL_RET("aclrtIpcMemSetImportPid", g.aclrtIpcMemSetImportPid(key, pids, npids));
+}
+
+int hixl_acl_ipc_import(int32_t dev, const char *key, void **out)
+{
+    BIND(dev);
+    NEED_IPC("aclrtIpcMemImportByKey");
+    ACL_RET("aclrtIpcMemImportByKey",
+            g.aclrtIpcMemImportByKey(out, key, ACL_RT_IPC_MEM_IMPORT_FLAG_DEFAULT));
+}
+
+int hixl_acl_ipc_close(int32_t dev, const char *key)
+{
+    BIND(dev);
+    NEED_IPC("aclrtIpcMemClose");
+    ACL_RET("aclrtIpcMemClose", g.aclrtIpcMemClose(key));
+}
+
+/* ---------------------------------------------------------------- HCCL */
+
+int hixl_hccl_root_info(int32_t dev, HcclRootInfo *out)
+{
+    BIND(dev);
+    HCCL_RET("HcclGetRootInfo", g.HcclGetRootInfo(out));
+}
+
+int hixl_hccl_comm_init(int32_t dev, uint32_t nranks, const HcclRootInfo *root, uint32_t rank,
+                        HcclComm *out)
+{
+    BIND(dev);
+    HCCL_RET("HcclCommInitRootInfo", g.HcclCommInitRootInfo(nranks, root, rank, out));
+}
+
+/* Bytes travel as HCCL_DATA_TYPE_INT8, whose count is the byte count. */
+int hixl_hccl_send(int32_t dev, void *buf, uint64_t nbytes, uint32_t peer, HcclComm comm,
+                   aclrtStream stream)
+{
+    BIND(dev);
+    HCCL_RET("HcclSend", g.HcclSend(buf, nbytes, HCCL_DATA_TYPE_INT8, peer, comm, stream));
+}
+
+int hixl_hccl_recv(int32_t dev, void *buf, uint64_t nbytes, uint32_t peer, HcclComm comm,
+                   aclrtStream stream)
+{
+    BIND(dev);
+    HCCL_RET("HcclRecv", g.HcclRecv(buf, nbytes, HCCL_DATA_TYPE_INT8, peer, comm, stream));
+}
+
+int hixl_hccl_batch(int32_t dev, HcclSendRecvItem *items, uint32_t n, HcclComm comm,
+                    aclrtStream stream)
+{
+    BIND(dev);
+    if (!g.HcclBatchSendRecv)
+        return absent(HIXL_LIB_HCCL, "HcclBatchSendRecv");
+    HCCL_RET("HcclBatchSendRecv", g.HcclBatchSendRecv(items, n, comm, stream));
+}
+
+int hixl_hccl_comm_destroy(int32_t dev, HcclComm comm)
+{
+    BIND(dev);
+    HCCL_RET("HcclCommDestroy", g.HcclCommDestroy(comm));
+}

@@ -291,6 +291,8 @@ static void *worker_main(void *arg)
         if (t->quit)
             break;
         seen = t->gen;
+        if (s->njob == 0) /* no share of this request: not counted in pending */
+            continue;
         pthread_mutex_unlock(&t->mu);
         int rc = pull_share(s);
         pthread_mutex_lock(&t->mu);
@@ -413,16 +415,20 @@ static int plan_request(hb_tcp *t, size_t off, size_t block, size_t nblocks)
 
 static int run_one(hb_tcp *t)
 {
-    if (t->nstreams > 1) {
+    int helpers = 0;
+    for (int i = 1; i < t->nstreams; i++)
+        helpers += t->s[i].njob > 0;
+    /* A request that fits one stream wakes no other thread. */
+    if (helpers > 0) {
         pthread_mutex_lock(&t->mu);
-        t->pending = t->nstreams - 1;
+        t->pending = helpers;
         t->err = 0;
         t->gen++;
         pthread_cond_broadcast(&t->cv_job);
         pthread_mutex_unlock(&t->mu);
     }
     int rc = pull_share(&t->s[0]);
-    if (t->nstreams > 1) {
+    if (helpers > 0) {
         pthread_mutex_lock(&t->mu);
         while (t->pending > 0)
             pthread_cond_wait(&t->cv_done, &t->mu);

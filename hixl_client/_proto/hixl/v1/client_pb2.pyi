@@ -65,12 +65,14 @@ class PoolInfo(_message.Message):
     def __init__(self, pool_id: _Optional[int] = ..., placement: _Optional[int] = ..., size: _Optional[int] = ..., page_shift: _Optional[int] = ..., fd_token: _Optional[bytes] = ...) -> None: ...
 
 class InitReply(_message.Message):
-    __slots__ = ("pools", "fd_socket")
+    __slots__ = ("pools", "fd_socket", "upload_token")
     POOLS_FIELD_NUMBER: _ClassVar[int]
     FD_SOCKET_FIELD_NUMBER: _ClassVar[int]
+    UPLOAD_TOKEN_FIELD_NUMBER: _ClassVar[int]
     pools: _containers.RepeatedCompositeFieldContainer[PoolInfo]
     fd_socket: str
-    def __init__(self, pools: _Optional[_Iterable[_Union[PoolInfo, _Mapping]]] = ..., fd_socket: _Optional[str] = ...) -> None: ...
+    upload_token: bytes
+    def __init__(self, pools: _Optional[_Iterable[_Union[PoolInfo, _Mapping]]] = ..., fd_socket: _Optional[str] = ..., upload_token: _Optional[bytes] = ...) -> None: ...
 
 class FinalizeRequest(_message.Message):
     __slots__ = ()
@@ -343,3 +345,33 @@ class TransferProgress(_message.Message):
     message: str
     target_done: bool
     def __init__(self, target: _Optional[int] = ..., layer: _Optional[int] = ..., status: _Optional[int] = ..., message: _Optional[str] = ..., target_done: _Optional[bool] = ...) -> None: ...
+
+class RegisterCacheRequest(_message.Message):
+    __slots__ = ("desc", "buffer_id", "tensor_offsets", "keys", "blocks", "blocks_key", "has_blocks_key", "remote_accessible")
+    DESC_FIELD_NUMBER: _ClassVar[int]
+    BUFFER_ID_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_KEY_FIELD_NUMBER: _ClassVar[int]
+    HAS_BLOCKS_KEY_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_ACCESSIBLE_FIELD_NUMBER: _ClassVar[int]
+    desc: _common_pb2.CacheDescriptor
+    buffer_id: int
+    tensor_offsets: _containers.RepeatedScalarFieldContainer[int]
+    keys: _containers.RepeatedCompositeFieldContainer[_common_pb2.CacheKey]
+    blocks: bool
+    blocks_key: _common_pb2.BlocksKey
+    has_blocks_key: bool
+    remote_accessible: bool
+    def __init__(self, desc: _Optional[_Union[_common_pb2.CacheDescriptor, _Mapping]] = ..., buffer_id: _Optional[int] = ..., tensor_offsets: _Optional[_Iterable[int]] = ..., keys: _Optional[_Iterable[_Union[_common_pb2.CacheKey, _Mapping]]] = ..., blocks: _Optional[bool] = ..., blocks_key: _Optional[_Union[_common_pb2.BlocksKey, _Mapping]] = ..., has_blocks_key: _Optional[bool] = ..., remote_accessible: _Optional[bool] = ...) -> None: ...
+
+class UnregisterCacheRequest(_message.Message):
+    __slots__ = ("cache_id",)
+    CACHE_ID_FIELD_NUMBER: _ClassVar[int]
+    cache_id: int
+    def __init__(self, cache_id: _Optional[int] = ...) -> None: ...
+
+class UnregisterCacheReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

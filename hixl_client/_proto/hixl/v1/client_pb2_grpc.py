@@ -64,6 +64,16 @@ class ClientStub:
                 request_serializer=hixl_dot_v1_dot_client__pb2.AllocateCacheRequest.SerializeToString,
                 response_deserializer=hixl_dot_v1_dot_client__pb2.AllocateCacheReply.FromString,
                 _registered_method=True)
+        self.RegisterCache = channel.unary_unary(
+                '/hixl.v1.Client/RegisterCache',
+                request_serializer=hixl_dot_v1_dot_client__pb2.RegisterCacheRequest.SerializeToString,
+                response_deserializer=hixl_dot_v1_dot_client__pb2.AllocateCacheReply.FromString,
+                _registered_method=True)
+        self.UnregisterCache = channel.unary_unary(
+                '/hixl.v1.Client/UnregisterCache',
+                request_serializer=hixl_dot_v1_dot_client__pb2.UnregisterCacheRequest.SerializeToString,
+                response_deserializer=hixl_dot_v1_dot_client__pb2.UnregisterCacheReply.FromString,
+                _registered_method=True)
         self.DeallocateCache = channel.unary_unary(
                 '/hixl.v1.Client/DeallocateCache',
                 request_serializer=hixl_dot_v1_dot_client__pb2.DeallocateCacheRequest.SerializeToString,
@@ -154,6 +164,20 @@ class ClientServicer:
         raise NotImplementedError('Method not implemented!')
 
     def AllocateCache(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RegisterCache(self, request, context):
+        """Describe user memory as a cache. The memory is a shareable buffer the
+        client uploaded on the fd socket (with InitReply.upload_token).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnregisterCache(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -259,6 +283,16 @@ def add_ClientServicer_to_server(servicer, server):
                     servicer.AllocateCache,
                     request_deserializer=hixl_dot_v1_dot_client__pb2.AllocateCacheRequest.FromString,
                     response_serializer=hixl_dot_v1_dot_client__pb2.AllocateCacheReply.SerializeToString,
+            ),
+            'RegisterCache': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterCache,
+                    request_deserializer=hixl_dot_v1_dot_client__pb2.RegisterCacheRequest.FromString,
+                    response_serializer=hixl_dot_v1_dot_client__pb2.AllocateCacheReply.SerializeToString,
+            ),
+            'UnregisterCache': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnregisterCache,
+                    request_deserializer=hixl_dot_v1_dot_client__pb2.UnregisterCacheRequest.FromString,
+                    response_serializer=hixl_dot_v1_dot_client__pb2.UnregisterCacheReply.SerializeToString,
             ),
             'DeallocateCache': grpc.unary_unary_rpc_method_handler(
                     servicer.DeallocateCache,
@@ -473,6 +507,60 @@ class Client:
             '/hixl.v1.Client/AllocateCache',
             hixl_dot_v1_dot_client__pb2.AllocateCacheRequest.SerializeToString,
             hixl_dot_v1_dot_client__pb2.AllocateCacheReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RegisterCache(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hixl.v1.Client/RegisterCache',
+            hixl_dot_v1_dot_client__pb2.RegisterCacheRequest.SerializeToString,
+            hixl_dot_v1_dot_client__pb2.AllocateCacheReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnregisterCache(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hixl.v1.Client/UnregisterCache',
+            hixl_dot_v1_dot_client__pb2.UnregisterCacheRequest.SerializeToString,
+            hixl_dot_v1_dot_client__pb2.UnregisterCacheReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,113 @@
+"""Registered memory: register_cache, register_blocks_cache, unregister_cache."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ._manager_base import ManagerBase, desc_to_proto, key_to_proto
+from ._memory import PoolMapping, upload_buffer
+from ._proto.hixl.v1 import client_pb2
+from ._validation import check_int64, check_isinstance
+from .cache import Cache
+from .keys import BlocksCacheKey, CacheKey
+from .shareable import ShareableBuffer, locate
+from .status import raise_if_false
+from .types import CacheDesc, Placement
+
+
+class RegisterOps(ManagerBase):
+    """Caches over the caller's own (shareable) memory; hixl never frees it."""
+
+    async def register_cache(self, cache_desc: CacheDesc, addrs: list[int],
+                             cache_keys: Sequence[CacheKey] = (),
+                             remote_accessible: bool | None = None) -> Cache:
+        """Describe user memory as a continuous cache.
+
+        Args:
+            cache_desc: the layout of each tensor.
+            addrs: one address per tensor, inside one buffer from
+                ``hixl_client.alloc_shareable``.
+            cache_keys: the i-th key binds batch slot i (later registrations of
+                the same key win).
+            remote_accessible: whether linked peers may push into it; default True
+                for DEVICE placement, False for HOST.
+
+        Raises:
+            TypeError: wrong argument types (``addrs`` must be a list).
+            LLMException: no addresses, a count that differs from ``num_tensors``,
+                a zero address, memory the daemon cannot reach, or remote access
+                asked after ``link`` (``LLM_PARAM_INVALID``).
+        """
+        self._check_is_inited()
+        check_isinstance("cache_desc", cache_desc, CacheDesc)
+        check_isinstance("addrs", addrs, list, int, allow_none=False)
+        check_isinstance("cache_keys", cache_keys, [list, tuple], CacheKey)
+        check_isinstance("remote_accessible", remote_accessible, bool)
+        raise_if_false(not (self._is_call_linked and remote_accessible is True),
+                       "you can not register remote accessible cache after link.")
+        raise_if_false(len(addrs) > 0, "addrs should not be empty.")
+        raise_if_false(len(addrs) == cache_desc.num_tensors, "the number of addrs {0} should "
+                       "equal num_tensors {1}.", len(addrs), cache_desc.num_tensors)
+        raise_if_false(all(a != 0 for a in addrs), "addrs should not contain 0.")
+        return await self._register(cache_desc, addrs, list(cache_keys), None,
+                                    remote_accessible, blocks=False)
+
+    async def register_blocks_cache(self, cache_desc: CacheDesc, addrs: list[int],
+                                    blocks_cache_key: BlocksCacheKey | None = None,
+                                    remote_accessible: bool | None = None) -> Cache:
+        """Describe user memory as a blocks cache (``shape[0]`` blocks per tensor).
+
+        Raises:
+            TypeError: wrong argument types.
+            LLMException: as `register_cache`; the daemon checks the address count.
+        """
+        self._check_is_inited()
+        check_isinstance("cache_desc", cache_desc, CacheDesc)
+        check_isinstance("addrs", addrs, list, int, allow_none=False)
+        check_isinstance("blocks_cache_key", blocks_cache_key, BlocksCacheKey)
+        check_isinstance("remote_accessible", remote_accessible, bool)
+        raise_if_false(not (self._is_call_linked and remote_accessible is True),
+                       "you can not register remote accessible cache after link.")
+        return await self._register(cache_desc, addrs, [], blocks_cache_key,
+                                    remote_accessible, blocks=True)
+
+    async def unregister_cache(self, cache_id: int) -> None:
+        """Forget a registered cache (unknown ids succeed); the memory stays the caller's.
+
+        Raises:
+            TypeError / ValueError: ``cache_id`` is not an int64.
+        """
+        self._check_is_inited()
+        check_isinstance("cache_id", cache_id, int, allow_none=False)
+        check_int64("cache_id", cache_id)
+        await self._connection.call(self._connection.stub.UnregisterCache,
+                                    client_pb2.UnregisterCacheRequest(cache_id=cache_id))
+
+    async def _register(self, desc: CacheDesc, addrs: list[int], keys: list[CacheKey],
+                        blocks_key: BlocksCacheKey | None, remote_accessible: bool | None,
+                        blocks: bool) -> Cache:
+        accessible = (remote_accessible if remote_accessible is not None
+                      else desc.placement == Placement.DEVICE)
+        if self._is_call_linked:
+            accessible = False
+        buffer, offsets = locate(addrs, desc.size) if addrs else (None, [])
+        buffer_id = await self._buffer_id(buffer) if buffer is not None else 0
+        request = client_pb2.RegisterCacheRequest(
+            desc=desc_to_proto(desc), buffer_id=buffer_id, tensor_offsets=offsets,
+            keys=[key_to_proto(k) for k in keys], blocks=blocks,
+            has_blocks_key=blocks_key is not None, remote_accessible=accessible)
+        if blocks_key is not None:
+            request.blocks_key.model_id = blocks_key.model_id
+        reply = await self._connection.call(self._connection.stub.RegisterCache, request)
+        cache = Cache(reply.cache_id, desc, list(addrs), self, is_registered=True,
+                      is_blocks_cache=blocks)
+        if buffer is not None:
+            cache._bind_pool(PoolMapping(0, desc.placement, buffer._mapping), offsets)
+        return cache
+
+    async def _buffer_id(self, buffer: ShareableBuffer) -> int:
+        known = buffer._uploaded.get(self._upload_token)
+        if known is None:
+            known = await upload_buffer(self._fd_socket, self._upload_token, buffer.fd)
+            buffer._uploaded[self._upload_token] = known
+        return known

@@ -1,0 +1,146 @@
+"""Host memory a hixl daemon can reach: for register_cache and CPU caches.
+
+On the host backend the daemon moves bytes itself, so memory that a cache
+registers must be mappable by the daemon. ``alloc_shareable`` allocates such
+memory (an anonymous memfd, mapped here; the daemon receives its fd over the
+session's private socket, never through a name). Use it where you would have
+allocated the KV cache yourself::
+
+    buf = alloc_shareable(2 * 64 * 1024 * 1024)
+    k = buf.numpy(np.float16, (32, 1024, 8, 128))            # or torch.frombuffer(buf.view(), ...)
+    cache = await cm.register_cache(desc, [buf.address, buf.address + desc.size])
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import threading
+from typing import Any
+
+import hixl_native
+
+from .status import LLMException, LLMStatusCode
+
+_ALIGN = 4096
+
+
+class ShareableBuffer:
+    """A page-aligned, zero-filled host buffer that hixl daemons can map.
+
+    Args:
+        nbytes: the size in bytes (> 0).
+
+    Raises:
+        ValueError: ``nbytes`` is not positive.
+    """
+
+    def __init__(self, nbytes: int) -> None:
+        if nbytes <= 0:
+            raise ValueError(f"nbytes must be > 0, got {nbytes}")
+        self._fd = os.memfd_create("hixl-shareable", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(self._fd, nbytes)
+            self._mapping = hixl_native.Mapping(self._fd, nbytes)
+        except BaseException:
+            os.close(self._fd)
+            raise
+        self._uploaded: dict[bytes, int] = {}  # cluster upload token -> daemon buffer id
+        _REGISTRY.add(self)
+
+    @property
+    def address(self) -> int:
+        """The buffer's first byte in this process."""
+        return self._mapping.address
+
+    @property
+    def size(self) -> int:
+        return self._mapping.size
+
+    @property
+    def fd(self) -> int:
+        return self._fd
+
+    def view(self, offset: int = 0, length: int | None = None) -> memoryview:
+        """A writable zero-copy view (``torch.frombuffer`` accepts it)."""
+        return self._mapping.view(offset, self.size - offset if length is None else length)
+
+    def numpy(self, dtype: Any, shape: tuple[int, ...], offset: int = 0) -> Any:
+        """A zero-copy numpy array over the buffer."""
+        import numpy as np
+
+        count = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        return np.frombuffer(self.view(offset, count), dtype=dtype).reshape(shape)
+
+    def close(self) -> None:
+        """Unmap the buffer here (daemons keep their own mapping until unregistered).
+
+        Raises:
+            BufferError: views of the buffer are still alive.
+        """
+        if self._mapping.closed:
+            return
+        self._mapping.close()
+        _REGISTRY.remove(self)
+        os.close(self._fd)
+
+    def __enter__(self) -> ShareableBuffer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def alloc_shareable(nbytes: int) -> ShareableBuffer:
+    """Allocate ``nbytes`` of host memory that hixl daemons can map."""
+    return ShareableBuffer(-(-nbytes // _ALIGN) * _ALIGN)
+
+
+class _Registry:
+    """Live buffers of this process, sorted by address, to translate addresses."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._starts: list[int] = []
+        self._buffers: list[ShareableBuffer] = []
+
+    def add(self, buffer: ShareableBuffer) -> None:
+        with self._lock:
+            index = bisect.bisect(self._starts, buffer.address)
+            self._starts.insert(index, buffer.address)
+            self._buffers.insert(index, buffer)
+
+    def remove(self, buffer: ShareableBuffer) -> None:
+        with self._lock:
+            index = self._buffers.index(buffer)
+            del self._starts[index], self._buffers[index]
+
+    def find(self, address: int, length: int) -> ShareableBuffer | None:
+        with self._lock:
+            index = bisect.bisect(self._starts, address) - 1
+            if index < 0:
+                return None
+            buffer = self._buffers[index]
+            return buffer if address + length <= buffer.address + buffer.size else None
+
+
+_REGISTRY = _Registry()
+
+
+def locate(addrs: list[int], length: int) -> tuple[ShareableBuffer, list[int]]:
+    """Find the one shareable buffer holding every ``[addr, addr + length)``; return offsets.
+
+    Raises:
+        LLMException: an address is not inside a shareable buffer, or the
+            addresses span several buffers (``LLM_PARAM_INVALID``).
+    """
+    found = {id(b): b for b in (_REGISTRY.find(a, length) for a in addrs) if b is not None}
+    if len(found) != 1 or any(_REGISTRY.find(a, length) is None for a in addrs):
+        raise LLMException(
+            "the hixl daemon can only reach host memory allocated with "
+            "hixl_client.alloc_shareable(nbytes), and every tensor of one cache must lie in "
+            "one such buffer; allocate the cache's memory there (numpy: buf.numpy(...), "
+            "torch: torch.frombuffer(buf.view(), dtype=...))",
+            status_code=LLMStatusCode.LLM_PARAM_INVALID)
+    buffer = next(iter(found.values()))
+    return buffer, [a - buffer.address for a in addrs]

@@ -1,0 +1,178 @@
+"""hixl-bench's command line: parse, plan, run every part in order, report."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from hixl_service.bench import ceilings, env, kvshape, peers, plan, report, runner
+from hixl_service.bench.model import GIB, MIB, Row
+
+SUITES = ("block", "batch", "conc", "kv")
+
+
+def _csv(choices: tuple[str, ...]) -> Any:
+    def parse(text: str) -> list[str]:
+        items = [] if text in ("", "none") else text.split(",")
+        bad = [i for i in items if i not in choices]
+        if bad:
+            raise argparse.ArgumentTypeError(f"unknown {bad}; choose from {', '.join(choices)}")
+        return items
+    return parse
+
+
+def _ints(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="hixl-bench", description="hixl throughput and latency against ceilings and peers "
+        "measured in the same run (two real daemons on this host).")
+    p.add_argument("--quick", action="store_true", help="a smoke run, well under two minutes")
+    p.add_argument("--json-out", type=Path, help="write JSON lines (one record per row) here")
+    p.add_argument("--plot", type=Path, help="write a PNG of GB/s against block size here")
+    p.add_argument("--suites", type=_csv(SUITES), default=list(SUITES),
+                   help="comma-separated: block,batch,conc,kv (default all)")
+    p.add_argument("--ops", type=_csv(plan.OPS), default=list(plan.OPS), help="pull,push")
+    p.add_argument("--paths", type=_csv(plan.PATHS), default=list(plan.PATHS), help="local,tcp")
+    p.add_argument("--peers", type=_csv(tuple(peers.PEERS)), default=list(peers.PEERS),
+                   help="mooncake,nixl or none (default: both; skipped if not installed)")
+    p.add_argument("--mooncake-python", help="interpreter with mooncake installed")
+    p.add_argument("--nixl-python", help="interpreter with nixl installed")
+    p.add_argument("--streams", type=int, default=4,
+                   help="TCP streams per link, for hixl and the matching TCP ceiling")
+    p.add_argument("--cold-mib", type=int, help="bytes each side rotates through (MiB)")
+    p.add_argument("--budget-scale", type=float, default=1.0, help="scale every row's time")
+    p.add_argument("--models", type=_csv(tuple(plan.PRESETS)), help="KV presets")
+    p.add_argument("--tokens", type=_ints, help="KV prompt lengths, e.g. 1024,4096")
+    p.add_argument("--page-tokens", type=int, default=128, help="tokens per KV page")
+    p.add_argument("--no-uvloop", action="store_true", help="run on asyncio's default loop")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    return p
+
+
+def make_plan(args: argparse.Namespace) -> plan.Plan:
+    build = plan.quick_plan if args.quick else plan.full_plan
+    made = build(args.models, args.tokens, args.page_tokens, args.budget_scale)
+    cases = tuple(c for c in made.cases if c.suite in args.suites and c.path in args.paths
+                  and c.op in args.ops)
+    kv = tuple(k for k in made.kv_cases if "kv" in args.suites and k.path in args.paths)
+    made = dataclasses.replace(made, cases=cases, kv_cases=kv)
+    if args.cold_mib:
+        made = dataclasses.replace(made, cold_bytes=args.cold_mib * MIB)
+    return dataclasses.replace(made, cold_bytes=plan.cold_bytes_for(made))
+
+
+def _budgets(p: plan.Plan, paths: tuple[str, ...]) -> tuple[int, int, int, int]:
+    """(sweep pool, KV pool, budget of daemon A, budget of daemon B) in bytes."""
+    sweep_pool = env.pool_bytes_for(p.cold_bytes)
+    kv_pool = max([k.prompt_bytes for k in p.kv_cases] or [0]) + 64 * MIB
+    a = max(sweep_pool * (1 + ("local" in paths)), kv_pool)
+    b = max(sweep_pool, kv_pool)
+    return sweep_pool, kv_pool, a + 256 * MIB, b + 256 * MIB
+
+
+async def run_hixl(p: plan.Plan, args: argparse.Namespace, progress: report.Progress
+                   ) -> list[Row]:
+    rows: list[Row] = []
+    paths = tuple(sorted({c.path for c in p.cases}))
+    if not paths and not p.kv_cases:
+        return rows
+    sweep_pool, kv_pool, budget_a, budget_b = _budgets(p, paths)
+    progress.note(f"starting two daemons (pool budgets {budget_a / GIB:.1f} and "
+                  f"{budget_b / GIB:.1f} GiB, {args.streams} streams per link)")
+    async with env.daemons(budget_a, budget_b, args.streams) as pair:
+        if paths:
+            async with env.clusters(pair, sweep_pool, paths) as linked:
+                rows += await runner.probe_rows(linked, paths, p.budget, progress)
+                for case in p.cases:
+                    rows.append(await runner.run_case(linked, case, p.cold_bytes, p.budget))
+                    progress(rows[-1])
+        kv_paths = tuple(sorted({k.path for k in p.kv_cases}))
+        if kv_paths:
+            async with env.clusters(pair, kv_pool, kv_paths, id_base=10) as linked:
+                for kv in p.kv_cases:
+                    rows.append(await kvshape.run_kv(linked, kv, p.kv_budget))
+                    progress(rows[-1])
+    return rows
+
+
+async def run_ceilings(p: plan.Plan, args: argparse.Namespace, progress: report.Progress
+                       ) -> list[Row]:
+    shapes = p.ceiling_shapes()
+    rows = [await ceilings.grpc_row(p.budget)]
+    progress(rows[-1])
+    paths = {c.path for c in p.cases} | {k.path for k in p.kv_cases}
+    if "local" in paths:
+        rows += await ceilings.memcpy_rows(shapes, p.cold_bytes, p.budget, progress)
+    if "tcp" in paths:
+        for streams in sorted({1, args.streams}):
+            rows += await ceilings.tcp_rows(shapes, p.cold_bytes, streams, p.budget, progress)
+    return rows
+
+
+def _meta(p: plan.Plan, args: argparse.Namespace, elapsed: float) -> dict[str, Any]:
+    return {"command": "hixl-bench " + " ".join(sys.argv[1:]), "quick": args.quick,
+            "cold_bytes": p.cold_bytes, "streams": args.streams, "cpus": os.cpu_count(),
+            "machine": platform.machine(), "python": platform.python_version(),
+            "budget_s": p.budget.seconds, "elapsed_s": round(elapsed, 1)}
+
+
+def _count(p: plan.Plan, args: argparse.Namespace) -> int:
+    shapes = len(p.ceiling_shapes())
+    paths = {c.path for c in p.cases} | {k.path for k in p.kv_cases}
+    ceiling_rows = 1 + shapes * (("local" in paths) + ("tcp" in paths) * len({1, args.streams}))
+    probes = (1 + len({c.path for c in p.cases})) if p.cases else 0
+    return ceiling_rows + probes + len(p.cases) + len(p.kv_cases) + \
+        len(args.peers) * len(p.peer_cases())
+
+
+async def run(args: argparse.Namespace) -> int:
+    p = make_plan(args)
+    progress = report.Progress(_count(p, args), quiet=args.quiet)
+    progress.note(f"{'quick' if args.quick else 'full'} run: {len(p.cases)} sweep cases, "
+                  f"{len(p.kv_cases)} KV cases, cold buffers {p.cold_bytes // MIB} MiB per side")
+    started = time.monotonic()
+    rows = await run_ceilings(p, args, progress)
+    rows += await run_hixl(p, args, progress)
+    if p.peer_cases():
+        pythons = {name: path for name, path in (("mooncake", args.mooncake_python),
+                                                 ("nixl", args.nixl_python)) if path}
+        rows += await peers.peer_rows(args.peers, p.peer_cases(), p.cold_bytes, p.budget,
+                                      pythons, progress)
+    report.add_ratios(rows, args.streams)
+    print()
+    report.print_table(rows)
+    meta = _meta(p, args, time.monotonic() - started)
+    if args.json_out:
+        report.write_json(args.json_out, rows, meta)
+        print(f"\nJSON lines: {args.json_out}")
+    if args.plot:
+        from hixl_service.bench.plot import plot
+
+        problem = plot([{"kind": "meta", **meta}, *(r.to_json() for r in rows)], args.plot)
+        print(f"plot: {problem or args.plot}")
+    failed = [r for r in rows if r.status.startswith("error")]
+    print(f"\n{len(rows)} rows in {meta['elapsed_s']} s; {len(failed)} failed, "
+          f"{sum(r.status.startswith('skipped') for r in rows)} skipped")
+    return 1 if failed else 0
+
+
+def run_cli(argv: list[str]) -> int:
+    """Parse ``argv`` and run; returns the exit code (2 for bad arguments)."""
+    args = parser().parse_args(argv)
+    if not 1 <= args.streams <= 64:
+        parser().error("--streams must be in [1, 64]")
+    if args.no_uvloop:
+        return asyncio.run(run(args))
+    import uvloop
+
+    return uvloop.run(run(args))

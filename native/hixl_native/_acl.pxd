@@ -1,0 +1,93 @@
+# C declarations of the ACL/HCCL shim (csrc/acl_shim.h). Only what the
+# Cython layer touches is declared; everything here is callable without the
+# GIL.
+
+from libc.stdint cimport int32_t, uint32_t, uint64_t
+
+
+cdef extern from "acl_shim.h" nogil:
+    ctypedef void *aclrtStream
+    ctypedef void *HcclComm
+
+    enum:
+        HIXL_HCCL_ROOT_INFO_BYTES
+        HIXL_ACL_IPC_KEY_LEN
+
+    ctypedef struct HcclRootInfo:
+        char internal[HIXL_HCCL_ROOT_INFO_BYTES]
+
+    ctypedef struct HcclSendRecvItem:
+        int sendRecvType
+        void *buf
+        uint64_t count
+        int dataType
+        uint32_t remoteRank
+
+    enum:
+        ACL_MEM_MALLOC_HUGE_FIRST
+        ACL_MEM_MALLOC_HUGE_ONLY
+        ACL_MEMCPY_HOST_TO_HOST
+        ACL_MEMCPY_HOST_TO_DEVICE
+        ACL_MEMCPY_DEVICE_TO_HOST
+        ACL_MEMCPY_DEVICE_TO_DEVICE
+        ACL_MEMCPY_DEFAULT
+        HCCL_SEND
+        HCCL_RECV
+        HCCL_DATA_TYPE_INT8
+
+    enum:
+        HIXL_LIB_ACL
+        HIXL_LIB_HCCL
+
+    enum:
+        HIXL_ACL_HAS_SYNC_TIMEOUT
+        HIXL_ACL_HAS_IPC
+        HIXL_ACL_HAS_BATCH
+        HIXL_ACL_HAS_RECENT_ERR
+        HIXL_ACL_HAS_BARE_TGID
+        HIXL_ACL_HAS_ERR_STRING
+
+    ctypedef struct hixl_acl_status:
+        int code
+        int lib
+        const char *api
+        char detail[768]
+
+    int hixl_acl_open(const char *acl_path, const char *hccl_path, int trial, char *err,
+                      size_t errlen)
+    int hixl_acl_is_loaded()
+    const char *hixl_acl_loaded_path(int lib)
+    unsigned hixl_acl_features()
+    const hixl_acl_status *hixl_acl_last_error()
+
+    int hixl_acl_init(int *owned)
+    int hixl_acl_finalize()
+    int hixl_acl_device_count(uint32_t *count)
+    int hixl_acl_set_device(int32_t dev)
+    int hixl_acl_reset_device(int32_t dev)
+    int hixl_acl_bare_tgid(int32_t *pid)
+    int hixl_acl_malloc(int32_t dev, size_t size, int policy, void **out)
+    int hixl_acl_free(int32_t dev, void *ptr)
+    int hixl_acl_malloc_host(int32_t dev, size_t size, void **out)
+    int hixl_acl_free_host(int32_t dev, void *ptr)
+    int hixl_acl_memcpy(int32_t dev, void *dst, size_t dest_max, const void *src, size_t count,
+                        int kind)
+    int hixl_acl_memcpy_async(int32_t dev, void *dst, size_t dest_max, const void *src,
+                              size_t count, int kind, aclrtStream stream)
+    int hixl_acl_stream_create(int32_t dev, aclrtStream *out)
+    int hixl_acl_stream_destroy(int32_t dev, aclrtStream stream)
+    int hixl_acl_stream_sync(int32_t dev, aclrtStream stream, int32_t timeout_ms)
+    int hixl_acl_ipc_export(int32_t dev, void *ptr, size_t size, int validate_pid, char *key)
+    int hixl_acl_ipc_allow(int32_t dev, const char *key, int32_t *pids, size_t npids)
+    int hixl_acl_ipc_import(int32_t dev, const char *key, void **out)
+    int hixl_acl_ipc_close(int32_t dev, const char *key)
+    int hixl_hccl_root_info(int32_t dev, HcclRootInfo *out)
+    int hixl_hccl_comm_init(int32_t dev, uint32_t nranks, const HcclRootInfo *root,
+                            uint32_t rank, HcclComm *out)
+    int hixl_hccl_send(int32_t dev, void *buf, uint64_t nbytes, uint32_t peer, HcclComm comm,
+                       aclrtStream stream)
+    int hixl_hccl_recv(int32_t dev, void *buf, uint64_t nbytes, uint32_t peer, HcclComm comm,
+                       aclrtStream stream)
+    int hixl_hccl_batch(int32_t dev, HcclSendRecvItem *items, uint32_t n, HcclComm comm,
+                        aclrtStream stream)
+    int hixl_hccl_comm_destroy(int32_t dev, HcclComm comm)

@@ -1,0 +1,185 @@
+/*
+ * hixl's ACL/HCCL shim: CANN's libascendcl.so and libhccl.so are loaded with
+ * dlopen at run time, so hixl builds and imports on machines without CANN.
+ *
+ * The CANN declarations below are hixl's own, written from the function
+ * prototypes of CANN's public headers (the CANN runtime's acl/acl_rt.h,
+ * acl/acl_base_rt.h and acl/error_codes/rt_error_codes.h; HCCL's
+ * hccl/hccl.h and hccl/hccl_types.h; CANN 8.x to 9.0). Enumerations are
+ * declared as int: C enums are int-sized in the x86_64 and aarch64 ABIs.
+ *
+ * Every hixl_acl_* / hixl_hccl_* wrapper returns 0 or the native error code
+ * (aclError or HcclResult) and, on failure, fills the calling thread's
+ * hixl_acl_status (library, entry point, CANN's own message) for the one
+ * Cython function that turns it into an exception. Device-bound wrappers
+ * take the device id and make it current on the calling thread first
+ * (ACL contexts are per thread; the binding is cached per thread).
+ */
+#ifndef HIXL_ACL_SHIM_H
+#define HIXL_ACL_SHIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- CANN types ---- */
+typedef int aclError;
+typedef void *aclrtStream;
+typedef int aclrtMemMallocPolicy; /* enum aclrtMemMallocPolicy */
+typedef int aclrtMemcpyKind;      /* enum aclrtMemcpyKind */
+typedef int HcclResult;           /* enum HcclResult */
+typedef void *HcclComm;
+typedef int HcclDataType;         /* enum HcclDataType */
+typedef int HcclSendRecvType;     /* enum HcclSendRecvType */
+
+#define HIXL_HCCL_ROOT_INFO_BYTES 4108 /* HCCL_ROOT_INFO_BYTES */
+typedef struct {
+    char internal[HIXL_HCCL_ROOT_INFO_BYTES];
+} HcclRootInfo;
+
+typedef struct {
+    HcclSendRecvType sendRecvType;
+    void *buf;
+    uint64_t count;
+    HcclDataType dataType;
+    uint32_t remoteRank;
+} HcclSendRecvItem;
+
+enum {
+    ACL_MEM_MALLOC_HUGE_FIRST = 0,
+    ACL_MEM_MALLOC_HUGE_ONLY = 1,
+    ACL_MEM_MALLOC_NORMAL_ONLY = 2,
+};
+enum {
+    ACL_MEMCPY_HOST_TO_HOST = 0,
+    ACL_MEMCPY_HOST_TO_DEVICE = 1,
+    ACL_MEMCPY_DEVICE_TO_HOST = 2,
+    ACL_MEMCPY_DEVICE_TO_DEVICE = 3,
+    ACL_MEMCPY_DEFAULT = 4,
+};
+enum { HCCL_SEND = 0, HCCL_RECV = 1 };
+enum { HCCL_DATA_TYPE_INT8 = 0 };
+
+#define ACL_RT_IPC_MEM_EXPORT_FLAG_DEFAULT 0x0UL
+#define ACL_RT_IPC_MEM_EXPORT_FLAG_DISABLE_PID_VALIDATION 0x1UL
+#define ACL_RT_IPC_MEM_IMPORT_FLAG_DEFAULT 0x0UL
+#define HIXL_ACL_IPC_KEY_LEN 65 /* "len: fixed at 65" in aclrtIpcMemGetExportKey's docs */
+
+/* The few codes the shim itself produces. */
+#define HIXL_ACL_ERROR_REPEAT_INITIALIZE 100002 /* ACL_ERROR_REPEAT_INITIALIZE */
+#define HIXL_ACL_ERROR_UNINITIALIZE 100001      /* ACL_ERROR_UNINITIALIZE: CANN not loaded */
+#define HIXL_ACL_ERROR_API_NOT_SUPPORT 200001   /* ACL_ERROR_API_NOT_SUPPORT: symbol absent */
+#define HIXL_HCCL_E_NOT_SUPPORT 5               /* HCCL_E_NOT_SUPPORT: symbol absent */
+
+/* ---- function pointer types of the entry points used ---- */
+typedef aclError (*hixl_aclInit_fn)(const char *configPath);
+typedef aclError (*hixl_aclFinalize_fn)(void);
+typedef const char *(*hixl_aclGetRecentErrMsg_fn)(void);
+typedef aclError (*hixl_aclrtGetDeviceCount_fn)(uint32_t *count);
+typedef aclError (*hixl_aclrtSetDevice_fn)(int32_t deviceId);
+typedef aclError (*hixl_aclrtResetDevice_fn)(int32_t deviceId);
+typedef aclError (*hixl_aclrtDeviceGetBareTgid_fn)(int32_t *pid);
+typedef aclError (*hixl_aclrtCreateStream_fn)(aclrtStream *stream);
+typedef aclError (*hixl_aclrtDestroyStream_fn)(aclrtStream stream);
+typedef aclError (*hixl_aclrtSynchronizeStream_fn)(aclrtStream stream);
+typedef aclError (*hixl_aclrtSynchronizeStreamWithTimeout_fn)(aclrtStream stream, int32_t timeout);
+typedef aclError (*hixl_aclrtMalloc_fn)(void **devPtr, size_t size, aclrtMemMallocPolicy policy);
+typedef aclError (*hixl_aclrtFree_fn)(void *devPtr);
+typedef aclError (*hixl_aclrtMallocHost_fn)(void **hostPtr, size_t size);
+typedef aclError (*hixl_aclrtFreeHost_fn)(void *hostPtr);
+typedef aclError (*hixl_aclrtMemcpy_fn)(void *dst, size_t destMax, const void *src, size_t count,
+                                        aclrtMemcpyKind kind);
+typedef aclError (*hixl_aclrtMemcpyAsync_fn)(void *dst, size_t destMax, const void *src,
+                                             size_t count, aclrtMemcpyKind kind,
+                                             aclrtStream stream);
+typedef aclError (*hixl_aclrtIpcMemGetExportKey_fn)(void *devPtr, size_t size, char *key,
+                                                    size_t len, uint64_t flags);
+typedef aclError (*hixl_aclrtIpcMemSetImportPid_fn)(const char *key, int32_t *pid, size_t num);
+typedef aclError (*hixl_aclrtIpcMemImportByKey_fn)(void **devPtr, const char *key,
+                                                   uint64_t flags);
+typedef aclError (*hixl_aclrtIpcMemClose_fn)(const char *key);
+typedef HcclResult (*hixl_HcclGetRootInfo_fn)(HcclRootInfo *rootInfo);
+typedef HcclResult (*hixl_HcclCommInitRootInfo_fn)(uint32_t nRanks, const HcclRootInfo *rootInfo,
+                                                   uint32_t rank, HcclComm *comm);
+typedef HcclResult (*hixl_HcclSend_fn)(void *sendBuf, uint64_t count, HcclDataType dataType,
+                                       uint32_t destRank, HcclComm comm, aclrtStream stream);
+typedef HcclResult (*hixl_HcclRecv_fn)(void *recvBuf, uint64_t count, HcclDataType dataType,
+                                       uint32_t srcRank, HcclComm comm, aclrtStream stream);
+typedef HcclResult (*hixl_HcclBatchSendRecv_fn)(HcclSendRecvItem *sendRecvInfo, uint32_t itemNum,
+                                                HcclComm comm, aclrtStream stream);
+typedef HcclResult (*hixl_HcclCommDestroy_fn)(HcclComm comm);
+typedef const char *(*hixl_HcclGetErrorString_fn)(HcclResult code);
+
+/* ---- loading ---- */
+enum { HIXL_LIB_ACL = 1, HIXL_LIB_HCCL = 2 };
+
+/* Optional entry points (absent from some CANN versions). */
+enum {
+    HIXL_ACL_HAS_SYNC_TIMEOUT = 1 << 0, /* aclrtSynchronizeStreamWithTimeout */
+    HIXL_ACL_HAS_IPC = 1 << 1,          /* aclrtIpcMem{GetExportKey,SetImportPid,ImportByKey,Close} */
+    HIXL_ACL_HAS_BATCH = 1 << 2,        /* HcclBatchSendRecv */
+    HIXL_ACL_HAS_RECENT_ERR = 1 << 3,   /* aclGetRecentErrMsg */
+    HIXL_ACL_HAS_BARE_TGID = 1 << 4,    /* aclrtDeviceGetBareTgid */
+    HIXL_ACL_HAS_ERR_STRING = 1 << 5,   /* HcclGetErrorString */
+};
+
+/* Loads the two libraries (paths or bare names for the default loader
+ * path) and resolves the entry points. With `trial` the table is not
+ * installed: only whether it would load is reported. Returns 0, or -1 with
+ * the reason in `err`. Once a table is installed, loading another pair of
+ * libraries fails; loading the same pair again succeeds. */
+int hixl_acl_open(const char *acl_path, const char *hccl_path, int trial, char *err,
+                  size_t errlen);
+int hixl_acl_is_loaded(void);
+/* Real path of the installed library (HIXL_LIB_*), or "" when none. */
+const char *hixl_acl_loaded_path(int lib);
+unsigned hixl_acl_features(void);
+
+typedef struct {
+    int code;
+    int lib;          /* HIXL_LIB_* */
+    const char *api;  /* entry point that failed */
+    char detail[768]; /* aclGetRecentErrMsg / HcclGetErrorString text, or "" */
+} hixl_acl_status;
+
+/* The calling thread's last failure. */
+const hixl_acl_status *hixl_acl_last_error(void);
+
+/* ---- wrappers: 0 or the native error code ---- */
+int hixl_acl_init(int *owned);
+int hixl_acl_finalize(void);
+int hixl_acl_device_count(uint32_t *count);
+int hixl_acl_set_device(int32_t dev);
+int hixl_acl_reset_device(int32_t dev);
+int hixl_acl_bare_tgid(int32_t *pid);
+int hixl_acl_malloc(int32_t dev, size_t size, aclrtMemMallocPolicy policy, void **out);
+int hixl_acl_free(int32_t dev, void *ptr);
+int hixl_acl_malloc_host(int32_t dev, size_t size, void **out);
+int hixl_acl_free_host(int32_t dev, void *ptr);
+int hixl_acl_memcpy(int32_t dev, void *dst, size_t dest_max, const void *src, size_t count,
+                    aclrtMemcpyKind kind);
+int hixl_acl_memcpy_async(int32_t dev, void *dst, size_t dest_max, const void *src, size_t count,
+                          aclrtMemcpyKind kind, aclrtStream stream);
+int hixl_acl_stream_create(int32_t dev, aclrtStream *out);
+int hixl_acl_stream_destroy(int32_t dev, aclrtStream stream);
+/* timeout_ms < 0 waits without a bound (aclrtSynchronizeStream). */
+int hixl_acl_stream_sync(int32_t dev, aclrtStream stream, int32_t timeout_ms);
+/* Exports [ptr, ptr + size). With validate_pid only processes later named
+ * with hixl_acl_ipc_allow (aclrtIpcMemSetImportPid) may import it; without,
+ * any process may. */
+int hixl_acl_ipc_export(int32_t dev, void *ptr, size_t size, int validate_pid,
+                        char key[HIXL_ACL_IPC_KEY_LEN]);
+int hixl_acl_ipc_allow(int32_t dev, const char *key, int32_t *pids, size_t npids);
+int hixl_acl_ipc_import(int32_t dev, const char *key, void **out);
+int hixl_acl_ipc_close(int32_t dev, const char *key);
+int hixl_hccl_root_info(int32_t dev, HcclRootInfo *out);
+int hixl_hccl_comm_init(int32_t dev, uint32_t nranks, const HcclRootInfo *root, uint32_t rank,
+                        HcclComm *out);
+int hixl_hccl_send(int32_t dev, void *buf, uint64_t nbytes, uint32_t peer, HcclComm comm,
+                   aclrtStream stream);
+int hixl_hccl_recv(int32_t dev, void *buf, uint64_t nbytes, uint32_t peer, HcclComm comm,
+                   aclrtStream stream);
+int hixl_hccl_batch(int32_t dev, HcclSendRecvItem *items, uint32_t n, HcclComm comm,
+                    aclrtStream stream);
+int hixl_hccl_comm_destroy(int32_t dev, HcclComm comm);
+
+#endif

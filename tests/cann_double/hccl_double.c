@@ -1,0 +1,664 @@
+/*
+ * TEST DOUBLE of CANN HCCL (built as libhccl.so by build.py; links against
+ * the double's libascendcl.so for streams, device memory and faults).
+ *
+ * Point-to-point only, two ranks per communicator. HcclGetRootInfo opens a
+ * listening abstract unix socket and writes its name into the root info.
+ * In HcclCommInitRootInfo the rank whose process holds that listener
+ * accepts, the other connects, each side opening two connections: one
+ * carries data from the connecting rank to the accepting one, the other the
+ * reverse. Every message is a 16-byte header and its payload; the receiver
+ * acknowledges each message once it is in memory, and a send completes only
+ * on that acknowledgement, so a send whose peer never posts the matching
+ * receive does not complete (as with HCCL). Send, Recv and BatchSendRecv
+ * are stream tasks; a batch moves its sends and receives concurrently.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "cann_double.h"
+
+#define ROOT_MAGIC "CANNDBL1"
+#define WIRE_MAGIC 0x4842444cu /* "LDBH" */
+
+typedef struct {
+    char magic[8];
+    uint64_t id;
+    int32_t pid;
+} root_blob;
+
+typedef struct root_listener {
+    struct root_listener *next;
+    uint64_t id;
+    int fd;
+    int claimed;
+} root_listener;
+
+typedef struct dbl_comm {
+    struct dbl_comm *next;
+    pthread_mutex_t mu;
+    int refs;
+    uint32_t rank, peer;
+    int out_fd; /* our data out, acks in */
+    int in_fd;  /* peer data in, acks out */
+    int abort_fd;
+} dbl_comm;
+
+typedef struct {
+    uint32_t magic, rank, nranks, dir;
+    uint64_t id;
+} hello_msg;
+
+typedef struct {
+    uint32_t magic;
+    int32_t status;
+    uint64_t nbytes;
+} wire_hdr; /* data header and acknowledgement alike */
+
+static pthread_mutex_t g_hlock = PTHREAD_MUTEX_INITIALIZER;
+static root_listener *g_listeners;
+static dbl_comm *g_comms;
+
+static int hfail(int code, const char *fmt, const char *a)
+{
+    return hixl_double_fail(code, fmt, a);
+}
+
+DBL_EXPORT const char *HcclGetErrorString(HcclResult code)
+{
+    static const char *names[] = {
+        "no error", "parameter error", "empty pointer", "memory error", "internal error",
+        "not support feature", "not found specific resource", "resource unavailable",
+        "call system interface error", "timeout", "open file fail", "tcp connect fail",
+        "roce connect fail", "tcp transfer fail", "roce transfer fail", "call runtime api fail",
+        "call driver api fail", "call profiling api fail", "call cce api fail",
+        "call network api fail", "try again", "error cqe", "error communicator suspending",
+        "retry constraint", "out of memory",
+    };
+    if (code >= 0 && (size_t)code < sizeof names / sizeof names[0])
+        return names[code];
+    return code == 1041 ? "the error information is in the status" : "unknown error";
+}
+
+static int hccl_prologue(const char *api)
+{
+    int rc = hixl_double_fault_call(api);
+    if (rc)
+        return rc;
+    if (!hixl_double_initialized() || hixl_double_current_device() < 0)
+        return hfail(15 /* HCCL_E_RUNTIME */, "%s: no device is set on this thread", api);
+    return 0;
+}
+
+static socklen_t root_address(const root_blob *b, struct sockaddr_un *a)
+{
+    memset(a, 0, sizeof *a);
+    a->sun_family = AF_UNIX;
+    int n = snprintf(a->sun_path + 1, sizeof a->sun_path - 1, "cann-double-hccl-%d-%016llx",
+                     (int)b->pid, (unsigned long long)b->id);
+    return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+}
+
+DBL_EXPORT HcclResult HcclGetRootInfo(HcclRootInfo *rootInfo)
+{
+    int rc = hccl_prologue("HcclGetRootInfo");
+    if (rc)
+        return rc;
+    if (!rootInfo)
+        return hfail(HCCL_E_PTR, "%s: rootInfo is NULL", "HcclGetRootInfo");
+    root_blob b;
+    memset(&b, 0, sizeof b);
+    memcpy(b.magic, ROOT_MAGIC, 8);
+    b.pid = (int32_t)getpid();
+    if (getrandom(&b.id, sizeof b.id, 0) != (ssize_t)sizeof b.id)
+        return hfail(HCCL_E_INTERNAL, "%s: no randomness", "HcclGetRootInfo");
+    struct sockaddr_un a;
+    socklen_t alen = root_address(&b, &a);
+    root_listener *l = calloc(1, sizeof *l);
+    int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (!l || s < 0 || bind(s, (struct sockaddr *)&a, alen) != 0 || listen(s, 8) != 0) {
+        if (s >= 0)
+            close(s);
+        free(l);
+        return hfail(HCCL_E_TCP_CONNECT, "%s: cannot listen", "HcclGetRootInfo");
+    }
+    l->id = b.id;
+    l->fd = s;
+    pthread_mutex_lock(&g_hlock);
+    l->next = g_listeners;
+    g_listeners = l;
+    pthread_mutex_unlock(&g_hlock);
+    memset(rootInfo, 0, sizeof *rootInfo);
+    memcpy(rootInfo->internal, &b, sizeof b);
+    return HCCL_SUCCESS;
+}
+
+static root_listener *claim_listener(uint64_t id)
+{
+    pthread_mutex_lock(&g_hlock);
+    root_listener *l = g_listeners;
+    while (l && (l->id != id || l->claimed))
+        l = l->next;
+    if (l)
+        l->claimed = 1;
+    pthread_mutex_unlock(&g_hlock);
+    return l;
+}
+
+static void drop_listener(root_listener *l)
+{
+    pthread_mutex_lock(&g_hlock);
+    for (root_listener **pp = &g_listeners; *pp; pp = &(*pp)->next) {
+        if (*pp == l) {
+            *pp = l->next;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_hlock);
+    close(l->fd);
+    free(l);
+}
+
+/* Blocking-with-deadline transfer of exactly n bytes on a non-blocking fd.
+ * Returns 0, or 2 on timeout, or -1 on EOF/error. */
+static int xfer_exact(int fd, void *buf, size_t n, int writing, uint64_t deadline)
+{
+    size_t done = 0;
+    while (done < n) {
+        ssize_t k = writing ? send(fd, (char *)buf + done, n - done, MSG_NOSIGNAL)
+                            : recv(fd, (char *)buf + done, n - done, 0);
+        if (k > 0) {
+            done += (size_t)k;
+            continue;
+        }
+        if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+            return -1;
+        int w = dbl_wait_fd(fd, writing ? POLLOUT : POLLIN, NULL, 0, deadline);
+        if (w)
+            return w;
+    }
+    return 0;
+}
+
+static int accept_peers(root_listener *l, uint32_t rank, uint64_t deadline, int fds[2],
+                        uint32_t *peer)
+{
+    fds[0] = fds[1] = -1;
+    for (int got = 0; got < 2;) {
+        if (dbl_wait_fd(l->fd, POLLIN, NULL, 0, deadline))
+            return HCCL_E_TIMEOUT;
+        int c = accept4(l->fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (c < 0)
+            continue;
+        hello_msg h;
+        wire_hdr reply = {WIRE_MAGIC, 0, rank};
+        int r = xfer_exact(c, &h, sizeof h, 0, deadline);
+        if (r || h.magic != WIRE_MAGIC || h.id != l->id || h.dir > 1 || fds[h.dir] >= 0) {
+            close(c);
+            if (r == 2)
+                return HCCL_E_TIMEOUT;
+            continue;
+        }
+        if (h.nranks != 2 || h.rank >= 2 || h.rank == rank)
+            reply.status = HCCL_E_PARA;
+        if (xfer_exact(c, &reply, sizeof reply, 1, deadline) || reply.status) {
+            close(c);
+            return reply.status ? reply.status : HCCL_E_TCP_CONNECT;
+        }
+        /* dir 0 carries the connector's data to us: our input */
+        fds[h.dir == 0 ? 1 : 0] = c;
+        *peer = h.rank;
+        got++;
+    }
+    return 0;
+}
+
+static int connect_root(const root_blob *b, uint32_t rank, uint32_t dir, uint64_t deadline,
+                        int *out, uint32_t *peer)
+{
+    struct sockaddr_un a;
+    socklen_t alen = root_address(b, &a);
+    for (;;) {
+        int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (s < 0)
+            return HCCL_E_TCP_CONNECT;
+        if (connect(s, (struct sockaddr *)&a, alen) == 0) {
+            fcntl(s, F_SETFL, fcntl(s, F_GETFL) | O_NONBLOCK);
+            hello_msg h = {WIRE_MAGIC, rank, 2, dir, b->id};
+            wire_hdr reply;
+            int r = xfer_exact(s, &h, sizeof h, 1, deadline);
+            if (!r)
+                r = xfer_exact(s, &reply, sizeof reply, 0, deadline);
+            if (r || reply.magic != WIRE_MAGIC || reply.status) {
+                close(s);
+                return r == 2 ? HCCL_E_TIMEOUT : (r ? HCCL_E_TCP_CONNECT : reply.status);
+            }
+            *peer = (uint32_t)reply.nbytes;
+            *out = s;
+            return 0;
+        }
+        close(s);
+        if (dbl_now_ms() >= deadline)
+            return HCCL_E_TIMEOUT;
+        usleep(10000);
+    }
+}
+
+DBL_EXPORT HcclResult HcclCommInitRootInfo(uint32_t nRanks, const HcclRootInfo *rootInfo,
+                                           uint32_t rank, HcclComm *comm)
+{
+    int rc = hccl_prologue("HcclCommInitRootInfo");
+    if (rc)
+        return rc;
+    if (!rootInfo || !comm)
+        return hfail(HCCL_E_PTR, "%s: NULL argument", "HcclCommInitRootInfo");
+    if (nRanks != 2)
+        return hfail(HCCL_E_NOT_SUPPORT, "%s: the double supports 2 ranks only", "HcclCommInitRootInfo");
+    if (rank >= nRanks)
+        return hfail(HCCL_E_PARA, "%s: rank out of range", "HcclCommInitRootInfo");
+    root_blob b;
+    memcpy(&b, rootInfo->internal, sizeof b);
+    if (memcmp(b.magic, ROOT_MAGIC, 8))
+        return hfail(HCCL_E_PARA, "%s: not a root info of the double", "HcclCommInitRootInfo");
+    const char *env = getenv("HIXL_DOUBLE_CONNECT_TIMEOUT_MS");
+    uint64_t deadline = dbl_now_ms() + (env && *env ? strtoull(env, NULL, 0) : 120000u);
+
+    int fds[2] = {-1, -1}; /* [0] out, [1] in */
+    uint32_t peer = 0, peer2 = 0;
+    root_listener *l = claim_listener(b.id);
+    if (l) {
+        rc = accept_peers(l, rank, deadline, fds, &peer);
+        drop_listener(l);
+    } else {
+        rc = connect_root(&b, rank, 0, deadline, &fds[0], &peer);
+        if (!rc)
+            rc = connect_root(&b, rank, 1, deadline, &fds[1], &peer2);
+    }
+    dbl_comm *c = rc ? NULL : calloc(1, sizeof *c);
+    int efd = c ? eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK) : -1;
+    if (rc || efd < 0) {
+        for (int i = 0; i < 2; i++)
+            if (fds[i] >= 0)
+                close(fds[i]);
+        free(c);
+        if (!rc)
+            rc = HCCL_E_INTERNAL;
+        return hfail(rc, "%s: rendezvous failed", "HcclCommInitRootInfo");
+    }
+    pthread_mutex_init(&c->mu, NULL);
+    c->refs = 1;
+    c->rank = rank;
+    c->peer = peer;
+    c->out_fd = fds[0];
+    c->in_fd = fds[1];
+    c->abort_fd = efd;
+    pthread_mutex_lock(&g_hlock);
+    c->next = g_comms;
+    g_comms = c;
+    pthread_mutex_unlock(&g_hlock);
+    hixl_double_count(DBL_LIVE_COMMS, 1);
+    *comm = c;
+    return HCCL_SUCCESS;
+}
+
+static dbl_comm *comm_ref(HcclComm comm)
+{
+    pthread_mutex_lock(&g_hlock);
+    dbl_comm *c = g_comms;
+    while (c && c != comm)
+        c = c->next;
+    if (c)
+        __atomic_add_fetch(&c->refs, 1, __ATOMIC_SEQ_CST);
+    pthread_mutex_unlock(&g_hlock);
+    return c;
+}
+
+static void comm_unref(dbl_comm *c)
+{
+    if (__atomic_sub_fetch(&c->refs, 1, __ATOMIC_SEQ_CST))
+        return;
+    close(c->out_fd);
+    close(c->in_fd);
+    close(c->abort_fd);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}
+
+DBL_EXPORT HcclResult HcclCommDestroy(HcclComm comm)
+{
+    int rc = hixl_double_fault_call("HcclCommDestroy");
+    if (rc)
+        return rc;
+    dbl_comm *c = NULL;
+    pthread_mutex_lock(&g_hlock);
+    for (dbl_comm **pp = &g_comms; *pp; pp = &(*pp)->next) {
+        if (*pp == comm) {
+            c = *pp;
+            *pp = c->next;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_hlock);
+    if (!c)
+        return hfail(HCCL_E_PARA, "%s: unknown communicator", "HcclCommDestroy");
+    uint64_t one = 1;
+    (void)!write(c->abort_fd, &one, sizeof one);
+    shutdown(c->out_fd, SHUT_RDWR);
+    shutdown(c->in_fd, SHUT_RDWR);
+    hixl_double_count(DBL_LIVE_COMMS, -1);
+    comm_unref(c);
+    return HCCL_SUCCESS;
+}
+
+
+/* ------------------------------------------------------ point-to-point ops */
+
+typedef struct {
+    uint8_t *buf;
+    uint64_t n;
+} seg;
+
+typedef struct {
+    dbl_comm *c;
+    int ns, nr;
+    seg *sends, *recvs;
+} p2p_op;
+
+static void op_release(void *ctx)
+{
+    p2p_op *o = ctx;
+    comm_unref(o->c);
+    free(o->sends);
+    free(o->recvs);
+    free(o);
+}
+
+static uint64_t dtype_size(HcclDataType dt)
+{
+    static const uint8_t sizes[] = {1, 2, 4, 2, 4, 8, 8, 1, 2, 4, 8, 2, 16};
+    return dt >= 0 && (size_t)dt < sizeof sizes ? sizes[dt] : 0;
+}
+
+#define AGAIN() (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
+
+typedef struct {
+    p2p_op *o;
+    int s_idx, acks_in, r_idx, acks_out;
+    uint64_t s_off, r_off;
+    size_t ack_in_got, ack_out_off;
+    wire_hdr s_hdr, ack_in, r_hdr;
+    int sever, sever_code;
+} p2p_state;
+
+/* Writes as much of the pending sends as the socket takes. */
+static int push_sends(p2p_state *st)
+{
+    dbl_comm *c = st->o->c;
+    while (st->s_idx < st->o->ns) {
+        seg *sg = &st->o->sends[st->s_idx];
+        uint64_t total = sizeof(wire_hdr) + sg->n;
+        ssize_t k;
+        if (st->s_off < sizeof(wire_hdr)) {
+            st->s_hdr = (wire_hdr){WIRE_MAGIC, 0, sg->n};
+            k = send(c->out_fd, (char *)&st->s_hdr + st->s_off, sizeof(wire_hdr) - st->s_off,
+                     MSG_NOSIGNAL);
+        } else {
+            uint64_t at = st->s_off - sizeof(wire_hdr), end = st->sever ? sg->n / 2 : sg->n;
+            if (st->sever && at >= end) {
+                /* injected link cut in the middle of the payload */
+                shutdown(c->out_fd, SHUT_RDWR);
+                shutdown(c->in_fd, SHUT_RDWR);
+                return st->sever_code;
+            }
+            k = send(c->out_fd, sg->buf + at, (size_t)(end - at), MSG_NOSIGNAL);
+        }
+        if (k < 0 && AGAIN())
+            return 0;
+        if (k <= 0)
+            return ACL_ERROR_RT_SUSPECT_REMOTE_ERROR;
+        st->s_off += (uint64_t)k;
+        if (st->s_off == total) {
+            st->s_idx++;
+            st->s_off = 0;
+        }
+    }
+    return 0;
+}
+
+static int pull_acks(p2p_state *st)
+{
+    dbl_comm *c = st->o->c;
+    while (st->acks_in < st->s_idx) {
+        ssize_t k = recv(c->out_fd, (char *)&st->ack_in + st->ack_in_got,
+                         sizeof(wire_hdr) - st->ack_in_got, 0);
+        if (k < 0 && AGAIN())
+            return 0;
+        if (k <= 0)
+            return ACL_ERROR_RT_SUSPECT_REMOTE_ERROR;
+        st->ack_in_got += (size_t)k;
+        if (st->ack_in_got < sizeof(wire_hdr))
+            continue;
+        st->ack_in_got = 0;
+        if (st->ack_in.magic != WIRE_MAGIC)
+            return ACL_ERROR_RT_INTERNAL_ERROR;
+        if (st->ack_in.status)
+            return st->ack_in.status;
+        st->acks_in++;
+    }
+    return 0;
+}
+
+/* Reads the pending receives, never past the current message: bytes of the
+ * peer's next operation stay in the socket for the next task. */
+static int pull_recvs(p2p_state *st)
+{
+    dbl_comm *c = st->o->c;
+    while (st->r_idx < st->o->nr) {
+        seg *sg = &st->o->recvs[st->r_idx];
+        ssize_t k;
+        if (st->r_off < sizeof(wire_hdr))
+            k = recv(c->in_fd, (char *)&st->r_hdr + st->r_off, sizeof(wire_hdr) - st->r_off, 0);
+        else
+            k = recv(c->in_fd, sg->buf + (st->r_off - sizeof(wire_hdr)),
+                     (size_t)(sizeof(wire_hdr) + sg->n - st->r_off), 0);
+        if (k < 0 && AGAIN())
+            return 0;
+        if (k <= 0)
+            return ACL_ERROR_RT_SUSPECT_REMOTE_ERROR;
+        st->r_off += (uint64_t)k;
+        if (st->r_off == sizeof(wire_hdr) &&
+            (st->r_hdr.magic != WIRE_MAGIC || st->r_hdr.nbytes != sg->n)) {
+            wire_hdr nack = {WIRE_MAGIC, ACL_ERROR_RT_INTERNAL_ERROR, sg->n};
+            (void)!send(c->in_fd, &nack, sizeof nack, MSG_NOSIGNAL | MSG_DONTWAIT);
+            return ACL_ERROR_RT_INTERNAL_ERROR; /* sizes of send and recv differ */
+        }
+        if (st->r_off == sizeof(wire_hdr) + sg->n) {
+            st->r_idx++;
+            st->r_off = 0;
+            st->acks_out++;
+        }
+    }
+    return 0;
+}
+
+static int push_acks(p2p_state *st)
+{
+    dbl_comm *c = st->o->c;
+    static const wire_hdr ack = {WIRE_MAGIC, 0, 0};
+    while (st->acks_out) {
+        ssize_t k = send(c->in_fd, (const char *)&ack + st->ack_out_off,
+                         sizeof ack - st->ack_out_off, MSG_NOSIGNAL);
+        if (k < 0 && AGAIN())
+            return 0;
+        if (k <= 0)
+            return ACL_ERROR_RT_SUSPECT_REMOTE_ERROR;
+        st->ack_out_off += (size_t)k;
+        if (st->ack_out_off == sizeof ack) {
+            st->ack_out_off = 0;
+            st->acks_out--;
+        }
+    }
+    return 0;
+}
+
+static int run_p2p(void *ctx, int abort_fd, dbl_fault fault)
+{
+    p2p_state st;
+    memset(&st, 0, sizeof st);
+    st.o = ctx;
+    st.sever = fault.action == DBL_FAULT_SEVER && st.o->ns > 0;
+    st.sever_code = fault.arg;
+    dbl_comm *c = st.o->c;
+    while (st.acks_in < st.o->ns || st.r_idx < st.o->nr || st.acks_out) {
+        struct pollfd p[4] = {
+            {abort_fd, POLLIN, 0},
+            {c->abort_fd, POLLIN, 0},
+            {c->out_fd, (short)((st.s_idx < st.o->ns ? POLLOUT : 0) |
+                                (st.acks_in < st.s_idx ? POLLIN : 0)), 0},
+            {c->in_fd, (short)((st.r_idx < st.o->nr ? POLLIN : 0) | (st.acks_out ? POLLOUT : 0)), 0},
+        };
+        /* an fd with nothing to wait for would report HUP forever */
+        for (int i = 2; i < 4; i++)
+            if (!p[i].events)
+                p[i].fd = -1;
+        if (poll(p, 4, -1) < 0)
+            continue;
+        if (p[0].revents || p[1].revents)
+            return ACL_ERROR_RT_STREAM_ABORT;
+        int rc = 0;
+        if (p[2].revents)
+            rc = push_sends(&st);
+        if (!rc && p[2].revents)
+            rc = pull_acks(&st);
+        if (!rc && p[3].revents)
+            rc = pull_recvs(&st);
+        if (!rc && (p[3].revents || st.acks_out))
+            rc = push_acks(&st);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/* Validates one buffer of a send or receive; returns its byte count in *n. */
+static int check_buffer(const char *api, const dbl_comm *c, void *buf, uint64_t count,
+                        HcclDataType dt, uint32_t peer, uint64_t *n)
+{
+    uint64_t size = dtype_size(dt);
+    if (!buf)
+        return hfail(HCCL_E_PTR, "%s: buffer is NULL", api);
+    if (!size || count > UINT64_MAX / size)
+        return hfail(HCCL_E_PARA, "%s: bad data type or count", api);
+    if (peer != c->peer)
+        return hfail(HCCL_E_PARA, "%s: remote rank is not the peer of this communicator", api);
+    *n = count * size;
+    if (*n && !hixl_double_is_device_range(buf, *n))
+        return hfail(HCCL_E_PARA, "%s: buffer is not device memory", api);
+    return 0;
+}
+
+static int submit_p2p(const char *api, const char *point, p2p_op *o, aclrtStream stream)
+{
+    if (hixl_double_stream_submit(stream, point, run_p2p, op_release, o))
+        return hfail(15 /* HCCL_E_RUNTIME */, "%s: cannot enqueue on the stream", api);
+    return HCCL_SUCCESS;
+}
+
+static HcclResult single_op(const char *api, const char *point, int sending, void *buf, uint64_t count,
+                            HcclDataType dt, uint32_t peer, HcclComm comm, aclrtStream stream)
+{
+    int rc = hccl_prologue(api);
+    if (rc)
+        return rc;
+    dbl_comm *c = comm_ref(comm);
+    if (!c)
+        return hfail(HCCL_E_PARA, "%s: unknown communicator", api);
+    uint64_t n = 0;
+    p2p_op *o = NULL;
+    seg *sg = NULL;
+    rc = check_buffer(api, c, buf, count, dt, peer, &n);
+    if (!rc && (!(o = calloc(1, sizeof *o)) || !(sg = malloc(sizeof *sg))))
+        rc = hfail(HCCL_E_MEMORY, "%s: out of memory", api);
+    if (rc) {
+        free(o);
+        comm_unref(c);
+        return rc;
+    }
+    sg->buf = buf;
+    sg->n = n;
+    o->c = c;
+    if (sending) {
+        o->sends = sg;
+        o->ns = 1;
+    } else {
+        o->recvs = sg;
+        o->nr = 1;
+    }
+    return submit_p2p(api, point, o, stream);
+}
+
+DBL_EXPORT HcclResult HcclSend(void *sendBuf, uint64_t count, HcclDataType dataType, uint32_t destRank,
+                               HcclComm comm, aclrtStream stream)
+{
+    return single_op("HcclSend", "exec:HcclSend", 1, sendBuf, count, dataType, destRank, comm, stream);
+}
+
+DBL_EXPORT HcclResult HcclRecv(void *recvBuf, uint64_t count, HcclDataType dataType, uint32_t srcRank,
+                               HcclComm comm, aclrtStream stream)
+{
+    return single_op("HcclRecv", "exec:HcclRecv", 0, recvBuf, count, dataType, srcRank, comm, stream);
+}
+
+DBL_EXPORT HcclResult HcclBatchSendRecv(HcclSendRecvItem *sendRecvInfo, uint32_t itemNum, HcclComm comm,
+                                        aclrtStream stream)
+{
+    const char *api = "HcclBatchSendRecv";
+    int rc = hccl_prologue(api);
+    if (rc)
+        return rc;
+    if (!sendRecvInfo || itemNum == 0)
+        return hfail(HCCL_E_PTR, "%s: no items", api);
+    dbl_comm *c = comm_ref(comm);
+    if (!c)
+        return hfail(HCCL_E_PARA, "%s: unknown communicator", api);
+    p2p_op *o = calloc(1, sizeof *o);
+    seg *sends = calloc(itemNum, sizeof *sends), *recvs = calloc(itemNum, sizeof *recvs);
+    if (!o || !sends || !recvs)
+        rc = hfail(HCCL_E_MEMORY, "%s: out of memory", api);
+    for (uint32_t i = 0; !rc && i < itemNum; i++) {
+        HcclSendRecvItem *it = &sendRecvInfo[i];
+        uint64_t n = 0;
+        if (it->sendRecvType != 0 && it->sendRecvType != 1) {
+            rc = hfail(HCCL_E_PARA, "%s: bad item type", api);
+            break;
+        }
+        rc = check_buffer(api, c, it->buf, it->count, it->dataType, it->remoteRank, &n);
+        if (rc)
+            break;
+        seg *dst = it->sendRecvType == 0 ? &sends[o->ns++] : &recvs[o->nr++];
+        dst->buf = it->buf;
+        dst->n = n;
+    }
+    if (rc) {
+        free(o);
+        free(sends);
+        free(recvs);
+        comm_unref(c);
+        return rc;
+    }
+    o->c = c;
+    o->sends = sends;
+    o->recvs = recvs;
+    return submit_p2p(api, "exec:HcclBatchSendRecv", o, stream);
+}

@@ -1,0 +1,149 @@
+"""register_cache / register_blocks_cache / unregister_cache over shareable user memory."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+
+import numpy as np
+import pytest
+import pytest_asyncio
+
+from hixl_client import (
+    BlocksCacheKey,
+    CacheDesc,
+    CacheKey,
+    CacheKeyByIdAndIndex,
+    DataType,
+    LLMDataDist,
+    LLMException,
+    LLMRole,
+    LLMStatusCode,
+    alloc_shareable,
+)
+from hixl_service.testing import DaemonProcess
+
+from .conftest import Pair, daemon_status, make_pair, options
+
+pytestmark = pytest.mark.asyncio
+
+INVALID = LLMStatusCode.LLM_PARAM_INVALID
+
+
+@pytest_asyncio.fixture
+async def accessible(prefill_daemon: DaemonProcess, decode_daemon: DaemonProcess,
+                     next_cluster_id: Callable[[], int]) -> AsyncIterator[Pair]:
+    made = await make_pair(decode_daemon, prefill_daemon, next_cluster_id,
+                           remote_accessible=True)
+    yield made
+    await made.decoder.finalize()
+    await made.prompt.finalize()
+
+
+async def test_registered_cache_is_pulled_and_keeps_its_keys(pair: Pair) -> None:
+    desc = CacheDesc(4, [2, 1024], DataType.DT_FLOAT16)
+    buffer = alloc_shareable(4 * desc.size)
+    kv = buffer.numpy(np.float16, (4, 2, 1024))
+    kv[...] = np.arange(kv.size, dtype=np.float16).reshape(kv.shape)
+    key = CacheKey(pair.prompt.cluster_id, req_id=3)
+    addrs = [buffer.address + i * desc.size for i in range(4)]
+    cache = await pair.prompt.cache_manager.register_cache(desc, addrs, [key])
+    assert repr(cache).endswith("is_blocks_cache = False)") and cache.tensor_addrs == addrs
+    np.testing.assert_array_equal(cache.numpy(2), kv[2])  # the cache views the user's memory
+    dst = await pair.decoder.cache_manager.allocate_cache(desc)
+    for _ in range(2):  # pulls from registered caches never drop keys
+        await pair.decoder.cache_manager.pull_cache(key, dst, batch_index=1)
+    for i in range(4):
+        np.testing.assert_array_equal(dst.numpy(i)[1], kv[i][0])
+    await pair.prompt.cache_manager.deallocate_cache(cache)  # not owned: a no-op
+    await pair.prompt.cache_manager.remove_cache_key(key)  # key of a registered cache: a no-op
+    await pair.decoder.cache_manager.pull_cache(key, dst)
+    await pair.prompt.cache_manager.unregister_cache(cache.cache_id)
+    await pair.prompt.cache_manager.unregister_cache(cache.cache_id)  # unknown: success
+    with pytest.raises(LLMException) as info:
+        await pair.decoder.cache_manager.pull_cache(key, dst)
+    assert info.value.status_code == LLMStatusCode.LLM_KV_CACHE_NOT_EXIST
+    assert kv[3, 1, 5] == np.float16(kv.shape[1] * kv.shape[2] * 3 + 1024 + 5)  # still ours
+    await pair.decoder.cache_manager.deallocate_cache(dst)
+    with pytest.raises(BufferError):  # views of the buffer are alive
+        buffer.close()
+    del kv
+    buffer.close()
+
+
+async def test_push_blocks_into_registered_user_memory(accessible: Pair) -> None:
+    sender, receiver = accessible.decoder, accessible.prompt
+    desc = CacheDesc(2, [16, 4096], DataType.DT_UINT8)
+    buffer = alloc_shareable(2 * desc.size)
+    target = await receiver.cache_manager.register_blocks_cache(
+        desc, [buffer.address, buffer.address + desc.size], BlocksCacheKey(receiver.cluster_id, 8),
+        remote_accessible=True)
+    assert target.is_blocks_cache
+    src = await sender.cache_manager.allocate_blocks_cache(desc)
+    for i in range(2):
+        src.numpy(i)[...] = (np.arange(16, dtype=np.uint8) + 10 * i)[:, None]
+    await sender.cache_manager.push_blocks(BlocksCacheKey(receiver.cluster_id, 8), src,
+                                           [0, 1, 2], [13, 14, 15])
+    user = buffer.numpy(np.uint8, (2, 16, 4096))
+    for i in range(2):
+        np.testing.assert_array_equal(user[i, 13:16, 0], np.array([0, 1, 2]) + 10 * i)
+        assert not user[i, :13].any()
+    await receiver.cache_manager.unregister_cache(target.cache_id)
+    del user
+    buffer.close()
+
+
+async def test_register_rules(pair: Pair) -> None:
+    cm = pair.prompt.cache_manager
+    desc = CacheDesc(2, [1, 64], DataType.DT_UINT8)
+    buffer = alloc_shareable(4096)
+    addrs = [buffer.address, buffer.address + 64]
+    cases: list[tuple[tuple[object, ...], dict[str, object], type[Exception]]] = [
+        ((desc, tuple(addrs)), {}, TypeError),
+        ((desc, ["1"]), {}, TypeError),
+        ((desc, addrs, [1]), {}, TypeError),
+        ((desc, addrs), {"remote_accessible": "yes"}, TypeError),
+        ((desc, []), {}, LLMException),
+        ((desc, addrs[:1]), {}, LLMException),
+        ((desc, [0, addrs[1]]), {}, LLMException),
+    ]
+    for args, kwargs, error in cases:
+        with pytest.raises(error):
+            await cm.register_cache(*args, **kwargs)  # type: ignore[arg-type]
+    foreign = np.zeros(128, dtype=np.uint8)
+    with pytest.raises(LLMException, match="alloc_shareable") as info:
+        await cm.register_cache(desc, [foreign.ctypes.data, foreign.ctypes.data + 64])
+    assert info.value.status_code == INVALID
+    other = alloc_shareable(4096)
+    with pytest.raises(LLMException, match="one such buffer"):
+        await cm.register_cache(desc, [buffer.address, other.address])
+    with pytest.raises(LLMException) as info:  # the daemon checks the count for blocks
+        await cm.register_blocks_cache(desc, addrs[:1])
+    assert info.value.status_code == INVALID
+    with pytest.raises(TypeError):
+        await cm.unregister_cache("1")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        await cm.unregister_cache(2**63)
+    other.close()
+    buffer.close()
+
+
+async def test_ids_are_shared_by_register_and_allocate(
+        prefill_daemon: DaemonProcess, next_cluster_id: Callable[[], int]) -> None:
+    dd = LLMDataDist(LLMRole.PROMPT, next_cluster_id(), daemon=prefill_daemon.client_target)
+    await dd.init(options(pool_bytes=2**20))
+    buffer = alloc_shareable(8192)
+    try:
+        desc = CacheDesc(1, [1, 64], DataType.DT_UINT8)
+        first = await dd.cache_manager.register_cache(desc, [buffer.address])
+        second = await dd.cache_manager.register_blocks_cache(desc, [buffer.address + 4096])
+        third = await dd.cache_manager.allocate_cache(desc)
+        assert (first.cache_id, second.cache_id, third.cache_id) == (1, 2, 3)
+        status = await daemon_status(prefill_daemon.client_target)
+        assert sum(c.cluster_id == dd.cluster_id for c in status.caches) == 3
+        by_id = CacheKeyByIdAndIndex(dd.cluster_id, first.cache_id)
+        assert by_id.cache_id == 1
+    finally:
+        await dd.finalize()  # unmaps the buffer in the daemon; the memory stays ours
+    buffer.view()[:4] = b"kept"
+    assert bytes(buffer.view(0, 4)) == b"kept"
+    buffer.close()
