@@ -67,6 +67,9 @@ class CacheTask:
     def _record(self, dst_cluster_id: int, status: LLMStatusCode) -> None:
         self._results[dst_cluster_id] = status
 
+    def _failed(self) -> bool:
+        return any(r != LLMStatusCode.LLM_SUCCESS for r in self._results.values())
+
     def _final_results(self) -> list[LLMStatusCode | None]:
         if self._crashed:
             return [self._default] * len(self._configs)
@@ -106,7 +109,17 @@ class CacheTask:
         return self._final_results()
 
     def __await__(self) -> Any:
-        return self.get_results().__await__()
+        return self._await_results().__await__()
+
+    async def _await_results(self) -> list[LLMStatusCode | None]:
+        # Cancelling the coroutine that awaits the task cancels the task itself
+        # (the daemon's half ends with the stream); waiting with synchronize()
+        # or get_results() and a timeout never does.
+        try:
+            return await self.get_results()
+        except asyncio.CancelledError:
+            self.cancel()
+            raise
 
     def cancel(self) -> None:
         """Stop sending; the daemon ends its half when the stream closes."""
@@ -142,20 +155,18 @@ async def drive(task: CacheTask, connection: DaemonConnection, start: client_pb2
         reader = asyncio.get_running_loop().create_task(_read_progress(task, call, targets))
         try:
             for layer in range(num_layers):
-                if reader.done():
-                    break  # the daemon ended the task (a target failed)
                 needing = [t for t in targets if t.src_layer_start <= layer < t.src_layer_stop]
                 if not needing:
                     continue
+                if reader.done() or task._failed():
+                    break  # the daemon ended the task; the reader has the reason
                 if not await _synchronize(synchronizer, layer):
                     for target in needing:
                         task._record(target.dst_cluster_id, LLMStatusCode.LLM_PARAM_INVALID)
                     break
-                if reader.done():
+                if not await _send(call, client_pb2.TransferMessage(layer_ready=layer)):
                     break
-                await call.write(client_pb2.TransferMessage(layer_ready=layer))
-            if not reader.done():
-                await call.done_writing()
+            await _send(call, None)
             await asyncio.wait_for(reader, timeout_s)
         finally:
             reader.cancel()
@@ -163,6 +174,22 @@ async def drive(task: CacheTask, connection: DaemonConnection, start: client_pb2
         raise error_from_rpc(err, f"hixl daemon at {connection.target}") from None
     finally:
         call.cancel()
+
+
+async def _send(call: Any, message: client_pb2.TransferMessage | None) -> bool:
+    """Write (or half-close, for None); False when the daemon already ended the stream.
+
+    The daemon ends a task's stream as soon as a target fails, which can race
+    with our next write; the failure itself arrives through the progress reader.
+    """
+    try:
+        if message is None:
+            await call.done_writing()
+        else:
+            await call.write(message)
+    except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError):
+        return False
+    return True
 
 
 async def _read_progress(task: CacheTask, call: Any,

@@ -270,3 +270,21 @@ async def test_validation_before_anything_starts(accessible: Pair, pair: Pair) -
     assert defaulted.src_layer_range == range(2)  # assigned on the user's object
     assert await task.synchronize() != OK  # no link from this cluster
     assert sync.calls == []
+
+
+async def test_cancelling_the_awaiter_cancels_the_task(accessible: Pair) -> None:
+    sender, receiver = accessible.decoder, accessible.prompt
+    desc = CacheDesc(8, [1, 4096], DataType.DT_UINT8)
+    src = await sender.cache_manager.allocate_cache(desc)
+    dst = await receiver.cache_manager.allocate_cache(desc)
+    key = CacheKeyByIdAndIndex(receiver.cluster_id, dst.cache_id)
+    sync = Ready(delay_s=0.1)
+    task = sender.cache_manager.transfer_cache_async(
+        src, sync, [TransferWithCacheKeyConfig(key, range(0, 4), range(0, 4))])
+    waiter = asyncio.ensure_future(task)
+    await asyncio.sleep(0.15)
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert await task.synchronize(5000) == LLMStatusCode.LLM_TIMEOUT and task.done()
+    assert len(sync.calls) < 4  # it stopped asking for layers

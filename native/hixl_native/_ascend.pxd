@@ -1,0 +1,84 @@
+# Attribute and method declarations of the _ascend extension types, so that
+# other Cython modules can cimport them; the bodies live in _ascend.pyx.
+
+from libc.stdint cimport int32_t, uint32_t, uint64_t
+
+from hixl_native._acl cimport HcclComm as _hccl_comm_t, aclrtStream
+
+
+cdef class AscendRuntime:
+    cdef bint _closed
+    cdef bint _owned
+    cdef dict _devices
+
+    cdef int _check_open(self) except -1
+
+
+cdef class Device:
+    cdef AscendRuntime _rt
+    cdef int32_t _id
+    cdef int _children
+    cdef bint _closed
+
+    cdef int _check_open(self) except -1
+    cdef void _adopt(self)
+    cdef void _release(self)
+
+
+cdef class _Memory:
+    cdef Device _dev
+    cdef char *_ptr
+    cdef uint64_t _size
+    cdef int _kind
+    cdef int _pins
+    cdef bint _closed
+    cdef bint _exported
+    cdef char _key[65]
+
+    cdef int _check_open(self) except -1
+
+
+cdef class DeviceMemory(_Memory):
+    pass
+
+
+cdef class DeviceBuffer(DeviceMemory):
+    pass
+
+
+cdef class ImportedBuffer(DeviceMemory):
+    pass
+
+
+cdef class HostBuffer(_Memory):
+    cdef int _exports
+
+
+cdef class Stream:
+    cdef Device _dev
+    cdef aclrtStream _s
+    cdef list _pinned
+    cdef bint _closed
+
+    cdef int _check_open(self) except -1
+    cdef void _pin(self, _Memory mem)
+    cdef void _unpin_all(self)
+
+
+cdef class SendRecvItem:
+    cdef readonly int kind
+    cdef readonly DeviceMemory buffer
+    cdef readonly uint64_t offset
+    cdef readonly uint64_t nbytes
+    cdef readonly uint32_t peer
+
+
+cdef class HcclComm:
+    cdef Device _dev
+    cdef _hccl_comm_t _c
+    cdef uint32_t _rank
+    cdef uint32_t _nranks
+    cdef bint _closed
+
+    cdef int _check_open(self) except -1
+    cdef uint32_t _check_peer(self, object peer) except? 0xFFFFFFFF
