@@ -194,6 +194,15 @@ async def _send(call: Any, message: client_pb2.TransferMessage | None) -> bool:
 
 async def _read_progress(task: CacheTask, call: Any,
                          targets: list[client_pb2.TransferTarget]) -> None:
+    try:
+        await _read_reports(task, call, targets)
+    except grpc.aio.AioRpcError:
+        if not task._failed():
+            raise  # a failure already reported explains the end of the stream
+
+
+async def _read_reports(task: CacheTask, call: Any,
+                        targets: list[client_pb2.TransferTarget]) -> None:
     while (report := await call.read()) is not grpc.aio.EOF:
         target = targets[report.target]
         status = LLMStatusCode(report.status)

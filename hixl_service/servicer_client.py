@@ -302,10 +302,10 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
             task = LayerwiseTask(self._engine, cluster, first.start)
             for report in await task.prepare():
                 await context.write(report)
+            # After a failure keep reading until the client half-closes, so
+            # that the stream never ends under a write of the client's.
             async for message in request_iterator:
-                if task.failed:
-                    return
-                if message.HasField("layer_ready"):
+                if not task.failed and message.HasField("layer_ready"):
                     for report in await task.send_layer(message.layer_ready):
                         await context.write(report)
         except LLMException as exc:

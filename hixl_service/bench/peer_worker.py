@@ -43,13 +43,13 @@ class _Buffer:
 class Mooncake:
     """Mooncake Transfer Engine over TCP with P2PHANDSHAKE metadata."""
 
-    def __init__(self, cold: int, fill: int) -> None:
+    def __init__(self, cold: int, target: bool) -> None:
         module: Any = importlib.import_module("mooncake.engine")
         self.engine = module.TransferEngine()
         rc = self.engine.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "")
         if rc != 0:
             raise RuntimeError(f"TransferEngine.initialize returned {rc}")
-        self.buffer = _Buffer(cold, fill)
+        self.buffer = _Buffer(cold, 0x5A if target else 0)
         rc = self.engine.register_memory(self.buffer.addr, cold)
         if rc != 0:
             raise RuntimeError(f"register_memory returned {rc}")
@@ -75,12 +75,15 @@ class Mooncake:
 class Nixl:
     """NIXL with its UCX backend (the transports follow ``UCX_TLS``)."""
 
-    def __init__(self, cold: int, fill: int) -> None:
+    def __init__(self, cold: int, target: bool) -> None:
         api: Any = importlib.import_module("nixl._api")
         name = f"hixl-bench-{os.getpid()}"
-        self.agent = api.nixl_agent(name, api.nixl_agent_config(
-            enable_prog_thread=False, backends=["UCX"]))
-        self.buffer = _Buffer(cold, fill)
+        # The target only serves, so UCX's progress thread must run there; the
+        # initiator polls its transfers, which progresses them in its own thread
+        # (a second busy thread per process costs a whole core on small hosts).
+        config = api.nixl_agent_config(enable_prog_thread=target, backends=["UCX"])
+        self.agent = api.nixl_agent(name, config)
+        self.buffer = _Buffer(cold, 0x5A if target else 0)
         self.registered = self.agent.register_memory([(self.buffer.addr, cold, 0, "")], "DRAM")
         self.remote_name = ""
         self.remote_base = 0
@@ -149,7 +152,7 @@ def _run_case(engine: Any, cold: int, op: str, block: int, nblocks: int,
 def main(argv: list[str]) -> None:
     role, name, cold = argv[0], argv[1], int(argv[2])
     try:
-        engine = ENGINES[name](cold, 0x5A if role == "target" else 0)
+        engine = ENGINES[name](cold, role == "target")
         if role == "target":
             _emit({"info": engine.info()})
             sys.stdin.read()  # serve until the parent closes our stdin

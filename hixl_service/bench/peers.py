@@ -153,6 +153,6 @@ async def peer_rows(names: list[str], cases: list[Case], cold: int, budget: Budg
             done = {(r.name, r.op, r.block, r.nblocks) for r in rows}
             for case in cases:
                 if (peer.name, case.op, case.block, case.nblocks) not in done:
-                    rows.append(_failed(peer, case, f"error: {exc}"))
+                    rows.append(_failed(peer, case, f"error: {type(exc).__name__}: {exc}"))
                     progress(rows[-1])
     return rows

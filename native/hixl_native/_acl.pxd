@@ -7,7 +7,7 @@ from libc.stdint cimport int32_t, uint32_t, uint64_t
 
 cdef extern from "acl_shim.h" nogil:
     ctypedef void *aclrtStream
-    ctypedef void *HcclComm
+    ctypedef void *hccl_comm_t "HcclComm"
 
     enum:
         HIXL_HCCL_ROOT_INFO_BYTES
@@ -83,11 +83,11 @@ cdef extern from "acl_shim.h" nogil:
     int hixl_acl_ipc_close(int32_t dev, const char *key)
     int hixl_hccl_root_info(int32_t dev, HcclRootInfo *out)
     int hixl_hccl_comm_init(int32_t dev, uint32_t nranks, const HcclRootInfo *root,
-                            uint32_t rank, HcclComm *out)
-    int hixl_hccl_send(int32_t dev, void *buf, uint64_t nbytes, uint32_t peer, HcclComm comm,
+                            uint32_t rank, hccl_comm_t *out)
+    int hixl_hccl_send(int32_t dev, void *buf, uint64_t nbytes, uint32_t peer, hccl_comm_t comm,
                        aclrtStream stream)
-    int hixl_hccl_recv(int32_t dev, void *buf, uint64_t nbytes, uint32_t peer, HcclComm comm,
+    int hixl_hccl_recv(int32_t dev, void *buf, uint64_t nbytes, uint32_t peer, hccl_comm_t comm,
                        aclrtStream stream)
-    int hixl_hccl_batch(int32_t dev, HcclSendRecvItem *items, uint32_t n, HcclComm comm,
+    int hixl_hccl_batch(int32_t dev, HcclSendRecvItem *items, uint32_t n, hccl_comm_t comm,
                         aclrtStream stream)
-    int hixl_hccl_comm_destroy(int32_t dev, HcclComm comm)
+    int hixl_hccl_comm_destroy(int32_t dev, hccl_comm_t comm)

@@ -3,7 +3,7 @@
 
 from libc.stdint cimport int32_t, uint32_t, uint64_t
 
-from hixl_native._acl cimport HcclComm as _hccl_comm_t, aclrtStream
+from hixl_native._acl cimport aclrtStream, hccl_comm_t
 
 
 cdef class AscendRuntime:
@@ -75,7 +75,7 @@ cdef class SendRecvItem:
 
 cdef class HcclComm:
     cdef Device _dev
-    cdef _hccl_comm_t _c
+    cdef hccl_comm_t _c
     cdef uint32_t _rank
     cdef uint32_t _nranks
     cdef bint _closed

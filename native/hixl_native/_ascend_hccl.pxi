@@ -1,0 +1,211 @@
+# HCCL communicators for point-to-point transfers.
+
+cdef class SendRecvItem:
+    """One send or receive of `HcclComm.batch_send_recv`.
+
+    Args:
+        kind: `SendRecvKind.SEND` or `SendRecvKind.RECV`.
+        buffer: Device memory sent from or received into.
+        offset: Start in ``buffer``.
+        nbytes: Bytes; the peer's matching item must have as many.
+        peer: The peer's rank.
+    """
+
+    def __init__(self, kind, DeviceMemory buffer not None, offset, nbytes, peer):
+        self.kind = SendRecvKind(kind)
+        self.buffer = buffer
+        self.offset = _int_in(offset, 0, buffer._size, "offset")
+        self.nbytes = _int_in(nbytes, 0, buffer._size - self.offset, "nbytes")
+        self.peer = _int_in(peer, 0, 0xFFFFFFFE, "peer")
+
+    @staticmethod
+    def send(DeviceMemory buffer not None, offset, nbytes, peer):
+        """A send item."""
+        return SendRecvItem(HCCL_SEND, buffer, offset, nbytes, peer)
+
+    @staticmethod
+    def recv(DeviceMemory buffer not None, offset, nbytes, peer):
+        """A receive item."""
+        return SendRecvItem(HCCL_RECV, buffer, offset, nbytes, peer)
+
+    def __repr__(self):
+        return (f"SendRecvItem({SendRecvKind(self.kind).name}, offset={self.offset}, "
+                f"nbytes={self.nbytes}, peer={self.peer})")
+
+
+cdef class HcclComm:
+    """An HCCL communicator (``HcclCommInitRootInfo``), for point-to-point transfers.
+
+    Construction blocks, with the GIL released, until every rank joined (or
+    HCCL's connect timeout passed). Operations are queued on a `Stream` of the
+    same device; `Stream.synchronize` waits for them.
+
+    Args:
+        device: The device this rank runs on.
+        root_info: `Device.hccl_root_info` of the rank that created the rendezvous.
+        nranks: Ranks in the communicator (2 for one link).
+        rank: This rank, in [0, nranks).
+
+    Raises:
+        HcclError: e.g. 9 (``HCCL_E_TIMEOUT``) when a peer never joins.
+    """
+
+    def __cinit__(self, *args, **kwargs):
+        self._closed = True
+
+    def __init__(self, Device device not None, root_info, nranks, rank):
+        device._check_open()
+        if self._dev is not None:
+            raise RuntimeError("HcclComm is already initialized")
+        cdef bytes raw = bytes(root_info)
+        if len(raw) != HIXL_HCCL_ROOT_INFO_BYTES:
+            raise ValueError(f"root_info must be {HIXL_HCCL_ROOT_INFO_BYTES} bytes, got {len(raw)}")
+        cdef uint32_t n = _int_in(nranks, 1, 0xFFFFFFFF, "nranks")
+        cdef uint32_t r = _int_in(rank, 0, n - 1, "rank")
+        cdef HcclRootInfo ri
+        cdef hccl_comm_t c = NULL
+        cdef int rc
+        c_memcpy(ri.internal, <const char *>raw, HIXL_HCCL_ROOT_INFO_BYTES)
+        with nogil:
+            rc = hixl_hccl_comm_init(device._id, n, &ri, r, &c)
+        _check(rc)
+        self._dev = device
+        self._c = c
+        self._rank = r
+        self._nranks = n
+        self._closed = False
+        device._adopt()
+        _live[_LIVE_COMM] += 1
+
+    def __dealloc__(self):
+        if not self._closed and self._dev is not None:
+            with nogil:
+                hixl_hccl_comm_destroy(self._dev._id, self._c)
+            self._dev._release()
+            _live[_LIVE_COMM] -= 1
+
+    cdef int _check_open(self) except -1:
+        if self._closed:
+            raise ValueError("the communicator is destroyed")
+        return 0
+
+    cdef uint32_t _check_peer(self, object peer) except? 0xFFFFFFFF:
+        cdef uint32_t p = _int_in(peer, 0, self._nranks - 1, "peer")
+        if p == self._rank:
+            raise ValueError(f"peer {p} is this rank")
+        return p
+
+    @property
+    def rank(self):
+        """This rank."""
+        return self._rank
+
+    @property
+    def nranks(self):
+        """Ranks in the communicator."""
+        return self._nranks
+
+    @property
+    def device(self):
+        """The owning `Device`."""
+        return self._dev
+
+    @property
+    def closed(self):
+        """Whether the communicator was destroyed."""
+        return self._closed
+
+    def send(self, DeviceMemory src not None, offset, nbytes, peer, Stream stream not None):
+        """Queue a send of ``nbytes`` at ``offset`` of ``src`` to ``peer`` (``HcclSend``)."""
+        self._p2p(True, src, offset, nbytes, peer, stream)
+
+    def recv(self, DeviceMemory dst not None, offset, nbytes, peer, Stream stream not None):
+        """Queue a receive of ``nbytes`` into ``offset`` of ``dst`` from ``peer`` (``HcclRecv``)."""
+        self._p2p(False, dst, offset, nbytes, peer, stream)
+
+    def _p2p(self, bint sending, DeviceMemory mem, offset, nbytes, peer, Stream stream):
+        self._check_open()
+        stream._check_open()
+        cdef uint64_t off, n
+        _bounds(mem, offset, nbytes, &off, &n)
+        cdef uint32_t p = self._check_peer(peer)
+        _same_device(self, stream, mem)
+        cdef int rc
+        with nogil:
+            if sending:
+                rc = hixl_hccl_send(self._dev._id, mem._ptr + off, n, p, self._c, stream._s)
+            else:
+                rc = hixl_hccl_recv(self._dev._id, mem._ptr + off, n, p, self._c, stream._s)
+        _check(rc)
+        stream._pin(mem)
+
+    def batch_send_recv(self, items, Stream stream not None):
+        """Queue sends and receives that progress together (``HcclBatchSendRecv``).
+
+        Args:
+            items: `SendRecvItem` objects.
+            stream: Stream of this communicator's device.
+        """
+        self._check_open()
+        stream._check_open()
+        checked = list(items)
+        if not checked:
+            raise ValueError("batch_send_recv needs at least one item")
+        cdef HcclSendRecvItem *arr = <HcclSendRecvItem *>malloc(len(checked) * sizeof(HcclSendRecvItem))
+        cdef uint32_t i, n = len(checked)
+        cdef uint64_t off, nb
+        cdef int rc
+        if arr == NULL:
+            raise MemoryError()
+        try:
+            for i in range(n):
+                it = checked[i]
+                if not isinstance(it, SendRecvItem):
+                    raise TypeError(f"items must be SendRecvItem, not {type(it).__name__}")
+                _bounds((<SendRecvItem>it).buffer, (<SendRecvItem>it).offset,
+                        (<SendRecvItem>it).nbytes, &off, &nb)
+                _same_device(self, stream, (<SendRecvItem>it).buffer)
+                arr[i].sendRecvType = (<SendRecvItem>it).kind
+                arr[i].buf = (<SendRecvItem>it).buffer._ptr + off
+                arr[i].count = nb
+                arr[i].dataType = HCCL_DATA_TYPE_INT8
+                arr[i].remoteRank = self._check_peer((<SendRecvItem>it).peer)
+            with nogil:
+                rc = hixl_hccl_batch(self._dev._id, arr, n, self._c, stream._s)
+        finally:
+            free(arr)
+        _check(rc)
+        for it in checked:
+            stream._pin((<SendRecvItem>it).buffer)
+
+    def destroy(self):
+        """Destroy the communicator (``HcclCommDestroy``); idempotent. Queued
+        operations of it fail."""
+        if self._closed:
+            return
+        cdef int rc
+        with nogil:
+            rc = hixl_hccl_comm_destroy(self._dev._id, self._c)
+        self._closed = True
+        self._dev._release()
+        _live[_LIVE_COMM] -= 1
+        _check(rc)
+
+    close = destroy
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.destroy()
+
+    def __repr__(self):
+        state = "destroyed" if self._closed else f"rank {self._rank} of {self._nranks}"
+        return f"<HcclComm {state}>"
+
+
+cdef int _same_device(HcclComm comm, Stream stream, DeviceMemory mem) except -1:
+    if stream._dev is not comm._dev or mem._dev is not comm._dev:
+        raise ValueError(f"the stream and memory must be on the communicator's device "
+                         f"{comm._dev._id}")
+    return 0

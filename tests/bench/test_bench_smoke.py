@@ -1,0 +1,75 @@
+"""hixl-bench smoke tests: the harness runs end to end and reports ratios.
+
+Nothing here asserts anything about speed: figures come from benchmarks,
+never from timed assertions.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hixl_service.bench.model import JSON_KEYS
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_native_ceilings_move_bytes() -> None:
+    from hixl_native._bench import MemcpyCeiling, TcpCeiling
+
+    with MemcpyCeiling(8 << 20) as memcpy:
+        times = memcpy.run(4096, 4, 10)
+        assert len(times) == 10 and all(t > 0 for t in times)
+        with pytest.raises(ValueError):
+            memcpy.run(16 << 20, 1, 1)  # larger than the cold buffers
+    for streams in (1, 3):
+        with TcpCeiling(8 << 20, streams) as tcp:
+            for block, nblocks in ((4096, 1), (65536, 8), (1 << 20, 3)):
+                times = tcp.run(block, nblocks, 5)
+                assert len(times) == 5 and all(t > 0 for t in times)
+    tcp = TcpCeiling(1 << 20)
+    tcp.close()
+    with pytest.raises(RuntimeError):
+        tcp.run(4096, 1, 1)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_quick_run_prints_ratios_and_writes_json_lines(tmp_path: Path) -> None:
+    out = tmp_path / "bench.jsonl"
+    command = [sys.executable, "-m", "hixl_service.bench", "--quick", "--json-out", str(out),
+               "--budget-scale", "0.3", "--models", "tiny", "--tokens", "256",
+               "--page-tokens", "64", "--quiet"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=170,
+                          check=False)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    header = next(line for line in done.stdout.splitlines() if line.startswith("what"))
+    for column in ("GB/s", "p50 us", "p99 us", "client", "ctrl", "data", "ratio", "p50/rtt"):
+        assert column in header
+
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    meta, rows = records[0], records[1:]
+    assert meta["kind"] == "meta" and meta["quick"] is True
+    for row in rows:
+        assert set(JSON_KEYS) <= set(row), row
+        assert row["status"] == "ok" or row["status"].startswith("skipped"), row
+    names = {row["name"] for row in rows if row["status"] == "ok"}
+    assert {"memcpy", "tcp-c", "grpc-rtt", "hixl", "hixl-noop", "hixl-tiny"} <= names
+    hixl = [row for row in rows if row["kind"] == "hixl" and row["status"] == "ok"]
+    assert {row["path"] for row in hixl} == {"local", "tcp"}
+    assert all(row["ratio"] is not None and row["ratio_to"] for row in hixl), hixl
+    assert all(row["rtt_ratio"] is not None for row in hixl)
+    kv = [row for row in rows if row["suite"] == "kv"]
+    assert kv and all(row["model"] == "tiny" for row in kv)
+    # Every peer is measured or reported as skipped, never left out.
+    assert {"mooncake-tcp", "nixl-ucx-tcp"} <= {row["name"] for row in rows if row["kind"] == "peer"}
+
+
+def test_bad_arguments_exit_2() -> None:
+    done = subprocess.run([sys.executable, "-m", "hixl_service.bench", "--suites", "nope"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2 and "unknown" in done.stderr
