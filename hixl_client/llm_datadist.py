@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ._comm_ops import CommOps
 from ._defaults import default_daemon_target
 from ._memory import PoolMapping, map_pools
 from ._proto.hixl.v1 import client_pb2
@@ -70,7 +71,7 @@ def normalize_options(options: dict[str, str], role: LLMRole) -> dict[str, str]:
     return normalized
 
 
-class LLMDataDist:
+class LLMDataDist(CommOps):
     """One prefill or decode cluster attached to the local hixl daemon.
 
     Args:
@@ -93,6 +94,10 @@ class LLMDataDist:
         self._cache_manager: CacheManager | None = None
         self._pools: dict[int, PoolMapping] = {}
         self._options: dict[str, str] = {}
+
+    @staticmethod
+    def _role_to_str(role: LLMRole) -> str:
+        return role_to_str(role)
 
     @property
     def cluster_id(self) -> int:

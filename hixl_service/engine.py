@@ -280,6 +280,14 @@ class Engine:
         for entry in entries:
             await self._free(entry)
 
+    def switch_role(self, cluster: Cluster, role: LLMRole) -> None:
+        """Relabel a cluster; refused while links exist, as LLM-DataDist does."""
+        inbound = any(i.dst_cluster_id == cluster.cluster_id for i in self.inbound.values())
+        if cluster.links or inbound:
+            raise LLMException("unlink every cluster before switching roles",
+                               status_code=LLMStatusCode.LLM_EXIST_LINK)
+        cluster.role = role
+
     # -- links ------------------------------------------------------------------
 
     def accept_link(self, protocol_version: int, src_daemon_id: str, src_cluster_id: int,

@@ -163,6 +163,13 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         return await self._link_all(request, context, unlink=True)
 
     @handles_errors
+    async def SwitchRole(self, request: client_pb2.SwitchRoleRequest,
+                         context: Context) -> client_pb2.SwitchRoleReply:
+        cluster = self._engine.cluster_of(self._session(context))
+        self._engine.switch_role(cluster, LLMRole(request.role))
+        return client_pb2.SwitchRoleReply()
+
+    @handles_errors
     async def AllocateCache(self, request: client_pb2.AllocateCacheRequest,
                             context: Context) -> client_pb2.AllocateCacheReply:
         cluster = self._engine.cluster_of(self._session(context))

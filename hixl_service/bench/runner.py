@@ -103,7 +103,7 @@ async def run_case(env: Clusters, case: Case, cold_bytes: int, budget: Budget) -
     if reason:
         row.status = reason
         return row
-    slots = max(slots_for(case.block, case.nblocks, cold_bytes), 2 * case.conc)
+    slots = slots_for(case.block, case.nblocks, cold_bytes)
     try:
         caches = await _allocate(env, case.path, slot_desc(case.block, case.nblocks, slots))
     except Exception as exc:  # reported, not raised: one failed shape must not end the run

@@ -82,3 +82,5 @@ cdef class HcclComm:
 
     cdef int _check_open(self) except -1
     cdef uint32_t _check_peer(self, object peer) except? 0xFFFFFFFF
+    cdef int _p2p(self, bint sending, DeviceMemory mem, object offset, object nbytes, object peer,
+                  Stream stream) except -1

@@ -123,7 +123,8 @@ cdef class HcclComm:
         """Queue a receive of ``nbytes`` into ``offset`` of ``dst`` from ``peer`` (``HcclRecv``)."""
         self._p2p(False, dst, offset, nbytes, peer, stream)
 
-    def _p2p(self, bint sending, DeviceMemory mem, offset, nbytes, peer, Stream stream):
+    cdef int _p2p(self, bint sending, DeviceMemory mem, object offset, object nbytes, object peer,
+                  Stream stream) except -1:
         self._check_open()
         stream._check_open()
         cdef uint64_t off, n
@@ -138,6 +139,7 @@ cdef class HcclComm:
                 rc = hixl_hccl_recv(self._dev._id, mem._ptr + off, n, p, self._c, stream._s)
         _check(rc)
         stream._pin(mem)
+        return 0
 
     def batch_send_recv(self, items, Stream stream not None):
         """Queue sends and receives that progress together (``HcclBatchSendRecv``).

@@ -25,7 +25,7 @@ from hixl_client.keys import PLACEHOLDER_ID
 from hixl_client.llm_datadist import normalize_options
 from hixl_service.testing import DaemonProcess
 
-from .conftest import Pair, options
+from .conftest import Pair, cluster_info, daemon_status, options
 
 pytestmark = pytest.mark.asyncio
 
@@ -223,3 +223,54 @@ async def test_cache_handle(pair: Pair) -> None:
     cpu = Cache.create_cpu_cache(CacheDesc(1, [4], DataType.DT_UINT8, Placement.HOST), [1234])
     assert cpu.cache_id == -1 and cpu.is_blocks_cache
     await pair.prompt.cache_manager.deallocate_cache(cache)
+
+
+async def test_switch_role_and_communicator_calls(pair: Pair) -> None:
+    decoder = pair.decoder
+    with pytest.raises(LLMException) as info:  # linked: unlink first
+        await decoder.switch_role(LLMRole.PROMPT)
+    assert info.value.status_code == LLMStatusCode.LLM_EXIST_LINK
+    with pytest.raises(LLMException) as info:  # the prompt side has an inbound link
+        await pair.prompt.switch_role(LLMRole.DECODER)
+    assert info.value.status_code == LLMStatusCode.LLM_EXIST_LINK
+    with pytest.raises(TypeError):
+        await decoder.switch_role("PROMPT")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        await decoder.switch_role(LLMRole.PROMPT, "opts")  # type: ignore[arg-type]
+    with pytest.raises(LLMException):
+        await decoder.switch_role(LLMRole.PROMPT, {"llm.listenIpInfo": "1.2.3.4"})
+    info_ = cluster_info(pair.prompt.cluster_id, pair.prompt_daemon.peer_address)
+    assert (await decoder.unlink_clusters([info_]))[0] == LLMStatusCode.LLM_SUCCESS
+    await decoder.switch_role(LLMRole.MIX)
+    assert decoder.role == LLMRole.MIX and LLMDataDist._role_to_str(LLMRole.MIX) == "Mix"
+    status = await daemon_status(pair.decoder_daemon.client_target)
+    assert [c.role for c in status.clusters if c.cluster_id == decoder.cluster_id] == ["MIX"]
+    await decoder.switch_role(LLMRole.MIX)  # the same role again is allowed
+    assert (await decoder.link_clusters([info_]))[0] == LLMStatusCode.LLM_SUCCESS
+    bad_links: list[tuple[tuple[Any, ...], type[Exception]]] = [
+        ((None, {1: 0, 2: 1}, ""), TypeError),
+        (("", {1: 0, 2: 1}, ""), LLMException),
+        (("x" * 128, {1: 0, 2: 1}, ""), LLMException),
+        (("c", "not dict", ""), TypeError),
+        (("c", {1: "0"}, ""), TypeError),
+        (("c", {i: i for i in range(5)}, ""), LLMException),
+        (("c", {1: 0}, ""), LLMException),
+        (("c", {3: 1, 2: 0}, ""), LLMException),
+        (("c", {1: 0, 2: 1}, 5), TypeError),
+    ]
+    for args, error in bad_links:
+        with pytest.raises(error):
+            await decoder.link(*args)
+    with pytest.raises(LLMException) as info:
+        await decoder.link("comm", {1: 0, 2: 1}, "{}")
+    assert info.value.status_code == LLMStatusCode.LLM_FEATURE_NOT_ENABLED
+    for call in (decoder.unlink, decoder.query_register_mem_status):
+        with pytest.raises(TypeError):
+            await call("1")  # type: ignore[arg-type]
+        with pytest.raises(LLMException) as info:
+            await call(1)
+        assert info.value.status_code == LLMStatusCode.LLM_FEATURE_NOT_ENABLED
+    with pytest.raises(LLMException):
+        _ = decoder.kv_cache_manager
+    with pytest.raises(LLMException):
+        await decoder.check_link_status(1)

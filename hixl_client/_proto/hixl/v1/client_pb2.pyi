@@ -375,3 +375,13 @@ class UnregisterCacheRequest(_message.Message):
 class UnregisterCacheReply(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class SwitchRoleRequest(_message.Message):
+    __slots__ = ("role",)
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    role: int
+    def __init__(self, role: _Optional[int] = ...) -> None: ...
+
+class SwitchRoleReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

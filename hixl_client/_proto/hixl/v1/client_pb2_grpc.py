@@ -59,6 +59,11 @@ class ClientStub:
                 request_serializer=hixl_dot_v1_dot_client__pb2.UnlinkClustersRequest.SerializeToString,
                 response_deserializer=hixl_dot_v1_dot_client__pb2.LinkClustersReply.FromString,
                 _registered_method=True)
+        self.SwitchRole = channel.unary_unary(
+                '/hixl.v1.Client/SwitchRole',
+                request_serializer=hixl_dot_v1_dot_client__pb2.SwitchRoleRequest.SerializeToString,
+                response_deserializer=hixl_dot_v1_dot_client__pb2.SwitchRoleReply.FromString,
+                _registered_method=True)
         self.AllocateCache = channel.unary_unary(
                 '/hixl.v1.Client/AllocateCache',
                 request_serializer=hixl_dot_v1_dot_client__pb2.AllocateCacheRequest.SerializeToString,
@@ -159,6 +164,13 @@ class ClientServicer:
 
     def UnlinkClusters(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SwitchRole(self, request, context):
+        """Changes the cluster's role label; refused while links exist.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -278,6 +290,11 @@ def add_ClientServicer_to_server(servicer, server):
                     servicer.UnlinkClusters,
                     request_deserializer=hixl_dot_v1_dot_client__pb2.UnlinkClustersRequest.FromString,
                     response_serializer=hixl_dot_v1_dot_client__pb2.LinkClustersReply.SerializeToString,
+            ),
+            'SwitchRole': grpc.unary_unary_rpc_method_handler(
+                    servicer.SwitchRole,
+                    request_deserializer=hixl_dot_v1_dot_client__pb2.SwitchRoleRequest.FromString,
+                    response_serializer=hixl_dot_v1_dot_client__pb2.SwitchRoleReply.SerializeToString,
             ),
             'AllocateCache': grpc.unary_unary_rpc_method_handler(
                     servicer.AllocateCache,
@@ -480,6 +497,33 @@ class Client:
             '/hixl.v1.Client/UnlinkClusters',
             hixl_dot_v1_dot_client__pb2.UnlinkClustersRequest.SerializeToString,
             hixl_dot_v1_dot_client__pb2.LinkClustersReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SwitchRole(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hixl.v1.Client/SwitchRole',
+            hixl_dot_v1_dot_client__pb2.SwitchRoleRequest.SerializeToString,
+            hixl_dot_v1_dot_client__pb2.SwitchRoleReply.FromString,
             options,
             channel_credentials,
             insecure,
