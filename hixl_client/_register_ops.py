@@ -95,7 +95,8 @@ class RegisterOps(ManagerBase):
         request = client_pb2.RegisterCacheRequest(
             desc=desc_to_proto(desc), buffer_id=buffer_id, tensor_offsets=offsets,
             keys=[key_to_proto(k) for k in keys], blocks=blocks,
-            has_blocks_key=blocks_key is not None, remote_accessible=accessible)
+            has_blocks_key=blocks_key is not None, remote_accessible=accessible,
+            buffer_address=buffer.address if buffer is not None else 0)
         if blocks_key is not None:
             request.blocks_key.model_id = blocks_key.model_id
         reply = await self._connection.call(self._connection.stub.RegisterCache, request)

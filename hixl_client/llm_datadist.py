@@ -161,6 +161,9 @@ class LLMDataDist(CommOps):
             reply = await connection.call(connection.stub.Init, client_pb2.InitRequest(
                 cluster_id=self._cluster_id, role=int(self._role), options=normalized))
             self._pools = await map_pools(reply.fd_socket, list(reply.pools))
+            await connection.call(connection.stub.ReportMappings, client_pb2.ReportMappingsRequest(
+                pools=[client_pb2.PoolAddress(pool_id=p.pool_id, address=p.mapping.address)
+                       for p in self._pools.values()]))
         except BaseException:
             await connection.close()
             raise

@@ -197,7 +197,8 @@ class Engine:
         writable = cluster.settings.remote_cache_accessible
         try:
             self.deps.data_server.register_region(region_id, pool.native, offset, size,
-                                                  cluster.cluster_id, writable)
+                                                  cluster.cluster_id,
+                                                  self._peer_writable(cluster, writable))
         except BaseException:
             pool.pool.free(offset)
             raise
@@ -243,8 +244,8 @@ class Engine:
         return buffer_id
 
     def register(self, cluster: Cluster, spec: NewCache, buffer_id: int,
-                 tensor_offsets: list[int], keys: list[KeySpec],
-                 remote_accessible: bool) -> tuple[CacheEntry, list[CacheEntry]]:
+                 tensor_offsets: list[int], keys: list[KeySpec], remote_accessible: bool,
+                 buffer_address: int = 0) -> tuple[CacheEntry, list[CacheEntry]]:
         """Describe user memory as a cache; return it and caches its keys orphaned."""
         buffer = cluster.buffers.get(buffer_id)
         if buffer is None:
@@ -253,6 +254,8 @@ class Engine:
         if len(tensor_offsets) != spec.num_tensors:
             raise LLMException(f"{len(tensor_offsets)} addresses for {spec.num_tensors} tensors",
                                status_code=LLMStatusCode.LLM_PARAM_INVALID)
+        if buffer_address:
+            buffer.client_base = buffer_address
         if any(o + spec.tensor_size > buffer.size for o in tensor_offsets):
             raise LLMException("a tensor runs past the end of its shareable buffer",
                                status_code=LLMStatusCode.LLM_PARAM_INVALID)
@@ -262,7 +265,8 @@ class Engine:
         span = max(tensor_offsets) + spec.tensor_size - start
         region_id = next(self._region_ids)
         self.deps.data_server.register_region(region_id, buffer.native, start, span,
-                                              cluster.cluster_id, remote_accessible)
+                                              cluster.cluster_id,
+                                              self._peer_writable(cluster, remote_accessible))
         entry = CacheEntry(cache_id=cluster.registry.reserve_id(), blocks=spec.blocks,
                            num_tensors=spec.num_tensors, tensor_size=spec.tensor_size,
                            batch_size=spec.batch_size, memory=buffer, extent_offset=start,
@@ -429,6 +433,39 @@ class Engine:
         """Peer side of a completed pull by key: account it, maybe free the cache."""
         cluster = self._inbound_cluster(token)
         await self._free(cluster.registry.record_pull(key, tensor_indices))
+
+    @staticmethod
+    def translate(cluster: Cluster, address: int, length: int) -> tuple[CacheEntry, int]:
+        """Find the cache whose memory holds [address, address + length) in the client's
+        address space; return it and the offset inside its region."""
+        for entry in cluster.registry.caches():
+            base = entry.memory.client_base
+            if base is None:
+                continue
+            start = base + entry.extent_offset
+            if start <= address and address + length <= start + entry.extent_size:
+                return entry, address - start
+        raise LLMException(f"[{address:#x}, +{length}) is not inside a cache of cluster "
+                           f"{cluster.cluster_id}", status_code=LLMStatusCode.LLM_PARAM_INVALID)
+
+    def resolve_addresses_for_peer(self, token: int, addresses: list[int],
+                                   length: int) -> list[tuple[int, int, bool]]:
+        """Peer side of a TransferConfig: (region, offset, writable) per address."""
+        cluster = self._inbound_cluster(token)
+        found = [self.translate(cluster, a, length) for a in addresses]
+        return [(entry.region_id, offset, self._peer_writable(cluster, entry.writable))
+                for entry, offset in found]
+
+    @staticmethod
+    def _peer_writable(cluster: Cluster, remote_accessible: bool) -> bool:
+        """May linked peers write into a cache? (its region's data-plane permission)
+
+        In remote-cache-accessible mode, only caches marked remote-accessible.
+        Otherwise LLM-DataDist's contract is TransferConfig: a linked peer writes
+        to the addresses its user names, so every cache of the cluster is open
+        to it; a push by key or id still needs a remote-accessible cache.
+        """
+        return remote_accessible or not cluster.settings.remote_cache_accessible
 
     def lookup_local(self, link: OutboundLink,
                      ref: CacheRefSpec) -> tuple[Cluster, CacheEntry, int]:

@@ -18,7 +18,8 @@ from .cluster import Cluster
 from .engine import Engine
 from .links import OutboundLink
 from .peer_client import ref_from_proto
-from .planning import Range, plan_blocks, plan_cache_pull, plan_slot_to_blocks
+from .planning import Layout, Range, plan_blocks, plan_cache_pull, plan_slot_to_blocks
+from .pools import Memory
 from .registry import CacheEntry
 from .transfers import Peer, entry_layout, find_target
 
@@ -29,14 +30,24 @@ def _invalid(message: str) -> LLMException:
     return LLMException(message, status_code=LLMStatusCode.LLM_PARAM_INVALID)
 
 
+@dataclass(frozen=True)
+class Place:
+    """Where one destination tensor of a TransferConfig starts."""
+
+    offset: int  # inside the region (remote) or the memory (local)
+    region_id: int = 0
+    memory: Memory | None = None
+
+
 @dataclass
 class Target:
-    """One transfer config, resolved."""
+    """One transfer config, resolved: a cache found by key, or raw addresses."""
 
     index: int
     spec: client_pb2.TransferTarget
     link: OutboundLink
-    peer: Peer
+    peer: Peer | None = None
+    places: list[Place] | None = None  # TransferConfig: K and V of each destination layer
 
     def dst_layer(self, layer: int) -> int:
         return self.spec.dst_layer_start + (layer - self.spec.src_layer_start)
@@ -64,15 +75,13 @@ class LayerwiseTask:
         deadline = asyncio.get_running_loop().time() + self._cluster.settings.sync_timeout_s
         for index, spec in enumerate(self._start.targets):
             try:
-                if spec.dst_addrs:
-                    raise LLMException(
-                        "TransferConfig with raw dst_addrs is not supported by this daemon yet; "
-                        "enable_remote_cache_accessible and use TransferWithCacheKeyConfig",
-                        status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
                 if not spec.src_layer_start < spec.src_layer_stop <= self.num_layers:
                     raise _invalid(f"src_layer_range [{spec.src_layer_start}, "
                                    f"{spec.src_layer_stop}) is out of range for "
                                    f"{self.num_layers} layers")
+                if spec.dst_addrs:
+                    self.targets.append(await self._address_target(index, spec, deadline))
+                    continue
                 ref = ref_from_proto(spec.dst)
                 if ref is None:
                     raise _invalid("the transfer config names no destination cache")
@@ -87,7 +96,76 @@ class LayerwiseTask:
                                                     message=str(exc))]
         return []
 
+    def _span(self) -> int:
+        """Bytes a TransferConfig destination tensor receives, from its address on."""
+        src = entry_layout(self.source)
+        if self.source.blocks:
+            return (max(self._start.dst_blocks) + 1) * src.stride
+        if self._start.dst_blocks:
+            return (max(self._start.dst_blocks) + 1) * self._start.dst_block_memory_size
+        return src.stride
+
+    async def _address_target(self, index: int, spec: client_pb2.TransferTarget,
+                              deadline: float) -> Target:
+        link = self._cluster.link_to(spec.dst_cluster_id)
+        addresses = list(spec.dst_addrs)
+        layers = spec.src_layer_stop - spec.src_layer_start
+        if len(addresses) != TENSORS_PER_LAYER * layers:
+            raise _invalid(f"expect {TENSORS_PER_LAYER * layers} dst_addrs, "
+                           f"got {len(addresses)}")
+        span = self._span()
+        if link.transport == "local":
+            owner = self._engine.clusters.get(link.remote_cluster_id)
+            if owner is None:
+                raise LLMException(f"cluster {link.remote_cluster_id} is gone; link again",
+                                   status_code=LLMStatusCode.LLM_NOT_YET_LINK)
+            found = [self._engine.translate(owner, a, span) for a in addresses]
+            places = [Place(entry.extent_offset + offset, memory=entry.memory)
+                      for entry, offset in found]
+        else:
+            assert link.peer is not None
+            remaining = deadline - asyncio.get_running_loop().time()
+            resolved = await link.peer.resolve_addresses(link.token, addresses, span,
+                                                         max(remaining, 0.001))
+            if not all(writable for _, _, writable in resolved):
+                raise _invalid("a destination address lies in a cache that is not open to "
+                               "remote writes")
+            places = [Place(offset, region_id=region) for region, offset, _ in resolved]
+        return Target(index, spec, link, places=places)
+
+    def _address_ranges(self, target: Target, layer: int) -> list[tuple[Place, list[Range]]]:
+        assert target.places is not None
+        src = entry_layout(self.source)
+        first = (layer - target.spec.src_layer_start) * TENSORS_PER_LAYER
+        groups = []
+        for k in range(TENSORS_PER_LAYER):
+            place = target.places[first + k]
+            tensor_start = src.tensor_offsets[layer * TENSORS_PER_LAYER + k]
+            # The destination is one tensor at `place`: describe it as a
+            # one-tensor layout so the same planners apply.
+            if self.source.blocks:
+                block = src.stride
+                dst = Layout([place.offset], block * (max(self._start.dst_blocks) + 1),
+                             max(self._start.dst_blocks) + 1)
+                ranges = plan_blocks(Layout([tensor_start], src.tensor_size, src.batch_size),
+                                     dst, [(0, 0)], self._start.src_blocks,
+                                     self._start.dst_blocks)
+            elif self._start.dst_blocks:
+                size = self._start.dst_block_memory_size
+                count = max(self._start.dst_blocks) + 1
+                ranges = plan_slot_to_blocks(Layout([tensor_start], src.tensor_size,
+                                                    src.batch_size),
+                                             target.spec.src_batch_index,
+                                             Layout([place.offset], size * count, count),
+                                             [(0, 0)], self._start.dst_blocks)
+            else:
+                ranges = [(tensor_start + target.spec.src_batch_index * src.stride,
+                           place.offset, src.stride)]
+            groups.append((place, ranges))
+        return groups
+
     def _ranges(self, target: Target, layer: int) -> list[Range]:
+        assert target.peer is not None
         dst_layer = target.dst_layer(layer)
         pairs = [(layer * TENSORS_PER_LAYER + k, dst_layer * TENSORS_PER_LAYER + k)
                  for k in range(TENSORS_PER_LAYER)]
@@ -110,8 +188,18 @@ class LayerwiseTask:
         return ranges
 
     async def _send(self, target: Target, layer: int) -> None:
-        ranges = self._ranges(target, layer)
         source = self.source.memory
+        if target.places is not None:
+            for place, ranges in self._address_ranges(target, layer):
+                if place.memory is not None:
+                    await self._engine.deps.copier.copy(place.memory, source, ranges)
+                else:
+                    await target.link.write(self._engine.deps.dispatcher, source,
+                                            place.region_id, ranges,
+                                            self._cluster.settings.sync_timeout_ms)
+            return
+        assert target.peer is not None
+        ranges = self._ranges(target, layer)
         if target.peer.memory is not None:
             await self._engine.deps.copier.copy(target.peer.memory, source, ranges)
             return

@@ -103,5 +103,15 @@ class PeerClient:
         except grpc.aio.AioRpcError as err:
             raise self._error(err) from None
 
+    async def resolve_addresses(self, token: int, addresses: Sequence[int], length: int,
+                                timeout_s: float) -> list[tuple[int, int, bool]]:
+        request = peer_pb2.ResolveAddressesRequest(link_token=token, addresses=list(addresses),
+                                                   length=length)
+        try:
+            reply = await self._stub.ResolveAddresses(request, timeout=timeout_s)
+        except grpc.aio.AioRpcError as err:
+            raise self._error(err) from None
+        return list(zip(reply.region_ids, reply.offsets, reply.writable, strict=True))
+
     async def close(self) -> None:
         await self._channel.close()

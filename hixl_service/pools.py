@@ -84,6 +84,8 @@ class Memory:
         self.placement = placement
         self.native = native
         self.closed = False
+        # Where the client mapped this memory (for addresses in TransferConfig).
+        self.client_base: int | None = None
         self._pins = 0
         self._unpinned: asyncio.Event | None = None
 

@@ -118,6 +118,16 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
                                     upload_token=cluster.upload_token)
 
     @handles_errors
+    async def ReportMappings(self, request: client_pb2.ReportMappingsRequest,
+                             context: Context) -> client_pb2.ReportMappingsReply:
+        cluster = self._engine.cluster_of(self._session(context))
+        pools = {p.pool_id: p for p in cluster.pools.values()}
+        for mapped in request.pools:
+            if mapped.pool_id in pools:
+                pools[mapped.pool_id].client_base = mapped.address
+        return client_pb2.ReportMappingsReply()
+
+    @handles_errors
     async def Finalize(self, request: client_pb2.FinalizeRequest,
                        context: Context) -> client_pb2.FinalizeReply:
         await self._engine.finalize(self._session(context))
@@ -190,7 +200,8 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         spec = new_cache_from_proto(request.desc, request.blocks, model_id)
         entry, orphans = self._engine.register(
             cluster, spec, request.buffer_id, list(request.tensor_offsets),
-            [key_from_proto(k) for k in request.keys], request.remote_accessible)
+            [key_from_proto(k) for k in request.keys], request.remote_accessible,
+            request.buffer_address)
         await self._engine.free_all(orphans)
         return client_pb2.AllocateCacheReply(cache_id=entry.cache_id,
                                              tensor_offsets=entry.tensor_offsets)

@@ -54,6 +54,15 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         return peer_pb2.ReleaseKeyReply()
 
     @handles_errors
+    async def ResolveAddresses(self, request: peer_pb2.ResolveAddressesRequest,
+                               context: Context) -> peer_pb2.ResolveAddressesReply:
+        found = self._engine.resolve_addresses_for_peer(
+            request.link_token, list(request.addresses), request.length)
+        return peer_pb2.ResolveAddressesReply(region_ids=[r for r, _, _ in found],
+                                              offsets=[o for _, o, _ in found],
+                                              writable=[w for _, _, w in found])
+
+    @handles_errors
     async def Unlink(self, request: peer_pb2.UnlinkRequest,
                      context: Context) -> peer_pb2.UnlinkReply:
         self._engine.drop_inbound_link(request.link_token)

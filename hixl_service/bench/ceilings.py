@@ -23,6 +23,22 @@ MEMCPY, TCP_C, GRPC_RTT = "memcpy", "tcp-c", "grpc-rtt"
 _ECHO_METHOD = "/hixl.bench.Echo/Ping"
 
 
+_SOCKBUF = 4 << 20
+
+
+def sockbuf() -> int:
+    """hixl's data plane's rule: fixed 4 MiB socket buffers where the host allows
+    them (``net.core.[rw]mem_max``), else the kernel's autotuning (0)."""
+    for name in ("rmem_max", "wmem_max"):
+        try:
+            with open(f"/proc/sys/net/core/{name}", encoding="ascii") as f:
+                if int(f.read().strip() or 0) < _SOCKBUF:
+                    return 0
+        except (OSError, ValueError):
+            return 0
+    return _SOCKBUF
+
+
 def tcp_name(streams: int) -> str:
     return TCP_C if streams == 1 else f"{TCP_C}x{streams}"
 
@@ -75,7 +91,7 @@ async def tcp_rows(shapes: list[tuple[int, int]], cold_bytes: int, streams: int,
 
     rows = []
     name = tcp_name(streams)
-    ceiling = await asyncio.to_thread(TcpCeiling, cold_bytes, streams)
+    ceiling = await asyncio.to_thread(TcpCeiling, cold_bytes, streams, sockbuf())
     try:
         for shape in shapes:
             try:

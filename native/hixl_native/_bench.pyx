@@ -120,7 +120,8 @@ cdef class TcpCeiling:
     Args:
         cold_bytes: size of each of the source and destination buffers.
         streams: TCP connections, 1 to 64.
-        sockbuf: ``SO_SNDBUF``/``SO_RCVBUF`` bytes (the kernel may cap or double it).
+        sockbuf: ``SO_SNDBUF``/``SO_RCVBUF`` bytes (the kernel caps it at
+            ``net.core.[rw]mem_max``), or 0 to leave the kernel's autotuning on.
 
     Raises:
         ValueError: bad arguments.

@@ -288,3 +288,84 @@ async def test_cancelling_the_awaiter_cancels_the_task(accessible: Pair) -> None
         await waiter
     assert await task.synchronize(5000) == LLMStatusCode.LLM_TIMEOUT and task.done()
     assert len(sync.calls) < 4  # it stopped asking for layers
+
+
+@pytest_asyncio.fixture
+async def legacy(prefill_daemon: DaemonProcess, decode_daemon: DaemonProcess,
+                 next_cluster_id: Callable[[], int]) -> AsyncIterator[tuple[Pair, LLMDataDist]]:
+    """Remote-cache-accessible off: a sender linked to two receivers (TransferConfig)."""
+    made = await make_pair(decode_daemon, prefill_daemon, next_cluster_id)
+    second = LLMDataDist(LLMRole.PROMPT, next_cluster_id(), daemon=prefill_daemon.client_target)
+    await second.init(options())
+    await made.decoder.link_clusters([cluster_info(second.cluster_id,
+                                                   prefill_daemon.peer_address)])
+    yield made, second
+    await made.decoder.finalize()
+    await made.prompt.finalize()
+    await second.finalize()
+
+
+async def test_transfer_config_writes_to_raw_remote_addresses(
+        legacy: tuple[Pair, LLMDataDist]) -> None:
+    pair, second = legacy
+    sender, receiver = pair.decoder, pair.prompt
+    desc = CacheDesc(10, [2, 2048], DataType.DT_UINT8)  # 5 layers, 2 slots
+    src = await sender.cache_manager.allocate_cache(desc)
+    fill(src)
+    first_dst = await receiver.cache_manager.allocate_cache(desc)
+    second_dst = await second.cache_manager.allocate_cache(desc)
+    stride = desc.size // 2
+
+    def addrs(cache: Cache, layers: range, slot: int) -> list[int]:
+        return [cache.tensor_addrs[t] + slot * stride
+                for layer in layers for t in (2 * layer, 2 * layer + 1)]
+
+    class SlowFirst(LayerSynchronizer):
+        def synchronize_layer(self, layer_index: int, timeout_in_millis: int | None) -> bool:
+            if layer_index == 0:
+                time.sleep(0.3)
+            return True
+
+    # the pinned legacy shape: 6 addresses for layers 0..2, 4 for layers 2..3
+    configs = [TransferConfig(receiver.cluster_id, addrs(first_dst, range(0, 3), 1),
+                              range(0, 3), src_batch_index=0),
+               TransferConfig(second.cluster_id, addrs(second_dst, range(2, 4), 0),
+                              range(2, 4), src_batch_index=1)]
+    task = sender.cache_manager.transfer_cache_async(src, SlowFirst(), configs)
+    assert await task.synchronize(0) == LLMStatusCode.LLM_TIMEOUT
+    assert await task.get_results(0) == [LLMStatusCode.LLM_TIMEOUT] * 2
+    assert await task.synchronize(1000) == OK
+    assert await task.get_results() == [OK, OK]
+    for t in range(6):
+        np.testing.assert_array_equal(raw(first_dst, t)[1], raw(src, t)[0])
+    for t in range(4, 8):
+        np.testing.assert_array_equal(raw(second_dst, t)[0], raw(src, t)[1])
+    outside = TransferConfig(receiver.cluster_id, [1 << 40, 1 << 40], range(0, 1))
+    task = sender.cache_manager.transfer_cache_async(src, Ready(), [outside])
+    assert await task == [LLMStatusCode.LLM_PARAM_INVALID]  # not inside a receiver cache
+
+
+async def test_layerwise_inside_one_daemon(prefill_daemon: DaemonProcess,
+                                           next_cluster_id: Callable[[], int]) -> None:
+    for accessible_mode in (True, False):
+        pair = await make_pair(prefill_daemon, prefill_daemon, next_cluster_id,
+                               remote_accessible=accessible_mode)
+        sender, receiver = pair.decoder, pair.prompt
+        try:
+            desc = CacheDesc(4, [1, 8192], DataType.DT_UINT8)
+            src = await sender.cache_manager.allocate_cache(desc)
+            fill(src)
+            dst = await receiver.cache_manager.allocate_cache(desc)
+            if accessible_mode:
+                config: TransferConfig | TransferWithCacheKeyConfig = TransferWithCacheKeyConfig(
+                    CacheKeyByIdAndIndex(receiver.cluster_id, dst.cache_id), range(0, 2),
+                    range(0, 2))
+            else:
+                config = TransferConfig(receiver.cluster_id, list(dst.tensor_addrs), range(0, 2))
+            task = sender.cache_manager.transfer_cache_async(src, Ready(), [config])
+            assert await task == [OK]
+            for t in range(4):
+                np.testing.assert_array_equal(raw(dst, t), raw(src, t))
+        finally:
+            await sender.finalize()
+            await receiver.finalize()

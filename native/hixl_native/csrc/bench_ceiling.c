@@ -311,15 +311,19 @@ static int connect_pair(int lfd, const struct sockaddr_in *addr, int sockbuf, hb
     if (s->cfd < 0)
         return -errno;
     int one = 1;
-    /* Buffers are set before connect so the window scale covers them. */
-    setsockopt(s->cfd, SOL_SOCKET, SO_RCVBUF, &sockbuf, sizeof(sockbuf));
-    setsockopt(s->cfd, SOL_SOCKET, SO_SNDBUF, &sockbuf, sizeof(sockbuf));
+    /* Buffers are set before connect so the window scale covers them; 0
+     * leaves the kernel's autotuning on. */
+    if (sockbuf > 0) {
+        setsockopt(s->cfd, SOL_SOCKET, SO_RCVBUF, &sockbuf, sizeof(sockbuf));
+        setsockopt(s->cfd, SOL_SOCKET, SO_SNDBUF, &sockbuf, sizeof(sockbuf));
+    }
     if (connect(s->cfd, (const struct sockaddr *)addr, sizeof(*addr)) < 0)
         return -errno;
     s->sfd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
     if (s->sfd < 0)
         return -errno;
-    setsockopt(s->sfd, SOL_SOCKET, SO_SNDBUF, &sockbuf, sizeof(sockbuf));
+    if (sockbuf > 0)
+        setsockopt(s->sfd, SOL_SOCKET, SO_SNDBUF, &sockbuf, sizeof(sockbuf));
     setsockopt(s->cfd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     setsockopt(s->sfd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     return 0;
@@ -332,7 +336,8 @@ static int open_streams(hb_tcp *t, int sockbuf)
         return -errno;
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t len = sizeof(addr);
-    setsockopt(lfd, SOL_SOCKET, SO_RCVBUF, &sockbuf, sizeof(sockbuf));
+    if (sockbuf > 0)
+        setsockopt(lfd, SOL_SOCKET, SO_RCVBUF, &sockbuf, sizeof(sockbuf));
     int rc = 0;
     if (bind(lfd, (struct sockaddr *)&addr, sizeof(addr)) < 0 || listen(lfd, HB_MAX_STREAMS) < 0
         || getsockname(lfd, (struct sockaddr *)&addr, &len) < 0)

@@ -33,6 +33,7 @@ void hb_mem_close(hb_mem *m);
  */
 typedef struct hb_tcp hb_tcp;
 
+/* sockbuf: SO_SNDBUF/SO_RCVBUF bytes, or 0 for the kernel's autotuning. */
 int hb_tcp_open(size_t cold_bytes, int streams, int sockbuf, hb_tcp **out);
 int hb_tcp_run(hb_tcp *t, size_t block, size_t nblocks, size_t iters, uint64_t *out_ns);
 void hb_tcp_close(hb_tcp *t);

@@ -347,7 +347,7 @@ class TransferProgress(_message.Message):
     def __init__(self, target: _Optional[int] = ..., layer: _Optional[int] = ..., status: _Optional[int] = ..., message: _Optional[str] = ..., target_done: _Optional[bool] = ...) -> None: ...
 
 class RegisterCacheRequest(_message.Message):
-    __slots__ = ("desc", "buffer_id", "tensor_offsets", "keys", "blocks", "blocks_key", "has_blocks_key", "remote_accessible")
+    __slots__ = ("desc", "buffer_id", "tensor_offsets", "keys", "blocks", "blocks_key", "has_blocks_key", "remote_accessible", "buffer_address")
     DESC_FIELD_NUMBER: _ClassVar[int]
     BUFFER_ID_FIELD_NUMBER: _ClassVar[int]
     TENSOR_OFFSETS_FIELD_NUMBER: _ClassVar[int]
@@ -356,6 +356,7 @@ class RegisterCacheRequest(_message.Message):
     BLOCKS_KEY_FIELD_NUMBER: _ClassVar[int]
     HAS_BLOCKS_KEY_FIELD_NUMBER: _ClassVar[int]
     REMOTE_ACCESSIBLE_FIELD_NUMBER: _ClassVar[int]
+    BUFFER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     desc: _common_pb2.CacheDescriptor
     buffer_id: int
     tensor_offsets: _containers.RepeatedScalarFieldContainer[int]
@@ -364,7 +365,8 @@ class RegisterCacheRequest(_message.Message):
     blocks_key: _common_pb2.BlocksKey
     has_blocks_key: bool
     remote_accessible: bool
-    def __init__(self, desc: _Optional[_Union[_common_pb2.CacheDescriptor, _Mapping]] = ..., buffer_id: _Optional[int] = ..., tensor_offsets: _Optional[_Iterable[int]] = ..., keys: _Optional[_Iterable[_Union[_common_pb2.CacheKey, _Mapping]]] = ..., blocks: _Optional[bool] = ..., blocks_key: _Optional[_Union[_common_pb2.BlocksKey, _Mapping]] = ..., has_blocks_key: _Optional[bool] = ..., remote_accessible: _Optional[bool] = ...) -> None: ...
+    buffer_address: int
+    def __init__(self, desc: _Optional[_Union[_common_pb2.CacheDescriptor, _Mapping]] = ..., buffer_id: _Optional[int] = ..., tensor_offsets: _Optional[_Iterable[int]] = ..., keys: _Optional[_Iterable[_Union[_common_pb2.CacheKey, _Mapping]]] = ..., blocks: _Optional[bool] = ..., blocks_key: _Optional[_Union[_common_pb2.BlocksKey, _Mapping]] = ..., has_blocks_key: _Optional[bool] = ..., remote_accessible: _Optional[bool] = ..., buffer_address: _Optional[int] = ...) -> None: ...
 
 class UnregisterCacheRequest(_message.Message):
     __slots__ = ("cache_id",)
@@ -383,5 +385,23 @@ class SwitchRoleRequest(_message.Message):
     def __init__(self, role: _Optional[int] = ...) -> None: ...
 
 class SwitchRoleReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PoolAddress(_message.Message):
+    __slots__ = ("pool_id", "address")
+    POOL_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    pool_id: int
+    address: int
+    def __init__(self, pool_id: _Optional[int] = ..., address: _Optional[int] = ...) -> None: ...
+
+class ReportMappingsRequest(_message.Message):
+    __slots__ = ("pools",)
+    POOLS_FIELD_NUMBER: _ClassVar[int]
+    pools: _containers.RepeatedCompositeFieldContainer[PoolAddress]
+    def __init__(self, pools: _Optional[_Iterable[_Union[PoolAddress, _Mapping]]] = ...) -> None: ...
+
+class ReportMappingsReply(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -49,6 +49,11 @@ class ClientStub:
                 request_serializer=hixl_dot_v1_dot_client__pb2.FinalizeRequest.SerializeToString,
                 response_deserializer=hixl_dot_v1_dot_client__pb2.FinalizeReply.FromString,
                 _registered_method=True)
+        self.ReportMappings = channel.unary_unary(
+                '/hixl.v1.Client/ReportMappings',
+                request_serializer=hixl_dot_v1_dot_client__pb2.ReportMappingsRequest.SerializeToString,
+                response_deserializer=hixl_dot_v1_dot_client__pb2.ReportMappingsReply.FromString,
+                _registered_method=True)
         self.LinkClusters = channel.unary_unary(
                 '/hixl.v1.Client/LinkClusters',
                 request_serializer=hixl_dot_v1_dot_client__pb2.LinkClustersRequest.SerializeToString,
@@ -152,6 +157,14 @@ class ClientServicer:
 
     def Finalize(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportMappings(self, request, context):
+        """Where the client mapped each pool, so that peers may name this cluster's
+        memory by the client's own addresses (TransferConfig.dst_addrs).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -280,6 +293,11 @@ def add_ClientServicer_to_server(servicer, server):
                     servicer.Finalize,
                     request_deserializer=hixl_dot_v1_dot_client__pb2.FinalizeRequest.FromString,
                     response_serializer=hixl_dot_v1_dot_client__pb2.FinalizeReply.SerializeToString,
+            ),
+            'ReportMappings': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportMappings,
+                    request_deserializer=hixl_dot_v1_dot_client__pb2.ReportMappingsRequest.FromString,
+                    response_serializer=hixl_dot_v1_dot_client__pb2.ReportMappingsReply.SerializeToString,
             ),
             'LinkClusters': grpc.unary_unary_rpc_method_handler(
                     servicer.LinkClusters,
@@ -443,6 +461,33 @@ class Client:
             '/hixl.v1.Client/Finalize',
             hixl_dot_v1_dot_client__pb2.FinalizeRequest.SerializeToString,
             hixl_dot_v1_dot_client__pb2.FinalizeReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportMappings(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hixl.v1.Client/ReportMappings',
+            hixl_dot_v1_dot_client__pb2.ReportMappingsRequest.SerializeToString,
+            hixl_dot_v1_dot_client__pb2.ReportMappingsReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -90,3 +90,23 @@ class UnlinkRequest(_message.Message):
 class UnlinkReply(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class ResolveAddressesRequest(_message.Message):
+    __slots__ = ("link_token", "addresses", "length")
+    LINK_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    link_token: int
+    addresses: _containers.RepeatedScalarFieldContainer[int]
+    length: int
+    def __init__(self, link_token: _Optional[int] = ..., addresses: _Optional[_Iterable[int]] = ..., length: _Optional[int] = ...) -> None: ...
+
+class ResolveAddressesReply(_message.Message):
+    __slots__ = ("region_ids", "offsets", "writable")
+    REGION_IDS_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    WRITABLE_FIELD_NUMBER: _ClassVar[int]
+    region_ids: _containers.RepeatedScalarFieldContainer[int]
+    offsets: _containers.RepeatedScalarFieldContainer[int]
+    writable: _containers.RepeatedScalarFieldContainer[bool]
+    def __init__(self, region_ids: _Optional[_Iterable[int]] = ..., offsets: _Optional[_Iterable[int]] = ..., writable: _Optional[_Iterable[bool]] = ...) -> None: ...

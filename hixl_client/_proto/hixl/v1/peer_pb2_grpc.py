@@ -54,6 +54,11 @@ class PeerStub:
                 request_serializer=hixl_dot_v1_dot_peer__pb2.UnlinkRequest.SerializeToString,
                 response_deserializer=hixl_dot_v1_dot_peer__pb2.UnlinkReply.FromString,
                 _registered_method=True)
+        self.ResolveAddresses = channel.unary_unary(
+                '/hixl.v1.Peer/ResolveAddresses',
+                request_serializer=hixl_dot_v1_dot_peer__pb2.ResolveAddressesRequest.SerializeToString,
+                response_deserializer=hixl_dot_v1_dot_peer__pb2.ResolveAddressesReply.FromString,
+                _registered_method=True)
 
 
 class PeerServicer:
@@ -88,6 +93,15 @@ class PeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ResolveAddresses(self, request, context):
+        """Turns addresses of the linked cluster's client (each followed by
+        `length` bytes) into data-plane regions and offsets; every range must lie
+        inside one of the cluster's caches.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -110,6 +124,11 @@ def add_PeerServicer_to_server(servicer, server):
                     servicer.Unlink,
                     request_deserializer=hixl_dot_v1_dot_peer__pb2.UnlinkRequest.FromString,
                     response_serializer=hixl_dot_v1_dot_peer__pb2.UnlinkReply.SerializeToString,
+            ),
+            'ResolveAddresses': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResolveAddresses,
+                    request_deserializer=hixl_dot_v1_dot_peer__pb2.ResolveAddressesRequest.FromString,
+                    response_serializer=hixl_dot_v1_dot_peer__pb2.ResolveAddressesReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -220,6 +239,33 @@ class Peer:
             '/hixl.v1.Peer/Unlink',
             hixl_dot_v1_dot_peer__pb2.UnlinkRequest.SerializeToString,
             hixl_dot_v1_dot_peer__pb2.UnlinkReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResolveAddresses(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hixl.v1.Peer/ResolveAddresses',
+            hixl_dot_v1_dot_peer__pb2.ResolveAddressesRequest.SerializeToString,
+            hixl_dot_v1_dot_peer__pb2.ResolveAddressesReply.FromString,
             options,
             channel_credentials,
             insecure,

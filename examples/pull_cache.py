@@ -1,0 +1,135 @@
+"""Pull KV caches by request key: LLM-DataDist's default prefill -> decode flow.
+
+The prefill cluster computes a batch of prompts into one cache whose batch
+slots are bound to request keys. The decode cluster links to it and pulls each
+request into a free slot of its own running batch, in whatever order its
+scheduler admits them. A pull by key drops that key on the prefill side, so the
+prefill cache is freed by the last pull: the prefill side never tracks its
+decoders. One request is pulled in two layer ranges, as a decoder that starts
+on the first layers early would do.
+
+    python examples/pull_cache.py [--requests 4] [--layers 8] [--tokens 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+import uvloop
+
+from hixl_client import (
+    CacheDesc,
+    CacheKey,
+    DataType,
+    LLMClusterInfo,
+    LLMConfig,
+    LLMDataDist,
+    LLMException,
+    LLMRole,
+    LLMStatusCode,
+)
+from hixl_service.testing import DaemonProcess, start_daemon
+
+PROMPT_CLUSTER, DECODE_CLUSTER = 1, 2
+
+
+def engine_options(pool_bytes: int) -> dict[str, str]:
+    config = LLMConfig()
+    config.enable_cache_manager = True
+    config.mem_pool_cfg = json.dumps({"memory_size": pool_bytes})
+    config.sync_kv_timeout = 10000  # ms: bounds every pull
+    return config.generate_options()
+
+
+def link_info(remote_cluster_id: int, remote: DaemonProcess) -> LLMClusterInfo:
+    host, port = remote.peer_address.rsplit(":", 1)
+    info = LLMClusterInfo()
+    info.remote_cluster_id = remote_cluster_id
+    info.append_local_ip_info("127.0.0.1", 0)
+    info.append_remote_ip_info(host, int(port))  # the daemon that holds that cluster
+    return info
+
+
+async def run(requests: int, layers: int, tokens: int, kv_heads: int, head_dim: int) -> None:
+    # One tensor per (layer, K|V); shape[0] is the batch: one slot per request.
+    desc = CacheDesc(2 * layers, [requests, tokens, kv_heads, head_dim], DataType.DT_FLOAT16)
+    total = desc.size * desc.num_tensors
+    pool = total + (16 << 20)
+    async with start_daemon(pool__max_bytes=2 * pool) as prefill_daemon, \
+            start_daemon(pool__max_bytes=2 * pool) as decode_daemon, \
+            LLMDataDist(LLMRole.PROMPT, PROMPT_CLUSTER,
+                        daemon=prefill_daemon.client_target) as prompt, \
+            LLMDataDist(LLMRole.DECODER, DECODE_CLUSTER,
+                        daemon=decode_daemon.client_target) as decoder:
+        await prompt.init(engine_options(pool))
+        await decoder.init(engine_options(pool))
+
+        # The i-th key binds batch slot i; req ids are whatever the router uses.
+        keys = [CacheKey(PROMPT_CLUSTER, req_id=1000 + i) for i in range(requests)]
+        src = await prompt.cache_manager.allocate_cache(desc, keys)
+        rng = np.random.default_rng(1)
+        for i in range(desc.num_tensors):  # "prefill": the model writes K/V into the pool
+            view = np.frombuffer(src.tensor_view(i), dtype=np.uint16)
+            view[:] = rng.integers(0, 2**16, view.size, dtype=np.uint16)
+        expected = [src.numpy(i).copy() for i in range(desc.num_tensors)]
+        # The prefill side is done with the batch. Deallocating drops only its own
+        # reference: each key keeps the memory alive until its request is pulled.
+        await prompt.cache_manager.deallocate_cache(src)
+
+        # Linking is one-sided: the side that pulls links to the side that holds.
+        status, per_cluster = await decoder.link_clusters(
+            [link_info(PROMPT_CLUSTER, prefill_daemon)], timeout=5000)
+        assert status == LLMStatusCode.LLM_SUCCESS, per_cluster
+
+        dst = await decoder.cache_manager.allocate_cache(desc)
+        slots = list(reversed(range(requests)))  # the decoder's scheduler picks the slots
+        started = time.perf_counter()
+        # Request 0 arrives in two layer ranges; its key drops only once every
+        # tensor of the slot has been pulled, so the second pull still finds it.
+        split = layers // 2 or layers
+        for part in (range(split), range(split, layers)):
+            if part:  # an empty range would mean "every layer"
+                await decoder.cache_manager.pull_cache(keys[0], dst, slots[0],
+                                                       src_layer_range=part, dst_layer_range=part)
+        for key, slot in zip(keys[1:], slots[1:], strict=True):
+            await decoder.cache_manager.pull_cache(key, dst, batch_index=slot)
+        elapsed = time.perf_counter() - started
+
+        try:  # every key is gone now, and with it the prefill cache
+            await decoder.cache_manager.pull_cache(keys[0], dst, slots[0])
+            raise SystemExit("a pulled key could be pulled again")
+        except LLMException as err:
+            assert err.status_code == LLMStatusCode.LLM_KV_CACHE_NOT_EXIST, err
+            gone = err.status_code.name
+
+        for i in range(desc.num_tensors):
+            got = dst.numpy(i)
+            for request, slot in enumerate(slots):
+                if got[slot].tobytes() != expected[i][request].tobytes():  # NaN-safe
+                    raise SystemExit(f"request {request} tensor {i} differs after the pull")
+        print(f"verified {requests} requests x {desc.num_tensors} tensors, "
+              f"{total / 2**20:.1f} MiB, byte-exact")
+        print(f"pulled by CacheKey over tcp in {elapsed * 1e3:.1f} ms "
+              f"({total / elapsed / 1e9:.2f} GB/s); request 0 in 2 layer ranges; "
+              f"pulling a key again: {gone}")
+        await decoder.cache_manager.deallocate_cache(dst)
+        await decoder.unlink_clusters([link_info(PROMPT_CLUSTER, prefill_daemon)], timeout=5000)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=4, help="prompts in the prefill batch")
+    parser.add_argument("--layers", type=int, default=8, help="model layers (K and V each)")
+    parser.add_argument("--tokens", type=int, default=256, help="prompt length")
+    parser.add_argument("--kv-heads", type=int, default=8)
+    parser.add_argument("--head-dim", type=int, default=128)
+    args = parser.parse_args()
+    uvloop.run(run(args.requests, args.layers, args.tokens, args.kv_heads, args.head_dim))
+
+
+if __name__ == "__main__":
+    main()
