@@ -8,7 +8,7 @@ prefill cache is freed by the last pull: the prefill side never tracks its
 decoders. One request is pulled in two layer ranges, as a decoder that starts
 on the first layers early would do.
 
-    python examples/pull_cache.py [--requests 4] [--layers 8] [--tokens 256]
+    python examples/pull_cache.py [--requests 4] [--layers 4] [--tokens 128]
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ async def run(requests: int, layers: int, tokens: int, kv_heads: int, head_dim: 
     # One tensor per (layer, K|V); shape[0] is the batch: one slot per request.
     desc = CacheDesc(2 * layers, [requests, tokens, kv_heads, head_dim], DataType.DT_FLOAT16)
     total = desc.size * desc.num_tensors
-    pool = total + (16 << 20)
+    pool = total + (1 << 20)  # room for one batch only
     async with start_daemon(pool__max_bytes=2 * pool) as prefill_daemon, \
             start_daemon(pool__max_bytes=2 * pool) as decode_daemon, \
             LLMDataDist(LLMRole.PROMPT, PROMPT_CLUSTER,
@@ -78,6 +78,11 @@ async def run(requests: int, layers: int, tokens: int, kv_heads: int, head_dim: 
         # The prefill side is done with the batch. Deallocating drops only its own
         # reference: each key keeps the memory alive until its request is pulled.
         await prompt.cache_manager.deallocate_cache(src)
+        try:  # the keys still hold the memory: no room for the next batch yet
+            await prompt.cache_manager.allocate_cache(desc)
+            raise SystemExit("the keyed cache was freed before it was pulled")
+        except LLMException as err:
+            assert err.status_code == LLMStatusCode.LLM_OUT_OF_MEMORY, err
 
         # Linking is one-sided: the side that pulls links to the side that holds.
         status, per_cluster = await decoder.link_clusters(
@@ -90,10 +95,10 @@ async def run(requests: int, layers: int, tokens: int, kv_heads: int, head_dim: 
         # Request 0 arrives in two layer ranges; its key drops only once every
         # tensor of the slot has been pulled, so the second pull still finds it.
         split = layers // 2 or layers
-        for part in (range(split), range(split, layers)):
-            if part:  # an empty range would mean "every layer"
-                await decoder.cache_manager.pull_cache(keys[0], dst, slots[0],
-                                                       src_layer_range=part, dst_layer_range=part)
+        parts = [p for p in (range(split), range(split, layers)) if p]  # empty means "all"
+        for part in parts:
+            await decoder.cache_manager.pull_cache(keys[0], dst, slots[0],
+                                                   src_layer_range=part, dst_layer_range=part)
         for key, slot in zip(keys[1:], slots[1:], strict=True):
             await decoder.cache_manager.pull_cache(key, dst, batch_index=slot)
         elapsed = time.perf_counter() - started
@@ -104,6 +109,9 @@ async def run(requests: int, layers: int, tokens: int, kv_heads: int, head_dim: 
         except LLMException as err:
             assert err.status_code == LLMStatusCode.LLM_KV_CACHE_NOT_EXIST, err
             gone = err.status_code.name
+        # ... and the prefill pool has room for its next batch again.
+        await prompt.cache_manager.deallocate_cache(
+            await prompt.cache_manager.allocate_cache(desc))
 
         for i in range(desc.num_tensors):
             got = dst.numpy(i)
@@ -113,8 +121,8 @@ async def run(requests: int, layers: int, tokens: int, kv_heads: int, head_dim: 
         print(f"verified {requests} requests x {desc.num_tensors} tensors, "
               f"{total / 2**20:.1f} MiB, byte-exact")
         print(f"pulled by CacheKey over tcp in {elapsed * 1e3:.1f} ms "
-              f"({total / elapsed / 1e9:.2f} GB/s); request 0 in 2 layer ranges; "
-              f"pulling a key again: {gone}")
+              f"({total / elapsed / 1e9:.2f} GB/s); request 0 in {len(parts)} layer range(s); "
+              f"pulling a key again: {gone}; the prefill pool was freed by the pulls")
         await decoder.cache_manager.deallocate_cache(dst)
         await decoder.unlink_clusters([link_info(PROMPT_CLUSTER, prefill_daemon)], timeout=5000)
 
@@ -123,8 +131,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=4, help="prompts in the prefill batch")
-    parser.add_argument("--layers", type=int, default=8, help="model layers (K and V each)")
-    parser.add_argument("--tokens", type=int, default=256, help="prompt length")
+    parser.add_argument("--layers", type=int, default=4, help="model layers (K and V each)")
+    parser.add_argument("--tokens", type=int, default=128, help="prompt length")
     parser.add_argument("--kv-heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=128)
     args = parser.parse_args()

@@ -11,8 +11,8 @@ from ._validation import check_int64, check_isinstance
 from .cache import Cache
 from .keys import BlocksCacheKey, CacheKey
 from .shareable import ShareableBuffer, locate
-from .status import raise_if_false
-from .types import CacheDesc, Placement
+from .status import LLMException, LLMStatusCode, raise_if_false
+from .types import CacheDesc, MemInfo, Memtype, Placement
 
 
 class RegisterOps(ManagerBase):
@@ -112,3 +112,23 @@ class RegisterOps(ManagerBase):
             known = await upload_buffer(self._fd_socket, self._upload_token, buffer.fd)
             buffer._uploaded[self._upload_token] = known
         return known
+
+    async def remap_registered_memory(self, mem_infos: MemInfo | list[MemInfo]) -> None:
+        """LLM-DataDist's reserved remap call: validated, then not available here.
+
+        Raises:
+            LLMException: malformed ``mem_infos`` (``LLM_PARAM_INVALID``), then
+                ``LLM_FEATURE_NOT_ENABLED``.
+        """
+        self._check_is_inited()
+        infos = [mem_infos] if isinstance(mem_infos, MemInfo) else mem_infos
+        raise_if_false(isinstance(infos, list), "mem_infos should be a MemInfo or a list of "
+                       "MemInfo, but got {0}.", type(mem_infos))
+        for info in infos:
+            raise_if_false(isinstance(info, MemInfo), "mem_infos should only hold MemInfo.")
+            raise_if_false(info.mem_type == Memtype.MEM_TYPE_DEVICE, "only device memory can "
+                           "be remapped.")
+            raise_if_false(info.addr != 0, "addr should not be 0.")
+            raise_if_false(info.size > 0, "size should be > 0.")
+        raise LLMException("remap_registered_memory is not available on hixl's host backend",
+                           status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)

@@ -274,3 +274,16 @@ async def test_switch_role_and_communicator_calls(pair: Pair) -> None:
         _ = decoder.kv_cache_manager
     with pytest.raises(LLMException):
         await decoder.check_link_status(1)
+
+
+async def test_remap_registered_memory(pair: Pair) -> None:
+    from hixl_client import MemInfo, Memtype
+    cm = pair.prompt.cache_manager
+    for bad in ("some val", [MemInfo(Memtype.MEM_TYPE_HOST, 1, 1)],
+                [MemInfo(Memtype.MEM_TYPE_DEVICE, 0, 1)], [MemInfo(Memtype.MEM_TYPE_DEVICE, 1, 0)]):
+        with pytest.raises(LLMException) as info:
+            await cm.remap_registered_memory(bad)  # type: ignore[arg-type]
+        assert info.value.status_code == INVALID
+    with pytest.raises(LLMException) as info:
+        await cm.remap_registered_memory(MemInfo(Memtype.MEM_TYPE_DEVICE, 1234, 1))
+    assert info.value.status_code == LLMStatusCode.LLM_FEATURE_NOT_ENABLED
