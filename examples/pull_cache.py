@@ -57,9 +57,9 @@ async def run(requests: int, layers: int, tokens: int, kv_heads: int, head_dim: 
     # One tensor per (layer, K|V); shape[0] is the batch: one slot per request.
     desc = CacheDesc(2 * layers, [requests, tokens, kv_heads, head_dim], DataType.DT_FLOAT16)
     total = desc.size * desc.num_tensors
-    pool = total + (1 << 20)  # room for one batch only
-    async with start_daemon(pool__max_bytes=2 * pool) as prefill_daemon, \
-            start_daemon(pool__max_bytes=2 * pool) as decode_daemon, \
+    pool = total * 3 // 2  # room for one batch, not two
+    async with start_daemon(pool__max_bytes=pool + (8 << 20)) as prefill_daemon, \
+            start_daemon(pool__max_bytes=pool + (8 << 20)) as decode_daemon, \
             LLMDataDist(LLMRole.PROMPT, PROMPT_CLUSTER,
                         daemon=prefill_daemon.client_target) as prompt, \
             LLMDataDist(LLMRole.DECODER, DECODE_CLUSTER,
@@ -106,9 +106,9 @@ async def run(requests: int, layers: int, tokens: int, kv_heads: int, head_dim: 
         try:  # every key is gone now, and with it the prefill cache
             await decoder.cache_manager.pull_cache(keys[0], dst, slots[0])
             raise SystemExit("a pulled key could be pulled again")
-        except LLMException as err:
-            assert err.status_code == LLMStatusCode.LLM_KV_CACHE_NOT_EXIST, err
-            gone = err.status_code.name
+        except LLMException as again:
+            assert again.status_code == LLMStatusCode.LLM_KV_CACHE_NOT_EXIST, again
+            gone = again.status_code.name
         # ... and the prefill pool has room for its next batch again.
         await prompt.cache_manager.deallocate_cache(
             await prompt.cache_manager.allocate_cache(desc))

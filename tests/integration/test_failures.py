@@ -11,10 +11,18 @@ from collections.abc import Callable
 
 import pytest
 
-from hixl_client import CacheDesc, CacheKey, DataType, LLMException, LLMStatusCode
+from hixl_client import (
+    CacheDesc,
+    CacheKey,
+    DataType,
+    LLMDataDist,
+    LLMException,
+    LLMRole,
+    LLMStatusCode,
+)
 from hixl_service.testing import DaemonProcess, start_daemon
 
-from .conftest import daemon_status, make_pair
+from .conftest import daemon_status, make_pair, options
 
 pytestmark = pytest.mark.asyncio
 
@@ -107,3 +115,77 @@ async def test_killed_client_leaks_nothing(prefill_daemon: DaemonProcess,
             break
         assert time.monotonic() < deadline, f"cluster {cluster_id} still present: {status}"
         await asyncio.sleep(0.05)
+
+
+TASK_CLIENT_SCRIPT = textwrap.dedent("""
+    import asyncio, json, sys, time
+    from hixl_client import (CacheDesc, CacheKeyByIdAndIndex, DataType, LayerSynchronizer,
+                             LLMClusterInfo, LLMConfig, LLMDataDist, LLMRole,
+                             TransferWithCacheKeyConfig)
+
+    class Forever(LayerSynchronizer):
+        def synchronize_layer(self, layer_index, timeout_in_millis):
+            if layer_index >= 1:
+                print("in flight", flush=True)
+                time.sleep(60)
+            return True
+
+    async def main():
+        daemon, cluster_id, peer, remote_id, remote_cache = sys.argv[1:6]
+        config = LLMConfig()
+        config.enable_cache_manager = True
+        config.enable_remote_cache_accessible = True
+        config.mem_pool_cfg = json.dumps({"memory_size": 16 * 2**20})
+        dd = LLMDataDist(LLMRole.DECODER, int(cluster_id), daemon=daemon)
+        await dd.init(config.generate_options())
+        info = LLMClusterInfo()
+        info.remote_cluster_id = int(remote_id)
+        info.append_local_ip_info("127.0.0.1", 0)
+        host, port = peer.rsplit(":", 1)
+        info.append_remote_ip_info(host, int(port))
+        await dd.link_clusters([info])
+        src = await dd.cache_manager.allocate_cache(CacheDesc(8, [1, 4096], DataType.DT_UINT8))
+        key = CacheKeyByIdAndIndex(int(remote_id), int(remote_cache))
+        task = dd.cache_manager.transfer_cache_async(
+            src, Forever(), [TransferWithCacheKeyConfig(key, range(0, 4), range(0, 4))])
+        await task
+
+    asyncio.run(main())
+""")
+
+
+async def test_client_killed_with_a_task_in_flight(
+        prefill_daemon: DaemonProcess, decode_daemon: DaemonProcess,
+        next_cluster_id: Callable[[], int]) -> None:
+    receiver = LLMDataDist(LLMRole.PROMPT, next_cluster_id(), daemon=prefill_daemon.client_target)
+    await receiver.init(options(remote_accessible=True))
+    dst = await receiver.cache_manager.allocate_cache(CacheDesc(8, [1, 4096], DataType.DT_UINT8))
+    sender_id = next_cluster_id()
+    try:
+        with subprocess.Popen([sys.executable, "-c", TASK_CLIENT_SCRIPT,
+                               decode_daemon.client_target, str(sender_id),
+                               prefill_daemon.peer_address, str(receiver.cluster_id),
+                               str(dst.cache_id)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE) as client:
+            assert client.stdout is not None and client.stderr is not None
+            try:
+                line = await asyncio.wait_for(asyncio.to_thread(client.stdout.readline), 30)
+                assert line.strip() == b"in flight", client.stderr.read()
+            finally:
+                client.kill()
+                client.wait()
+        deadline = time.monotonic() + 10
+        while True:  # the sender's daemon frees the session; the receiver's is told
+            sender_status = await daemon_status(decode_daemon.client_target)
+            receiver_status = await daemon_status(prefill_daemon.client_target)
+            sender_gone = not any(c.cluster_id == sender_id for c in sender_status.clusters)
+            inbound_gone = not any(l.remote_cluster_id == sender_id
+                                   for l in receiver_status.links)
+            if sender_gone and inbound_gone:
+                break
+            assert time.monotonic() < deadline, (sender_status, receiver_status)
+            await asyncio.sleep(0.05)
+        # the receiving cache is still usable
+        await receiver.cache_manager.deallocate_cache(dst)
+    finally:
+        await receiver.finalize()
