@@ -39,7 +39,8 @@ PROMPT_CLUSTER, DECODE_CLUSTER = 1, 2
 def engine_options(pool_bytes: int) -> dict[str, str]:
     config = LLMConfig()
     config.enable_cache_manager = True
-    config.mem_pool_cfg = json.dumps({"memory_size": pool_bytes})
+    # 1 KiB pages: the pool holds what the example sizes it for, give or take a page
+    config.mem_pool_cfg = json.dumps({"memory_size": pool_bytes, "page_shift": 10})
     config.sync_kv_timeout = 10000  # ms: bounds every pull
     return config.generate_options()
 
@@ -136,6 +137,8 @@ def main() -> None:
     parser.add_argument("--kv-heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=128)
     args = parser.parse_args()
+    if args.requests * args.tokens * args.kv_heads * args.head_dim < 2048:
+        parser.error("each K/V tensor should hold at least 4 KiB (2048 fp16 values)")
     uvloop.run(run(args.requests, args.layers, args.tokens, args.kv_heads, args.head_dim))
 
 
