@@ -12,7 +12,8 @@ from ._validation import (
     check_uint64,
 )
 from .cache import Cache
-from .status import LLMException, LLMStatusCode, raise_if_false
+from .shareable import locate
+from .status import raise_if_false
 from .types import Placement
 
 
@@ -111,23 +112,28 @@ class CopyOps(ManagerBase):
         if not src_to_dst:
             return
         await self._connection.call(self._connection.stub.SwapBlocks, client_pb2.SwapBlocksRequest(
-            src=self._operand(src_cache), dst=self._operand(dst_cache),
+            src=await self._operand(src_cache), dst=await self._operand(dst_cache),
             src_blocks=list(src_to_dst.keys()), dst_blocks=list(src_to_dst.values())))
 
-    def _operand(self, cache: Cache) -> client_pb2.CacheOperand:
-        """Name a cache for the daemon: by id, or by where its tensors lie in our pools."""
+    async def _operand(self, cache: Cache) -> client_pb2.CacheOperand:
+        """Name a cache for the daemon: by id, or by where a CPU cache's tensors lie.
+
+        A CPU cache (``create_cpu_cache``) must lie in one of the cluster's pools
+        or in one ``alloc_shareable`` buffer, which is handed to the daemon once.
+        """
         if cache.cache_id != -1:
             return client_pb2.CacheOperand(cache_id=cache.cache_id)
         desc = cache.cache_desc
+        operand = client_pb2.CacheOperand(cache_id=-1, tensor_size=desc.size,
+                                          batch_size=desc.batch_size)
         for pool in self._pools.values():
             base, end = pool.mapping.address, pool.mapping.address + pool.mapping.size
             if all(base <= a and a + desc.size <= end for a in cache.tensor_addrs):
-                return client_pb2.CacheOperand(
-                    cache_id=-1, pool_id=pool.pool_id,
-                    tensor_offsets=[a - base for a in cache.tensor_addrs],
-                    tensor_size=desc.size, batch_size=desc.batch_size)
-        raise LLMException(
-            "the CPU cache's addresses are not in memory the hixl daemon can reach; allocate "
-            "it from the host pool (host_mem_pool_cfg and Placement.HOST) instead",
-            status_code=LLMStatusCode.LLM_PARAM_INVALID)
+                operand.pool_id = pool.pool_id
+                operand.tensor_offsets.extend(a - base for a in cache.tensor_addrs)
+                return operand
+        buffer, offsets = locate(cache.tensor_addrs, desc.size)
+        operand.buffer_id = await self._buffer_id(buffer)
+        operand.tensor_offsets.extend(offsets)
+        return operand
 

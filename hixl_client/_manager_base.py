@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ._memory import upload_buffer
 from ._proto.hixl.v1 import common_pb2
 from .keys import BlocksCacheKey, CacheKey, CacheKeyByIdAndIndex
 from .status import LLMException, LLMStatusCode
@@ -12,6 +13,7 @@ from .types import CacheDesc
 if TYPE_CHECKING:
     from ._memory import PoolMapping
     from ._transport import DaemonConnection
+    from .shareable import ShareableBuffer
 
 # The daemon bounds a pull by sync_kv_timeout; the RPC deadline only guards
 # against a daemon that stopped answering altogether.
@@ -66,4 +68,12 @@ class ManagerBase:
 
     def _expire(self) -> None:
         self._initialized = False
+
+    async def _buffer_id(self, buffer: ShareableBuffer) -> int:
+        """The daemon's id of a shareable buffer, handing it over on first use."""
+        known = buffer._uploaded.get(self._upload_token)
+        if known is None:
+            known = await upload_buffer(self._fd_socket, self._upload_token, buffer.fd)
+            buffer._uploaded[self._upload_token] = known
+        return known
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ._manager_base import ManagerBase, desc_to_proto, key_to_proto
-from ._memory import PoolMapping, upload_buffer
+from ._memory import PoolMapping
 from ._proto.hixl.v1 import client_pb2
 from ._validation import check_int64, check_isinstance
 from .cache import Cache
 from .keys import BlocksCacheKey, CacheKey
-from .shareable import ShareableBuffer, locate
+from .shareable import locate
 from .status import LLMException, LLMStatusCode, raise_if_false
 from .types import CacheDesc, MemInfo, Memtype, Placement
 
@@ -105,13 +105,6 @@ class RegisterOps(ManagerBase):
         if buffer is not None:
             cache._bind_pool(PoolMapping(0, desc.placement, buffer._mapping), offsets)
         return cache
-
-    async def _buffer_id(self, buffer: ShareableBuffer) -> int:
-        known = buffer._uploaded.get(self._upload_token)
-        if known is None:
-            known = await upload_buffer(self._fd_socket, self._upload_token, buffer.fd)
-            buffer._uploaded[self._upload_token] = known
-        return known
 
     async def remap_registered_memory(self, mem_infos: MemInfo | list[MemInfo]) -> None:
         """LLM-DataDist's reserved remap call: validated, then not available here.

@@ -30,6 +30,7 @@ class Operand:
     tensor_offsets: tuple[int, ...] = ()
     tensor_size: int = 0
     batch_size: int = 0
+    buffer_id: int = 0
 
 
 @dataclass(frozen=True)
@@ -43,17 +44,22 @@ def _resolve(engine: Engine, cluster: Cluster, operand: Operand) -> Resolved:
     if operand.cache_id != -1:
         entry = cluster.registry.get(operand.cache_id)
         return Resolved(entry_layout(entry), entry.memory, entry.blocks)
-    pool = next((p for p in cluster.pools.values() if p.pool_id == operand.pool_id), None)
-    if pool is None:
-        raise _invalid(f"pool {operand.pool_id} is not a pool of cluster {cluster.cluster_id}")
+    memory: Memory | None
+    if operand.buffer_id:
+        memory = cluster.buffers.get(operand.buffer_id)
+    else:
+        memory = next((p for p in cluster.pools.values() if p.pool_id == operand.pool_id), None)
+    if memory is None:
+        raise _invalid(f"the CPU cache's memory is not a pool or buffer of cluster "
+                       f"{cluster.cluster_id}")
     if operand.batch_size <= 0 or operand.tensor_size % operand.batch_size:
         raise _invalid(f"{operand.tensor_size} bytes do not split into "
                        f"{operand.batch_size} blocks")
     for offset in operand.tensor_offsets:
-        if offset + operand.tensor_size > pool.size:
-            raise _invalid(f"a tensor at pool offset {offset} runs past the pool's end")
+        if offset + operand.tensor_size > memory.size:
+            raise _invalid(f"a tensor at offset {offset} runs past the end of its memory")
     return Resolved(Layout(operand.tensor_offsets, operand.tensor_size, operand.batch_size),
-                    pool, blocks=True)
+                    memory, blocks=True)
 
 
 async def copy_cache(engine: Engine, cluster: Cluster, dst_id: int, src_id: int,

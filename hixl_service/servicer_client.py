@@ -332,4 +332,4 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
 
 def _operand(message: client_pb2.CacheOperand) -> copies.Operand:
     return copies.Operand(message.cache_id, message.pool_id, tuple(message.tensor_offsets),
-                          message.tensor_size, message.batch_size)
+                          message.tensor_size, message.batch_size, message.buffer_id)

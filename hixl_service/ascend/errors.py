@@ -17,8 +17,9 @@ import types
 from collections.abc import Mapping
 from typing import Literal
 
-from hixl_client.status import LLMException, LLMStatusCode
 from hixl_native._ascend import AscendError, AscendUnavailable
+
+from hixl_client.status import LLMException, LLMStatusCode
 
 __all__ = ["ACL_CODES", "HCCL_CODES", "Library", "code_name", "status_for", "to_llm_exception"]
 

@@ -48,13 +48,14 @@ def _row(name: str, path: str, shape: tuple[int, int], timing: Timing) -> Row:
     return Row(CEILING, name, "ceiling", "copy", path, block, nblocks).fill(timing, block * nblocks)
 
 
-def _error_row(name: str, path: str, shape: tuple[int, int], exc: BaseException) -> Row:
+def _error_row(name: str, path: str, shape: tuple[int, int], exc: str) -> Row:
     return Row(CEILING, name, "ceiling", "copy", path, shape[0], shape[1],
                status=f"error: {exc}")
 
 
 class _Ceiling(Protocol):
     def run(self, block: int, nblocks: int, iters: int) -> list[float]: ...
+    def close(self) -> None: ...
 
 
 def _runner(ceiling: _Ceiling, shape: tuple[int, int]) -> Callable[[int], list[float]]:
@@ -63,52 +64,64 @@ def _runner(ceiling: _Ceiling, shape: tuple[int, int]) -> Callable[[int], list[f
     return run
 
 
-async def memcpy_rows(shapes: list[tuple[int, int]], cold_bytes: int, budget: Budget,
-                      progress: Callable[[Row], None]) -> list[Row]:
-    """Single-thread cold memcpy, one call per block, for every shape."""
-    from hixl_native._bench import MemcpyCeiling
+class NativeCeilings:
+    """The native ceilings, open for the whole run so each shape is measured next to hixl's.
 
-    rows = []
-    ceiling = await asyncio.to_thread(MemcpyCeiling, cold_bytes)
-    try:
-        for shape in shapes:
-            try:
-                timing = await asyncio.to_thread(drive_sync, _runner(ceiling, shape), budget)
-                row = _row(MEMCPY, "local", shape, timing)
-            except (OSError, ValueError, MemoryError) as exc:
-                row = _error_row(MEMCPY, "local", shape, exc)
-            progress(row)
+    Measuring a shape's ceilings right before hixl's rows of that shape keeps
+    the drift of a shared, noisy host out of their ratio.
+
+    Args:
+        cold_bytes: each side's rotating buffer.
+        tcp_streams: a TCP ceiling per stream count (none: no TCP ceiling).
+        memcpy: whether to open the memcpy ceiling.
+        budget: time per row.
+        progress: called with each row.
+    """
+
+    def __init__(self, cold_bytes: int, tcp_streams: list[int], memcpy: bool, budget: Budget,
+                 progress: Callable[[Row], None]) -> None:
+        self._cold, self._streams, self._want_memcpy = cold_bytes, tcp_streams, memcpy
+        self._budget, self._progress = budget, progress
+        self._open: dict[str, tuple[str, _Ceiling]] = {}
+        self._done: set[tuple[str, tuple[int, int]]] = set()
+        self._broken: dict[str, str] = {}
+
+    async def open(self) -> None:
+        from hixl_native._bench import MemcpyCeiling, TcpCeiling
+
+        if self._want_memcpy:
+            self._open[MEMCPY] = ("local", await asyncio.to_thread(MemcpyCeiling, self._cold))
+        for streams in self._streams:
+            ceiling = await asyncio.to_thread(TcpCeiling, self._cold, streams, sockbuf())
+            self._open[tcp_name(streams)] = ("tcp", ceiling)
+
+    async def close(self) -> None:
+        for _, ceiling in self._open.values():
+            await asyncio.to_thread(ceiling.close)
+        self._open.clear()
+
+    async def measure(self, shape: tuple[int, int], paths: set[str]) -> list[Row]:
+        """Rows of every open ceiling serving ``paths`` not yet measured at ``shape``."""
+        rows = []
+        for name, (path, ceiling) in self._open.items():
+            if path not in paths or (name, shape) in self._done:
+                continue
+            self._done.add((name, shape))
+            if name in self._broken:
+                row = _error_row(name, path, shape, self._broken[name])
+            else:
+                try:
+                    timing = await asyncio.to_thread(drive_sync, _runner(ceiling, shape),
+                                                     self._budget)
+                    row = _row(name, path, shape, timing)
+                except (ValueError, MemoryError) as exc:
+                    row = _error_row(name, path, shape, str(exc))
+                except OSError as exc:  # a TCP ceiling's connection is gone for good
+                    self._broken[name] = str(exc)
+                    row = _error_row(name, path, shape, str(exc))
+            self._progress(row)
             rows.append(row)
-    finally:
-        await asyncio.to_thread(ceiling.close)
-    return rows
-
-
-async def tcp_rows(shapes: list[tuple[int, int]], cold_bytes: int, streams: int, budget: Budget,
-                   progress: Callable[[Row], None]) -> list[Row]:
-    """Raw loopback TCP pulls in C (``streams`` connections) for every shape."""
-    from hixl_native._bench import TcpCeiling
-
-    rows = []
-    name = tcp_name(streams)
-    ceiling = await asyncio.to_thread(TcpCeiling, cold_bytes, streams, sockbuf())
-    try:
-        for shape in shapes:
-            try:
-                timing = await asyncio.to_thread(drive_sync, _runner(ceiling, shape), budget)
-                row = _row(name, "tcp", shape, timing)
-            except (ValueError, MemoryError) as exc:
-                row = _error_row(name, "tcp", shape, exc)
-            except OSError as exc:  # the connection is gone: the rest cannot run
-                row = _error_row(name, "tcp", shape, exc)
-                progress(row)
-                rows.append(row)
-                break
-            progress(row)
-            rows.append(row)
-    finally:
-        await asyncio.to_thread(ceiling.close)
-    return rows
+        return rows
 
 
 @contextlib.asynccontextmanager

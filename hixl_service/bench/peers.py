@@ -22,6 +22,8 @@ from typing import Any
 from hixl_service.bench.model import PEER, Budget, Case, Row, Timing
 
 _WORKER = str(Path(__file__).with_name("peer_worker.py"))
+# A case's line carries every latency it measured.
+_LINE_LIMIT = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,8 @@ async def _spawn(python: str, peer: Peer, role: str, cold: int) -> asyncio.subpr
     return await asyncio.create_subprocess_exec(
         python, "-u", _WORKER, role, peer.engine, str(cold),
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL, env={**os.environ, **peer.env})
+        stderr=asyncio.subprocess.DEVNULL, env={**os.environ, **peer.env},
+        limit=_LINE_LIMIT)
 
 
 async def _read_json(proc: asyncio.subprocess.Process, timeout: float) -> dict[str, Any]:
@@ -148,7 +151,7 @@ async def peer_rows(names: list[str], cases: list[Case], cold: int, budget: Budg
             continue
         try:
             rows += await _measure(python, peer, cases, cold, budget, progress)
-        except (RuntimeError, OSError, asyncio.TimeoutError) as exc:
+        except Exception as exc:  # a broken peer must not lose the run's other rows
             # The cases it did not reach are errors: the peer is installed but broke.
             done = {(r.name, r.op, r.block, r.nblocks) for r in rows}
             for case in cases:

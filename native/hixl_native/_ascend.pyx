@@ -24,7 +24,7 @@ from cpython.buffer cimport (
 )
 from libc.stdint cimport int32_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport free, malloc
-from libc.string cimport memcpy as c_memcpy, strlen
+from libc.string cimport memcpy as c_memcpy
 
 from hixl_native._acl cimport *
 

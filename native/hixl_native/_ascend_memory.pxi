@@ -1,7 +1,8 @@
 # Device, IPC-imported and page-locked host memory; synchronous copies.
 
 cdef int _release_memory(_Memory m) noexcept:
-    """Frees what m holds; returns the first native error (status recorded)."""
+    """Frees what m holds and marks it closed; returns the native error of the
+    free (else of withdrawing its export key), with the status recorded."""
     cdef int rc = 0, rc2 = 0
     cdef int32_t dev = m._dev._id
     with nogil:
@@ -76,13 +77,15 @@ cdef class _Memory:
         """Release the memory; idempotent.
 
         Raises:
-            BufferError: Queued stream work or buffer views still use it.
+            BufferError: Queued stream work, a copy in progress or a buffer
+                view still uses it.
             AclError: CANN refused (the object is closed all the same).
         """
         if self._closed:
             return
         if self._pins:
-            raise BufferError(f"{self!r} is used by {self._pins} unsynchronized stream operations")
+            raise BufferError(f"{self!r} is in use ({self._pins} queued stream operations, "
+                              "copies in progress or buffer views)")
         _check(_release_memory(self))
 
     def __enter__(self):

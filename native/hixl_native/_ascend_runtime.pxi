@@ -182,6 +182,9 @@ cdef class AscendRuntime:
         global _runtime
         if self._closed:
             return
+        busy = [(<Device>d)._id for d in self._devices.values() if (<Device>d)._children]
+        if busy:
+            raise RuntimeError(f"devices {busy} still have open buffers, streams or communicators")
         for d in list(self._devices.values()):
             (<Device>d).reset()
         cdef int rc = 0

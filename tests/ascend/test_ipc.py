@@ -7,13 +7,18 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.ascend._peer import pattern
 from tests.ascend.conftest import MIB, child_env
 
-ascend = pytest.importorskip("hixl_native._ascend")
+if TYPE_CHECKING:
+    from hixl_native import _ascend as ascend
+else:
+    ascend = pytest.importorskip("hixl_native._ascend")
+
 
 
 class Peer:

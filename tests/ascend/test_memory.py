@@ -4,18 +4,23 @@ kind (byte-exact), bounds, pinning and thread binding."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.ascend.conftest import DEVICE_MEM, MIB
+from tests.ascend._peer import pattern
+from tests.ascend.conftest import DEVICE_MEM, MIB, child_env
 from tests.cann_double import DoubleControl
 
-ascend = pytest.importorskip("hixl_native._ascend")
+if TYPE_CHECKING:
+    from hixl_native import _ascend as ascend
+else:
+    ascend = pytest.importorskip("hixl_native._ascend")
 
-
-def pattern(n: int, seed: int = 0) -> bytes:
-    return bytes((i * 31 + seed) & 0xFF for i in range(n))
 
 
 def test_malloc_rounds_to_huge_pages(device: ascend.Device) -> None:
@@ -28,7 +33,7 @@ def test_malloc_rounds_to_huge_pages(device: ascend.Device) -> None:
     with pytest.raises(ValueError):
         device.malloc(0)
     with pytest.raises(TypeError):
-        device.malloc(1.0)  # type: ignore[arg-type]
+        device.malloc(True)
 
 
 def test_out_of_device_memory(device: ascend.Device, double: DoubleControl) -> None:
@@ -192,3 +197,18 @@ def test_host_buffer_views_block_close(device: ascend.Device) -> None:
 
 def test_bare_tgid(runtime: ascend.AscendRuntime) -> None:
     assert runtime.bare_tgid() == os.getpid()
+
+
+def test_faults_from_the_environment(double_dir: Path) -> None:
+    """HIXL_DOUBLE_FAULTS arms the double of a child process."""
+    code = (
+        "from hixl_native import _ascend as a\n"
+        f"d = a.load({str(double_dir)!r}).set_device(0)\n"
+        "for _ in range(3):\n"
+        "    try:\n        d.malloc(1).close(); print('ok')\n"
+        "    except a.AclError as e:\n        print(e.code)\n"
+    )
+    env = child_env(HIXL_DOUBLE_FAULTS="aclrtMalloc=fail:207018:1:1;aclInit=delay:1")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=60, check=True)
+    assert done.stdout.split() == ["ok", "207018", "ok"]

@@ -572,6 +572,10 @@ static int run_copy(void *ctx, int abort_fd, dbl_fault fault)
 {
     (void)abort_fd;
     copy_task *t = ctx;
+    if (fault.action == DBL_FAULT_HANG) {
+        dbl_wait_fd(-1, 0, &abort_fd, 1, 0);
+        return ACL_ERROR_RT_STREAM_ABORT;
+    }
     if (fault.action == DBL_FAULT_SEVER)
         return fault.arg;
     memmove(t->dst, t->src, t->n);

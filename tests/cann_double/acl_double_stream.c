@@ -77,10 +77,7 @@ static int run_task(dbl_stream *s, dbl_task *t)
             return ACL_ERROR_RT_STREAM_ABORT;
         f.action = DBL_FAULT_NONE;
         break;
-    case DBL_FAULT_HANG:
-        dbl_wait_fd(-1, 0, fds, 1, 0);
-        return ACL_ERROR_RT_STREAM_ABORT;
-    default:
+    default: /* HANG and SEVER are the task's to act out */
         break;
     }
     return t->run(t->ctx, s->abort_fd, f);

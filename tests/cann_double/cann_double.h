@@ -107,8 +107,8 @@ enum { DBL_LIVE_DEVMEM, DBL_LIVE_HOSTMEM, DBL_LIVE_IMPORTS, DBL_LIVE_STREAMS, DB
 
 /* A stream task: runs on the stream's worker thread. `abort_fd` becomes
  * readable when the stream is destroyed; `fault` is the exec-time fault
- * drawn for this task (only SEVER reaches the task, the worker handles the
- * others). Returns 0 or an ACL error code, which fails the stream. */
+ * drawn for this task (HANG and SEVER reach the task; the worker handles
+ * FAIL and DELAY). Returns 0 or an ACL error code, which fails the stream. */
 typedef int (*dbl_task_fn)(void *ctx, int abort_fd, dbl_fault fault);
 
 DBL_EXPORT int hixl_double_stream_submit(aclrtStream stream, const char *exec_point,

@@ -201,10 +201,12 @@ static int accept_peers(root_listener *l, uint32_t rank, uint64_t deadline, int 
         int c = accept4(l->fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (c < 0)
             continue;
-        hello_msg h;
+        hello_msg h = {0};
         wire_hdr reply = {WIRE_MAGIC, 0, rank};
         int r = xfer_exact(c, &h, sizeof h, 0, deadline);
-        if (r || h.magic != WIRE_MAGIC || h.id != l->id || h.dir > 1 || fds[h.dir] >= 0) {
+        /* dir 0 carries the connector's data to us: our input, fds[1] */
+        int slot = h.dir == 0 ? 1 : 0;
+        if (r || h.magic != WIRE_MAGIC || h.id != l->id || h.dir > 1 || fds[slot] >= 0) {
             close(c);
             if (r == 2)
                 return HCCL_E_TIMEOUT;
@@ -216,8 +218,7 @@ static int accept_peers(root_listener *l, uint32_t rank, uint64_t deadline, int 
             close(c);
             return reply.status ? reply.status : HCCL_E_TCP_CONNECT;
         }
-        /* dir 0 carries the connector's data to us: our input */
-        fds[h.dir == 0 ? 1 : 0] = c;
+        fds[slot] = c;
         *peer = h.rank;
         got++;
     }
@@ -520,6 +521,11 @@ static int run_p2p(void *ctx, int abort_fd, dbl_fault fault)
     st.sever = fault.action == DBL_FAULT_SEVER && st.o->ns > 0;
     st.sever_code = fault.arg;
     dbl_comm *c = st.o->c;
+    if (fault.action == DBL_FAULT_HANG) {
+        int aborts[2] = {abort_fd, c->abort_fd};
+        dbl_wait_fd(-1, 0, aborts, 2, 0);
+        return ACL_ERROR_RT_STREAM_ABORT;
+    }
     while (st.acks_in < st.o->ns || st.r_idx < st.o->nr || st.acks_out) {
         struct pollfd p[4] = {
             {abort_fd, POLLIN, 0},

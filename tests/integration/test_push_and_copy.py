@@ -19,6 +19,7 @@ from hixl_client import (
     LLMRole,
     LLMStatusCode,
     Placement,
+    alloc_shareable,
 )
 from hixl_service.testing import DaemonProcess
 
@@ -201,6 +202,17 @@ async def test_swap_blocks_between_host_and_device(
         cpu = Cache.create_cpu_cache(host.cache_desc, host.tensor_addrs)
         await cm.swap_blocks(device, cpu, {1: 3})
         np.testing.assert_array_equal(raw(host, 1)[3], raw(device, 1)[1])
+        shared = alloc_shareable(2 * 8 * 4096)  # framework-style CPU memory, but shareable
+        cpu_shared = Cache.create_cpu_cache(host.cache_desc,
+                                            [shared.address, shared.address + 8 * 4096])
+        await cm.swap_blocks(device, cpu_shared, {2: 5, 3: 6})
+        swapped = shared.numpy(np.uint8, (2, 8, 4096))
+        for i in range(2):
+            np.testing.assert_array_equal(swapped[i, [5, 6]], raw(device, i)[[2, 3]])
+        await cm.swap_blocks(cpu_shared, device, {5: 10})
+        np.testing.assert_array_equal(raw(device, 1)[10], swapped[1, 5])
+        del swapped
+        shared.close()
         foreign = np.zeros(2 * 8 * 4096, dtype=np.uint8)
         stray = Cache.create_cpu_cache(host.cache_desc, [foreign.ctypes.data,
                                                          foreign.ctypes.data + 8 * 4096])

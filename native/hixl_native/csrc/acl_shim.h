@@ -3,10 +3,16 @@
  * dlopen at run time, so hixl builds and imports on machines without CANN.
  *
  * The CANN declarations below are hixl's own, written from the function
- * prototypes of CANN's public headers (the CANN runtime's acl/acl_rt.h,
- * acl/acl_base_rt.h and acl/error_codes/rt_error_codes.h; HCCL's
- * hccl/hccl.h and hccl/hccl_types.h; CANN 8.x to 9.0). Enumerations are
- * declared as int: C enums are int-sized in the x86_64 and aarch64 ABIs.
+ * prototypes of CANN's public headers as published for CANN 8.x to 9.0:
+ * the runtime's acl/acl_rt.h, acl/acl_base_rt.h and
+ * acl/error_codes/rt_error_codes.h, HCCL's hccl/hccl.h and hccl/hccl_types.h
+ * (the same prototypes appear in the CANN API reference). Entry points that
+ * older CANN releases lack are optional (see HIXL_ACL_HAS_*): the
+ * aclrtIpcMem* family (CANN 8.2 and later; in 8.3.RC1 pre-releases the
+ * import flag was still reserved, which is why hixl passes 0 there),
+ * aclrtSynchronizeStreamWithTimeout, aclrtDeviceGetBareTgid,
+ * HcclBatchSendRecv, aclGetRecentErrMsg and HcclGetErrorString. Enumerations
+ * are declared as int: C enums are int-sized in the x86_64 and aarch64 ABIs.
  *
  * Every hixl_acl_* / hixl_hccl_* wrapper returns 0 or the native error code
  * (aclError or HcclResult) and, on failure, fills the calling thread's

@@ -235,18 +235,20 @@ class PushReply(_message.Message):
     def __init__(self, bytes: _Optional[int] = ..., transport: _Optional[str] = ...) -> None: ...
 
 class CacheOperand(_message.Message):
-    __slots__ = ("cache_id", "pool_id", "tensor_offsets", "tensor_size", "batch_size")
+    __slots__ = ("cache_id", "pool_id", "tensor_offsets", "tensor_size", "batch_size", "buffer_id")
     CACHE_ID_FIELD_NUMBER: _ClassVar[int]
     POOL_ID_FIELD_NUMBER: _ClassVar[int]
     TENSOR_OFFSETS_FIELD_NUMBER: _ClassVar[int]
     TENSOR_SIZE_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    BUFFER_ID_FIELD_NUMBER: _ClassVar[int]
     cache_id: int
     pool_id: int
     tensor_offsets: _containers.RepeatedScalarFieldContainer[int]
     tensor_size: int
     batch_size: int
-    def __init__(self, cache_id: _Optional[int] = ..., pool_id: _Optional[int] = ..., tensor_offsets: _Optional[_Iterable[int]] = ..., tensor_size: _Optional[int] = ..., batch_size: _Optional[int] = ...) -> None: ...
+    buffer_id: int
+    def __init__(self, cache_id: _Optional[int] = ..., pool_id: _Optional[int] = ..., tensor_offsets: _Optional[_Iterable[int]] = ..., tensor_size: _Optional[int] = ..., batch_size: _Optional[int] = ..., buffer_id: _Optional[int] = ...) -> None: ...
 
 class CopyCacheRequest(_message.Message):
     __slots__ = ("dst_cache_id", "src_cache_id", "dst_batch_index", "src_batch_index", "offset", "size")

@@ -1,0 +1,300 @@
+"""Two-rank HCCL communicators through the shim against the double: byte-exact
+send/recv and batch send/recv, injected failures, bounded waits."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from hixl_client.status import LLMStatusCode
+from tests.ascend._peer import pattern
+from tests.ascend.conftest import MIB, child_env
+from tests.cann_double import DoubleControl
+
+if TYPE_CHECKING:
+    from hixl_native import _ascend as ascend
+
+    from hixl_service.ascend import errors
+else:
+    ascend = pytest.importorskip("hixl_native._ascend")
+    errors = pytest.importorskip("hixl_service.ascend.errors")
+
+
+
+@contextmanager
+def comm_pair(runtime: ascend.AscendRuntime) -> Iterator[tuple[ascend.HcclComm, ascend.HcclComm]]:
+    """Rank 0 on device 0 (this thread) and rank 1 on device 1 (another thread)."""
+    d0, d1 = runtime.set_device(0), runtime.set_device(1)
+    root = d0.hccl_root_info()
+    assert len(root) == ascend.HCCL_ROOT_INFO_BYTES
+    joined: list[object] = []
+
+    def join() -> None:
+        try:
+            joined.append(ascend.HcclComm(d1, root, 2, 1))
+        except Exception as exc:  # re-raised below
+            joined.append(exc)
+
+    t = threading.Thread(target=join)
+    t.start()
+    c0 = ascend.HcclComm(d0, root, 2, 0)
+    t.join(10)
+    (c1,) = joined
+    assert isinstance(c1, ascend.HcclComm), c1
+    try:
+        yield c0, c1
+    finally:
+        c0.destroy()
+        c1.destroy()
+
+
+@pytest.fixture
+def pair(runtime: ascend.AscendRuntime) -> Iterator[tuple[ascend.HcclComm, ascend.HcclComm]]:
+    with comm_pair(runtime) as comms:
+        yield comms
+
+
+@pytest.fixture
+def streams(runtime: ascend.AscendRuntime) -> Iterator[tuple[ascend.Stream, ascend.Stream]]:
+    s0, s1 = runtime.set_device(0).create_stream(), runtime.set_device(1).create_stream()
+    yield s0, s1
+    s0.destroy()
+    s1.destroy()
+
+
+def buffers(runtime: ascend.AscendRuntime, size: int) -> tuple[ascend.DeviceBuffer, ...]:
+    return runtime.set_device(0).malloc(size), runtime.set_device(1).malloc(size)
+
+
+def test_send_recv_byte_exact(runtime: ascend.AscendRuntime, pair: tuple[ascend.HcclComm, ...],
+                              streams: tuple[ascend.Stream, ...]) -> None:
+    c0, c1 = pair
+    s0, s1 = streams
+    assert (c0.rank, c1.rank, c0.nranks) == (0, 1, 2)
+    n = 3 * MIB + 5
+    b0, b1 = buffers(runtime, 4 * MIB)
+    with b0, b1:
+        b0.write(0, pattern(n, 1))
+        c0.send(b0, 0, n, 1, s0)
+        c1.recv(b1, 11, n, 0, s1)
+        assert b0.pins == 1 and b1.pins == 1
+        s1.synchronize(timeout_ms=10_000)
+        s0.synchronize(timeout_ms=10_000)
+        assert b1.read(11, n) == pattern(n, 1)
+        # and back, queued on the same streams
+        c1.send(b1, 11, 1000, 0, s1)
+        c0.recv(b0, 0, 1000, 1, s0)
+        c1.send(b1, 0, 0, 0, s1)  # an empty message
+        c0.recv(b0, 0, 0, 1, s0)
+        s0.synchronize(timeout_ms=10_000)
+        s1.synchronize(timeout_ms=10_000)
+        assert b0.read(0, 1000) == pattern(1000, 1)
+
+
+def test_batch_send_recv_byte_exact(runtime: ascend.AscendRuntime,
+                                    pair: tuple[ascend.HcclComm, ...],
+                                    streams: tuple[ascend.Stream, ...]) -> None:
+    """Both ranks send 2 MiB at once: only a batch (sends and receives
+    progressing together) completes that without deadlock."""
+    c0, c1 = pair
+    s0, s1 = streams
+    b0, b1 = buffers(runtime, 8 * MIB)
+    item = ascend.SendRecvItem
+    with b0, b1:
+        b0.write(0, pattern(4 * MIB, 2))
+        b1.write(4 * MIB, pattern(4 * MIB, 3))
+        c0.batch_send_recv([item.send(b0, 0, 2 * MIB, 1), item.recv(b0, 4 * MIB, 2 * MIB, 1),
+                            item.send(b0, 2 * MIB, 2 * MIB, 1)], s0)
+        c1.batch_send_recv([item.recv(b1, 0, 2 * MIB, 0), item.send(b1, 4 * MIB, 2 * MIB, 0),
+                            item.recv(b1, 2 * MIB, 2 * MIB, 0)], s1)
+        s0.synchronize(timeout_ms=10_000)
+        s1.synchronize(timeout_ms=10_000)
+        assert b1.read(0, 4 * MIB) == pattern(4 * MIB, 2)
+        assert b0.read(4 * MIB, 2 * MIB) == pattern(4 * MIB, 3)[: 2 * MIB]
+        assert repr(item.recv(b1, 0, 1, 0)).startswith("SendRecvItem(RECV")
+
+
+def test_injected_error_mid_transfer(runtime: ascend.AscendRuntime, double: DoubleControl,
+                                     pair: tuple[ascend.HcclComm, ...],
+                                     streams: tuple[ascend.Stream, ...]) -> None:
+    c0, c1 = pair
+    s0, s1 = streams
+    b0, b1 = buffers(runtime, 4 * MIB)
+    with b0, b1:
+        double.sever("exec:HcclSend", 507056)  # ACL_ERROR_RT_LINK_ERROR
+        c0.send(b0, 0, 4 * MIB, 1, s0)
+        c1.recv(b1, 0, 4 * MIB, 0, s1)
+        with pytest.raises(ascend.AclError) as sent:
+            s0.synchronize(timeout_ms=10_000)
+        with pytest.raises(ascend.AclError) as received:
+            s1.synchronize(timeout_ms=10_000)
+        assert sent.value.code == 507056
+        assert received.value.code == 507057  # the peer vanished mid-message
+        assert errors.to_llm_exception(sent.value).status_code == LLMStatusCode.LLM_LINK_FAILED
+        exc = errors.to_llm_exception(received.value, "pull")
+        assert exc.status_code == LLMStatusCode.LLM_SUSPECT_REMOTE_ERROR
+        assert "pull: aclrtSynchronizeStreamWithTimeout failed with ACL error 507057 " \
+               "(ACL_ERROR_RT_SUSPECT_REMOTE_ERROR)" in str(exc)
+        assert b0.pins == b1.pins == 0
+
+
+def test_injected_hccl_call_error(runtime: ascend.AscendRuntime, double: DoubleControl,
+                                  pair: tuple[ascend.HcclComm, ...],
+                                  streams: tuple[ascend.Stream, ...]) -> None:
+    c0, _ = pair
+    s0, _ = streams
+    with runtime.set_device(0).malloc(1) as b0:
+        double.fail("HcclSend", 21)  # HCCL_E_REMOTE
+        with pytest.raises(ascend.HcclError) as caught:
+            c0.send(b0, 0, 10, 1, s0)
+        assert (caught.value.code, caught.value.api) == (21, "HcclSend")
+        assert "error cqe" in caught.value.detail  # HcclGetErrorString
+        exc = errors.to_llm_exception(caught.value)
+        assert exc.status_code == LLMStatusCode.LLM_SUSPECT_REMOTE_ERROR
+        assert "HCCL error 21 (HCCL_E_REMOTE): error cqe" in str(exc)
+        assert b0.pins == 0 and s0.pending == 0
+        double.fail("HcclBatchSendRecv", 9)
+        with pytest.raises(ascend.HcclError) as batch:
+            c0.batch_send_recv([ascend.SendRecvItem.send(b0, 0, 1, 1)], s0)
+        assert errors.to_llm_exception(batch.value).status_code == LLMStatusCode.LLM_TIMEOUT
+
+
+@pytest.mark.parametrize("side", ["send", "recv"])
+def test_peer_that_never_posts_times_out(runtime: ascend.AscendRuntime, side: str,
+                                         pair: tuple[ascend.HcclComm, ...],
+                                         streams: tuple[ascend.Stream, ...]) -> None:
+    c0, _ = pair
+    s0, _ = streams
+    with runtime.set_device(0).malloc(1) as b0:
+        if side == "send":
+            c0.send(b0, 0, 1000, 1, s0)
+        else:
+            c0.recv(b0, 0, 1000, 1, s0)
+        start = time.monotonic()
+        with pytest.raises(ascend.AclError) as caught:
+            s0.synchronize(timeout_ms=300)
+        elapsed = time.monotonic() - start
+        assert 0.25 <= elapsed < 3, elapsed
+        assert caught.value.code == 507046
+        assert errors.to_llm_exception(caught.value).status_code == LLMStatusCode.LLM_TIMEOUT
+        # still queued: the memory stays pinned until the work is gone
+        assert b0.pins == 1
+        with pytest.raises(BufferError):
+            b0.close()
+        c0.destroy()  # aborts the queued operation
+        with pytest.raises(ascend.AclError) as aborted:
+            s0.synchronize(timeout_ms=5000)
+        assert aborted.value.code == 107023
+        assert b0.pins == 0
+
+
+def test_comm_init_times_out_without_peer(runtime: ascend.AscendRuntime,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HIXL_DOUBLE_CONNECT_TIMEOUT_MS", "300")
+    dev = runtime.set_device(0)
+    start = time.monotonic()
+    with pytest.raises(ascend.HcclError) as caught:
+        ascend.HcclComm(dev, dev.hccl_root_info(), 2, 0)
+    assert 0.25 <= time.monotonic() - start < 3
+    assert (caught.value.code, caught.value.api) == (9, "HcclCommInitRootInfo")
+    assert errors.to_llm_exception(caught.value).status_code == LLMStatusCode.LLM_TIMEOUT
+
+
+def test_mismatched_sizes_fail_both_sides(runtime: ascend.AscendRuntime,
+                                          pair: tuple[ascend.HcclComm, ...],
+                                          streams: tuple[ascend.Stream, ...]) -> None:
+    c0, c1 = pair
+    s0, s1 = streams
+    b0, b1 = buffers(runtime, 1)
+    with b0, b1:
+        c0.send(b0, 0, 100, 1, s0)
+        c1.recv(b1, 0, 200, 0, s1)
+        for s in (s1, s0):
+            with pytest.raises(ascend.AclError):
+                s.synchronize(timeout_ms=5000)
+
+
+def test_argument_checks(runtime: ascend.AscendRuntime, pair: tuple[ascend.HcclComm, ...],
+                         streams: tuple[ascend.Stream, ...]) -> None:
+    c0, _ = pair
+    s0, s1 = streams
+    dev0 = runtime.set_device(0)
+    with dev0.malloc(1) as b0, runtime.set_device(1).malloc(1) as b1:
+        with pytest.raises(ValueError, match="this rank"):
+            c0.send(b0, 0, 1, 0, s0)
+        with pytest.raises(ValueError):
+            c0.send(b0, 0, 1, 2, s0)
+        with pytest.raises(ValueError, match="device"):
+            c0.send(b0, 0, 1, 1, s1)
+        with pytest.raises(ValueError, match="device"):
+            c0.send(b1, 0, 1, 1, s0)
+        with pytest.raises(ValueError):
+            c0.recv(b0, b0.size, 1, 1, s0)
+        with pytest.raises(TypeError):
+            c0.batch_send_recv([object()], s0)  # type: ignore[list-item]
+        with pytest.raises(ValueError):
+            c0.batch_send_recv([], s0)
+        with pytest.raises(ValueError, match="root_info"):
+            ascend.HcclComm(dev0, b"short", 2, 0)
+        with pytest.raises(ValueError):
+            ascend.HcclComm(dev0, bytes(ascend.HCCL_ROOT_INFO_BYTES), 2, 2)
+        with pytest.raises(ascend.HcclError) as caught:  # HCCL's own check
+            ascend.HcclComm(dev0, bytes(ascend.HCCL_ROOT_INFO_BYTES), 2, 0)
+        assert caught.value.code == 1
+    assert s0.pending == 0
+
+
+def test_rank_in_another_process(runtime: ascend.AscendRuntime, double_dir: Path,
+                                 streams: tuple[ascend.Stream, ...]) -> None:
+    dev = runtime.set_device(0)
+    s0, _ = streams
+    root = dev.hccl_root_info()
+    n = MIB + 3
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tests.ascend._peer", "hccl", str(double_dir), root.hex(), str(n)],
+        env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        with dev.malloc(n) as buf, ascend.HcclComm(dev, root, 2, 0) as comm:
+            buf.write(0, pattern(n, 9))
+            comm.send(buf, 0, n, 1, s0)
+            comm.recv(buf, 0, n, 1, s0)
+            s0.synchronize(timeout_ms=20_000)
+            assert buf.read(0, n) == bytes((b + 1) & 0xFF for b in pattern(n, 9))
+    finally:
+        out, err = child.communicate(timeout=20)
+    assert out.strip() == "done", err
+
+
+def test_hung_receive_is_bounded_and_aborted(runtime: ascend.AscendRuntime,
+                                             double: DoubleControl,
+                                             pair: tuple[ascend.HcclComm, ...],
+                                             streams: tuple[ascend.Stream, ...]) -> None:
+    """An injected hang of the receiving task: neither side completes, both
+    synchronize calls return within their bound, destroying the
+    communicators ends the stuck work."""
+    c0, c1 = pair
+    s0, s1 = streams
+    b0, b1 = buffers(runtime, 1)
+    with b0, b1:
+        double.hang("exec:HcclRecv")
+        c0.send(b0, 0, 64, 1, s0)
+        c1.recv(b1, 0, 64, 0, s1)
+        for s in (s0, s1):
+            with pytest.raises(ascend.AclError) as caught:
+                s.synchronize(timeout_ms=200)
+            assert caught.value.code == 507046
+        c0.destroy()
+        c1.destroy()
+        for s in (s0, s1):
+            with pytest.raises(ascend.AclError) as aborted:
+                s.synchronize(timeout_ms=5000)
+            assert aborted.value.code == 107023
