@@ -86,7 +86,8 @@ class LayerwiseTask:
                 if ref is None:
                     raise _invalid("the transfer config names no destination cache")
                 link = self._cluster.link_to(ref.cluster_id)
-                peer = await find_target(self._engine, self._cluster, link, ref, deadline)
+                peer = await find_target(self._engine, self._cluster, link, ref, deadline,
+                                         fresh=True)
                 if not peer.writable:
                     raise _invalid("the destination cache is not remote-accessible")
                 self.targets.append(Target(index, spec, link, peer))

@@ -17,7 +17,7 @@ import itertools
 import logging
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import hixl_native
@@ -25,7 +25,7 @@ import hixl_native
 from hixl_client.status import LLMException, LLMStatusCode
 
 if TYPE_CHECKING:
-    from .peer_api import PeerApi
+    from .peer_api import PeerApi, ResolvedCache
     from .planning import Range
     from .pools import Memory
 
@@ -46,10 +46,15 @@ _NATIVE_STATUS = {
 }
 
 
+class RegionRefused(LLMException):
+    """The peer's data server refused a range (a region gone, or outside it)."""
+
+
 def native_status_error(status: int) -> LLMException:
     """Translate a failed native completion status into an LLMException."""
     code, text = _NATIVE_STATUS.get(status, (LLMStatusCode.LLM_FAILED, "the transfer failed"))
-    return LLMException(f"{text} (native status {status})", status_code=code)
+    kind = RegionRefused if status == hixl_native.E_REFUSED else LLMException
+    return kind(f"{text} (native status {status})", status_code=code)
 
 
 class CompletionDispatcher:
@@ -120,6 +125,11 @@ class OutboundLink:
     transport: str
     peer: PeerApi | None = None  # None for local links
     data: hixl_native.DataLink | None = None
+    # Remote caches named by id or blocks key, as last resolved. Like
+    # LLM-DataDist's copy of the peer's cache index, it saves the peer call on
+    # later transfers; region ids are never reused, so a stale entry can only
+    # be refused by the peer's data server, never misdirect bytes.
+    resolved: dict[tuple[str, int], ResolvedCache] = field(default_factory=dict)
 
     @property
     def alive(self) -> bool:

@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from hixl_client._compat import timeout_at
 from hixl_client.status import LLMException, LLMStatusCode
 
 from .cluster import Cluster
 from .engine import Engine
-from .links import OutboundLink
-from .peer_api import CacheRefSpec, KeyRef, ResolvedCache
+from .links import OutboundLink, RegionRefused
+from .peer_api import BlocksRef, CacheRefSpec, IdRef, KeyRef
 from .planning import (
     Layout,
     Range,
@@ -30,6 +32,7 @@ from .pools import Memory
 from .registry import CacheEntry
 
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 # Telling the owner that a keyed slot was pulled is bounded on its own: the
 # data already arrived, so a slow owner must not turn success into failure.
@@ -81,6 +84,7 @@ class Peer:
     writable: bool
     region_id: int = 0  # remote ends only
     memory: Memory | None = None  # local ends only
+    cached: bool = False  # from the link's resolve cache (may be stale)
 
 
 def entry_layout(entry: CacheEntry) -> Layout:
@@ -93,21 +97,53 @@ def _timeout(cluster: Cluster) -> LLMException:
                         status_code=LLMStatusCode.LLM_TIMEOUT)
 
 
+def _cache_key(ref: CacheRefSpec) -> tuple[str, int] | None:
+    """Refs whose resolution may be reused: by cache id and by blocks key, not by key."""
+    if isinstance(ref, IdRef):
+        return ("id", ref.cache_id)
+    if isinstance(ref, BlocksRef):
+        return ("blocks", ref.model_id)
+    return None
+
+
 async def find_target(engine: Engine, cluster: Cluster, link: OutboundLink, ref: CacheRefSpec,
-                deadline: float) -> Peer:
+                      deadline: float, fresh: bool = False) -> Peer:
+    """Locate the far end of a transfer; ``fresh`` skips the link's resolve cache."""
     if link.transport == "local":
         _, entry, batch_index = engine.lookup_local(link, ref)
         return Peer(entry_layout(entry), batch_index, entry.blocks, entry.writable,
                     memory=entry.memory)
     assert link.peer is not None
+    key = _cache_key(ref)
+    found = link.resolved.get(key) if key is not None and not fresh else None
+    cached = found is not None
+    if found is None:
+        try:
+            async with timeout_at(deadline):
+                found = await link.peer.resolve(link.token, ref, cluster.settings.sync_timeout_s)
+        except asyncio.TimeoutError:
+            raise _timeout(cluster) from None
+        if key is not None:
+            link.resolved[key] = found
+    batch_index = ref.batch_index if isinstance(ref, IdRef) else found.batch_index
+    return Peer(found.layout, batch_index, found.blocks, found.writable,
+                region_id=found.region_id, cached=cached)
+
+
+async def _retrying_stale(engine: Engine, cluster: Cluster, link: OutboundLink,
+                          ref: CacheRefSpec, deadline: float,
+                          move: Callable[[Peer], Awaitable[_T]]) -> _T:
+    """Run ``move`` against the far end; once more, freshly resolved, if a cached one is stale."""
+    target = await find_target(engine, cluster, link, ref, deadline)
     try:
-        async with timeout_at(deadline):
-            found: ResolvedCache = await link.peer.resolve(link.token, ref,
-                                                           cluster.settings.sync_timeout_s)
-    except asyncio.TimeoutError:
-        raise _timeout(cluster) from None
-    return Peer(found.layout, found.batch_index, found.blocks, found.writable,
-                region_id=found.region_id)
+        return await move(target)
+    except RegionRefused:
+        if not target.cached:
+            raise
+        key = _cache_key(ref)
+        if key is not None:
+            link.resolved.pop(key, None)
+    return await move(await find_target(engine, cluster, link, ref, deadline, fresh=True))
 
 
 def _remaining_ms(cluster: Cluster, deadline: float) -> int:
@@ -151,13 +187,17 @@ async def pull(engine: Engine, cluster: Cluster, spec: PullSpec) -> tuple[int, s
         raise _invalid("cannot pull from the cluster's own id")
     link = cluster.link_to(spec.src.cluster_id)
     deadline = asyncio.get_running_loop().time() + cluster.settings.sync_timeout_s
-    source = await find_target(engine, cluster, link, spec.src, deadline)
-    ranges, moved = plan_pull(source, dst, spec)
-    if source.memory is not None:
-        await engine.deps.copier.copy(dst.memory, source.memory, ranges)
-    else:
-        await link.read(engine.deps.dispatcher, dst.memory, source.region_id, ranges,
-                        _remaining_ms(cluster, deadline))
+
+    async def move(source: Peer) -> int:
+        ranges, moved = plan_pull(source, dst, spec)
+        if source.memory is not None:
+            await engine.deps.copier.copy(dst.memory, source.memory, ranges)
+        else:
+            await link.read(engine.deps.dispatcher, dst.memory, source.region_id, ranges,
+                            _remaining_ms(cluster, deadline))
+        return moved
+
+    moved = await _retrying_stale(engine, cluster, link, spec.src, deadline, move)
     if isinstance(spec.src, KeyRef):
         await _release_key(engine, link, spec.src, spec.src_tensor_indices)
     return moved, link.transport
@@ -203,11 +243,14 @@ async def push(engine: Engine, cluster: Cluster, spec: PushSpec) -> tuple[int, s
         raise _invalid("cannot push to the cluster's own id")
     link = cluster.link_to(spec.dst.cluster_id)
     deadline = asyncio.get_running_loop().time() + cluster.settings.sync_timeout_s
-    target = await find_target(engine, cluster, link, spec.dst, deadline)
-    ranges = plan_push(src, target, spec)
-    if target.memory is not None:
-        await engine.deps.copier.copy(target.memory, src.memory, ranges)
-    else:
-        await link.write(engine.deps.dispatcher, src.memory, target.region_id, ranges,
-                         _remaining_ms(cluster, deadline))
-    return sum(n for _, _, n in ranges), link.transport
+
+    async def move(target: Peer) -> int:
+        ranges = plan_push(src, target, spec)
+        if target.memory is not None:
+            await engine.deps.copier.copy(target.memory, src.memory, ranges)
+        else:
+            await link.write(engine.deps.dispatcher, src.memory, target.region_id, ranges,
+                             _remaining_ms(cluster, deadline))
+        return sum(n for _, _, n in ranges)
+
+    return await _retrying_stale(engine, cluster, link, spec.dst, deadline, move), link.transport

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hixl_service.bench import ceilings, env, kvshape, peers, plan, report, runner
-from hixl_service.bench.model import GIB, MIB, Row
+from hixl_service.bench.model import GIB, MIB, Case, Row
 
 SUITES = ("block", "batch", "conc", "kv")
 
@@ -80,8 +80,16 @@ def _budgets(p: plan.Plan, paths: tuple[str, ...]) -> tuple[int, int, int, int]:
     return sweep_pool, kv_pool, a + 256 * MIB, b + 256 * MIB
 
 
-async def run_hixl(p: plan.Plan, args: argparse.Namespace, progress: report.Progress
-                   ) -> list[Row]:
+def _by_shape(cases: tuple[Case, ...]) -> list[tuple[tuple[int, int], list[Case]]]:
+    groups: dict[tuple[int, int], list[Case]] = {}
+    for case in cases:
+        groups.setdefault(case.shape_key, []).append(case)
+    return list(groups.items())
+
+
+async def run_hixl(p: plan.Plan, args: argparse.Namespace, native: ceilings.NativeCeilings,
+                   progress: report.Progress) -> list[Row]:
+    """hixl's rows, each shape's ceilings measured just before them."""
     rows: list[Row] = []
     paths = tuple(sorted({c.path for c in p.cases}))
     if not paths and not p.kv_cases:
@@ -93,29 +101,39 @@ async def run_hixl(p: plan.Plan, args: argparse.Namespace, progress: report.Prog
         if paths:
             async with env.clusters(pair, sweep_pool, paths) as linked:
                 rows += await runner.probe_rows(linked, paths, p.budget, progress)
-                for case in p.cases:
-                    rows.append(await runner.run_case(linked, case, p.cold_bytes, p.budget))
-                    progress(rows[-1])
+                for shape, group in _by_shape(p.cases):
+                    rows += await native.measure(shape, {c.path for c in group})
+                    for case in group:
+                        rows.append(await runner.run_case(linked, case, p.cold_bytes, p.budget))
+                        progress(rows[-1])
         kv_paths = tuple(sorted({k.path for k in p.kv_cases}))
         if kv_paths:
             async with env.clusters(pair, kv_pool, kv_paths, id_base=10) as linked:
                 for kv in p.kv_cases:
+                    rows += await native.measure(kv.ceiling_shape(p.cold_bytes), {kv.path})
                     rows.append(await kvshape.run_kv(linked, kv, p.kv_budget))
                     progress(rows[-1])
     return rows
 
 
-async def run_ceilings(p: plan.Plan, args: argparse.Namespace, progress: report.Progress
-                       ) -> list[Row]:
-    shapes = p.ceiling_shapes()
+async def run_measurements(p: plan.Plan, args: argparse.Namespace,
+                           progress: report.Progress) -> list[Row]:
+    """The gRPC ceiling, then hixl interleaved with the native ceilings, then the peers."""
     rows = [await ceilings.grpc_row(p.budget)]
     progress(rows[-1])
     paths = {c.path for c in p.cases} | {k.path for k in p.kv_cases}
-    if "local" in paths:
-        rows += await ceilings.memcpy_rows(shapes, p.cold_bytes, p.budget, progress)
-    if "tcp" in paths:
-        for streams in sorted({1, args.streams}):
-            rows += await ceilings.tcp_rows(shapes, p.cold_bytes, streams, p.budget, progress)
+    streams = sorted({1, args.streams}) if "tcp" in paths else []
+    native = ceilings.NativeCeilings(p.cold_bytes, streams, "local" in paths, p.budget, progress)
+    try:
+        await native.open()
+        rows += await run_hixl(p, args, native, progress)
+    finally:
+        await native.close()
+    if p.peer_cases():
+        pythons = {name: path for name, path in (("mooncake", args.mooncake_python),
+                                                 ("nixl", args.nixl_python)) if path}
+        rows += await peers.peer_rows(args.peers, p.peer_cases(), p.cold_bytes, p.budget,
+                                      pythons, progress)
     return rows
 
 
@@ -127,11 +145,16 @@ def _meta(p: plan.Plan, args: argparse.Namespace, elapsed: float) -> dict[str, A
 
 
 def _count(p: plan.Plan, args: argparse.Namespace) -> int:
-    shapes = len(p.ceiling_shapes())
-    paths = {c.path for c in p.cases} | {k.path for k in p.kv_cases}
-    ceiling_rows = 1 + shapes * (("local" in paths) + ("tcp" in paths) * len({1, args.streams}))
+    """Rows the run will print (a peer that is not installed prints fewer)."""
+    tcp_names = [f"tcp{n}" for n in {1, args.streams}]
+    ceiling_rows: set[tuple[str, tuple[int, int]]] = set()
+    shapes = [(shape, {c.path for c in group}) for shape, group in _by_shape(p.cases)]
+    shapes += [(k.ceiling_shape(p.cold_bytes), {k.path}) for k in p.kv_cases]
+    for shape, paths in shapes:
+        names = (["memcpy"] if "local" in paths else []) + (tcp_names if "tcp" in paths else [])
+        ceiling_rows |= {(name, shape) for name in names}
     probes = (1 + len({c.path for c in p.cases})) if p.cases else 0
-    return ceiling_rows + probes + len(p.cases) + len(p.kv_cases) + \
+    return 1 + len(ceiling_rows) + probes + len(p.cases) + len(p.kv_cases) + \
         len(args.peers) * len(p.peer_cases())
 
 
@@ -141,13 +164,7 @@ async def run(args: argparse.Namespace) -> int:
     progress.note(f"{'quick' if args.quick else 'full'} run: {len(p.cases)} sweep cases, "
                   f"{len(p.kv_cases)} KV cases, cold buffers {p.cold_bytes // MIB} MiB per side")
     started = time.monotonic()
-    rows = await run_ceilings(p, args, progress)
-    rows += await run_hixl(p, args, progress)
-    if p.peer_cases():
-        pythons = {name: path for name, path in (("mooncake", args.mooncake_python),
-                                                 ("nixl", args.nixl_python)) if path}
-        rows += await peers.peer_rows(args.peers, p.peer_cases(), p.cold_bytes, p.budget,
-                                      pythons, progress)
+    rows = await run_measurements(p, args, progress)
     report.add_ratios(rows, args.streams)
     print()
     report.print_table(rows)

@@ -39,9 +39,13 @@ def plot(records: list[dict[str, Any]], path: Path, title: str = "") -> str | No
     if not series:
         return "no block-size rows to plot"
     fig, ax = plt.subplots(figsize=(9, 5.5))
-    for name, points in sorted(series.items()):
-        style = "--" if name.startswith(("memcpy", "tcp-c")) else "-"
-        ax.plot([p[0] for p in points], [p[1] for p in points], style, marker="o", label=name)
+    colors = plt.get_cmap("tab20").colors
+    for i, (name, points) in enumerate(sorted(series.items())):
+        # hixl solid with circles, ceilings dashed with squares, peers dotted with triangles
+        style, marker = ("-", "o") if name.startswith("hixl") else \
+            ("--", "s") if name.startswith(("memcpy", "tcp-c")) else (":", "^")
+        ax.plot([p[0] for p in points], [p[1] for p in points], linestyle=style, marker=marker,
+                color=colors[(2 * i) % 20 + (i >= 10)], label=name)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ticks = sorted({p[0] for points in series.values() for p in points})

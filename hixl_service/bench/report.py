@@ -116,9 +116,23 @@ def header() -> str:
                     for i, (name, w) in enumerate(COLUMNS))
 
 
+_SUITE_ORDER = {"block": 0, "batch": 1, "conc": 2, "kv": 3}
+
+
+def _table_key(item: tuple[int, Row]) -> tuple[Any, ...]:
+    """Kind, then (ceilings and peers) name, then suite, op, path and shape; KV in run order."""
+    index, r = item
+    kind = _ORDER.get(r.kind, 9)
+    if r.suite == "kv":
+        return (kind, "", 3, index)
+    name = r.name if r.kind in (CEILING, PEER, PROBE) else ""
+    return (kind, name, _SUITE_ORDER.get(r.suite, -1), r.op, r.path, r.block, r.nblocks,
+            r.conc, index)
+
+
 def print_table(rows: list[Row], out: TextIO = sys.stdout) -> None:
     """The final table: ceilings, probes, hixl rows, peers; each group in run order."""
-    ordered = sorted(rows, key=lambda r: _ORDER.get(r.kind, 9))
+    ordered = [row for _, row in sorted(enumerate(rows), key=_table_key)]
     print(header(), file=out)
     print("-" * len(header()), file=out)
     kind = None

@@ -22,9 +22,8 @@ from dataclasses import dataclass
 
 from hixl_client import Cache, CacheDesc, CacheKey, CacheKeyByIdAndIndex, DataType
 from hixl_service.bench.env import Clusters, slot_desc, slots_for, supports
-from hixl_service.bench.model import HIXL, PROBE, Budget, Case, Row, Timing, drive
+from hixl_service.bench.model import HIXL, PROBE, Budget, Case, Row, drive
 
-_OP_METHODS = {"pull": "pull_cache", "push": "push_cache"}
 NOOP, TINY = "hixl-noop", "hixl-tiny"
 
 
@@ -163,6 +162,3 @@ def split(row: Row, noop_p50_us: float | None, tiny_p50_us: float | None) -> Non
     row.control_us = max(0.0, tiny_p50_us - noop_p50_us)
     row.data_us = max(0.0, row.p50_us - tiny_p50_us)
 
-
-def empty_timing() -> Timing:
-    return Timing([], 0.0)

@@ -148,3 +148,21 @@ async def test_block_rules(pair: Pair) -> None:
     await pair.prompt.cache_manager.deallocate_blocks_cache(src)
     status = await daemon_status(pair.prompt_daemon.client_target)
     assert not [c for c in status.caches if c.cluster_id == pair.prompt.cluster_id]
+
+
+async def test_reallocated_blocks_cache_is_found_again(pair: Pair) -> None:
+    """The link remembers resolved caches; a replaced one is resolved afresh."""
+    desc = CacheDesc(2, [8, BLOCK], DataType.DT_UINT8)
+    key = BlocksCacheKey(pair.prompt.cluster_id, 6)
+    dst = await pair.decoder.cache_manager.allocate_blocks_cache(desc)
+    for generation in range(3):
+        src = await pair.prompt.cache_manager.allocate_blocks_cache(desc, key)
+        for i in range(2):
+            src.numpy(i)[...] = generation + 1
+        await pair.decoder.cache_manager.pull_blocks(key, dst, [0, 1], [2, 3])
+        assert (blocks_of(dst, 1)[[2, 3]] == generation + 1).all()
+        await pair.prompt.cache_manager.deallocate_blocks_cache(src)
+    with pytest.raises(LLMException) as info:
+        await pair.decoder.cache_manager.pull_blocks(key, dst, [0], [0])
+    assert info.value.status_code == LLMStatusCode.LLM_KV_CACHE_NOT_EXIST
+    await pair.decoder.cache_manager.deallocate_blocks_cache(dst)
