@@ -31,6 +31,13 @@ def check_tensor_num_per_layer(value: Any) -> int:
 
 
 def check_blocks_list(name: str, blocks: Any) -> list[int]:
+    """A list/tuple of uint64 block indices (TypeError / ValueError as LLM-DataDist)."""
+    check_isinstance(name, blocks, [list, tuple], allow_none=False)
+    # Block tables run to thousands of entries: check them with C-level builtins,
+    # and walk them one by one only to word the error of a bad one.
+    if all(type(b) is int for b in blocks) and (
+            not blocks or (min(blocks) >= 0 and max(blocks) < 2**64)):
+        return list(blocks)
     check_isinstance(name, blocks, [list, tuple], int, allow_none=False)
     check_list_uint64(name, blocks)
     return list(blocks)

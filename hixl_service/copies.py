@@ -12,7 +12,7 @@ from hixl_client.status import LLMException, LLMStatusCode
 
 from .cluster import Cluster
 from .engine import Engine
-from .planning import Layout, plan_blocks, plan_slot_copy
+from .planning import Layout, plan_blocks, plan_slot_copy, total_bytes
 from .pools import Memory
 from .transfers import entry_layout
 
@@ -71,7 +71,7 @@ async def copy_cache(engine: Engine, cluster: Cluster, dst_id: int, src_id: int,
     ranges = plan_slot_copy(entry_layout(src), src_batch, entry_layout(dst), dst_batch,
                             offset, size)
     await engine.deps.copier.copy(dst.memory, src.memory, ranges)
-    return sum(n for _, _, n in ranges)
+    return total_bytes(ranges)
 
 
 async def copy_blocks(engine: Engine, cluster: Cluster, cache_id: int,
@@ -83,7 +83,7 @@ async def copy_blocks(engine: Engine, cluster: Cluster, cache_id: int,
     pairs = [(i, i) for i in range(entry.num_tensors)]
     ranges = plan_blocks(layout, layout, pairs, src_blocks, dst_blocks)
     await engine.deps.copier.copy(entry.memory, entry.memory, ranges)
-    return sum(n for _, _, n in ranges)
+    return total_bytes(ranges)
 
 
 async def swap_blocks(engine: Engine, cluster: Cluster, src_operand: Operand,
@@ -101,4 +101,4 @@ async def swap_blocks(engine: Engine, cluster: Cluster, src_operand: Operand,
     pairs = [(i, i) for i in range(src.layout.num_tensors)]
     ranges = plan_blocks(src.layout, dst.layout, pairs, src_blocks, dst_blocks)
     await engine.deps.copier.copy(dst.memory, src.memory, ranges)
-    return sum(n for _, _, n in ranges)
+    return total_bytes(ranges)

@@ -18,7 +18,14 @@ from .cluster import Cluster
 from .engine import Engine
 from .links import OutboundLink
 from .peer_client import ref_from_proto
-from .planning import Layout, Range, plan_blocks, plan_cache_pull, plan_slot_to_blocks
+from .planning import (
+    Layout,
+    Ranges,
+    as_ranges,
+    plan_blocks,
+    plan_cache_pull,
+    plan_slot_to_blocks,
+)
 from .pools import Memory
 from .registry import CacheEntry
 from .transfers import Peer, entry_layout, find_target
@@ -134,7 +141,7 @@ class LayerwiseTask:
             places = [Place(offset, region_id=region) for region, offset, _ in resolved]
         return Target(index, spec, link, places=places)
 
-    def _address_ranges(self, target: Target, layer: int) -> list[tuple[Place, list[Range]]]:
+    def _address_ranges(self, target: Target, layer: int) -> list[tuple[Place, Ranges]]:
         assert target.places is not None
         src = entry_layout(self.source)
         first = (layer - target.spec.src_layer_start) * TENSORS_PER_LAYER
@@ -160,12 +167,12 @@ class LayerwiseTask:
                                              Layout([place.offset], size * count, count),
                                              [(0, 0)], self._start.dst_blocks)
             else:
-                ranges = [(tensor_start + target.spec.src_batch_index * src.stride,
-                           place.offset, src.stride)]
+                ranges = as_ranges([(tensor_start + target.spec.src_batch_index * src.stride,
+                                     place.offset, src.stride)])
             groups.append((place, ranges))
         return groups
 
-    def _ranges(self, target: Target, layer: int) -> list[Range]:
+    def _ranges(self, target: Target, layer: int) -> Ranges:
         assert target.peer is not None
         dst_layer = target.dst_layer(layer)
         pairs = [(layer * TENSORS_PER_LAYER + k, dst_layer * TENSORS_PER_LAYER + k)

@@ -11,22 +11,21 @@ A link is chosen at link time and never changes silently:
 
 from __future__ import annotations
 
-import array
 import asyncio
 import itertools
 import logging
-from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import hixl_native
+import numpy as np
 
 from hixl_client.status import LLMException, LLMStatusCode
 
 if TYPE_CHECKING:
     from .peer_api import PeerApi, ResolvedCache
-    from .planning import Range
+    from .planning import Ranges
     from .pools import Memory
 
 logger = logging.getLogger(__name__)
@@ -55,6 +54,14 @@ def native_status_error(status: int) -> LLMException:
     code, text = _NATIVE_STATUS.get(status, (LLMStatusCode.LLM_FAILED, "the transfer failed"))
     kind = RegionRefused if status == hixl_native.E_REFUSED else LLMException
     return kind(f"{text} (native status {status})", status_code=code)
+
+
+def _with_region(region_id: int, ranges: Ranges, columns: tuple[int, int, int]) -> Ranges:
+    """The native link's quads (region, remote offset, local offset, length), flat."""
+    quads = np.empty((len(ranges), 4), dtype=np.uint64)
+    quads[:, 0] = region_id
+    quads[:, 1:] = ranges[:, list(columns)]
+    return quads.ravel()
 
 
 class CompletionDispatcher:
@@ -98,10 +105,10 @@ class ExecutorCopier:
     def __init__(self, threads: int) -> None:
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix="hixl-copy")
 
-    async def copy(self, dst: Memory, src: Memory, ranges: Sequence[Range]) -> None:
+    async def copy(self, dst: Memory, src: Memory, ranges: Ranges) -> None:
         """Copy (src, dst, length) ranges from one pool into another."""
         # The native call takes (dst, src, length) triples.
-        triples = array.array("Q", [v for s, d, n in ranges for v in (d, s, n)])
+        triples = np.ascontiguousarray(ranges[:, [1, 0, 2]]).ravel()
         loop = asyncio.get_running_loop()
         job = loop.run_in_executor(self._executor, hixl_native.copy_ranges,
                                    dst.native, src.native, triples)
@@ -140,19 +147,19 @@ class OutboundLink:
         return self.data.streams if self.data is not None else 0
 
     async def read(self, dispatcher: CompletionDispatcher, dst: Memory,
-                   region_id: int, ranges: Sequence[Range], timeout_ms: int) -> None:
+                   region_id: int, ranges: Ranges, timeout_ms: int) -> None:
         """Move (remote offset, pool offset, length) ranges into ``dst``; raise on failure."""
-        quads = array.array("Q", [v for s, d, n in ranges for v in (region_id, s, d, n)])
+        quads = _with_region(region_id, ranges, (0, 1, 2))
         await self._transfer(dispatcher, "read", dst, quads, timeout_ms)
 
     async def write(self, dispatcher: CompletionDispatcher, src: Memory,
-                    region_id: int, ranges: Sequence[Range], timeout_ms: int) -> None:
+                    region_id: int, ranges: Ranges, timeout_ms: int) -> None:
         """Move (pool offset, remote offset, length) ranges out of ``src``; raise on failure."""
-        quads = array.array("Q", [v for s, d, n in ranges for v in (region_id, d, s, n)])
+        quads = _with_region(region_id, ranges, (1, 0, 2))
         await self._transfer(dispatcher, "write", src, quads, timeout_ms)
 
     async def _transfer(self, dispatcher: CompletionDispatcher, op: str, local: Memory,
-                        quads: array.array[int], timeout_ms: int) -> None:
+                        quads: Ranges, timeout_ms: int) -> None:
         assert self.data is not None
         if not self.data.alive:
             raise LLMException(

@@ -22,11 +22,12 @@ from .links import OutboundLink, RegionRefused
 from .peer_api import BlocksRef, CacheRefSpec, IdRef, KeyRef
 from .planning import (
     Layout,
-    Range,
+    Ranges,
     plan_blocks,
     plan_cache_pull,
     plan_slot_to_blocks,
     tensor_pairs,
+    total_bytes,
 )
 from .pools import Memory
 from .registry import CacheEntry
@@ -153,7 +154,7 @@ def _remaining_ms(cluster: Cluster, deadline: float) -> int:
     return remaining
 
 
-def plan_pull(source: Peer, dst: CacheEntry, spec: PullSpec) -> tuple[list[Range], int]:
+def plan_pull(source: Peer, dst: CacheEntry, spec: PullSpec) -> tuple[Ranges, int]:
     """Ranges (source offset, destination pool offset, length) and the bytes they move."""
     if dst.blocks != spec.blocks:
         raise _invalid("pull_blocks needs a blocks destination cache" if spec.blocks
@@ -177,7 +178,7 @@ def plan_pull(source: Peer, dst: CacheEntry, spec: PullSpec) -> tuple[list[Range
             raise _invalid("a blocks source needs src_blocks")
         ranges = plan_slot_to_blocks(source.layout, source.batch_index, dst_layout, pairs,
                                      spec.dst_blocks)
-    return ranges, sum(n for _, _, n in ranges)
+    return ranges, total_bytes(ranges)
 
 
 async def pull(engine: Engine, cluster: Cluster, spec: PullSpec) -> tuple[int, str]:
@@ -217,7 +218,7 @@ async def _release_key(engine: Engine, link: OutboundLink, ref: KeyRef,
                        ref.key, ref.cluster_id, exc)
 
 
-def plan_push(src: CacheEntry, target: Peer, spec: PushSpec) -> list[Range]:
+def plan_push(src: CacheEntry, target: Peer, spec: PushSpec) -> Ranges:
     """Ranges (local source offset, target offset, length)."""
     if not target.writable:
         raise _invalid("the destination cache is not remote-accessible; its cluster must "
@@ -251,6 +252,6 @@ async def push(engine: Engine, cluster: Cluster, spec: PushSpec) -> tuple[int, s
         else:
             await link.write(engine.deps.dispatcher, src.memory, target.region_id, ranges,
                              _remaining_ms(cluster, deadline))
-        return sum(n for _, _, n in ranges)
+        return total_bytes(ranges)
 
     return await _retrying_stale(engine, cluster, link, spec.dst, deadline, move), link.transport

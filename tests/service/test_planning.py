@@ -5,7 +5,16 @@ from __future__ import annotations
 import pytest
 
 from hixl_client.status import LLMException, LLMStatusCode
-from hixl_service.planning import Layout, merge_ranges, plan_cache_pull, tensor_pairs
+from hixl_service.planning import (
+    Layout,
+    as_ranges,
+    block_runs,
+    merge_ranges,
+    plan_blocks,
+    plan_cache_pull,
+    plan_slot_to_blocks,
+    tensor_pairs,
+)
 
 
 def layout(num_tensors: int, tensor_size: int, batch_size: int, base: int = 0) -> Layout:
@@ -16,7 +25,7 @@ def test_whole_cache_pull_merges_into_one_range() -> None:
     src, dst = layout(4, 1024, 1), layout(4, 1024, 1, base=1 << 20)
     pairs = tensor_pairs(src, dst, [], [], 2)
     ranges, length = plan_cache_pull(src, 0, dst, 0, -1, pairs)
-    assert ranges == [(0, 1 << 20, 4096)] and length == 1024
+    assert ranges.tolist() == [[0, 1 << 20, 4096]] and length == 1024
 
 
 def test_batch_slots_and_size_select_part_of_each_tensor() -> None:
@@ -24,7 +33,7 @@ def test_batch_slots_and_size_select_part_of_each_tensor() -> None:
     pairs = tensor_pairs(src, dst, [], [], 2)
     ranges, length = plan_cache_pull(src, 1, dst, 3, 100, pairs)
     assert length == 100
-    assert ranges == [(256, 3 * 256, 100), (1024 + 256, 2048 + 3 * 256, 100)]
+    assert ranges.tolist() == [[256, 3 * 256, 100], [1024 + 256, 2048 + 3 * 256, 100]]
 
 
 def test_layer_indices_pair_source_and_destination_tensors() -> None:
@@ -32,7 +41,7 @@ def test_layer_indices_pair_source_and_destination_tensors() -> None:
     pairs = tensor_pairs(src, dst, [4, 5, 6, 7], [0, 1, 2, 3], 2)
     assert pairs == [(4, 0), (5, 1), (6, 2), (7, 3)]
     ranges, _ = plan_cache_pull(src, 0, dst, 0, -1, pairs)
-    assert ranges == [(4 * 64, 4096, 256)]
+    assert ranges.tolist() == [[4 * 64, 4096, 256]]
 
 
 @pytest.mark.parametrize(
@@ -59,4 +68,27 @@ def test_invalid_slots_and_sizes(src_batch: int, dst_batch: int, size: int) -> N
 
 
 def test_merge_keeps_gaps_apart() -> None:
-    assert merge_ranges([(0, 0, 4), (4, 4, 4), (16, 8, 4), (20, 12, 0)]) == [(0, 0, 8), (16, 8, 4)]
+    merged = merge_ranges(as_ranges([(0, 0, 4), (4, 4, 4), (16, 8, 4), (20, 12, 0)]))
+    assert merged.tolist() == [[0, 0, 8], [16, 8, 4]]
+
+
+def test_block_runs_merge_neighbours_on_both_sides() -> None:
+    runs = block_runs([0, 1, 2, 10, 20, 21, 5], [5, 6, 7, 0, 30, 31, 1])
+    assert runs.tolist() == [[0, 5, 3], [10, 0, 1], [20, 30, 2], [5, 1, 1]]
+
+
+def test_plan_blocks_spreads_runs_over_tensors_and_merges_them() -> None:
+    src, dst = layout(2, 8 * 64, 8), layout(2, 8 * 64, 8, base=1 << 16)
+    ranges = plan_blocks(src, dst, [(0, 0), (1, 1)], [0, 1, 6], [2, 3, 0])
+    assert ranges.tolist() == [[0, (1 << 16) + 128, 128], [384, 1 << 16, 64],
+                               [512, (1 << 16) + 512 + 128, 128], [512 + 384, (1 << 16) + 512, 64]]
+    whole = plan_blocks(src, dst, [(0, 0), (1, 1)], list(range(8)), list(range(8)))
+    assert whole.tolist() == [[0, 1 << 16, 1024]]  # both tensors are contiguous too
+
+
+def test_plan_slot_to_blocks() -> None:
+    src, dst = layout(1, 4 * 256, 1), layout(1, 8 * 128, 8, base=4096)
+    ranges = plan_slot_to_blocks(src, 0, dst, [(0, 0)], [3, 4, 0])
+    assert ranges.tolist() == [[0, 4096 + 3 * 128, 256], [256, 4096, 128]]
+    with pytest.raises(LLMException):
+        plan_slot_to_blocks(src, 0, dst, [(0, 0)], list(range(8)) + [0])  # beyond the slot
