@@ -13,12 +13,21 @@ layers had already reached the decoder while a later one was being computed.
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
 
 import numpy as np
 import uvloop
+from _common import (
+    DECODE_CLUSTER,
+    PROMPT_CLUSTER,
+    add_head_args,
+    engine_options,
+    example_parser,
+    fill_random,
+    link_info,
+    slot_bytes,
+    two_daemons,
+)
 
 from hixl_client import (
     Cache,
@@ -26,39 +35,13 @@ from hixl_client import (
     CacheKeyByIdAndIndex,
     DataType,
     LayerSynchronizer,
-    LLMClusterInfo,
-    LLMConfig,
     LLMDataDist,
     LLMRole,
     LLMStatusCode,
     TransferWithCacheKeyConfig,
 )
-from hixl_service.testing import DaemonProcess, start_daemon
 
-PROMPT_CLUSTER, DECODE_CLUSTER, SLOT = 1, 2, 1
-
-
-def engine_options(pool_bytes: int) -> dict[str, str]:
-    config = LLMConfig()
-    config.enable_cache_manager = True
-    config.enable_remote_cache_accessible = True  # layer-wise transfers write remote caches
-    config.mem_pool_cfg = json.dumps({"memory_size": pool_bytes})
-    config.sync_kv_timeout = 10000
-    return config.generate_options()
-
-
-def link_info(remote_cluster_id: int, remote: DaemonProcess) -> LLMClusterInfo:
-    host, port = remote.peer_address.rsplit(":", 1)
-    info = LLMClusterInfo()
-    info.remote_cluster_id = remote_cluster_id
-    info.append_local_ip_info("127.0.0.1", 0)
-    info.append_remote_ip_info(host, int(port))
-    return info
-
-
-def slot_bytes(cache: Cache, tensor: int, slot: int) -> bytes:
-    per_slot = cache.cache_desc.size // cache.cache_desc.shape[0]
-    return bytes(cache.tensor_view(tensor)[slot * per_slot:(slot + 1) * per_slot])
+SLOT = 1
 
 
 class ForwardPass(LayerSynchronizer):
@@ -75,9 +58,8 @@ class ForwardPass(LayerSynchronizer):
 
     def synchronize_layer(self, layer_index: int, timeout_in_millis: int | None) -> bool:
         time.sleep(self.layer_s)  # the layer's attention and MLP
-        for tensor in (2 * layer_index, 2 * layer_index + 1):  # its K and V
-            view = np.frombuffer(self.src.tensor_view(tensor), dtype=np.uint8)
-            view[:] = self.rng.integers(0, 256, view.size, dtype=np.uint8)
+        # Its K and V land in the source cache once the layer is computed.
+        fill_random(self.src, self.rng, tensors=(2 * layer_index, 2 * layer_index + 1))
         # Both clusters live in this process, so we can peek at the decoder's
         # memory: did the previous layer arrive while this one was computed?
         previous = 2 * layer_index - 1
@@ -92,17 +74,18 @@ async def run(layers: int, tokens: int, kv_heads: int, head_dim: int, layer_ms: 
     src_desc = CacheDesc(2 * layers, [1, tokens, kv_heads, head_dim], DataType.DT_FLOAT16)
     dst_desc = CacheDesc(2 * layers, [2, tokens, kv_heads, head_dim], DataType.DT_FLOAT16)
     pool = dst_desc.size * dst_desc.num_tensors + (4 << 20)
-    async with start_daemon(pool__max_bytes=pool + (8 << 20)) as prefill_daemon, \
-            start_daemon(pool__max_bytes=pool + (8 << 20)) as decode_daemon, \
+    # Layer-wise transfers write remote caches.
+    options = engine_options(pool, remote_cache_accessible=True)
+    async with two_daemons(pool + (8 << 20)) as (prefill_daemon, decode_daemon), \
             LLMDataDist(LLMRole.PROMPT, PROMPT_CLUSTER,
                         daemon=prefill_daemon.client_target) as prompt, \
             LLMDataDist(LLMRole.DECODER, DECODE_CLUSTER,
                         daemon=decode_daemon.client_target) as decoder:
-        await prompt.init(engine_options(pool))
-        await decoder.init(engine_options(pool))
+        await prompt.init(options)
+        await decoder.init(options)
         dst = await decoder.cache_manager.allocate_cache(dst_desc)  # the decoder's batch
         status, per_cluster = await prompt.link_clusters(  # the sender links
-            [link_info(DECODE_CLUSTER, decode_daemon)], timeout=5000)
+            [link_info(DECODE_CLUSTER, decode_daemon.peer_address)], timeout=5000)
         assert status == LLMStatusCode.LLM_SUCCESS, per_cluster
         src = await prompt.cache_manager.allocate_cache(src_desc)
 
@@ -137,17 +120,16 @@ async def run(layers: int, tokens: int, kv_heads: int, head_dim: int, layer_ms: 
               f"then {(ended - forward.finished_at) * 1e3:.1f} ms until the last layer "
               f"landed (pushing the whole cache after the pass: {push_s * 1e3:.1f} ms)")
         await prompt.cache_manager.deallocate_cache(src)
-        await prompt.unlink_clusters([link_info(DECODE_CLUSTER, decode_daemon)], timeout=5000)
+        await prompt.unlink_clusters([link_info(DECODE_CLUSTER, decode_daemon.peer_address)],
+                                     timeout=5000)
         await decoder.cache_manager.deallocate_cache(dst)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = example_parser(__doc__)
     parser.add_argument("--layers", type=int, default=8, help="model layers (K and V each)")
     parser.add_argument("--tokens", type=int, default=128, help="prompt length")
-    parser.add_argument("--kv-heads", type=int, default=8)
-    parser.add_argument("--head-dim", type=int, default=128)
+    add_head_args(parser, kv_heads=8)
     parser.add_argument("--layer-ms", type=float, default=15.0,
                         help="simulated compute time per layer")
     args = parser.parse_args()

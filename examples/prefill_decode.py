@@ -11,38 +11,31 @@ side over the TCP data plane, verifies every byte and prints the throughput.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import statistics
 import time
 
 import numpy as np
 import uvloop
+from _common import (
+    DECODE_CLUSTER,
+    PROMPT_CLUSTER,
+    add_head_args,
+    engine_options,
+    example_parser,
+    link_info,
+    two_daemons,
+)
 
 from hixl_client import (
     CacheDesc,
     CacheKey,
     CacheKeyByIdAndIndex,
     DataType,
-    LLMClusterInfo,
-    LLMConfig,
     LLMDataDist,
     LLMRole,
     LLMStatusCode,
 )
-from hixl_service.testing import start_daemon
-
-PROMPT_CLUSTER, DECODE_CLUSTER = 1, 2
-
-
-def engine_options(pool_bytes: int) -> dict[str, str]:
-    config = LLMConfig()
-    config.device_id = 0
-    config.enable_cache_manager = True
-    config.mem_pool_cfg = json.dumps({"memory_size": pool_bytes})
-    config.sync_kv_timeout = 30000
-    return dict(config.generate_options())
 
 
 async def run(layers: int, tokens: int, kv_heads: int, head_dim: int, repeats: int) -> None:
@@ -51,15 +44,16 @@ async def run(layers: int, tokens: int, kv_heads: int, head_dim: int, repeats: i
     pool_bytes = total + (64 << 20)
     print(f"KV cache: {layers} layers x (K, V) of {[1, tokens, kv_heads, head_dim]} fp16 "
           f"= {total / 2**20:.0f} MiB")
-    async with start_daemon() as prefill_daemon, start_daemon() as decode_daemon:
+    options = engine_options(pool_bytes, device_id=0, sync_kv_timeout=30000)
+    async with two_daemons() as (prefill_daemon, decode_daemon):  # the embedded defaults
         print(f"prefill daemon {prefill_daemon.daemon_id} peers at {prefill_daemon.peer_address}")
         print(f"decode daemon  {decode_daemon.daemon_id} peers at {decode_daemon.peer_address}")
         async with LLMDataDist(LLMRole.PROMPT, PROMPT_CLUSTER,
                                daemon=prefill_daemon.client_target) as prompt, \
                 LLMDataDist(LLMRole.DECODER, DECODE_CLUSTER,
                             daemon=decode_daemon.client_target) as decoder:
-            await prompt.init(engine_options(pool_bytes))
-            await decoder.init(engine_options(pool_bytes))
+            await prompt.init(options)
+            await decoder.init(options)
 
             key = CacheKey(PROMPT_CLUSTER, req_id=1)
             src = await prompt.cache_manager.allocate_cache(desc, [key])
@@ -69,11 +63,7 @@ async def run(layers: int, tokens: int, kv_heads: int, head_dim: int, repeats: i
                 view[:] = rng.integers(0, 2**63, view.size, dtype=np.uint64)
             dst = await decoder.cache_manager.allocate_cache(desc)
 
-            info = LLMClusterInfo()
-            info.remote_cluster_id = PROMPT_CLUSTER
-            host, port = prefill_daemon.peer_address.rsplit(":", 1)
-            info.append_local_ip_info("127.0.0.1", 0)
-            info.append_remote_ip_info(host, int(port))
+            info = link_info(PROMPT_CLUSTER, prefill_daemon.peer_address)
             status, _ = await decoder.link_clusters([info], timeout=5000)
             assert status == LLMStatusCode.LLM_SUCCESS, status
 
@@ -99,12 +89,10 @@ async def run(layers: int, tokens: int, kv_heads: int, head_dim: int, repeats: i
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = example_parser(__doc__)
     parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=2048)
-    parser.add_argument("--kv-heads", type=int, default=8)
-    parser.add_argument("--head-dim", type=int, default=128)
+    add_head_args(parser, kv_heads=8)
     parser.add_argument("--repeats", type=int, default=4)
     parser.add_argument("--no-uvloop", action="store_true", help="use asyncio's default loop")
     args = parser.parse_args()

@@ -13,51 +13,33 @@ instead: the decoder scatters that slot into its blocks with the same call.
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
 
 import numpy as np
 import uvloop
+from _common import (
+    DECODE_CLUSTER,
+    PROMPT_CLUSTER,
+    add_head_args,
+    blocks,
+    engine_options,
+    example_parser,
+    fill_random,
+    link_info,
+    two_daemons,
+)
 
 from hixl_client import (
     BlocksCacheKey,
-    Cache,
     CacheDesc,
     CacheKey,
     DataType,
-    LLMClusterInfo,
-    LLMConfig,
     LLMDataDist,
     LLMRole,
     LLMStatusCode,
 )
-from hixl_service.testing import DaemonProcess, start_daemon
 
-PROMPT_CLUSTER, DECODE_CLUSTER, MODEL_ID = 1, 2, 0
-
-
-def engine_options(pool_bytes: int) -> dict[str, str]:
-    config = LLMConfig()
-    config.enable_cache_manager = True
-    config.mem_pool_cfg = json.dumps({"memory_size": pool_bytes})
-    config.sync_kv_timeout = 10000
-    return config.generate_options()
-
-
-def link_info(remote_cluster_id: int, remote: DaemonProcess) -> LLMClusterInfo:
-    host, port = remote.peer_address.rsplit(":", 1)
-    info = LLMClusterInfo()
-    info.remote_cluster_id = remote_cluster_id
-    info.append_local_ip_info("127.0.0.1", 0)
-    info.append_remote_ip_info(host, int(port))
-    return info
-
-
-def blocks(cache: Cache, tensor: int) -> np.ndarray:
-    """Tensor ``tensor`` as raw bytes, one row per block (or per batch slot)."""
-    return np.frombuffer(cache.tensor_view(tensor), np.uint8).reshape(
-        cache.cache_desc.shape[0], -1)
+MODEL_ID = 0
 
 
 async def run(requests: int, prompt_tokens: int, layers: int, block_tokens: int,
@@ -72,8 +54,7 @@ async def run(requests: int, prompt_tokens: int, layers: int, block_tokens: int,
                           DataType.DT_FLOAT16)  # one continuous slot of the same length
     pool = (desc.size + slot_desc.size) * desc.num_tensors + (4 << 20)
     rng = np.random.default_rng(3)
-    async with start_daemon(pool__max_bytes=pool + (8 << 20)) as prefill_daemon, \
-            start_daemon(pool__max_bytes=pool + (8 << 20)) as decode_daemon, \
+    async with two_daemons(pool + (8 << 20)) as (prefill_daemon, decode_daemon), \
             LLMDataDist(LLMRole.PROMPT, PROMPT_CLUSTER,
                         daemon=prefill_daemon.client_target) as prompt, \
             LLMDataDist(LLMRole.DECODER, DECODE_CLUSTER,
@@ -85,13 +66,13 @@ async def run(requests: int, prompt_tokens: int, layers: int, block_tokens: int,
             desc, BlocksCacheKey(PROMPT_CLUSTER, model_id=MODEL_ID))
         unpaged_key = CacheKey(PROMPT_CLUSTER, req_id=77)
         unpaged = await prompt.cache_manager.allocate_cache(slot_desc, [unpaged_key])
-        for view in (blocks(c, i) for c in (src, unpaged) for i in range(desc.num_tensors)):
-            view[...] = rng.integers(0, 256, view.shape, dtype=np.uint8)  # "prefill"
+        fill_random(src, rng)  # "prefill"
+        fill_random(unpaged, rng)
 
         dst = await decoder.cache_manager.allocate_blocks_cache(desc)  # no key: pulled into
         before = [blocks(dst, i).copy() for i in range(desc.num_tensors)]
         status, per_cluster = await decoder.link_clusters(
-            [link_info(PROMPT_CLUSTER, prefill_daemon)], timeout=5000)
+            [link_info(PROMPT_CLUSTER, prefill_daemon.peer_address)], timeout=5000)
         assert status == LLMStatusCode.LLM_SUCCESS, per_cluster
 
         # Each side's block allocator hands out blocks in its own order.
@@ -135,15 +116,13 @@ async def run(requests: int, prompt_tokens: int, layers: int, block_tokens: int,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = example_parser(__doc__)
     parser.add_argument("--requests", type=int, default=3, help="paged requests to pull")
     parser.add_argument("--prompt-tokens", type=int, default=100, help="tokens per request")
     parser.add_argument("--layers", type=int, default=4, help="model layers (K and V each)")
     parser.add_argument("--block-tokens", type=int, default=16, help="tokens per block")
     parser.add_argument("--num-blocks", type=int, default=64, help="blocks per tensor")
-    parser.add_argument("--kv-heads", type=int, default=4)
-    parser.add_argument("--head-dim", type=int, default=128)
+    add_head_args(parser, kv_heads=4)
     args = parser.parse_args()
     uvloop.run(run(args.requests, args.prompt_tokens, args.layers, args.block_tokens,
                    args.num_blocks, args.kv_heads, args.head_dim))

@@ -13,45 +13,30 @@ on the first layers early would do.
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
 
 import numpy as np
 import uvloop
+from _common import (
+    DECODE_CLUSTER,
+    PROMPT_CLUSTER,
+    add_head_args,
+    engine_options,
+    example_parser,
+    fill_random,
+    link_info,
+    two_daemons,
+)
 
 from hixl_client import (
     CacheDesc,
     CacheKey,
     DataType,
-    LLMClusterInfo,
-    LLMConfig,
     LLMDataDist,
     LLMException,
     LLMRole,
     LLMStatusCode,
 )
-from hixl_service.testing import DaemonProcess, start_daemon
-
-PROMPT_CLUSTER, DECODE_CLUSTER = 1, 2
-
-
-def engine_options(pool_bytes: int) -> dict[str, str]:
-    config = LLMConfig()
-    config.enable_cache_manager = True
-    # 1 KiB pages: the pool holds what the example sizes it for, give or take a page
-    config.mem_pool_cfg = json.dumps({"memory_size": pool_bytes, "page_shift": 10})
-    config.sync_kv_timeout = 10000  # ms: bounds every pull
-    return config.generate_options()
-
-
-def link_info(remote_cluster_id: int, remote: DaemonProcess) -> LLMClusterInfo:
-    host, port = remote.peer_address.rsplit(":", 1)
-    info = LLMClusterInfo()
-    info.remote_cluster_id = remote_cluster_id
-    info.append_local_ip_info("127.0.0.1", 0)
-    info.append_remote_ip_info(host, int(port))  # the daemon that holds that cluster
-    return info
 
 
 async def run(requests: int, layers: int, tokens: int, kv_heads: int, head_dim: int) -> None:
@@ -59,22 +44,21 @@ async def run(requests: int, layers: int, tokens: int, kv_heads: int, head_dim: 
     desc = CacheDesc(2 * layers, [requests, tokens, kv_heads, head_dim], DataType.DT_FLOAT16)
     total = desc.size * desc.num_tensors
     pool = total * 3 // 2  # room for one batch, not two
-    async with start_daemon(pool__max_bytes=pool + (8 << 20)) as prefill_daemon, \
-            start_daemon(pool__max_bytes=pool + (8 << 20)) as decode_daemon, \
+    # 1 KiB pages: the pool holds what the example sizes it for, give or take a page
+    options = engine_options(pool, page_shift=10)
+    async with two_daemons(pool + (8 << 20)) as (prefill_daemon, decode_daemon), \
             LLMDataDist(LLMRole.PROMPT, PROMPT_CLUSTER,
                         daemon=prefill_daemon.client_target) as prompt, \
             LLMDataDist(LLMRole.DECODER, DECODE_CLUSTER,
                         daemon=decode_daemon.client_target) as decoder:
-        await prompt.init(engine_options(pool))
-        await decoder.init(engine_options(pool))
+        await prompt.init(options)
+        await decoder.init(options)
 
         # The i-th key binds batch slot i; req ids are whatever the router uses.
         keys = [CacheKey(PROMPT_CLUSTER, req_id=1000 + i) for i in range(requests)]
         src = await prompt.cache_manager.allocate_cache(desc, keys)
-        rng = np.random.default_rng(1)
-        for i in range(desc.num_tensors):  # "prefill": the model writes K/V into the pool
-            view = np.frombuffer(src.tensor_view(i), dtype=np.uint16)
-            view[:] = rng.integers(0, 2**16, view.size, dtype=np.uint16)
+        # "prefill": the model writes K/V into the pool
+        fill_random(src, np.random.default_rng(1), np.uint16)
         expected = [src.numpy(i).copy() for i in range(desc.num_tensors)]
         # The prefill side is done with the batch. Deallocating drops only its own
         # reference: each key keeps the memory alive until its request is pulled.
@@ -87,7 +71,7 @@ async def run(requests: int, layers: int, tokens: int, kv_heads: int, head_dim: 
 
         # Linking is one-sided: the side that pulls links to the side that holds.
         status, per_cluster = await decoder.link_clusters(
-            [link_info(PROMPT_CLUSTER, prefill_daemon)], timeout=5000)
+            [link_info(PROMPT_CLUSTER, prefill_daemon.peer_address)], timeout=5000)
         assert status == LLMStatusCode.LLM_SUCCESS, per_cluster
 
         dst = await decoder.cache_manager.allocate_cache(desc)
@@ -125,17 +109,16 @@ async def run(requests: int, layers: int, tokens: int, kv_heads: int, head_dim: 
               f"({total / elapsed / 1e9:.2f} GB/s); request 0 in {len(parts)} layer range(s); "
               f"pulling a key again: {gone}; the prefill pool was freed by the pulls")
         await decoder.cache_manager.deallocate_cache(dst)
-        await decoder.unlink_clusters([link_info(PROMPT_CLUSTER, prefill_daemon)], timeout=5000)
+        await decoder.unlink_clusters([link_info(PROMPT_CLUSTER, prefill_daemon.peer_address)],
+                                      timeout=5000)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = example_parser(__doc__)
     parser.add_argument("--requests", type=int, default=4, help="prompts in the prefill batch")
     parser.add_argument("--layers", type=int, default=4, help="model layers (K and V each)")
     parser.add_argument("--tokens", type=int, default=128, help="prompt length")
-    parser.add_argument("--kv-heads", type=int, default=8)
-    parser.add_argument("--head-dim", type=int, default=128)
+    add_head_args(parser, kv_heads=8)
     args = parser.parse_args()
     if args.requests * args.tokens * args.kv_heads * args.head_dim < 2048:
         parser.error("each K/V tensor should hold at least 4 KiB (2048 fp16 values)")

@@ -12,51 +12,32 @@ second request pushes only the blocks the decoder does not hold yet.
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
 
 import numpy as np
 import uvloop
+from _common import (
+    DECODE_CLUSTER,
+    PROMPT_CLUSTER,
+    add_head_args,
+    blocks,
+    engine_options,
+    example_parser,
+    fill_random,
+    link_info,
+    two_daemons,
+)
 
 from hixl_client import (
     BlocksCacheKey,
-    Cache,
     CacheDesc,
     DataType,
-    LLMClusterInfo,
-    LLMConfig,
     LLMDataDist,
     LLMRole,
     LLMStatusCode,
 )
-from hixl_service.testing import DaemonProcess, start_daemon
 
-PROMPT_CLUSTER, DECODE_CLUSTER, MODEL_ID = 1, 2, 0
-
-
-def engine_options(pool_bytes: int) -> dict[str, str]:
-    config = LLMConfig()
-    config.enable_cache_manager = True
-    config.enable_remote_cache_accessible = True  # peers may write into our caches
-    config.mem_pool_cfg = json.dumps({"memory_size": pool_bytes})
-    config.sync_kv_timeout = 10000
-    return config.generate_options()
-
-
-def link_info(remote_cluster_id: int, remote: DaemonProcess) -> LLMClusterInfo:
-    host, port = remote.peer_address.rsplit(":", 1)
-    info = LLMClusterInfo()
-    info.remote_cluster_id = remote_cluster_id
-    info.append_local_ip_info("127.0.0.1", 0)
-    info.append_remote_ip_info(host, int(port))
-    return info
-
-
-def blocks(cache: Cache, tensor: int) -> np.ndarray:
-    """Tensor ``tensor`` as raw bytes, one row per block."""
-    return np.frombuffer(cache.tensor_view(tensor), np.uint8).reshape(
-        cache.cache_desc.shape[0], -1)
+MODEL_ID = 0
 
 
 async def run(prompt_tokens: int, shared_tokens: int, layers: int, block_tokens: int,
@@ -69,27 +50,25 @@ async def run(prompt_tokens: int, shared_tokens: int, layers: int, block_tokens:
                      DataType.DT_FLOAT16)
     pool = desc.size * desc.num_tensors + (4 << 20)
     rng = np.random.default_rng(5)
-    async with start_daemon(pool__max_bytes=pool + (8 << 20)) as prefill_daemon, \
-            start_daemon(pool__max_bytes=pool + (8 << 20)) as decode_daemon, \
+    options = engine_options(pool, remote_cache_accessible=True)  # peers may write into our caches
+    async with two_daemons(pool + (8 << 20)) as (prefill_daemon, decode_daemon), \
             LLMDataDist(LLMRole.PROMPT, PROMPT_CLUSTER,
                         daemon=prefill_daemon.client_target) as prompt, \
             LLMDataDist(LLMRole.DECODER, DECODE_CLUSTER,
                         daemon=decode_daemon.client_target) as decoder:
-        await prompt.init(engine_options(pool))
-        await decoder.init(engine_options(pool))
+        await prompt.init(options)
+        await decoder.init(options)
         # The key is how pushers find this cache: (decode cluster, model id).
         dst = await decoder.cache_manager.allocate_blocks_cache(
             desc, BlocksCacheKey(DECODE_CLUSTER, model_id=MODEL_ID))
         before = [blocks(dst, i).copy() for i in range(desc.num_tensors)]
         # The writer links to the cluster whose memory it writes.
         status, per_cluster = await prompt.link_clusters(
-            [link_info(DECODE_CLUSTER, decode_daemon)], timeout=5000)
+            [link_info(DECODE_CLUSTER, decode_daemon.peer_address)], timeout=5000)
         assert status == LLMStatusCode.LLM_SUCCESS, per_cluster
 
         src = await prompt.cache_manager.allocate_blocks_cache(desc)  # pushed from, no key
-        for i in range(desc.num_tensors):  # "prefill" of both requests' blocks
-            view = blocks(src, i)
-            view[...] = rng.integers(0, 256, view.shape, dtype=np.uint8)
+        fill_random(src, rng)  # "prefill" of both requests' blocks
 
         # Block tables: request 1 starts with request 0's prefix blocks on each side.
         prompt_free = [int(b) for b in rng.permutation(num_blocks)]
@@ -125,21 +104,20 @@ async def run(prompt_tokens: int, shared_tokens: int, layers: int, block_tokens:
         print(f"push_blocks over tcp: {per_request + fresh} blocks of {block_bytes // 1024} KiB "
               f"({pushed / 2**20:.1f} MiB) in {elapsed * 1e3:.1f} ms")
         await prompt.cache_manager.deallocate_blocks_cache(src)
-        await prompt.unlink_clusters([link_info(DECODE_CLUSTER, decode_daemon)], timeout=5000)
+        await prompt.unlink_clusters([link_info(DECODE_CLUSTER, decode_daemon.peer_address)],
+                                     timeout=5000)
         await decoder.cache_manager.deallocate_blocks_cache(dst)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = example_parser(__doc__)
     parser.add_argument("--prompt-tokens", type=int, default=128, help="tokens per request")
     parser.add_argument("--shared-tokens", type=int, default=64,
                         help="prompt prefix the two requests share")
     parser.add_argument("--layers", type=int, default=4, help="model layers (K and V each)")
     parser.add_argument("--block-tokens", type=int, default=16, help="tokens per block")
     parser.add_argument("--num-blocks", type=int, default=64, help="blocks per tensor")
-    parser.add_argument("--kv-heads", type=int, default=4)
-    parser.add_argument("--head-dim", type=int, default=128)
+    add_head_args(parser, kv_heads=4)
     args = parser.parse_args()
     uvloop.run(run(args.prompt_tokens, args.shared_tokens, args.layers, args.block_tokens,
                    args.num_blocks, args.kv_heads, args.head_dim))

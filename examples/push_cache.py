@@ -12,52 +12,30 @@ links to the receiving one, and addresses caches by id (``CacheKeyByIdAndIndex``
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
 
 import numpy as np
 import uvloop
+from _common import (
+    DECODE_CLUSTER,
+    PROMPT_CLUSTER,
+    add_head_args,
+    engine_options,
+    example_parser,
+    fill_random,
+    link_info,
+    slot_bytes,
+    two_daemons,
+)
 
 from hixl_client import (
-    Cache,
     CacheDesc,
     CacheKeyByIdAndIndex,
     DataType,
-    LLMClusterInfo,
-    LLMConfig,
     LLMDataDist,
     LLMRole,
     LLMStatusCode,
 )
-from hixl_service.testing import DaemonProcess, start_daemon
-
-PROMPT_CLUSTER, DECODE_CLUSTER = 1, 2
-
-
-def engine_options(pool_bytes: int) -> dict[str, str]:
-    config = LLMConfig()
-    config.enable_cache_manager = True
-    # Lets linked peers write into this cluster's caches; keys then go by cache id.
-    config.enable_remote_cache_accessible = True
-    config.mem_pool_cfg = json.dumps({"memory_size": pool_bytes})
-    config.sync_kv_timeout = 10000
-    return config.generate_options()
-
-
-def link_info(remote_cluster_id: int, remote: DaemonProcess) -> LLMClusterInfo:
-    host, port = remote.peer_address.rsplit(":", 1)
-    info = LLMClusterInfo()
-    info.remote_cluster_id = remote_cluster_id
-    info.append_local_ip_info("127.0.0.1", 0)
-    info.append_remote_ip_info(host, int(port))
-    return info
-
-
-def slot_bytes(cache: Cache, tensor: int, slot: int) -> bytes:
-    """Batch slot ``slot`` of tensor ``tensor``, byte for byte (NaN-safe, unlike ==)."""
-    per_slot = cache.cache_desc.size // cache.cache_desc.shape[0]
-    return bytes(cache.tensor_view(tensor)[slot * per_slot:(slot + 1) * per_slot])
 
 
 async def run(requests: int, layers: int, tokens: int, kv_heads: int, head_dim: int) -> None:
@@ -67,14 +45,15 @@ async def run(requests: int, layers: int, tokens: int, kv_heads: int, head_dim: 
     decode_desc = CacheDesc(2 * layers, [requests + 1, tokens, kv_heads, head_dim],
                             DataType.DT_FLOAT16)
     pool = decode_desc.size * decode_desc.num_tensors + (4 << 20)
-    async with start_daemon(pool__max_bytes=pool + (8 << 20)) as prefill_daemon, \
-            start_daemon(pool__max_bytes=pool + (8 << 20)) as decode_daemon, \
+    # Lets linked peers write into this cluster's caches; keys then go by cache id.
+    options = engine_options(pool, remote_cache_accessible=True)
+    async with two_daemons(pool + (8 << 20)) as (prefill_daemon, decode_daemon), \
             LLMDataDist(LLMRole.PROMPT, PROMPT_CLUSTER,
                         daemon=prefill_daemon.client_target) as prompt, \
             LLMDataDist(LLMRole.DECODER, DECODE_CLUSTER,
                         daemon=decode_daemon.client_target) as decoder:
-        await prompt.init(engine_options(pool))
-        await decoder.init(engine_options(pool))
+        await prompt.init(options)
+        await decoder.init(options)
         dst = await decoder.cache_manager.allocate_cache(decode_desc)
         before = [slot_bytes(dst, i, 0) for i in range(decode_desc.num_tensors)]
         # The scheduler's message to the prefill side: "request r goes to slot s
@@ -84,14 +63,11 @@ async def run(requests: int, layers: int, tokens: int, kv_heads: int, head_dim: 
         # The pushing side links: links are one-sided, and a push needs the link
         # from the writer to the cluster whose memory it writes.
         status, per_cluster = await prompt.link_clusters(
-            [link_info(DECODE_CLUSTER, decode_daemon)], timeout=5000)
+            [link_info(DECODE_CLUSTER, decode_daemon.peer_address)], timeout=5000)
         assert status == LLMStatusCode.LLM_SUCCESS, per_cluster
 
         src = await prompt.cache_manager.allocate_cache(prompt_desc)
-        rng = np.random.default_rng(4)
-        for i in range(prompt_desc.num_tensors):  # "prefill": K/V of every prompt
-            view = np.frombuffer(src.tensor_view(i), dtype=np.uint16)
-            view[:] = rng.integers(0, 2**16, view.size, dtype=np.uint16)
+        fill_random(src, np.random.default_rng(4), np.uint16)  # "prefill": K/V of every prompt
 
         started = time.perf_counter()
         split = layers // 2 or layers
@@ -119,18 +95,17 @@ async def run(requests: int, layers: int, tokens: int, kv_heads: int, head_dim: 
               f"({total / elapsed / 1e9:.2f} GB/s); request 0 in {len(parts)} layer range(s)")
         # Pushed slots belong to the decoder: it reuses them when requests finish.
         await prompt.cache_manager.deallocate_cache(src)
-        await prompt.unlink_clusters([link_info(DECODE_CLUSTER, decode_daemon)], timeout=5000)
+        await prompt.unlink_clusters([link_info(DECODE_CLUSTER, decode_daemon.peer_address)],
+                                     timeout=5000)
         await decoder.cache_manager.deallocate_cache(dst)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = example_parser(__doc__)
     parser.add_argument("--requests", type=int, default=3, help="prompts in the prefill batch")
     parser.add_argument("--layers", type=int, default=4, help="model layers (K and V each)")
     parser.add_argument("--tokens", type=int, default=128, help="prompt length")
-    parser.add_argument("--kv-heads", type=int, default=8)
-    parser.add_argument("--head-dim", type=int, default=128)
+    add_head_args(parser, kv_heads=8)
     args = parser.parse_args()
     uvloop.run(run(args.requests, args.layers, args.tokens, args.kv_heads, args.head_dim))
 

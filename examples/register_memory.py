@@ -13,19 +13,24 @@ frees registered memory: ``unregister_cache`` only stops sharing it.
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
 
 import numpy as np
 import uvloop
+from _common import (
+    DECODE_CLUSTER,
+    PROMPT_CLUSTER,
+    add_head_args,
+    engine_options,
+    example_parser,
+    link_info,
+    two_daemons,
+)
 
 from hixl_client import (
     CacheDesc,
     CacheKey,
     DataType,
-    LLMClusterInfo,
-    LLMConfig,
     LLMDataDist,
     LLMException,
     LLMRole,
@@ -33,27 +38,6 @@ from hixl_client import (
     ShareableBuffer,
     alloc_shareable,
 )
-from hixl_service.testing import DaemonProcess, start_daemon
-
-PROMPT_CLUSTER, DECODE_CLUSTER = 1, 2
-
-
-def engine_options() -> dict[str, str]:
-    config = LLMConfig()
-    config.enable_cache_manager = True
-    # Registered caches take no pool memory; the pool only needs to exist.
-    config.mem_pool_cfg = json.dumps({"memory_size": 1 << 20})
-    config.sync_kv_timeout = 10000
-    return config.generate_options()
-
-
-def link_info(remote_cluster_id: int, remote: DaemonProcess) -> LLMClusterInfo:
-    host, port = remote.peer_address.rsplit(":", 1)
-    info = LLMClusterInfo()
-    info.remote_cluster_id = remote_cluster_id
-    info.append_local_ip_info("127.0.0.1", 0)
-    info.append_remote_ip_info(host, int(port))
-    return info
 
 
 def tensor_addrs(buffer: ShareableBuffer, desc: CacheDesc) -> list[int]:
@@ -70,14 +54,15 @@ async def run(requests: int, layers: int, tokens: int, kv_heads: int, head_dim: 
     prompt_kv = prompt_buffer.numpy(np.uint16, layout)  # fp16 bits: compared exactly
     decode_kv = decode_buffer.numpy(np.uint16, layout)
     prompt_kv[...] = np.random.default_rng(9).integers(0, 2**16, layout, dtype=np.uint16)
-    async with start_daemon(pool__max_bytes=16 << 20) as prefill_daemon, \
-            start_daemon(pool__max_bytes=16 << 20) as decode_daemon, \
+    # Registered caches take no pool memory; the pool only needs to exist.
+    options = engine_options(1 << 20)
+    async with two_daemons(16 << 20) as (prefill_daemon, decode_daemon), \
             LLMDataDist(LLMRole.PROMPT, PROMPT_CLUSTER,
                         daemon=prefill_daemon.client_target) as prompt, \
             LLMDataDist(LLMRole.DECODER, DECODE_CLUSTER,
                         daemon=decode_daemon.client_target) as decoder:
-        await prompt.init(engine_options())
-        await decoder.init(engine_options())
+        await prompt.init(options)
+        await decoder.init(options)
         keys = [CacheKey(PROMPT_CLUSTER, req_id=500 + r) for r in range(requests)]
         src = await prompt.cache_manager.register_cache(
             desc, tensor_addrs(prompt_buffer, desc), keys)
@@ -86,7 +71,7 @@ async def run(requests: int, layers: int, tokens: int, kv_heads: int, head_dim: 
         # hixl looks caches up per transfer and accepts either order.
         dst = await decoder.cache_manager.register_cache(desc, tensor_addrs(decode_buffer, desc))
         status, per_cluster = await decoder.link_clusters(
-            [link_info(PROMPT_CLUSTER, prefill_daemon)], timeout=5000)
+            [link_info(PROMPT_CLUSTER, prefill_daemon.peer_address)], timeout=5000)
         assert status == LLMStatusCode.LLM_SUCCESS, per_cluster
 
         started = time.perf_counter()
@@ -123,13 +108,11 @@ async def run(requests: int, layers: int, tokens: int, kv_heads: int, head_dim: 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = example_parser(__doc__)
     parser.add_argument("--requests", type=int, default=2, help="prompts in the batch")
     parser.add_argument("--layers", type=int, default=4, help="model layers (K and V each)")
     parser.add_argument("--tokens", type=int, default=128, help="prompt length")
-    parser.add_argument("--kv-heads", type=int, default=8)
-    parser.add_argument("--head-dim", type=int, default=128)
+    add_head_args(parser, kv_heads=8)
     args = parser.parse_args()
     uvloop.run(run(args.requests, args.layers, args.tokens, args.kv_heads, args.head_dim))
 

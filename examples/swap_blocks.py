@@ -12,53 +12,34 @@ so the resumed request is checked against the prefill's original blocks.
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
 
 import numpy as np
 import uvloop
+from _common import (
+    DECODE_CLUSTER,
+    PROMPT_CLUSTER,
+    add_head_args,
+    blocks,
+    engine_options,
+    example_parser,
+    fill_random,
+    link_info,
+    two_daemons,
+)
 
 from hixl_client import (
     BlocksCacheKey,
     Cache,
     CacheDesc,
     DataType,
-    LLMClusterInfo,
-    LLMConfig,
     LLMDataDist,
     LLMRole,
     LLMStatusCode,
     Placement,
 )
-from hixl_service.testing import DaemonProcess, start_daemon
 
-PROMPT_CLUSTER, DECODE_CLUSTER, MODEL_ID = 1, 2, 0
-
-
-def engine_options(pool_bytes: int, host_pool_bytes: int = 0) -> dict[str, str]:
-    config = LLMConfig()
-    config.enable_cache_manager = True
-    config.mem_pool_cfg = json.dumps({"memory_size": pool_bytes})
-    if host_pool_bytes:  # the HOST pool that swapped-out blocks live in
-        config.host_mem_pool_cfg = json.dumps({"memory_size": host_pool_bytes})
-    config.sync_kv_timeout = 10000
-    return config.generate_options()
-
-
-def link_info(remote_cluster_id: int, remote: DaemonProcess) -> LLMClusterInfo:
-    host, port = remote.peer_address.rsplit(":", 1)
-    info = LLMClusterInfo()
-    info.remote_cluster_id = remote_cluster_id
-    info.append_local_ip_info("127.0.0.1", 0)
-    info.append_remote_ip_info(host, int(port))
-    return info
-
-
-def blocks(cache: Cache, tensor: int) -> np.ndarray:
-    """Tensor ``tensor`` as raw bytes, one row per block."""
-    return np.frombuffer(cache.tensor_view(tensor), np.uint8).reshape(
-        cache.cache_desc.shape[0], -1)
+MODEL_ID = 0
 
 
 def same_blocks(a: Cache, a_blocks: list[int], b: Cache, b_blocks: list[int]) -> bool:
@@ -78,22 +59,21 @@ async def run(prompt_tokens: int, layers: int, block_tokens: int, num_blocks: in
                           Placement.HOST)
     pool = desc.size * desc.num_tensors + (4 << 20)
     host_pool = host_desc.size * host_desc.num_tensors + (4 << 20)
-    async with start_daemon(pool__max_bytes=pool + (8 << 20)) as prefill_daemon, \
-            start_daemon(pool__max_bytes=pool + host_pool + (8 << 20)) as decode_daemon, \
+    decode_budget = pool + host_pool + (8 << 20)  # the decode daemon holds the HOST pool too
+    async with two_daemons(pool + (8 << 20), decode_budget) as (prefill_daemon, decode_daemon), \
             LLMDataDist(LLMRole.PROMPT, PROMPT_CLUSTER,
                         daemon=prefill_daemon.client_target) as prompt, \
             LLMDataDist(LLMRole.DECODER, DECODE_CLUSTER,
                         daemon=decode_daemon.client_target) as decoder:
         await prompt.init(engine_options(pool))
-        await decoder.init(engine_options(pool, host_pool))
+        # The decoder also has the HOST pool that swapped-out blocks live in.
+        await decoder.init(engine_options(pool, host_pool_bytes=host_pool))
         src = await prompt.cache_manager.allocate_blocks_cache(
             desc, BlocksCacheKey(PROMPT_CLUSTER, MODEL_ID))
         rng = np.random.default_rng(8)
-        for i in range(desc.num_tensors):  # "prefill" of two requests
-            view = blocks(src, i)
-            view[...] = rng.integers(0, 256, view.shape, dtype=np.uint8)
+        fill_random(src, rng)  # "prefill" of two requests
         status, per_cluster = await decoder.link_clusters(
-            [link_info(PROMPT_CLUSTER, prefill_daemon)], timeout=5000)
+            [link_info(PROMPT_CLUSTER, prefill_daemon.peer_address)], timeout=5000)
         assert status == LLMStatusCode.LLM_SUCCESS, per_cluster
 
         cm = decoder.cache_manager
@@ -136,15 +116,13 @@ async def run(prompt_tokens: int, layers: int, block_tokens: int, num_blocks: in
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = example_parser(__doc__)
     parser.add_argument("--prompt-tokens", type=int, default=96, help="tokens per request")
     parser.add_argument("--layers", type=int, default=4, help="model layers (K and V each)")
     parser.add_argument("--block-tokens", type=int, default=16, help="tokens per block")
     parser.add_argument("--num-blocks", type=int, default=32, help="device blocks per tensor")
     parser.add_argument("--host-blocks", type=int, default=16, help="host blocks per tensor")
-    parser.add_argument("--kv-heads", type=int, default=4)
-    parser.add_argument("--head-dim", type=int, default=128)
+    add_head_args(parser, kv_heads=4)
     args = parser.parse_args()
     uvloop.run(run(args.prompt_tokens, args.layers, args.block_tokens, args.num_blocks,
                    args.host_blocks, args.kv_heads, args.head_dim))

@@ -16,36 +16,31 @@ caches, ``sync_facade.py decode`` pulls them from several threads at once
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+from _common import (
+    DECODE_CLUSTER,
+    PROMPT_CLUSTER,
+    add_head_args,
+    engine_options,
+    example_parser,
+    link_info,
+)
 
 from hixl_client.sync import (
     CacheDesc,
     CacheKey,
     DataType,
-    LLMClusterInfo,
-    LLMConfig,
     LLMDataDist,
     LLMException,
     LLMRole,
     LLMStatusCode,
     set_daemon,
 )
-
-PROMPT_CLUSTER, DECODE_CLUSTER = 1, 2
-
-
-def engine_options(pool_bytes: int) -> dict[str, str]:
-    config = LLMConfig()
-    config.enable_cache_manager = True
-    config.mem_pool_cfg = json.dumps({"memory_size": pool_bytes})
-    config.sync_kv_timeout = 10000
-    return config.generate_options()
 
 
 def kv_desc(args: argparse.Namespace) -> CacheDesc:
@@ -81,11 +76,7 @@ def prefill(args: argparse.Namespace) -> None:
 def decode(args: argparse.Namespace) -> None:
     dd = LLMDataDist(LLMRole.DECODER, DECODE_CLUSTER)  # daemon from $HIXL_DAEMON
     dd.init(engine_options(pool_size(args)))
-    host, port = args.peer.rsplit(":", 1)
-    info = LLMClusterInfo()
-    info.remote_cluster_id = PROMPT_CLUSTER
-    info.append_local_ip_info("127.0.0.1", 0)
-    info.append_remote_ip_info(host, int(port))
+    info = link_info(PROMPT_CLUSTER, args.peer)
     status, per_cluster = dd.link_clusters([info], timeout=5000)
     assert status == LLMStatusCode.LLM_SUCCESS, per_cluster
     desc = kv_desc(args)
@@ -141,15 +132,13 @@ def run_both(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = example_parser(__doc__)
     parser.add_argument("role", nargs="?", choices=["both", "prefill", "decode"],
                         default="both", help="run both roles (default) or one of them")
     parser.add_argument("--requests", type=int, default=4, help="keyed requests to pull")
     parser.add_argument("--layers", type=int, default=4, help="model layers (K and V each)")
     parser.add_argument("--tokens", type=int, default=128, help="prompt length")
-    parser.add_argument("--kv-heads", type=int, default=8)
-    parser.add_argument("--head-dim", type=int, default=128)
+    add_head_args(parser, kv_heads=8)
     parser.add_argument("--daemon", help="prefill role: the daemon's client target")
     parser.add_argument("--peer", help="decode role: the prefill daemon's peer address")
     args = parser.parse_args()

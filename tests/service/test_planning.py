@@ -91,4 +91,4 @@ def test_plan_slot_to_blocks() -> None:
     ranges = plan_slot_to_blocks(src, 0, dst, [(0, 0)], [3, 4, 0])
     assert ranges.tolist() == [[0, 4096 + 3 * 128, 256], [256, 4096, 128]]
     with pytest.raises(LLMException):
-        plan_slot_to_blocks(src, 0, dst, [(0, 0)], list(range(8)) + [0])  # beyond the slot
+        plan_slot_to_blocks(src, 0, dst, [(0, 0)], [*range(8), 0])  # beyond the slot
