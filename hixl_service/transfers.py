@@ -11,7 +11,6 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
 
 from hixl_client._compat import timeout_at
 from hixl_client.status import LLMException, LLMStatusCode
@@ -33,7 +32,6 @@ from .pools import Memory
 from .registry import CacheEntry
 
 logger = logging.getLogger(__name__)
-_T = TypeVar("_T")
 
 # Telling the owner that a keyed slot was pulled is bounded on its own: the
 # data already arrived, so a slow owner must not turn success into failure.
@@ -132,19 +130,27 @@ async def find_target(engine: Engine, cluster: Cluster, link: OutboundLink, ref:
 
 
 async def _retrying_stale(engine: Engine, cluster: Cluster, link: OutboundLink,
-                          ref: CacheRefSpec, deadline: float,
-                          move: Callable[[Peer], Awaitable[_T]]) -> _T:
-    """Run ``move`` against the far end; once more, freshly resolved, if a cached one is stale."""
+                          ref: CacheRefSpec, deadline: float, plan: Callable[[Peer], Ranges],
+                          move: Callable[[Peer, Ranges], Awaitable[None]]) -> Ranges:
+    """Plan and move against the far end; if a remembered far end turns out stale
+    (the plan does not fit it, or its data server refuses the region), resolve it
+    afresh and try once more. Nothing has moved when either happens."""
     target = await find_target(engine, cluster, link, ref, deadline)
     try:
-        return await move(target)
-    except RegionRefused:
-        if not target.cached:
+        ranges = plan(target)
+        await move(target, ranges)
+        return ranges
+    except LLMException as exc:
+        planning = exc.status_code == LLMStatusCode.LLM_PARAM_INVALID
+        if not target.cached or not (planning or isinstance(exc, RegionRefused)):
             raise
         key = _cache_key(ref)
         if key is not None:
             link.resolved.pop(key, None)
-    return await move(await find_target(engine, cluster, link, ref, deadline, fresh=True))
+    target = await find_target(engine, cluster, link, ref, deadline, fresh=True)
+    ranges = plan(target)
+    await move(target, ranges)
+    return ranges
 
 
 def _remaining_ms(cluster: Cluster, deadline: float) -> int:
@@ -154,8 +160,8 @@ def _remaining_ms(cluster: Cluster, deadline: float) -> int:
     return remaining
 
 
-def plan_pull(source: Peer, dst: CacheEntry, spec: PullSpec) -> tuple[Ranges, int]:
-    """Ranges (source offset, destination pool offset, length) and the bytes they move."""
+def plan_pull(source: Peer, dst: CacheEntry, spec: PullSpec) -> Ranges:
+    """Ranges (source offset, destination pool offset, length)."""
     if dst.blocks != spec.blocks:
         raise _invalid("pull_blocks needs a blocks destination cache" if spec.blocks
                        else "pull_cache needs a non-blocks destination cache")
@@ -165,9 +171,9 @@ def plan_pull(source: Peer, dst: CacheEntry, spec: PullSpec) -> tuple[Ranges, in
     if not spec.blocks:
         if source.blocks:
             raise _invalid("pull_cache cannot read a blocks cache; use pull_blocks")
-        ranges, length = plan_cache_pull(source.layout, source.batch_index, dst_layout,
-                                         spec.batch_index, spec.size, pairs)
-        return ranges, length * len(pairs)
+        ranges, _ = plan_cache_pull(source.layout, source.batch_index, dst_layout,
+                                    spec.batch_index, spec.size, pairs)
+        return ranges
     if spec.src_blocks:
         if not source.blocks:
             raise _invalid("src_blocks name blocks, but the source is not a blocks cache")
@@ -178,7 +184,7 @@ def plan_pull(source: Peer, dst: CacheEntry, spec: PullSpec) -> tuple[Ranges, in
             raise _invalid("a blocks source needs src_blocks")
         ranges = plan_slot_to_blocks(source.layout, source.batch_index, dst_layout, pairs,
                                      spec.dst_blocks)
-    return ranges, total_bytes(ranges)
+    return ranges
 
 
 async def pull(engine: Engine, cluster: Cluster, spec: PullSpec) -> tuple[int, str]:
@@ -189,19 +195,18 @@ async def pull(engine: Engine, cluster: Cluster, spec: PullSpec) -> tuple[int, s
     link = cluster.link_to(spec.src.cluster_id)
     deadline = asyncio.get_running_loop().time() + cluster.settings.sync_timeout_s
 
-    async def move(source: Peer) -> int:
-        ranges, moved = plan_pull(source, dst, spec)
+    async def move(source: Peer, ranges: Ranges) -> None:
         if source.memory is not None:
             await engine.deps.copier.copy(dst.memory, source.memory, ranges)
         else:
             await link.read(engine.deps.dispatcher, dst.memory, source.region_id, ranges,
                             _remaining_ms(cluster, deadline))
-        return moved
 
-    moved = await _retrying_stale(engine, cluster, link, spec.src, deadline, move)
+    ranges = await _retrying_stale(engine, cluster, link, spec.src, deadline,
+                                   lambda source: plan_pull(source, dst, spec), move)
     if isinstance(spec.src, KeyRef):
         await _release_key(engine, link, spec.src, spec.src_tensor_indices)
-    return moved, link.transport
+    return total_bytes(ranges), link.transport
 
 
 async def _release_key(engine: Engine, link: OutboundLink, ref: KeyRef,
@@ -245,13 +250,13 @@ async def push(engine: Engine, cluster: Cluster, spec: PushSpec) -> tuple[int, s
     link = cluster.link_to(spec.dst.cluster_id)
     deadline = asyncio.get_running_loop().time() + cluster.settings.sync_timeout_s
 
-    async def move(target: Peer) -> int:
-        ranges = plan_push(src, target, spec)
+    async def move(target: Peer, ranges: Ranges) -> None:
         if target.memory is not None:
             await engine.deps.copier.copy(target.memory, src.memory, ranges)
         else:
             await link.write(engine.deps.dispatcher, src.memory, target.region_id, ranges,
                              _remaining_ms(cluster, deadline))
-        return total_bytes(ranges)
 
-    return await _retrying_stale(engine, cluster, link, spec.dst, deadline, move), link.transport
+    ranges = await _retrying_stale(engine, cluster, link, spec.dst, deadline,
+                                   lambda target: plan_push(src, target, spec), move)
+    return total_bytes(ranges), link.transport

@@ -166,3 +166,24 @@ async def test_reallocated_blocks_cache_is_found_again(pair: Pair) -> None:
         await pair.decoder.cache_manager.pull_blocks(key, dst, [0], [0])
     assert info.value.status_code == LLMStatusCode.LLM_KV_CACHE_NOT_EXIST
     await pair.decoder.cache_manager.deallocate_blocks_cache(dst)
+
+
+async def test_replaced_blocks_cache_of_another_shape(pair: Pair) -> None:
+    """A remembered far end that no longer fits the plan is resolved afresh, not refused."""
+    key = BlocksCacheKey(pair.prompt.cluster_id, 12)
+    small, large = (CacheDesc(2, [8, BLOCK], DataType.DT_UINT8),
+                    CacheDesc(4, [32, BLOCK], DataType.DT_UINT8))
+    src = await pair.prompt.cache_manager.allocate_blocks_cache(small, key)
+    dst_small = await pair.decoder.cache_manager.allocate_blocks_cache(small)
+    await pair.decoder.cache_manager.pull_blocks(key, dst_small, [1], [1])
+    await pair.prompt.cache_manager.deallocate_blocks_cache(src)
+    src = await pair.prompt.cache_manager.allocate_blocks_cache(large, key)
+    for i in range(4):
+        src.numpy(i)[...] = 40 + i
+    dst_large = await pair.decoder.cache_manager.allocate_blocks_cache(large)
+    await pair.decoder.cache_manager.pull_blocks(key, dst_large, [20, 31], [0, 1])
+    for i in range(4):
+        assert (blocks_of(dst_large, i)[[0, 1]] == 40 + i).all()
+    await pair.prompt.cache_manager.deallocate_blocks_cache(src)
+    for cache in (dst_small, dst_large):
+        await pair.decoder.cache_manager.deallocate_blocks_cache(cache)
