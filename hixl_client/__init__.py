@@ -13,6 +13,7 @@ from .keys import BlocksCacheKey, CacheKey, CacheKeyByIdAndIndex
 from .llm_datadist import LLMDataDist
 from .shareable import ShareableBuffer, alloc_shareable
 from .status import LLMException, LLMStatusCode, Status
+from .timing import TransferTiming, capture_timings
 from .transfer_config import TransferConfig, TransferWithCacheKeyConfig
 from .types import (
     CacheDesc,
@@ -51,6 +52,8 @@ __all__ = [
     "ShareableBuffer",
     "Status",
     "TransferConfig",
+    "TransferTiming",
     "TransferWithCacheKeyConfig",
     "alloc_shareable",
+    "capture_timings",
 ]

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
+from . import timing
 from ._layerwise import CacheTask, build_start, drive
 from ._manager_base import PULL_KWARGS, PULL_RPC_MARGIN_S, ManagerBase, ref_to_proto
 from ._proto.hixl.v1 import client_pb2
@@ -22,6 +24,10 @@ from .keys import BlocksCacheKey, CacheKey, CacheKeyByIdAndIndex, check_cache_ke
 from .status import LLMStatusCode, raise_if_false
 from .transfer_config import TransferConfig, TransferWithCacheKeyConfig
 from .types import LayerSynchronizer, Placement
+
+# The daemon method behind each transfer of the CacheManager.
+_RPC_OF = {"pull_cache": "PullCache", "pull_blocks": "PullBlocks", "push_cache": "PushCache",
+           "push_blocks": "PushBlocks"}
 
 
 def check_tensor_num_per_layer(value: Any) -> int:
@@ -72,9 +78,12 @@ class TransferOps(ManagerBase):
             kwargs.get("src_layer_range"), kwargs.get("dst_layer_range"), per_layer)
         return per_layer, src_indices, dst_indices
 
-    async def _call_transfer(self, method: Any, request: Any) -> None:
-        await self._connection.call(method, request,
-                                    timeout=self._sync_timeout_s + PULL_RPC_MARGIN_S)
+    async def _call_transfer(self, operation: str, request: Any) -> None:
+        method = getattr(self._connection.stub, _RPC_OF[operation])
+        started = time.perf_counter()
+        reply = await self._connection.call(method, request,
+                                            timeout=self._sync_timeout_s + PULL_RPC_MARGIN_S)
+        timing.record(operation, time.perf_counter() - started, reply)
 
     async def pull_cache(self, cache_key: CacheKey | CacheKeyByIdAndIndex, cache: Cache,
                          batch_index: int = 0, size: int = -1, **kwargs: Any) -> None:
@@ -106,7 +115,7 @@ class TransferOps(ManagerBase):
         per_layer, src_indices, dst_indices = self._pull_args(kwargs)
         if isinstance(cache_key, CacheKey):
             check_cache_key(cache_key)
-        await self._call_transfer(self._connection.stub.PullCache, client_pb2.PullCacheRequest(
+        await self._call_transfer("pull_cache", client_pb2.PullCacheRequest(
             src=ref_to_proto(cache_key), dst_cache_id=cache.cache_id, batch_index=batch_index,
             size=size, src_tensor_indices=src_indices, dst_tensor_indices=dst_indices,
             tensor_num_per_layer=per_layer))
@@ -151,7 +160,7 @@ class TransferOps(ManagerBase):
                            "src_cache_key is not BlocksCacheKey.")
             if isinstance(src_cache_key, CacheKey):
                 check_cache_key(src_cache_key)
-        await self._call_transfer(self._connection.stub.PullBlocks, client_pb2.PullCacheRequest(
+        await self._call_transfer("pull_blocks", client_pb2.PullCacheRequest(
             src=ref_to_proto(src_cache_key), dst_cache_id=dst_cache.cache_id, size=-1,
             src_tensor_indices=src_indices, dst_tensor_indices=dst_indices,
             tensor_num_per_layer=per_layer, src_blocks=src_list, dst_blocks=dst_list))
@@ -188,7 +197,7 @@ class TransferOps(ManagerBase):
         raise_if_false(size == -1, "push_cache only supports size == -1, but got {0}.", size)
         if not src_indices:
             return  # no whole layer to push (e.g. one tensor, two per layer)
-        await self._call_transfer(self._connection.stub.PushCache, client_pb2.PushRequest(
+        await self._call_transfer("push_cache", client_pb2.PushRequest(
             dst=ref_to_proto(dst_cache_key), src_cache_id=src_cache.cache_id,
             src_batch_index=src_batch_index, src_tensor_indices=src_indices,
             dst_tensor_indices=dst_indices, tensor_num_per_layer=per_layer))
@@ -219,7 +228,7 @@ class TransferOps(ManagerBase):
                                                       dst_layer_range, per_layer)
         if not src_indices:
             return
-        await self._call_transfer(self._connection.stub.PushBlocks, client_pb2.PushRequest(
+        await self._call_transfer("push_blocks", client_pb2.PushRequest(
             dst=ref_to_proto(dst_cache_key), src_cache_id=src_cache.cache_id,
             src_tensor_indices=src_indices, dst_tensor_indices=dst_indices,
             tensor_num_per_layer=per_layer, src_blocks=src_list, dst_blocks=dst_list))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -23,7 +24,7 @@ from .peer_client import ref_from_proto
 from .pools import Pool
 from .registry import KeySpec
 from .rpc_errors import abort_with, handles_errors
-from .transfers import PullSpec, PushSpec, pull, push
+from .transfers import Outcome, PullSpec, PushSpec, pull, push
 
 logger = logging.getLogger(__name__)
 
@@ -244,19 +245,24 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
     @handles_errors
     async def PullCache(self, request: client_pb2.PullCacheRequest,
                         context: Context) -> client_pb2.PullCacheReply:
+        started = time.perf_counter()
         cluster = self._engine.cluster_of(self._session(context))
-        moved, transport = await pull(self._engine, cluster, self._pull_spec(request, False))
-        return client_pb2.PullCacheReply(bytes=moved, transport=transport)
+        outcome = await pull(self._engine, cluster, self._pull_spec(request, False))
+        return client_pb2.PullCacheReply(bytes=outcome.bytes, transport=outcome.transport,
+                                         **_timing(started, outcome))
 
     @handles_errors
     async def PullBlocks(self, request: client_pb2.PullCacheRequest,
                          context: Context) -> client_pb2.PullCacheReply:
+        started = time.perf_counter()
         cluster = self._engine.cluster_of(self._session(context))
-        moved, transport = await pull(self._engine, cluster, self._pull_spec(request, True))
-        return client_pb2.PullCacheReply(bytes=moved, transport=transport)
+        outcome = await pull(self._engine, cluster, self._pull_spec(request, True))
+        return client_pb2.PullCacheReply(bytes=outcome.bytes, transport=outcome.transport,
+                                         **_timing(started, outcome))
 
     async def _push(self, request: client_pb2.PushRequest, context: Context,
                     blocks: bool) -> client_pb2.PushReply:
+        started = time.perf_counter()
         cluster = self._engine.cluster_of(self._session(context))
         dst = ref_from_proto(request.dst)
         if dst is None or isinstance(dst, KeyRef):
@@ -269,8 +275,9 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
                         tensor_num_per_layer=request.tensor_num_per_layer or 2, blocks=blocks,
                         src_blocks=tuple(request.src_blocks),
                         dst_blocks=tuple(request.dst_blocks))
-        moved, transport = await push(self._engine, cluster, spec)
-        return client_pb2.PushReply(bytes=moved, transport=transport)
+        outcome = await push(self._engine, cluster, spec)
+        return client_pb2.PushReply(bytes=outcome.bytes, transport=outcome.transport,
+                                    **_timing(started, outcome))
 
     @handles_errors
     async def PushCache(self, request: client_pb2.PushRequest,
@@ -328,6 +335,13 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
                         await context.write(report)
         except LLMException as exc:
             await abort_with(context, exc)
+
+
+def _timing(started: float, outcome: Outcome) -> dict[str, int]:
+    """The daemon's split of a transfer: control work and data movement, in us."""
+    total = time.perf_counter() - started
+    return {"control_us": int(max(0.0, total - outcome.data_s) * 1e6),
+            "data_us": int(outcome.data_s * 1e6)}
 
 
 def _operand(message: client_pb2.CacheOperand) -> copies.Operand:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -73,6 +74,15 @@ class PushSpec:
     dst_blocks: tuple[int, ...] = ()
 
 
+@dataclass
+class Outcome:
+    """What a transfer moved, over which transport, and how long moving took."""
+
+    bytes: int = 0
+    transport: str = ""
+    data_s: float = 0.0
+
+
 @dataclass(frozen=True)
 class Peer:
     """The far end of a transfer, wherever it lives."""
@@ -131,14 +141,26 @@ async def find_target(engine: Engine, cluster: Cluster, link: OutboundLink, ref:
 
 async def _retrying_stale(engine: Engine, cluster: Cluster, link: OutboundLink,
                           ref: CacheRefSpec, deadline: float, plan: Callable[[Peer], Ranges],
-                          move: Callable[[Peer, Ranges], Awaitable[None]]) -> Ranges:
+                          move: Callable[[Peer, Ranges], Awaitable[None]],
+                          outcome: Outcome) -> Ranges:
     """Plan and move against the far end; if a remembered far end turns out stale
     (the plan does not fit it, or its data server refuses the region), resolve it
     afresh and try once more. Nothing has moved when either happens."""
+    # perf_counter, not loop.time(): uvloop's clock is cached per iteration
+    # in whole milliseconds.
+    clock = time.perf_counter
+
+    async def timed(target: Peer, ranges: Ranges) -> None:
+        started = clock()
+        try:
+            await move(target, ranges)
+        finally:
+            outcome.data_s += clock() - started
+
     target = await find_target(engine, cluster, link, ref, deadline)
     try:
         ranges = plan(target)
-        await move(target, ranges)
+        await timed(target, ranges)
         return ranges
     except LLMException as exc:
         planning = exc.status_code == LLMStatusCode.LLM_PARAM_INVALID
@@ -149,7 +171,7 @@ async def _retrying_stale(engine: Engine, cluster: Cluster, link: OutboundLink,
             link.resolved.pop(key, None)
     target = await find_target(engine, cluster, link, ref, deadline, fresh=True)
     ranges = plan(target)
-    await move(target, ranges)
+    await timed(target, ranges)
     return ranges
 
 
@@ -187,8 +209,8 @@ def plan_pull(source: Peer, dst: CacheEntry, spec: PullSpec) -> Ranges:
     return ranges
 
 
-async def pull(engine: Engine, cluster: Cluster, spec: PullSpec) -> tuple[int, str]:
-    """Run one pull; return (bytes moved, transport)."""
+async def pull(engine: Engine, cluster: Cluster, spec: PullSpec) -> Outcome:
+    """Run one pull."""
     dst = cluster.registry.get(spec.dst_cache_id)
     if spec.src.cluster_id == cluster.cluster_id:
         raise _invalid("cannot pull from the cluster's own id")
@@ -202,11 +224,13 @@ async def pull(engine: Engine, cluster: Cluster, spec: PullSpec) -> tuple[int, s
             await link.read(engine.deps.dispatcher, dst.memory, source.region_id, ranges,
                             _remaining_ms(cluster, deadline))
 
+    outcome = Outcome(transport=link.transport)
     ranges = await _retrying_stale(engine, cluster, link, spec.src, deadline,
-                                   lambda source: plan_pull(source, dst, spec), move)
+                                   lambda source: plan_pull(source, dst, spec), move, outcome)
     if isinstance(spec.src, KeyRef):
         await _release_key(engine, link, spec.src, spec.src_tensor_indices)
-    return total_bytes(ranges), link.transport
+    outcome.bytes = total_bytes(ranges)
+    return outcome
 
 
 async def _release_key(engine: Engine, link: OutboundLink, ref: KeyRef,
@@ -242,8 +266,8 @@ def plan_push(src: CacheEntry, target: Peer, spec: PushSpec) -> Ranges:
     return ranges
 
 
-async def push(engine: Engine, cluster: Cluster, spec: PushSpec) -> tuple[int, str]:
-    """Run one push into a remote-accessible cache; return (bytes moved, transport)."""
+async def push(engine: Engine, cluster: Cluster, spec: PushSpec) -> Outcome:
+    """Run one push into a remote-accessible cache."""
     src = cluster.registry.get(spec.src_cache_id)
     if spec.dst.cluster_id == cluster.cluster_id:
         raise _invalid("cannot push to the cluster's own id")
@@ -257,6 +281,8 @@ async def push(engine: Engine, cluster: Cluster, spec: PushSpec) -> tuple[int, s
             await link.write(engine.deps.dispatcher, src.memory, target.region_id, ranges,
                              _remaining_ms(cluster, deadline))
 
+    outcome = Outcome(transport=link.transport)
     ranges = await _retrying_stale(engine, cluster, link, spec.dst, deadline,
-                                   lambda target: plan_push(src, target, spec), move)
-    return total_bytes(ranges), link.transport
+                                   lambda target: plan_push(src, target, spec), move, outcome)
+    outcome.bytes = total_bytes(ranges)
+    return outcome

@@ -17,10 +17,19 @@ ceilings do.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hixl_client import Cache, CacheDesc, CacheKey, CacheKeyByIdAndIndex, DataType
+from hixl_client import (
+    Cache,
+    CacheDesc,
+    CacheKey,
+    CacheKeyByIdAndIndex,
+    DataType,
+    TransferTiming,
+    capture_timings,
+)
 from hixl_service.bench.env import Clusters, slot_desc, slots_for, supports
 from hixl_service.bench.model import HIXL, PROBE, Budget, Case, Row, drive
 
@@ -110,8 +119,10 @@ async def run_case(env: Clusters, case: Case, cold_bytes: int, budget: Budget) -
         return row
     try:
         operation = OPERATIONS[case.op](env, case.path, caches)
-        timing = await drive(operation.request, case.conc, budget)
+        with capture_timings() as measured:
+            timing = await drive(operation.request, case.conc, budget)
         row.fill(timing, case.request_bytes)
+        measured_split(row, measured)
     except Exception as exc:
         row.status = f"error: {type(exc).__name__}: {exc}"
     finally:
@@ -149,13 +160,24 @@ async def probe_rows(env: Clusters, paths: tuple[str, ...], budget: Budget,
     return rows
 
 
-def split(row: Row, noop_p50_us: float | None, tiny_p50_us: float | None) -> None:
-    """Split a row's p50 into client-to-daemon, daemon control and data movement.
+def measured_split(row: Row, measured: list[TransferTiming]) -> None:
+    """The split the daemon reported (medians over the row's requests), when it did."""
+    if not measured:
+        return
+    row.client_us = statistics.median(t.client_us for t in measured)
+    row.control_us = statistics.median(t.control_us for t in measured)
+    row.data_us = statistics.median(t.data_us for t in measured)
 
-    Estimated from the probes until the daemon reports its own timing: client =
-    the no-op round trip; control = the tiny pull less the no-op (it includes
-    the data plane's fixed per-request round trip); data = the rest.
+
+def split(row: Row, noop_p50_us: float | None, tiny_p50_us: float | None) -> None:
+    """Estimate a row's split into client-to-daemon, daemon control and data movement.
+
+    Only for rows the daemon did not report (layer-wise tasks): client = the
+    no-op round trip; control = the tiny pull less the no-op (it includes the
+    data plane's fixed per-request round trip); data = the rest.
     """
+    if row.control_us is not None:
+        return  # measured by the daemon
     if row.p50_us is None or noop_p50_us is None or tiny_p50_us is None:
         return
     row.client_us = noop_p50_us

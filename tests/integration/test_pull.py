@@ -217,3 +217,23 @@ async def test_pull_without_link_or_from_self(pair: Pair,
         await pair.decoder.cache_manager.pull_cache(CacheKey(pair.decoder.cluster_id, 1), dst)
     assert info.value.status_code == LLMStatusCode.LLM_PARAM_INVALID
     await pair.decoder.cache_manager.deallocate_cache(dst)
+
+
+async def test_transfer_timings_split_client_control_and_data(pair: Pair) -> None:
+    from hixl_client import capture_timings
+    desc = CacheDesc(2, [1, 4 << 20], DataType.DT_UINT8)
+    src = await pair.prompt.cache_manager.allocate_cache(desc)
+    dst = await pair.decoder.cache_manager.allocate_cache(desc)
+    key = CacheKeyByIdAndIndex(pair.prompt.cluster_id, src.cache_id)
+    await pair.decoder.cache_manager.pull_cache(key, dst)  # outside: not recorded
+    with capture_timings() as timings:
+        await pair.decoder.cache_manager.pull_cache(key, dst)
+        await pair.decoder.cache_manager.pull_cache(key, dst, size=1)
+    assert [t.operation for t in timings] == ["pull_cache", "pull_cache"]
+    big, tiny = timings
+    for t in timings:
+        assert t.control_us >= 0 and t.data_us > 0 and t.client_us >= 0
+        assert t.call_us >= t.control_us + t.data_us
+    assert big.data_us > tiny.data_us  # 8 MiB moved against 2 bytes
+    await pair.prompt.cache_manager.deallocate_cache(src)
+    await pair.decoder.cache_manager.deallocate_cache(dst)
