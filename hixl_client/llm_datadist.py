@@ -191,7 +191,7 @@ class LLMDataDist(CommOps):
             # Views the caller still holds keep their mapping alive on their own.
             self._pools = {}
 
-    def _cluster_targets(self, clusters: Sequence[LLMClusterInfo], timeout: int,
+    def _check_clusters(self, clusters: Sequence[LLMClusterInfo], timeout: int,
                          options_require_local_ip: bool) -> None:
         check_int32("timeout", timeout)
         raise_if_false(timeout > 0, "timeout should be > 0, but got {0}.", timeout)
@@ -253,7 +253,7 @@ class LLMDataDist(CommOps):
                 failures are reported in the result, never raised).
         """
         self._require_init()
-        self._cluster_targets(clusters, timeout, self._needs_local_ip())
+        self._check_clusters(clusters, timeout, self._needs_local_ip())
         return await self._link_call(clusters, timeout, unlink=False)
 
     async def unlink_clusters(self, clusters: Sequence[LLMClusterInfo], timeout: int = 3000,
@@ -264,7 +264,7 @@ class LLMDataDist(CommOps):
             ``(overall, per_cluster)`` as for `link_clusters`.
         """
         self._require_init()
-        self._cluster_targets(clusters, timeout, self._needs_local_ip())
+        self._check_clusters(clusters, timeout, self._needs_local_ip())
         check_isinstance("force", force, bool, allow_none=False)
         return await self._link_call(clusters, timeout, unlink=True, force=force)
 

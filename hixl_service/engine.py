@@ -27,7 +27,6 @@ from .cluster import Cluster, ClusterSettings
 from .links import CompletionDispatcher, ExecutorCopier, InboundLink, OutboundLink
 from .peer_api import (
     PROTOCOL_VERSION,
-    BlocksRef,
     CacheRefSpec,
     IdRef,
     KeyRef,
@@ -482,4 +481,4 @@ class Engine:
         await self._free(source.registry.record_pull(key, tensor_indices))
 
 
-__all__ = ["BlocksRef", "Engine", "EngineDeps", "IdRef", "KeyRef", "NewCache", "Session"]
+__all__ = ["Engine", "EngineDeps", "NewCache", "Session"]
