@@ -28,6 +28,7 @@ cdef extern from "hixl_common.h" nogil:
         HIXL_LIVE_SERVERS
         HIXL_LIVE_CONNECTIONS
         HIXL_LIVE_LINKS
+        HIXL_LIVE_ALLOCATORS
 
     long hixl_live_count(int kind)
 
@@ -48,22 +49,31 @@ cdef extern from "mapping.h" nogil:
     int hixl_mapping_unmap(hixl_mapping *m)
 
 
-cdef extern from "pool.h" nogil:
+cdef extern from "extents.h" nogil:
     enum:
-        HIXL_POOL_MIN_PAGE_SHIFT
-        HIXL_POOL_MAX_PAGE_SHIFT
+        HIXL_EXTENTS_MIN_PAGE_SHIFT
+        HIXL_EXTENTS_MAX_PAGE_SHIFT
 
+    ctypedef struct hixl_extents:
+        unsigned page_shift
+
+    int hixl_extents_create(uint64_t size, unsigned page_shift, hixl_extents **out)
+    void hixl_extents_destroy(hixl_extents *x)
+    int hixl_extents_alloc(hixl_extents *x, uint64_t nbytes, uint64_t *offset)
+    int hixl_extents_free(hixl_extents *x, uint64_t offset)
+    int hixl_extents_allocation_size(hixl_extents *x, uint64_t offset, uint64_t *size)
+    void hixl_extents_usage(hixl_extents *x, uint64_t *used, uint64_t *free_bytes)
+    uint64_t hixl_extents_size(const hixl_extents *x)
+
+
+cdef extern from "pool.h" nogil:
     ctypedef struct hixl_pool:
         hixl_mapping *map
-        unsigned page_shift
+        hixl_extents ext
 
     int hixl_pool_create(const char *name, uint64_t size, unsigned page_shift,
                          int populate, hixl_pool **out)
     void hixl_pool_destroy(hixl_pool *p)
-    int hixl_pool_alloc(hixl_pool *p, uint64_t nbytes, uint64_t *offset)
-    int hixl_pool_free(hixl_pool *p, uint64_t offset)
-    int hixl_pool_allocation_size(hixl_pool *p, uint64_t offset, uint64_t *size)
-    void hixl_pool_usage(hixl_pool *p, uint64_t *used, uint64_t *free_bytes)
 
 
 cdef extern from "copy.h" nogil:

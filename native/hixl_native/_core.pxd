@@ -4,7 +4,14 @@
 
 from libc.stdint cimport uint16_t, uint64_t
 
-from hixl_native._chixl cimport hixl_cq, hixl_link, hixl_mapping, hixl_pool, hixl_server
+from hixl_native._chixl cimport (
+    hixl_cq,
+    hixl_extents,
+    hixl_link,
+    hixl_mapping,
+    hixl_pool,
+    hixl_server,
+)
 
 
 cdef class Mapping:
@@ -19,6 +26,13 @@ cdef class SharedPool(Mapping):
     cdef unsigned _page_shift
 
     cdef int _check_pool(self) except -1
+
+
+cdef class ExtentAllocator:
+    cdef hixl_extents *_x
+    cdef unsigned _page_shift
+
+    cdef int _check_init(self) except -1
 
 
 cdef class CompletionQueue:

@@ -44,10 +44,11 @@ def status_name(code):
 def live_objects():
     """Count live native resources, for leak checks in tests.
 
-    Counted: mapped memory, pool allocators, open completion queues, requests
-    not yet drained, registered regions, running servers, server connections
-    not yet reaped and links not yet closed. ``close()`` of the owning object
-    (or its garbage collection) brings each count back down.
+    Counted: mapped memory, pools, open completion queues, requests not yet
+    drained, registered regions, running servers, server connections not yet
+    reaped, links not yet closed and extent allocators (each pool has one;
+    each ``ExtentAllocator`` is one). ``close()`` of the owning object (or
+    its garbage collection) brings each count back down.
 
     Returns:
         A mapping from object kind to count.
@@ -61,6 +62,7 @@ def live_objects():
         "servers": hixl_live_count(HIXL_LIVE_SERVERS),
         "connections": hixl_live_count(HIXL_LIVE_CONNECTIONS),
         "links": hixl_live_count(HIXL_LIVE_LINKS),
+        "allocators": hixl_live_count(HIXL_LIVE_ALLOCATORS),
     }
 
 

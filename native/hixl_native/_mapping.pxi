@@ -1,4 +1,5 @@
-# Mapping (a shared mapping of an fd), SharedPool (a memfd plus allocator)
+# Mapping (a shared mapping of an fd), SharedPool (a memfd plus allocator),
+# ExtentAllocator (the allocator alone, for memory that is not a mapping)
 # and copy_ranges.
 
 
@@ -123,6 +124,46 @@ cdef class Mapping:
         return f"<{type(self).__name__} {state}>"
 
 
+# The allocator methods SharedPool and ExtentAllocator share; `owner` names
+# the object in the exhaustion message.
+
+cdef object _extents_alloc(hixl_extents *x, object nbytes, str owner):
+    cdef uint64_t n, off = 0, used, free_bytes
+    cdef int rc
+    n = _int_in(nbytes, 1, _U64_MAX, "nbytes")
+    with nogil:
+        rc = hixl_extents_alloc(x, n, &off)
+    if rc != HIXL_OK:
+        hixl_extents_usage(x, &used, &free_bytes)
+        _raise(rc, f"cannot allocate {nbytes} bytes: {free_bytes} of "
+                   f"{hixl_extents_size(x)} bytes free in {owner}")
+    return off
+
+
+cdef int _extents_free(hixl_extents *x, object offset) except -1:
+    cdef uint64_t off = _u64(offset, "offset")
+    cdef int rc
+    with nogil:
+        rc = hixl_extents_free(x, off)
+    if rc != HIXL_OK:
+        _raise(rc, f"offset {offset} is not the start of an allocation")
+    return 0
+
+
+cdef object _extents_allocation_size(hixl_extents *x, object offset):
+    cdef uint64_t size = 0
+    cdef int rc = hixl_extents_allocation_size(x, _u64(offset, "offset"), &size)
+    if rc != HIXL_OK:
+        _raise(rc, f"offset {offset} is not the start of an allocation")
+    return size
+
+
+cdef tuple _extents_usage(hixl_extents *x):
+    cdef uint64_t used, free_bytes
+    hixl_extents_usage(x, &used, &free_bytes)
+    return used, free_bytes
+
+
 cdef class SharedPool(Mapping):
     """A page-granular allocator over an anonymous memfd.
 
@@ -158,8 +199,8 @@ cdef class SharedPool(Mapping):
         bname = name.encode()
         if b"\0" in bname or len(bname) > 200:
             raise ValueError("name must be at most 200 bytes and contain no NUL")
-        cshift = _int_in(page_shift, HIXL_POOL_MIN_PAGE_SHIFT,
-                         HIXL_POOL_MAX_PAGE_SHIFT - 1, "page_shift")
+        cshift = _int_in(page_shift, HIXL_EXTENTS_MIN_PAGE_SHIFT,
+                         HIXL_EXTENTS_MAX_PAGE_SHIFT - 1, "page_shift")
         csize = _int_in(size, 1, (1 << 62), "size")
         cdef const char *cname = bname
         with nogil:
@@ -201,18 +242,14 @@ cdef class SharedPool(Mapping):
     @property
     def used_bytes(self):
         """Bytes in live allocations (whole pages)."""
-        cdef uint64_t used, free_bytes
         self._check_pool()
-        hixl_pool_usage(self._pool, &used, &free_bytes)
-        return used
+        return _extents_usage(&self._pool.ext)[0]
 
     @property
     def free_bytes(self):
         """Bytes not allocated (possibly fragmented)."""
-        cdef uint64_t used, free_bytes
         self._check_pool()
-        hixl_pool_usage(self._pool, &used, &free_bytes)
-        return free_bytes
+        return _extents_usage(&self._pool.ext)[1]
 
     def alloc(self, nbytes):
         """Allocate ``nbytes`` rounded up to whole pages.
@@ -227,16 +264,8 @@ cdef class SharedPool(Mapping):
             ValueError: ``nbytes`` is not positive, or the pool is closed.
             PoolExhausted: No free extent is large enough.
         """
-        cdef uint64_t n, off = 0
-        cdef int rc
         self._check_pool()
-        n = _int_in(nbytes, 1, _U64_MAX, "nbytes")
-        with nogil:
-            rc = hixl_pool_alloc(self._pool, n, &off)
-        if rc != HIXL_OK:
-            _raise(rc, f"cannot allocate {nbytes} bytes: {self.free_bytes} of "
-                       f"{self._size} bytes free in pool")
-        return off
+        return _extents_alloc(&self._pool.ext, nbytes, "pool")
 
     def free(self, offset):
         """Return a block to the pool, coalescing it with free neighbours.
@@ -247,14 +276,8 @@ cdef class SharedPool(Mapping):
         Raises:
             ValueError: ``offset`` does not start a live allocation.
         """
-        cdef uint64_t off
-        cdef int rc
         self._check_pool()
-        off = _u64(offset, "offset")
-        with nogil:
-            rc = hixl_pool_free(self._pool, off)
-        if rc != HIXL_OK:
-            _raise(rc, f"offset {offset} is not the start of an allocation")
+        _extents_free(&self._pool.ext, offset)
 
     def allocation_size(self, offset):
         """Return the rounded size of the live allocation at ``offset``.
@@ -262,12 +285,8 @@ cdef class SharedPool(Mapping):
         Raises:
             ValueError: ``offset`` does not start a live allocation.
         """
-        cdef uint64_t size = 0
         self._check_pool()
-        cdef int rc = hixl_pool_allocation_size(self._pool, _u64(offset, "offset"), &size)
-        if rc != HIXL_OK:
-            _raise(rc, f"offset {offset} is not the start of an allocation")
-        return size
+        return _extents_allocation_size(&self._pool.ext, offset)
 
     def close(self):
         """Unmap the pool and close its memfd. Idempotent.
@@ -279,6 +298,130 @@ cdef class SharedPool(Mapping):
         if self._pool != NULL:
             hixl_pool_destroy(self._pool)
             self._pool = NULL
+
+
+cdef class ExtentAllocator:
+    """A page-granular, thread-safe allocator of offsets, with no memory behind it.
+
+    The allocator of :class:`SharedPool` on its own, for memory that is not
+    a mapping (device memory): it hands out page-aligned offsets in
+    ``[0, size)`` and the caller owns the memory they index, which must
+    span ``size`` bytes (the requested size rounded up to whole pages).
+    Allocation and freeing run without the GIL. There is no ``close()``:
+    the bookkeeping is freed when the object is garbage collected, so no
+    thread can still be inside a call.
+
+    Args:
+        size: Bytes to manage, rounded up to whole pages.
+        page_shift: log2 of the page size, in [10, 31).
+
+    Raises:
+        TypeError: ``size`` or ``page_shift`` is not an int.
+        ValueError: A bad size or page shift.
+    """
+
+    def __cinit__(self, *args, **kwargs):
+        self._x = NULL
+
+    def __init__(self, size, page_shift):
+        cdef hixl_extents *x = NULL
+        cdef uint64_t csize
+        cdef unsigned cshift
+        cdef int rc
+        if self._x != NULL:
+            raise RuntimeError("ExtentAllocator is already initialized")
+        cshift = _int_in(page_shift, HIXL_EXTENTS_MIN_PAGE_SHIFT,
+                         HIXL_EXTENTS_MAX_PAGE_SHIFT - 1, "page_shift")
+        csize = _int_in(size, 1, (1 << 62), "size")
+        rc = hixl_extents_create(csize, cshift, &x)
+        if rc != HIXL_OK:
+            _raise(rc, f"cannot create an allocator of {size} bytes")
+        self._x = x
+        self._page_shift = cshift
+
+    def __dealloc__(self):
+        if self._x != NULL:
+            hixl_extents_destroy(self._x)
+            self._x = NULL
+
+    cdef int _check_init(self) except -1:
+        if self._x == NULL:
+            raise ValueError("allocator is not initialized")
+        return 0
+
+    @property
+    def size(self):
+        """Managed size in bytes (whole pages)."""
+        self._check_init()
+        return hixl_extents_size(self._x)
+
+    @property
+    def page_size(self):
+        """Allocation granularity in bytes."""
+        self._check_init()
+        return 1 << self._page_shift
+
+    @property
+    def page_shift(self):
+        """log2 of ``page_size``."""
+        self._check_init()
+        return self._page_shift
+
+    @property
+    def used_bytes(self):
+        """Bytes in live allocations (whole pages)."""
+        self._check_init()
+        return _extents_usage(self._x)[0]
+
+    @property
+    def free_bytes(self):
+        """Bytes not allocated (possibly fragmented)."""
+        self._check_init()
+        return _extents_usage(self._x)[1]
+
+    def alloc(self, nbytes):
+        """Allocate ``nbytes`` rounded up to whole pages.
+
+        Args:
+            nbytes: Requested size, > 0.
+
+        Returns:
+            The offset of the block, a multiple of ``page_size``.
+
+        Raises:
+            ValueError: ``nbytes`` is not positive.
+            PoolExhausted: No free extent is large enough.
+        """
+        self._check_init()
+        return _extents_alloc(self._x, nbytes, "allocator")
+
+    def free(self, offset):
+        """Release a block, coalescing it with free neighbours.
+
+        Args:
+            offset: The offset ``alloc()`` returned.
+
+        Raises:
+            ValueError: ``offset`` does not start a live allocation.
+        """
+        self._check_init()
+        _extents_free(self._x, offset)
+
+    def allocation_size(self, offset):
+        """Return the rounded size of the live allocation at ``offset``.
+
+        Raises:
+            ValueError: ``offset`` does not start a live allocation.
+        """
+        self._check_init()
+        return _extents_allocation_size(self._x, offset)
+
+    def __repr__(self):
+        if self._x == NULL:
+            return f"<{type(self).__name__} uninitialized>"
+        used, _ = _extents_usage(self._x)
+        return (f"<{type(self).__name__} {used} of {hixl_extents_size(self._x)} bytes "
+                f"used, page {1 << self._page_shift}>")
 
 
 def copy_ranges(Mapping dst not None, Mapping src not None, ranges):

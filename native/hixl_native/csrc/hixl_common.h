@@ -35,7 +35,8 @@ enum {
 /*
  * Live-resource counters: one atomic add per acquire/release, cheap enough
  * to stay on in every build. They count what close() gives back (mapped
- * memory, open queues, running servers and links, registered regions) and
+ * memory, open queues, running servers and links, registered regions,
+ * extent allocators, on their own or inside a pool) and
  * native memory freed on its own schedule (requests until drained, server
  * connections until reaped), so tests can assert after each case that
  * nothing leaked. Defined in mapping.c.
@@ -49,6 +50,7 @@ enum {
     HIXL_LIVE_SERVERS,
     HIXL_LIVE_CONNECTIONS,
     HIXL_LIVE_LINKS,
+    HIXL_LIVE_ALLOCATORS,
     HIXL_LIVE_KINDS
 };
 
