@@ -4,7 +4,7 @@ Every method validates its arguments exactly as LLM-DataDist does (same
 exception types, messages naming the argument, status codes) before any RPC,
 then lets the daemon do the work. The operations are grouped by concern:
 allocation here, transfers between clusters in ``_transfer_ops``, copies
-inside the cluster in ``_copy_ops``.
+inside the cluster in ``_copy_ops``, user memory in ``_register_ops``.
 """
 
 from __future__ import annotations
