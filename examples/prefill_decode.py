@@ -37,6 +37,8 @@ from hixl_client import (
     LLMStatusCode,
 )
 
+EMBEDDED_POOL_BUDGET = 1 << 30  # the daemon's default pool.max_bytes
+
 
 async def run(layers: int, tokens: int, kv_heads: int, head_dim: int, repeats: int) -> None:
     desc = CacheDesc(2 * layers, [1, tokens, kv_heads, head_dim], DataType.DT_FLOAT16)
@@ -45,7 +47,9 @@ async def run(layers: int, tokens: int, kv_heads: int, head_dim: int, repeats: i
     print(f"KV cache: {layers} layers x (K, V) of {[1, tokens, kv_heads, head_dim]} fp16 "
           f"= {total / 2**20:.0f} MiB")
     options = engine_options(pool_bytes, device_id=0, sync_kv_timeout=30000)
-    async with two_daemons() as (prefill_daemon, decode_daemon):  # the embedded defaults
+    # The embedded defaults, but for a pool budget large enough for long prompts.
+    budget = pool_bytes if pool_bytes > EMBEDDED_POOL_BUDGET else None
+    async with two_daemons(budget) as (prefill_daemon, decode_daemon):
         print(f"prefill daemon {prefill_daemon.daemon_id} peers at {prefill_daemon.peer_address}")
         print(f"decode daemon  {decode_daemon.daemon_id} peers at {decode_daemon.peer_address}")
         async with LLMDataDist(LLMRole.PROMPT, PROMPT_CLUSTER,
