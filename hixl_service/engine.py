@@ -91,6 +91,7 @@ class Engine:
         self.inbound: dict[int, InboundLink] = {}
         self._region_ids = itertools.count(1)
         self._buffer_ids = itertools.count(1)
+        self._initializing: set[int] = set()
         self._closing = False
 
     # -- sessions and clusters --------------------------------------------
@@ -126,20 +127,30 @@ class Engine:
             raise LLMException(f"this session already initialized cluster "
                                f"{session.cluster.cluster_id}",
                                status_code=LLMStatusCode.LLM_PARAM_INVALID)
-        if cluster_id in self.clusters:
+        if cluster_id in self.clusters or cluster_id in self._initializing:
             raise LLMException(f"cluster_id {cluster_id} is already in use on this daemon",
                                status_code=LLMStatusCode.LLM_PARAM_INVALID)
         settings = ClusterSettings.from_options(options)
         cluster = Cluster(cluster_id, role, session.session_id, dict(options), settings)
+        # Creating pools awaits: hold the id meanwhile, so that it cannot be taken twice.
+        self._initializing.add(cluster_id)
         try:
             for placement, spec in ((Placement.DEVICE, settings.device_pool),
                                     (Placement.HOST, settings.host_pool)):
                 if spec is not None:
-                    cluster.pools[placement] = self.pools.create(cluster_id, placement, spec)
+                    cluster.pools[placement] = await self.pools.create(cluster_id, placement,
+                                                                       spec)
         except BaseException:
             for pool in cluster.pools.values():
                 await self.pools.destroy(pool)
             raise
+        finally:
+            self._initializing.discard(cluster_id)
+        if session.session_id not in self.sessions:  # the client left while we waited
+            for pool in cluster.pools.values():
+                await self.pools.destroy(pool)
+            raise LLMException("the session ended during init",
+                               status_code=LLMStatusCode.LLM_FAILED)
         self.clusters[cluster_id] = cluster
         session.cluster = cluster
         logger.info("cluster %d initialized (%s)", cluster_id, role.name)

@@ -153,15 +153,16 @@ class PoolManager:
         self._populate = populate
         self._ids = itertools.count(1)
         self._pools: dict[int, Pool] = {}
+        self._pending = 0  # bytes of pools being created, already counted against the budget
 
     @property
     def reserved_bytes(self) -> int:
-        return sum(p.size for p in self._pools.values())
+        return sum(p.size for p in self._pools.values()) + self._pending
 
     def pools(self) -> list[Pool]:
         return list(self._pools.values())
 
-    def create(self, cluster_id: int, placement: Placement, spec: PoolSpec) -> Pool:
+    async def create(self, cluster_id: int, placement: Placement, spec: PoolSpec) -> Pool:
         """Create a pool, or raise LLM_OUT_OF_MEMORY when the budget cannot hold it."""
         page = 1 << spec.page_shift
         size = -(-spec.memory_size // page) * page
@@ -171,8 +172,15 @@ class PoolManager:
                 f"({self.budget_bytes - self.reserved_bytes} of {self.budget_bytes} bytes left; "
                 f"see pool.max_bytes)", status_code=LLMStatusCode.LLM_OUT_OF_MEMORY)
         pool_id = next(self._ids)
-        native = hixl_native.SharedPool(f"c{cluster_id}-{placement.name.lower()}", size,
-                                        spec.page_shift, self._populate)
+        # Pre-faulting a large pool takes a while: do it off the event loop,
+        # with its bytes held against the budget meanwhile.
+        self._pending += size
+        try:
+            native = await asyncio.to_thread(
+                hixl_native.SharedPool, f"c{cluster_id}-{placement.name.lower()}", size,
+                spec.page_shift, self._populate)
+        finally:
+            self._pending -= size
         pool = Pool(pool_id, cluster_id, placement, native)
         self._pools[pool_id] = pool
         logger.info("pool %d for cluster %d: %s, %d bytes, page %d",
@@ -198,5 +206,5 @@ class PoolManager:
         self._pools.pop(pool.pool_id, None)
         pool.closed = True
         await pool.wait_unpinned()
-        pool.native.close()
+        await asyncio.to_thread(pool.native.close)  # unmapping a large pool takes a while
         logger.info("pool %d of cluster %d freed", pool.pool_id, pool.cluster_id)
