@@ -316,6 +316,8 @@ class Engine:
         token = secrets.randbits(64) or 1
         self.inbound[token] = InboundLink(token, src_daemon_id, src_cluster_id, dst_cluster_id)
         self.deps.data_server.authorize(token, dst_cluster_id)
+        logger.info("cluster %d of daemon %s linked to cluster %d", src_cluster_id,
+                    src_daemon_id, dst_cluster_id)
         return PeerHello(self.daemon_id, self.deps.version, self.deps.data_host,
                          self.deps.data_server.port, token)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -11,6 +12,7 @@ from hixl_client._proto.hixl.v1 import common_pb2, peer_pb2, peer_pb2_grpc
 from hixl_client._transport import error_from_rpc
 from hixl_client.status import LLMStatusCode
 
+from .interceptors import REQUEST_ID_METADATA_KEY, request_id
 from .peer_api import (
     PROTOCOL_VERSION,
     BlocksRef,
@@ -61,28 +63,28 @@ class PeerClient:
         self._channel = grpc.aio.insecure_channel(address)
         self._stub = peer_pb2_grpc.PeerStub(self._channel)
 
-    def _error(self, err: grpc.aio.AioRpcError) -> Exception:
-        return error_from_rpc(err, f"peer daemon at {self.address}",
-                              unavailable=LLMStatusCode.LLM_LINK_FAILED)
+    async def _call(self, method: Any, request: Any, timeout_s: float) -> Any:
+        """One call to the peer, carrying this request's id so both daemons log it."""
+        current = request_id.get()
+        metadata = () if current == "-" else ((REQUEST_ID_METADATA_KEY, current),)
+        try:
+            return await method(request, timeout=timeout_s, metadata=metadata)
+        except grpc.aio.AioRpcError as err:
+            raise error_from_rpc(err, f"peer daemon at {self.address}",
+                                 unavailable=LLMStatusCode.LLM_LINK_FAILED) from None
 
     async def hello(self, daemon_id: str, src_cluster_id: int, dst_cluster_id: int,
                     timeout_s: float) -> PeerHello:
         request = peer_pb2.HelloRequest(protocol_version=PROTOCOL_VERSION, daemon_id=daemon_id,
                                         version=self._version, src_cluster_id=src_cluster_id,
                                         dst_cluster_id=dst_cluster_id)
-        try:
-            reply = await self._stub.Hello(request, timeout=timeout_s)
-        except grpc.aio.AioRpcError as err:
-            raise self._error(err) from None
+        reply = await self._call(self._stub.Hello, request, timeout_s)
         return PeerHello(reply.daemon_id, reply.version, reply.data_host, reply.data_port,
                          reply.link_token)
 
     async def resolve(self, token: int, ref: CacheRefSpec, timeout_s: float) -> ResolvedCache:
         request = peer_pb2.ResolveCacheRequest(link_token=token, ref=ref_to_proto(ref))
-        try:
-            reply = await self._stub.ResolveCache(request, timeout=timeout_s)
-        except grpc.aio.AioRpcError as err:
-            raise self._error(err) from None
+        reply = await self._call(self._stub.ResolveCache, request, timeout_s)
         return ResolvedCache(reply.cache_id, reply.region_id, tuple(reply.tensor_offsets),
                              reply.tensor_size, reply.batch_size, reply.batch_index, reply.blocks,
                              reply.writable)
@@ -92,25 +94,16 @@ class PeerClient:
         # The owner ignores the key's cluster id; it is the linked cluster anyway.
         request = peer_pb2.ReleaseKeyRequest(link_token=token, key=key_to_proto(0, key),
                                              tensor_indices=list(tensor_indices))
-        try:
-            await self._stub.ReleaseKey(request, timeout=timeout_s)
-        except grpc.aio.AioRpcError as err:
-            raise self._error(err) from None
+        await self._call(self._stub.ReleaseKey, request, timeout_s)
 
     async def unlink(self, token: int, timeout_s: float) -> None:
-        try:
-            await self._stub.Unlink(peer_pb2.UnlinkRequest(link_token=token), timeout=timeout_s)
-        except grpc.aio.AioRpcError as err:
-            raise self._error(err) from None
+        await self._call(self._stub.Unlink, peer_pb2.UnlinkRequest(link_token=token), timeout_s)
 
     async def resolve_addresses(self, token: int, addresses: Sequence[int], length: int,
                                 timeout_s: float) -> list[tuple[int, int, bool]]:
         request = peer_pb2.ResolveAddressesRequest(link_token=token, addresses=list(addresses),
                                                    length=length)
-        try:
-            reply = await self._stub.ResolveAddresses(request, timeout=timeout_s)
-        except grpc.aio.AioRpcError as err:
-            raise self._error(err) from None
+        reply = await self._call(self._stub.ResolveAddresses, request, timeout_s)
         return list(zip(reply.region_ids, reply.offsets, reply.writable, strict=True))
 
     async def close(self) -> None:

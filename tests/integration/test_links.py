@@ -7,7 +7,15 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from hixl_client import CacheDesc, CacheKey, DataType, LLMDataDist, LLMRole, LLMStatusCode
+from hixl_client import (
+    CacheDesc,
+    CacheKey,
+    DataType,
+    LLMDataDist,
+    LLMException,
+    LLMRole,
+    LLMStatusCode,
+)
 from hixl_service.testing import DaemonProcess, start_daemon
 
 from .conftest import Pair, cluster_info, daemon_status, make_pair, options
@@ -48,7 +56,7 @@ async def test_unlink_then_pull_is_not_linked(pair: Pair) -> None:
     assert not [l for l in prompt_status.links if l.local_cluster_id == pair.prompt.cluster_id]
     assert await pair.decoder.unlink_clusters([info]) == (LLMStatusCode.LLM_UNLINK_FAILED,
                                                           [LLMStatusCode.LLM_UNLINK_FAILED])
-    with pytest.raises(Exception) as failure:
+    with pytest.raises(LLMException) as failure:
         await pair.decoder.cache_manager.pull_cache(key, dst)
     assert failure.value.status_code == LLMStatusCode.LLM_NOT_YET_LINK
     assert (await pair.decoder.link_clusters([info]))[0] == LLMStatusCode.LLM_SUCCESS

@@ -16,7 +16,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from hixl_client import CacheDesc, DataType, LLMDataDist, LLMRole
 from hixl_service.testing import DaemonProcess, start_daemon
 
-from .conftest import daemon_status, options
+from .conftest import daemon_status, make_pair, options
 
 pytestmark = pytest.mark.asyncio
 
@@ -81,6 +81,23 @@ async def test_log_records_carry_request_ids(next_cluster_id) -> None:  # type: 
         [line] = [l for l in daemon.log_tail().splitlines()
                   if f"cluster {dd.cluster_id} initialized" in l]
         assert "[-]" not in line and "[" in line
+
+
+def request_id_of(log: str, needle: str) -> str:
+    [line] = [l for l in log.splitlines() if needle in l]
+    return line.split("[", 1)[1].split("]", 1)[0]
+
+
+async def test_a_request_id_follows_a_link_to_the_peer(next_cluster_id) -> None:  # type: ignore[no-untyped-def]
+    async with start_daemon() as prefill, start_daemon() as decode:
+        pair = await make_pair(prefill, decode, next_cluster_id, pool_bytes=2**20)
+        await pair.decoder.finalize()
+        await pair.prompt.finalize()
+        linking = request_id_of(decode.log_tail(),
+                                f"cluster {pair.decoder.cluster_id} linked to cluster")
+        linked = request_id_of(prefill.log_tail(),
+                               f"cluster {pair.decoder.cluster_id} of daemon")
+        assert linking == linked and linking != "-"
 
 
 def grpcurl() -> str:
