@@ -127,7 +127,7 @@ class CopyOps(ManagerBase):
         operand = client_pb2.CacheOperand(cache_id=-1, tensor_size=desc.size,
                                           batch_size=desc.batch_size)
         for pool in self._pools.values():
-            base, end = pool.mapping.address, pool.mapping.address + pool.mapping.size
+            base, end = pool.base, pool.base + pool.size
             if all(base <= a and a + desc.size <= end for a in cache.tensor_addrs):
                 operand.pool_id = pool.pool_id
                 operand.tensor_offsets.extend(a - base for a in cache.tensor_addrs)

@@ -1,9 +1,14 @@
 """Maps the daemon's pools into this process.
 
-The daemon hands each pool's memfd over its fd socket (SCM_RIGHTS) in
-exchange for the token of the Init reply; the client maps it with the native
-``Mapping``, so a cache's ``tensor_addrs`` are addresses valid here and its
-views are zero-copy.
+Host pools: the daemon hands each pool's memfd over its fd socket
+(SCM_RIGHTS) in exchange for the token of the Init reply; the client maps it
+with the native ``Mapping``, so a cache's ``tensor_addrs`` are addresses
+valid here and its views are zero-copy.
+
+Device pools (the daemon's hccl backend): the client loads CANN from where
+the daemon did, asks the daemon to let its process import the pools
+(``ShareDevicePools`` with its ACL process id) and imports them with ACL IPC,
+so ``tensor_addrs`` are device addresses valid in this process.
 """
 
 from __future__ import annotations
@@ -11,13 +16,18 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import hixl_native
 
 from ._proto.hixl.v1 import client_pb2
 from .status import LLMException, LLMStatusCode
 from .types import Placement
+
+if TYPE_CHECKING:
+    from hixl_native._ascend import ImportedBuffer
 
 FD_REQUEST_TIMEOUT_S = 5.0
 _GRANTED = b"\x00"
@@ -28,14 +38,42 @@ _OP_UPLOAD = b"\x02"
 
 @dataclass
 class PoolMapping:
-    """One pool of the cluster, mapped in this process."""
+    """One pool of the cluster (or a shareable buffer), mapped in this process."""
 
     pool_id: int
     placement: Placement
-    mapping: hixl_native.Mapping
+    mapping: hixl_native.Mapping | None = None
+    device: ImportedBuffer | None = None  # a device pool, imported with ACL IPC
+
+    @property
+    def base(self) -> int:
+        return self.mapping.address if self.mapping is not None else self._device().address
+
+    @property
+    def size(self) -> int:
+        return self.mapping.size if self.mapping is not None else self._device().size
 
     def address(self, offset: int) -> int:
-        return self.mapping.address + offset
+        return self.base + offset
+
+    def view(self, offset: int, length: int) -> memoryview:
+        """A zero-copy host view; device memory has none."""
+        if self.mapping is None:
+            raise LLMException(
+                "this cache is in Ascend device memory, which has no host view; copy it with "
+                "ACL (aclrtMemcpy) or torch_npu at its tensor_addrs",
+                status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
+        return self.mapping.view(offset, length)
+
+    def close(self) -> None:
+        """Close an imported device pool (before the daemon frees it); host
+        mappings stay until the last view is gone."""
+        if self.device is not None:
+            self.device.close()
+
+    def _device(self) -> ImportedBuffer:
+        assert self.device is not None
+        return self.device
 
 
 def _fetch_fd(fd_socket: str, token: bytes) -> int:
@@ -65,10 +103,61 @@ def _map_pool(fd_socket: str, pool: client_pb2.PoolInfo) -> PoolMapping:
     return PoolMapping(pool.pool_id, Placement(pool.placement), mapping)
 
 
-async def map_pools(fd_socket: str, pools: list[client_pb2.PoolInfo]) -> dict[int, PoolMapping]:
-    """Fetch and map every pool of an Init reply, off the event loop."""
-    mapped = await asyncio.gather(*(asyncio.to_thread(_map_pool, fd_socket, p) for p in pools))
+ShareDevicePools = Callable[[int], Awaitable[client_pb2.ShareDevicePoolsReply]]
+
+
+async def map_pools(reply: client_pb2.InitReply,
+                    share: ShareDevicePools) -> dict[int, PoolMapping]:
+    """Map every pool of an Init reply into this process, off the event loop.
+
+    ``share`` asks the daemon to let this process (by ACL process id) import
+    the device pools; it is called only when there are some.
+    """
+    host = [p for p in reply.pools if not p.on_device]
+    device = [p for p in reply.pools if p.on_device]
+    mapped = list(await asyncio.gather(
+        *(asyncio.to_thread(_map_pool, reply.fd_socket, p) for p in host)))
+    if device:
+        try:
+            mapped.extend(await _import_device_pools(reply.cann_path, device, share))
+        except BaseException:
+            for pool in mapped:
+                pool.close()
+            raise
     return {m.pool_id: m for m in mapped}
+
+
+async def _import_device_pools(cann_path: str, pools: list[client_pb2.PoolInfo],
+                               share: ShareDevicePools) -> list[PoolMapping]:
+    from hixl_native import _ascend
+
+    try:
+        runtime = await asyncio.to_thread(_ascend.load, cann_path or None)
+        tgid = runtime.bare_tgid()
+    except (_ascend.AscendUnavailable, _ascend.AscendError) as exc:
+        raise LLMException(f"the daemon's pools are in Ascend device memory, but this process "
+                           f"cannot use CANN: {exc}",
+                           status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED) from exc
+    keys = {k.pool_id: k.ipc_key for k in (await share(tgid)).pools}
+    imported: list[PoolMapping] = []
+    try:
+        for pool in pools:
+            if pool.pool_id not in keys:
+                raise LLMException(f"the daemon did not share device pool {pool.pool_id}",
+                                   status_code=LLMStatusCode.LLM_FAILED)
+            device = runtime.set_device(pool.device_id)
+            buffer = await asyncio.to_thread(device.import_ipc, keys[pool.pool_id], pool.size)
+            imported.append(PoolMapping(pool.pool_id, Placement(pool.placement), device=buffer))
+    except _ascend.AscendError as exc:
+        for done in imported:
+            done.close()
+        raise LLMException(f"cannot import the daemon's device pool: {exc}",
+                           status_code=LLMStatusCode.LLM_FAILED) from exc
+    except BaseException:
+        for done in imported:
+            done.close()
+        raise
+    return imported
 
 
 def _upload(fd_socket: str, token: bytes, fd: int) -> int:

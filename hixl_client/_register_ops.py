@@ -103,7 +103,7 @@ class RegisterOps(ManagerBase):
         cache = Cache(reply.cache_id, desc, list(addrs), self, is_registered=True,
                       is_blocks_cache=blocks)
         if buffer is not None:
-            cache._bind_pool(PoolMapping(0, desc.placement, buffer._mapping), offsets)
+            cache._bind_pool(PoolMapping(0, desc.placement, mapping=buffer._mapping), offsets)
         return cache
 
     async def remap_registered_memory(self, mem_infos: MemInfo | list[MemInfo]) -> None:

@@ -97,7 +97,8 @@ class Cache:
 
         Raises:
             LLMException: the cache was deallocated or is not a pool cache
-                (``LLM_KV_CACHE_NOT_EXIST``).
+                (``LLM_KV_CACHE_NOT_EXIST``), or it is in Ascend device memory
+                (``LLM_FEATURE_NOT_ENABLED``: copy it with ACL instead).
             IndexError: ``index`` is not a tensor of the cache.
         """
         if not self._valid or self._pool is None:
@@ -105,7 +106,7 @@ class Cache:
                                status_code=LLMStatusCode.LLM_KV_CACHE_NOT_EXIST)
         if not 0 <= index < len(self._offsets):
             raise IndexError(f"tensor index {index} is out of range [0, {len(self._offsets)})")
-        return self._pool.mapping.view(self._offsets[index], self._cache_desc.size)
+        return self._pool.view(self._offsets[index], self._cache_desc.size)
 
     def numpy(self, index: int) -> Any:
         """Tensor ``index`` as a zero-copy numpy array of the cache's shape and dtype."""

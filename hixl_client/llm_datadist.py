@@ -93,6 +93,7 @@ class LLMDataDist(CommOps):
         self._connection: DaemonConnection | None = None
         self._cache_manager: CacheManager | None = None
         self._pools: dict[int, PoolMapping] = {}
+        self._link_transports: dict[int, str] = {}
         self._options: dict[str, str] = {}
 
     @staticmethod
@@ -160,11 +161,18 @@ class LLMDataDist(CommOps):
         try:
             reply = await connection.call(connection.stub.Init, client_pb2.InitRequest(
                 cluster_id=self._cluster_id, role=int(self._role), options=normalized))
-            self._pools = await map_pools(reply.fd_socket, list(reply.pools))
+
+            async def share(tgid: int) -> client_pb2.ShareDevicePoolsReply:
+                reply: client_pb2.ShareDevicePoolsReply = await connection.call(
+                    connection.stub.ShareDevicePools, client_pb2.ShareDevicePoolsRequest(tgid=tgid))
+                return reply
+
+            self._pools = await map_pools(reply, share)
             await connection.call(connection.stub.ReportMappings, client_pb2.ReportMappingsRequest(
-                pools=[client_pb2.PoolAddress(pool_id=p.pool_id, address=p.mapping.address)
+                pools=[client_pb2.PoolAddress(pool_id=p.pool_id, address=p.base)
                        for p in self._pools.values()]))
         except BaseException:
+            self._close_pools()
             await connection.close()
             raise
         self._connection = connection
@@ -182,14 +190,21 @@ class LLMDataDist(CommOps):
         manager, self._cache_manager = self._cache_manager, None
         if manager is not None:
             manager._expire()
+        self._link_transports.clear()
         if connection is None:
             return
+        # Imports of device pools end before the daemon frees the pools.
+        self._close_pools()
         try:
             await connection.call(connection.stub.Finalize, client_pb2.FinalizeRequest())
         finally:
             await connection.close()
-            # Views the caller still holds keep their mapping alive on their own.
-            self._pools = {}
+
+    def _close_pools(self) -> None:
+        pools, self._pools = self._pools, {}
+        for pool in pools.values():
+            # Host views the caller still holds keep their mapping alive on their own.
+            pool.close()
 
     def _check_clusters(self, clusters: Sequence[LLMClusterInfo], timeout: int,
                          options_require_local_ip: bool) -> None:
@@ -228,6 +243,13 @@ class LLMDataDist(CommOps):
             reply = await connection.call(
                 method, request_cls(clusters=targets, timeout_ms=timeout, force=force),
                 timeout=timeout / 1000.0 + LINK_RPC_MARGIN_S)
+            for target, answer in zip(targets, reply.results, strict=True):
+                if answer.status != LLMStatusCode.LLM_SUCCESS:
+                    continue
+                if unlink:
+                    self._link_transports.pop(target.remote_cluster_id, None)
+                else:
+                    self._link_transports[target.remote_cluster_id] = answer.transport
             answers = iter(reply.results)
             results = [r if r is not None else LLMStatusCode(next(answers).status)
                        for r in results]
@@ -236,6 +258,12 @@ class LLMDataDist(CommOps):
         if not statuses:
             return LLMStatusCode.LLM_PARAM_INVALID, []
         return (failed[-1] if failed else LLMStatusCode.LLM_SUCCESS), statuses
+
+    @property
+    def link_transports(self) -> dict[int, str]:
+        """hixl extension: the transport of each linked remote cluster, by its id:
+        ``"tcp"``, ``"hccl"`` (between daemons) or ``"local"`` (inside one daemon)."""
+        return dict(self._link_transports)
 
     async def link_clusters(self, clusters: Sequence[LLMClusterInfo], timeout: int = 3000
                             ) -> tuple[LLMStatusCode, list[LLMStatusCode]]:

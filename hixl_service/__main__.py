@@ -2,7 +2,8 @@
 
 Exit codes: 0 after a clean stop (or a successful ``--check`` /
 ``--print-config``), 1 when the daemon fails, 2 for a bad command line or
-configuration, 130 when interrupted before the daemon took over SIGINT.
+configuration (an Ascend backend that cannot start included), 130 when
+interrupted before the daemon took over SIGINT.
 """
 
 from __future__ import annotations
@@ -146,11 +147,12 @@ def _loop_runner(config: DaemonConfig) -> Callable[[Coroutine[Any, Any, None]], 
 
 
 def _run(config: DaemonConfig) -> int:
-    try:
-        # Imported only now: the server pulls in grpc and the native module,
-        # which --check and --print-config do not need.
-        from hixl_service.server import run_daemon
+    # Imported only now: the server pulls in grpc and the native module,
+    # which --check and --print-config do not need.
+    from hixl_service.ascend.backend import BackendUnavailable
+    from hixl_service.server import run_daemon
 
+    try:
         runner = _loop_runner(config)
         logger.info(
             "hixl-serviced %s starting (pid %d, %s loop)",
@@ -159,6 +161,9 @@ def _run(config: DaemonConfig) -> int:
             "asyncio" if runner is asyncio.run else "uvloop",
         )
         runner(run_daemon(config))
+    except BackendUnavailable as exc:
+        logger.critical("%s", exc)
+        return EXIT_CONFIG
     except KeyboardInterrupt:
         logger.warning("interrupted before a clean stop")
         return EXIT_INTERRUPTED

@@ -45,6 +45,7 @@ from pydantic_settings import (
 
 __all__ = [
     "ENV_PREFIX",
+    "AscendConfig",
     "ConfigError",
     "DaemonConfig",
     "LoggingConfig",
@@ -190,8 +191,10 @@ class ServerConfig(_Section):
 class PoolConfig(_Section):
     """Memory pools the daemon allocates for its clusters."""
 
-    backend: Literal["host"] = Field(
-        default="host", description='Pool memory backend; only "host" is supported so far.'
+    backend: Literal["host", "hccl"] = Field(
+        default="host",
+        description='"host": pools in host memory, links over native TCP. "hccl": DEVICE '
+        "pools in Ascend device memory, links over HCCL (needs CANN; see [ascend]).",
     )
     max_bytes: ByteSize = Field(
         default=ByteSize(1 << 30),
@@ -219,6 +222,42 @@ class TransferConfig(_Section):
     copy_threads: int = Field(
         default=2, ge=1, le=64, description="Threads of the dedicated executor for native copies."
     )
+
+
+class AscendConfig(_Section):
+    """The Ascend (``pool.backend = "hccl"``) backend: where CANN is, which devices."""
+
+    cann_path: Path | None = Field(
+        default=None,
+        description="Directory holding libascendcl.so and libhccl.so; empty searches "
+        "$ASCEND_TOOLKIT_HOME/lib64, $ASCEND_HOME_PATH/lib64, then the loader path.",
+    )
+    devices: list[Annotated[int, Field(ge=0)]] = Field(
+        default_factory=lambda: [0],
+        min_length=1,
+        description="Device ids clusters may use (their ge.exec.deviceId); each is opened at "
+        "start.",
+    )
+    device_pool_max_bytes: ByteSize = Field(
+        default=ByteSize(8 << 30),
+        description="Budget of device pools per device, in bytes or with a unit.",
+    )
+
+    _unset_if_empty = field_validator("cann_path", mode="before")(_empty_is_unset)
+
+    @field_validator("devices")
+    @classmethod
+    def _check_unique(cls, value: list[int]) -> list[int]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"device ids repeat: {value}")
+        return value
+
+    @field_validator("device_pool_max_bytes")
+    @classmethod
+    def _check_positive(cls, value: ByteSize) -> ByteSize:
+        if value <= 0:
+            raise ValueError("Input should be greater than 0")
+        return value
 
 
 class LoggingConfig(_Section):
@@ -279,6 +318,9 @@ class DaemonConfig(BaseSettings):
     server: ServerConfig = Field(default_factory=ServerConfig, description="Listeners.")
     pool: PoolConfig = Field(default_factory=PoolConfig, description="Memory pools.")
     transfer: TransferConfig = Field(default_factory=TransferConfig, description="Data plane.")
+    ascend: AscendConfig = Field(
+        default_factory=AscendConfig, description='Ascend backend (pool.backend = "hccl").'
+    )
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Log output.")
 
     @classmethod
@@ -364,8 +406,8 @@ def _short_repr(value: object, limit: int = 60) -> str:
 def dump_toml(data: Mapping[str, Mapping[str, object]]) -> str:
     """Render ``{section: {key: value}}`` as TOML.
 
-    Values may be str, int, float, bool, ``os.PathLike`` or ``None``; ``None``
-    becomes ``""``, which the daemon reads as "unset".
+    Values may be str, int, float, bool, ``os.PathLike``, ``None`` or a list of
+    those; ``None`` becomes ``""``, which the daemon reads as "unset".
 
     Args:
         data: The sections to render, in order.
@@ -386,6 +428,8 @@ def dump_toml(data: Mapping[str, Mapping[str, object]]) -> str:
 
 
 def _toml_value(value: object) -> str:
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
     if value is None:
         return '""'
     if isinstance(value, bool):

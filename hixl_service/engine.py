@@ -14,17 +14,29 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import hixl_native
+import numpy as np
 
 from hixl_client._compat import timeout
 from hixl_client.status import LLMException, LLMStatusCode
 from hixl_client.types import LLMRole, Placement
 
+from .ascend.hccl_link import HcclInbound, HcclLink
 from .cluster import Cluster, ClusterSettings
-from .links import CompletionDispatcher, ExecutorCopier, InboundLink, OutboundLink
+from .links import (
+    TRANSPORT_HCCL,
+    TRANSPORT_LOCAL,
+    TRANSPORT_TCP,
+    CompletionDispatcher,
+    ExecutorCopier,
+    InboundLink,
+    OutboundLink,
+    RegionRefused,
+)
 from .peer_api import (
     PROTOCOL_VERSION,
     CacheRefSpec,
@@ -34,8 +46,11 @@ from .peer_api import (
     PeerHello,
     ResolvedCache,
 )
-from .pools import Pool, PoolManager, UserBuffer
+from .pools import Memory, Pool, PoolManager, UserBuffer
 from .registry import CacheEntry, KeySpec
+
+if TYPE_CHECKING:
+    from .ascend.backend import AscendBackend
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +92,20 @@ class EngineDeps:
     streams_per_link: int = 4
     connect_timeout_s: float = 3.0
     started: float = field(default_factory=time.monotonic)
+    backend: str = "host"  # pool.backend: "host" or "hccl"
+    ascend: AscendBackend | None = None  # set with the hccl backend
+
+
+@dataclass(frozen=True)
+class DeviceRegion:
+    """Device memory linked peers may reach over HCCL (the TCP data server's
+    region table, for memory it cannot see)."""
+
+    memory: Memory
+    offset: int
+    size: int
+    cluster_id: int
+    writable: bool
 
 
 class Engine:
@@ -93,6 +122,8 @@ class Engine:
         self._buffer_ids = itertools.count(1)
         self._initializing: set[int] = set()
         self._closing = False
+        self.device_regions: dict[int, DeviceRegion] = {}
+        self._background: set[asyncio.Task[None]] = set()
 
     # -- sessions and clusters --------------------------------------------
 
@@ -131,6 +162,8 @@ class Engine:
             raise LLMException(f"cluster_id {cluster_id} is already in use on this daemon",
                                status_code=LLMStatusCode.LLM_PARAM_INVALID)
         settings = ClusterSettings.from_options(options)
+        if self.deps.ascend is not None:
+            self.deps.ascend.device(settings.device_id)  # refuses a device not served here
         cluster = Cluster(cluster_id, role, session.session_id, dict(options), settings)
         # Creating pools awaits: hold the id meanwhile, so that it cannot be taken twice.
         self._initializing.add(cluster_id)
@@ -138,8 +171,8 @@ class Engine:
             for placement, spec in ((Placement.DEVICE, settings.device_pool),
                                     (Placement.HOST, settings.host_pool)):
                 if spec is not None:
-                    cluster.pools[placement] = await self.pools.create(cluster_id, placement,
-                                                                       spec)
+                    cluster.pools[placement] = await self.pools.create(
+                        cluster_id, placement, spec, settings.device_id)
         except BaseException:
             for pool in cluster.pools.values():
                 await self.pools.destroy(pool)
@@ -175,13 +208,13 @@ class Engine:
         for token in [t for t, i in self.inbound.items() if i.dst_cluster_id == cluster.cluster_id]:
             self._drop_inbound(token)
         for entry in cluster.registry.drain():
-            await asyncio.to_thread(self.deps.data_server.unregister_region, entry.region_id)
+            await self._unregister_region(entry.region_id)
         for pool in cluster.pools.values():
             await self.pools.destroy(pool)
         for buffer in cluster.buffers.values():  # unmapped here, never freed: the user's
             buffer.closed = True
             await buffer.wait_unpinned()
-            buffer.native.close()
+            buffer.release()
         logger.info("cluster %d finalized", cluster.cluster_id)
 
     async def close(self) -> None:
@@ -189,6 +222,9 @@ class Engine:
         self._closing = True
         for session in list(self.sessions.values()):
             await self.detach(session)
+        for token in list(self.inbound):
+            self._drop_inbound(token)
+        await asyncio.gather(*self._background, return_exceptions=True)
         self.deps.dispatcher.close()
         self.deps.copier.close()
 
@@ -206,11 +242,10 @@ class Engine:
         region_id = next(self._region_ids)
         writable = cluster.settings.remote_cache_accessible
         try:
-            self.deps.data_server.register_region(region_id, pool.native, offset, size,
-                                                  cluster.cluster_id,
-                                                  self._peer_writable(cluster, writable))
+            self._register_region(region_id, pool, offset, size, cluster,
+                                  self._peer_writable(cluster, writable))
         except BaseException:
-            pool.pool.free(offset)
+            pool.allocator.free(offset)
             raise
         entry = CacheEntry(cache_id=cache_id, blocks=spec.blocks, num_tensors=spec.num_tensors,
                            tensor_size=spec.tensor_size, batch_size=spec.batch_size,
@@ -229,12 +264,27 @@ class Engine:
     async def _free(self, entry: CacheEntry | None) -> None:
         if entry is None:
             return
-        # Waits for data-plane reads of the region that already started.
-        await asyncio.to_thread(self.deps.data_server.unregister_region, entry.region_id)
+        await self._unregister_region(entry.region_id)
         if entry.registered or entry.memory.closed:
             return  # the user's memory, or the whole pool went away with its cluster
         assert isinstance(entry.memory, Pool)
-        entry.memory.pool.free(entry.extent_offset)
+        entry.memory.allocator.free(entry.extent_offset)
+
+    def _register_region(self, region_id: int, memory: Memory, offset: int, size: int,
+                         cluster: Cluster, writable: bool) -> None:
+        """Make [offset, offset + size) of ``memory`` reachable by linked peers."""
+        if memory.on_device:
+            self.device_regions[region_id] = DeviceRegion(memory, offset, size,
+                                                          cluster.cluster_id, writable)
+        else:
+            self.deps.data_server.register_region(region_id, memory.native, offset, size,
+                                                  cluster.cluster_id, writable)
+
+    async def _unregister_region(self, region_id: int) -> None:
+        if self.device_regions.pop(region_id, None) is not None:
+            return  # HCCL batches in flight pin the memory itself
+        # Waits for data-plane reads of the region that already started.
+        await asyncio.to_thread(self.deps.data_server.unregister_region, region_id)
 
     # -- registered memory ------------------------------------------------------
 
@@ -274,9 +324,8 @@ class Engine:
         start = min(tensor_offsets)
         span = max(tensor_offsets) + spec.tensor_size - start
         region_id = next(self._region_ids)
-        self.deps.data_server.register_region(region_id, buffer.native, start, span,
-                                              cluster.cluster_id,
-                                              self._peer_writable(cluster, remote_accessible))
+        self._register_region(region_id, buffer, start, span, cluster,
+                              self._peer_writable(cluster, remote_accessible))
         entry = CacheEntry(cache_id=cluster.registry.reserve_id(), blocks=spec.blocks,
                            num_tensors=spec.num_tensors, tensor_size=spec.tensor_size,
                            batch_size=spec.batch_size, memory=buffer, extent_offset=start,
@@ -288,7 +337,7 @@ class Engine:
     async def unregister(self, cluster: Cluster, cache_id: int) -> None:
         entry = cluster.registry.unregister(cache_id)
         if entry is not None:
-            await asyncio.to_thread(self.deps.data_server.unregister_region, entry.region_id)
+            await self._unregister_region(entry.region_id)
 
     async def free_all(self, entries: list[CacheEntry]) -> None:
         for entry in entries:
@@ -305,21 +354,29 @@ class Engine:
     # -- links ------------------------------------------------------------------
 
     def accept_link(self, protocol_version: int, src_daemon_id: str, src_cluster_id: int,
-                    dst_cluster_id: int) -> PeerHello:
+                    dst_cluster_id: int, backend: str = "host") -> PeerHello:
         """Peer side of a link: authorize a token for one of our clusters."""
         if protocol_version != PROTOCOL_VERSION:
             raise LLMException(f"peer protocol {protocol_version} is not {PROTOCOL_VERSION}",
                                status_code=LLMStatusCode.LLM_LINK_FAILED)
-        if dst_cluster_id not in self.clusters:
+        if backend != self.deps.backend:
+            raise LLMException(f"daemon {src_daemon_id} runs the {backend!r} backend and daemon "
+                               f"{self.daemon_id} the {self.deps.backend!r} one; link daemons "
+                               f"of one backend", status_code=LLMStatusCode.LLM_LINK_FAILED)
+        cluster = self.clusters.get(dst_cluster_id)
+        if cluster is None:
             raise LLMException(f"cluster {dst_cluster_id} is not initialized on daemon "
                                f"{self.daemon_id}", status_code=LLMStatusCode.LLM_LINK_FAILED)
         token = secrets.randbits(64) or 1
-        self.inbound[token] = InboundLink(token, src_daemon_id, src_cluster_id, dst_cluster_id)
+        inbound = InboundLink(token, src_daemon_id, src_cluster_id, dst_cluster_id)
+        if self.deps.ascend is not None and src_daemon_id != self.daemon_id:
+            inbound.hccl = HcclInbound(self.deps.ascend.device(cluster.settings.device_id))
+        self.inbound[token] = inbound
         self.deps.data_server.authorize(token, dst_cluster_id)
         logger.info("cluster %d of daemon %s linked to cluster %d", src_cluster_id,
                     src_daemon_id, dst_cluster_id)
         return PeerHello(self.daemon_id, self.deps.version, self.deps.data_host,
-                         self.deps.data_server.port, token)
+                         self.deps.data_server.port, token, self.deps.backend)
 
     def drop_inbound_link(self, token: int) -> None:
         if token not in self.inbound:
@@ -327,8 +384,16 @@ class Engine:
         self._drop_inbound(token)
 
     def _drop_inbound(self, token: int) -> None:
-        self.inbound.pop(token, None)
+        inbound = self.inbound.pop(token, None)
         self.deps.data_server.revoke(token)
+        if inbound is not None and inbound.hccl is not None:
+            # Waits for a running batch (bounded by its deadline): in the background.
+            self._in_background(inbound.hccl.close())
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def link(self, cluster: Cluster, remote_cluster_id: int, address: str,
                    timeout_s: float) -> OutboundLink:
@@ -342,7 +407,7 @@ class Engine:
         peer = self.deps.peer_factory(address)
         try:
             async with timeout(timeout_s):
-                link = await self._open_link(cluster, remote_cluster_id, peer)
+                link = await self._open_link(cluster, remote_cluster_id, peer, timeout_s)
         except asyncio.TimeoutError:
             raise LLMException(f"linking to {address} timed out after {timeout_s:.3f} s",
                                status_code=LLMStatusCode.LLM_LINK_FAILED) from None
@@ -355,15 +420,17 @@ class Engine:
                     remote_cluster_id, address, link.transport)
         return link
 
-    async def _open_link(self, cluster: Cluster, remote_cluster_id: int,
-                         peer: PeerApi) -> OutboundLink:
+    async def _open_link(self, cluster: Cluster, remote_cluster_id: int, peer: PeerApi,
+                         timeout_s: float) -> OutboundLink:
         hello = await peer.hello(self.daemon_id, cluster.cluster_id, remote_cluster_id,
-                                 self.deps.connect_timeout_s)
+                                 self.deps.connect_timeout_s, self.deps.backend)
         link = OutboundLink(cluster.cluster_id, remote_cluster_id, peer.address,
-                            hello.daemon_id, hello.token, "local", peer)
+                            hello.daemon_id, hello.token, TRANSPORT_LOCAL, peer)
         if hello.daemon_id == self.daemon_id:
             return link  # the address is ours: copy pool to pool
-        link.transport = "tcp"
+        if self.deps.ascend is not None:
+            return await self._open_hccl_link(cluster, link, peer, timeout_s)
+        link.transport = TRANSPORT_TCP
         try:
             link.data = await asyncio.to_thread(
                 hixl_native.DataLink, hello.data_host, hello.data_port, hello.token,
@@ -375,6 +442,21 @@ class Engine:
                                f"{hello.data_port}: {exc}",
                                status_code=LLMStatusCode.LLM_LINK_FAILED) from exc
         except BaseException:
+            await self._notify_unlink(link)
+            raise
+        return link
+
+    async def _open_hccl_link(self, cluster: Cluster, link: OutboundLink, peer: PeerApi,
+                              timeout_s: float) -> OutboundLink:
+        assert self.deps.ascend is not None
+        link.transport = TRANSPORT_HCCL
+        link.hccl = HcclLink(self.deps.ascend.device(cluster.settings.device_id), peer,
+                             link.token, self.deps.connect_timeout_s,
+                             lambda exc: RegionRefused(str(exc), status_code=exc.status_code))
+        try:
+            await link.hccl.connect(timeout_s)
+        except BaseException:
+            await link.hccl.close()
             await self._notify_unlink(link)
             raise
         return link
@@ -392,6 +474,8 @@ class Engine:
     async def _close_link(self, link: OutboundLink, notify: bool) -> bool:
         if link.data is not None:
             await asyncio.to_thread(link.close)
+        if link.hccl is not None:
+            await link.hccl.close()
         return await self._notify_unlink(link) if notify else True
 
     async def _notify_unlink(self, link: OutboundLink) -> bool:
@@ -467,6 +551,48 @@ class Engine:
         found = [self.translate(cluster, a, length) for a in addresses]
         return [(entry.region_id, offset, self._peer_writable(cluster, entry.writable))
                 for entry, offset in found]
+
+    async def hccl_connect_for_peer(self, token: int, root_info: bytes) -> None:
+        """Peer side of an HCCL link: join the communicator the linking daemon created."""
+        inbound = self.inbound.get(token)
+        if inbound is None or inbound.hccl is None:
+            raise LLMException("the link is gone or not an HCCL link; link again",
+                               status_code=LLMStatusCode.LLM_NOT_YET_LINK)
+        await inbound.hccl.connect(root_info)
+
+    async def hccl_post_for_peer(self, token: int, send: bool, region_id: int, ranges: bytes,
+                                 timeout_ms: int) -> None:
+        """Peer side of an HCCL transfer: check the ranges, queue our half of the batch."""
+        inbound = self.inbound.get(token)
+        if inbound is None or inbound.hccl is None:
+            raise LLMException("the link is gone or not an HCCL link; link again",
+                               status_code=LLMStatusCode.LLM_NOT_YET_LINK)
+        region = self.device_regions.get(region_id)
+        if region is None or region.cluster_id != inbound.dst_cluster_id:
+            raise LLMException(f"region {region_id} is not a device cache of cluster "
+                               f"{inbound.dst_cluster_id} (freed, or never there)",
+                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
+        if not send and not region.writable:
+            raise LLMException(f"region {region_id} of cluster {inbound.dst_cluster_id} is not "
+                               f"writable by linked peers",
+                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
+        if len(ranges) == 0 or len(ranges) % 16:
+            raise LLMException("ranges must be non-empty (offset, length) uint64 pairs",
+                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
+        pairs = np.frombuffer(ranges, dtype="<u8").reshape(-1, 2).astype(np.uint64)
+        ends = pairs[:, 0] + pairs[:, 1]
+        if bool((ends > region.size).any()) or bool((ends < pairs[:, 0]).any()):
+            raise LLMException(f"a range runs past the {region.size} bytes of region {region_id}",
+                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
+        pairs[:, 0] += np.uint64(region.offset)
+        await inbound.hccl.post(send, region.memory, pairs.ravel(), timeout_ms)
+
+    def share_device_pools(self, cluster: Cluster, tgid: int) -> list[tuple[int, str]]:
+        """Let a client process import the cluster's device pools; (pool id, key) each."""
+        if self.deps.ascend is None:
+            return []
+        return [(pool.pool_id, self.deps.ascend.share(pool, tgid))
+                for pool in cluster.pools.values() if pool.on_device]
 
     @staticmethod
     def _peer_writable(cluster: Cluster, remote_accessible: bool) -> bool:

@@ -6,7 +6,9 @@ A link is chosen at link time and never changes silently:
   memcpy between their pools in the copy executor (GIL released);
 * ``tcp``: the remote cluster lives in another daemon; a transfer is posted
   to a native ``DataLink`` (several TCP streams) and its completion comes back
-  through one ``CompletionQueue`` watched by the event loop (no polling).
+  through one ``CompletionQueue`` watched by the event loop (no polling);
+* ``hccl`` (the Ascend backend): the remote cluster lives in another daemon;
+  a transfer is a matched HCCL batch on both daemons (``ascend.hccl_link``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import numpy as np
 from hixl_client.status import LLMException, LLMStatusCode
 
 if TYPE_CHECKING:
+    from .ascend.backend import AscendBackend
+    from .ascend.hccl_link import HcclInbound, HcclLink
     from .peer_api import PeerApi, ResolvedCache
     from .planning import Ranges
     from .pools import Memory
@@ -32,6 +36,7 @@ logger = logging.getLogger(__name__)
 
 TRANSPORT_LOCAL = "local"
 TRANSPORT_TCP = "tcp"
+TRANSPORT_HCCL = "hccl"
 
 # A native status becomes the LLMStatusCode the caller sees.
 _NATIVE_STATUS = {
@@ -100,18 +105,24 @@ class CompletionDispatcher:
 
 
 class ExecutorCopier:
-    """Native memcpy in a dedicated, bounded, named thread pool."""
+    """Copies in a dedicated, bounded, named thread pool: native memcpy between
+    host memories, ACL copies (the Ascend backend) when device memory is involved."""
 
-    def __init__(self, threads: int) -> None:
+    def __init__(self, threads: int, ascend: AscendBackend | None = None) -> None:
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix="hixl-copy")
+        self._ascend = ascend
 
     async def copy(self, dst: Memory, src: Memory, ranges: Ranges) -> None:
-        """Copy (src, dst, length) ranges from one pool into another."""
-        # The native call takes (dst, src, length) triples.
+        """Copy (src, dst, length) ranges from one memory into another."""
+        # The native calls take (dst, src, length) triples.
         triples = np.ascontiguousarray(ranges[:, [1, 0, 2]]).ravel()
         loop = asyncio.get_running_loop()
-        job = loop.run_in_executor(self._executor, hixl_native.copy_ranges,
-                                   dst.native, src.native, triples)
+        if dst.on_device or src.on_device:
+            assert self._ascend is not None, "device memory exists only with the Ascend backend"
+            job = loop.run_in_executor(self._executor, self._ascend.copy_job(dst, src, triples))
+        else:
+            job = loop.run_in_executor(self._executor, hixl_native.copy_ranges,
+                                       dst.native, src.native, triples)
         dst.pin_until(job)
         src.pin_until(job)
         await asyncio.shield(job)
@@ -132,6 +143,7 @@ class OutboundLink:
     transport: str
     peer: PeerApi | None = None  # None for local links
     data: hixl_native.DataLink | None = None
+    hccl: HcclLink | None = None
     # Remote caches named by id or blocks key, as last resolved. Like
     # LLM-DataDist's copy of the peer's cache index, it saves the peer call on
     # later transfers; region ids are never reused, so a stale entry can only
@@ -140,6 +152,8 @@ class OutboundLink:
 
     @property
     def alive(self) -> bool:
+        if self.hccl is not None:
+            return self.hccl.alive
         return self.data.alive if self.data is not None else True
 
     @property
@@ -149,12 +163,20 @@ class OutboundLink:
     async def read(self, dispatcher: CompletionDispatcher, dst: Memory,
                    region_id: int, ranges: Ranges, timeout_ms: int) -> None:
         """Move (remote offset, pool offset, length) ranges into ``dst``; raise on failure."""
+        if self.hccl is not None:
+            await self._hccl(False, dst, ranges[:, [1, 2]], region_id, ranges[:, [0, 2]],
+                             timeout_ms)
+            return
         quads = _with_region(region_id, ranges, (0, 1, 2))
         await self._transfer(dispatcher, "read", dst, quads, timeout_ms)
 
     async def write(self, dispatcher: CompletionDispatcher, src: Memory,
                     region_id: int, ranges: Ranges, timeout_ms: int) -> None:
         """Move (pool offset, remote offset, length) ranges out of ``src``; raise on failure."""
+        if self.hccl is not None:
+            await self._hccl(True, src, ranges[:, [0, 2]], region_id, ranges[:, [1, 2]],
+                             timeout_ms)
+            return
         quads = _with_region(region_id, ranges, (1, 0, 2))
         await self._transfer(dispatcher, "write", src, quads, timeout_ms)
 
@@ -179,6 +201,16 @@ class OutboundLink:
         if status != hixl_native.OK:
             raise native_status_error(status)
 
+    async def _hccl(self, sending: bool, local: Memory, local_pairs: Ranges, region_id: int,
+                    remote_pairs: Ranges, timeout_ms: int) -> None:
+        assert self.hccl is not None
+        if not local.on_device:
+            raise LLMException("the hccl transport moves device memory: use DEVICE caches "
+                               "on both ends", status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
+        await self.hccl.transfer(sending, local, np.ascontiguousarray(local_pairs).ravel(),
+                                 region_id, np.ascontiguousarray(remote_pairs).ravel(),
+                                 max(1, timeout_ms))
+
     def close(self) -> None:
         if self.data is not None:
             self.data.close()
@@ -192,3 +224,4 @@ class InboundLink:
     src_daemon_id: str
     src_cluster_id: int
     dst_cluster_id: int
+    hccl: HcclInbound | None = None  # the hccl backend's side of the link

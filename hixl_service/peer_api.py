@@ -71,6 +71,7 @@ class PeerHello:
     data_host: str
     data_port: int
     token: int
+    backend: str = "host"
 
 
 class PeerApi(Protocol):
@@ -79,7 +80,7 @@ class PeerApi(Protocol):
     address: str
 
     async def hello(self, daemon_id: str, src_cluster_id: int, dst_cluster_id: int,
-                    timeout_s: float) -> PeerHello: ...
+                    timeout_s: float, backend: str = "host") -> PeerHello: ...
 
     async def resolve(self, token: int, ref: CacheRefSpec, timeout_s: float) -> ResolvedCache: ...
 
@@ -90,3 +91,8 @@ class PeerApi(Protocol):
 
     async def resolve_addresses(self, token: int, addresses: Sequence[int], length: int,
                                 timeout_s: float) -> list[tuple[int, int, bool]]: ...
+
+    async def hccl_connect(self, token: int, root_info: bytes, timeout_s: float) -> None: ...
+
+    async def hccl_post(self, token: int, send: bool, region_id: int, ranges: bytes,
+                        timeout_ms: int, timeout_s: float) -> None: ...

@@ -74,13 +74,13 @@ class PeerClient:
                                  unavailable=LLMStatusCode.LLM_LINK_FAILED) from None
 
     async def hello(self, daemon_id: str, src_cluster_id: int, dst_cluster_id: int,
-                    timeout_s: float) -> PeerHello:
+                    timeout_s: float, backend: str = "host") -> PeerHello:
         request = peer_pb2.HelloRequest(protocol_version=PROTOCOL_VERSION, daemon_id=daemon_id,
                                         version=self._version, src_cluster_id=src_cluster_id,
-                                        dst_cluster_id=dst_cluster_id)
+                                        dst_cluster_id=dst_cluster_id, backend=backend)
         reply = await self._call(self._stub.Hello, request, timeout_s)
         return PeerHello(reply.daemon_id, reply.version, reply.data_host, reply.data_port,
-                         reply.link_token)
+                         reply.link_token, reply.backend or "host")
 
     async def resolve(self, token: int, ref: CacheRefSpec, timeout_s: float) -> ResolvedCache:
         request = peer_pb2.ResolveCacheRequest(link_token=token, ref=ref_to_proto(ref))
@@ -105,6 +105,16 @@ class PeerClient:
                                                    length=length)
         reply = await self._call(self._stub.ResolveAddresses, request, timeout_s)
         return list(zip(reply.region_ids, reply.offsets, reply.writable, strict=True))
+
+    async def hccl_connect(self, token: int, root_info: bytes, timeout_s: float) -> None:
+        request = peer_pb2.HcclConnectRequest(link_token=token, root_info=root_info)
+        await self._call(self._stub.HcclConnect, request, timeout_s)
+
+    async def hccl_post(self, token: int, send: bool, region_id: int, ranges: bytes,
+                        timeout_ms: int, timeout_s: float) -> None:
+        request = peer_pb2.HcclPostRequest(link_token=token, send=send, region_id=region_id,
+                                           ranges=ranges, timeout_ms=timeout_ms)
+        await self._call(self._stub.HcclPost, request, timeout_s)
 
     async def close(self) -> None:
         await self._channel.close()

@@ -15,12 +15,17 @@ import json
 import logging
 import secrets
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import hixl_native
 
 from hixl_client.status import LLMException, LLMStatusCode
 from hixl_client.types import Placement
+
+if TYPE_CHECKING:
+    from hixl_native._ascend import DeviceBuffer, DeviceMemory
+
+    from .ascend.backend import AscendBackend
 
 logger = logging.getLogger(__name__)
 
@@ -73,24 +78,42 @@ class PoolSpec:
 class Memory:
     """Memory the daemon moves bytes in and out of: a pool, or a client's buffer.
 
-    Native transfers in flight pin it: a native job cannot be interrupted, so
-    the mapping must outlive it even when its awaiter was cancelled, and pins
-    are released from the job's completion.
+    Host memory is a native ``Mapping`` (memcpy, TCP); device memory (the
+    hccl backend) is an ACL ``DeviceMemory`` (ACL copies, HCCL). Native
+    transfers in flight pin it: a native job cannot be interrupted, so the
+    memory must outlive it even when its awaiter was cancelled, and pins are
+    released from the job's completion.
     """
 
-    def __init__(self, cluster_id: int, placement: Placement,
-                 native: hixl_native.Mapping) -> None:
+    def __init__(self, cluster_id: int, placement: Placement, size: int, *,
+                 mapping: hixl_native.Mapping | None = None,
+                 device: DeviceMemory | None = None) -> None:
+        assert (mapping is None) != (device is None), "host or device memory, exactly one"
         self.cluster_id = cluster_id
         self.placement = placement
-        self.native = native
+        self.size = size
+        self.device = device
+        self._mapping = mapping
         self.closed = False
         # Where the client mapped this memory (for addresses in TransferConfig).
         self.client_base: int | None = None
         self._pins = 0
         self._unpinned: asyncio.Event | None = None
 
+    @property
+    def on_device(self) -> bool:
+        return self.device is not None
+
+    @property
+    def native(self) -> hixl_native.Mapping:
+        """The host mapping; device memory has none (native TCP and memcpy cannot reach it)."""
+        if self._mapping is None:
+            raise LLMException("this memory is on an Ascend device; host transports "
+                               "cannot reach it", status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
+        return self._mapping
+
     def pin_until(self, job: asyncio.Future[Any]) -> None:
-        """Keep the mapping alive until ``job`` completes, however it ends."""
+        """Keep the memory alive until ``job`` completes, however it ends."""
         self._pins += 1
         job.add_done_callback(self._unpin)
 
@@ -105,9 +128,12 @@ class Memory:
             self._unpinned = asyncio.Event()
             await self._unpinned.wait()
 
-    @property
-    def size(self) -> int:
-        return self.native.size
+    def release(self) -> None:
+        """Unmap host memory, or free/close device memory (blocking; call off the loop)."""
+        if self._mapping is not None:
+            self._mapping.close()
+        if self.device is not None:
+            self.device.close()
 
 
 class UserBuffer(Memory):
@@ -117,53 +143,102 @@ class UserBuffer(Memory):
     """
 
     def __init__(self, buffer_id: int, cluster_id: int, native: hixl_native.Mapping) -> None:
-        super().__init__(cluster_id, Placement.HOST, native)
+        super().__init__(cluster_id, Placement.HOST, native.size, mapping=native)
         self.buffer_id = buffer_id
+
+
+class Allocator(Protocol):
+    """Extents of a pool: ``SharedPool`` (host) or ``ExtentAllocator`` (device)."""
+
+    @property
+    def page_size(self) -> int: ...
+    @property
+    def page_shift(self) -> int: ...
+    @property
+    def used_bytes(self) -> int: ...
+    @property
+    def free_bytes(self) -> int: ...
+    def alloc(self, nbytes: int) -> int: ...
+    def free(self, offset: int) -> None: ...
+    def allocation_size(self, offset: int) -> int: ...
 
 
 class Pool(Memory):
     """One cluster's pool for one placement."""
 
     def __init__(self, pool_id: int, cluster_id: int, placement: Placement,
-                 native: hixl_native.SharedPool) -> None:
-        super().__init__(cluster_id, placement, native)
+                 allocator: Allocator, *, mapping: hixl_native.Mapping | None = None,
+                 device: DeviceBuffer | None = None, size: int = 0) -> None:
+        super().__init__(cluster_id, placement, mapping.size if mapping is not None else size,
+                         mapping=mapping, device=device)
         self.pool_id = pool_id
-        self.pool: hixl_native.SharedPool = native
+        self.allocator = allocator
+        self.device_buffer = device
         self.fd_token = secrets.token_bytes(16)
+
+    @property
+    def fd(self) -> int | None:
+        """The memfd clients map (host pools only)."""
+        return self.allocator.fd if isinstance(self.allocator, hixl_native.SharedPool) else None
 
     def alloc_cache(self, num_tensors: int, tensor_size: int) -> tuple[int, int, list[int]]:
         """Take one extent for all tensors; return (offset, size, tensor offsets)."""
         pitch = -(-tensor_size // TENSOR_ALIGN) * TENSOR_ALIGN
         try:
-            offset = self.pool.alloc(pitch * num_tensors)
+            offset = self.allocator.alloc(pitch * num_tensors)
         except hixl_native.PoolExhausted:
+            status = (LLMStatusCode.LLM_DEVICE_OUT_OF_MEMORY if self.on_device
+                      else LLMStatusCode.LLM_OUT_OF_MEMORY)
             raise LLMException(
                 f"{self.placement.name} pool of cluster {self.cluster_id} cannot fit "
-                f"{num_tensors} x {tensor_size} bytes ({self.pool.free_bytes} bytes free)",
-                status_code=LLMStatusCode.LLM_OUT_OF_MEMORY) from None
-        size = self.pool.allocation_size(offset)
+                f"{num_tensors} x {tensor_size} bytes ({self.allocator.free_bytes} bytes free)",
+                status_code=status) from None
+        size = self.allocator.allocation_size(offset)
         return offset, size, [offset + i * pitch for i in range(num_tensors)]
 
 
 class PoolManager:
-    """Creates pools within the daemon-wide budget and hands out their fds."""
+    """Creates pools within the daemon's budgets and hands out their fds.
 
-    def __init__(self, budget_bytes: int, populate: bool) -> None:
+    HOST pools (and DEVICE pools on the host backend) are memfd mappings
+    within ``pool.max_bytes``; with an Ascend backend, DEVICE pools are
+    device memory on the cluster's device, within that device's budget.
+    """
+
+    def __init__(self, budget_bytes: int, populate: bool,
+                 ascend: AscendBackend | None = None) -> None:
         self.budget_bytes = budget_bytes
         self._populate = populate
+        self._ascend = ascend
         self._ids = itertools.count(1)
         self._pools: dict[int, Pool] = {}
-        self._pending = 0  # bytes of pools being created, already counted against the budget
+        self._pending = 0  # bytes of host pools being created, already counted against the budget
 
     @property
     def reserved_bytes(self) -> int:
-        return sum(p.size for p in self._pools.values()) + self._pending
+        """Host memory held by pools (device pools count against their device's budget)."""
+        return sum(p.size for p in self._pools.values() if not p.on_device) + self._pending
 
     def pools(self) -> list[Pool]:
         return list(self._pools.values())
 
-    async def create(self, cluster_id: int, placement: Placement, spec: PoolSpec) -> Pool:
+    async def create(self, cluster_id: int, placement: Placement, spec: PoolSpec,
+                     device_id: int = 0) -> Pool:
         """Create a pool, or raise LLM_OUT_OF_MEMORY when the budget cannot hold it."""
+        if placement is Placement.DEVICE and self._ascend is not None:
+            buffer, allocator = await self._ascend.create_pool(device_id, spec.memory_size,
+                                                               spec.page_shift)
+            pool = Pool(next(self._ids), cluster_id, placement, allocator, device=buffer,
+                        size=buffer.size)
+        else:
+            pool = await self._create_host(cluster_id, placement, spec)
+        self._pools[pool.pool_id] = pool
+        logger.info("pool %d for cluster %d: %s%s, %d bytes, page %d", pool.pool_id, cluster_id,
+                    placement.name, f" on device {device_id}" if pool.on_device else "",
+                    pool.size, pool.allocator.page_size)
+        return pool
+
+    async def _create_host(self, cluster_id: int, placement: Placement, spec: PoolSpec) -> Pool:
         page = 1 << spec.page_shift
         size = -(-spec.memory_size // page) * page
         if self.reserved_bytes + size > self.budget_bytes:
@@ -171,40 +246,38 @@ class PoolManager:
                 f"a {size}-byte pool exceeds the daemon's pool budget "
                 f"({self.budget_bytes - self.reserved_bytes} of {self.budget_bytes} bytes left; "
                 f"see pool.max_bytes)", status_code=LLMStatusCode.LLM_OUT_OF_MEMORY)
-        pool_id = next(self._ids)
         # Pre-faulting a large pool takes a while: do it off the event loop,
         # with its bytes held against the budget meanwhile.
         self._pending += size
         try:
-            native = await asyncio.to_thread(
+            shared = await asyncio.to_thread(
                 hixl_native.SharedPool, f"c{cluster_id}-{placement.name.lower()}", size,
                 spec.page_shift, self._populate)
         finally:
             self._pending -= size
-        pool = Pool(pool_id, cluster_id, placement, native)
-        self._pools[pool_id] = pool
-        logger.info("pool %d for cluster %d: %s, %d bytes, page %d",
-                    pool_id, cluster_id, placement.name, size, page)
-        return pool
+        return Pool(next(self._ids), cluster_id, placement, shared, mapping=shared)
 
     def get(self, pool_id: int) -> Pool:
         return self._pools[pool_id]
 
     def take_fd(self, token: bytes) -> int | None:
-        """Return the fd of the pool a token names, or None for an unknown token.
+        """Return the fd of the host pool a token names, or None for an unknown token.
 
         Tokens stay valid for the pool's life: a client may map a pool again
         (for example after a fork-free restart of its mapping code).
         """
         for pool in self._pools.values():
             if secrets.compare_digest(pool.fd_token, token):
-                return pool.pool.fd
+                return pool.fd
         return None
 
     async def destroy(self, pool: Pool) -> None:
-        """Unmap and close a pool once no transfer uses it; clients keep their own mapping."""
+        """Free a pool once no transfer uses it; clients keep their own mapping of host pools."""
         self._pools.pop(pool.pool_id, None)
         pool.closed = True
         await pool.wait_unpinned()
-        await asyncio.to_thread(pool.native.close)  # unmapping a large pool takes a while
+        if pool.on_device and self._ascend is not None:
+            await self._ascend.release_pool(pool)
+        else:
+            await asyncio.to_thread(pool.release)  # unmapping a large pool takes a while
         logger.info("pool %d of cluster %d freed", pool.pool_id, pool.cluster_id)

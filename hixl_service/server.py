@@ -35,6 +35,7 @@ from hixl_client._proto.hixl.v1 import (
 )
 
 from . import __version__, _systemd
+from .ascend.backend import AscendBackend
 from .config import DaemonConfig
 from .engine import Engine, EngineDeps
 from .fd_server import FdServer
@@ -111,16 +112,21 @@ class Daemon:
     async def run(self) -> None:
         cfg = self.config
         loop = asyncio.get_running_loop()
+        ascend: AscendBackend | None = None
+        if cfg.pool.backend == "hccl":
+            # Raises BackendUnavailable (the process exits 2): never a silent fallback.
+            ascend = await asyncio.to_thread(AscendBackend.open, cfg.ascend)
         data_server = await asyncio.to_thread(hixl_native.DataServer, cfg.server.peer_host,
                                               cfg.server.data_port)
-        pools = PoolManager(int(cfg.pool.max_bytes), cfg.pool.populate)
+        pools = PoolManager(int(cfg.pool.max_bytes), cfg.pool.populate, ascend)
         self.engine = engine = Engine(EngineDeps(
             daemon_id=self.daemon_id, version=__version__, pools=pools,
             data_server=data_server, data_host=self.advertise_host,
-            peer_factory=self._peer, copier=ExecutorCopier(cfg.transfer.copy_threads),
+            peer_factory=self._peer, copier=ExecutorCopier(cfg.transfer.copy_threads, ascend),
             dispatcher=CompletionDispatcher(loop),
             streams_per_link=cfg.transfer.streams_per_link,
-            connect_timeout_s=cfg.transfer.connect_timeout_s))
+            connect_timeout_s=cfg.transfer.connect_timeout_s,
+            backend=cfg.pool.backend, ascend=ascend))
         health_servicer = health.aio.HealthServicer()
         fd_server = FdServer(self.fd_path, pools.take_fd, engine.add_user_buffer)
         await fd_server.start()

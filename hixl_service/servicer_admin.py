@@ -54,8 +54,8 @@ def snapshot(engine: Engine, backend: str, peer_address: str) -> admin_pb2.Daemo
     for pool in engine.pools.pools():
         status.pools.add(pool_id=pool.pool_id, cluster_id=pool.cluster_id,
                          placement=pool.placement.name, size=pool.size,
-                         used=pool.pool.used_bytes, free=pool.pool.free_bytes,
-                         page_size=pool.pool.page_size)
+                         used=pool.allocator.used_bytes, free=pool.allocator.free_bytes,
+                         page_size=pool.allocator.page_size)
     return status
 
 

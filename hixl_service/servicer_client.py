@@ -113,10 +113,27 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         cluster = await self._engine.init_cluster(session, request.cluster_id,
                                                   LLMRole(request.role), dict(request.options))
         pools = [client_pb2.PoolInfo(pool_id=p.pool_id, placement=int(p.placement), size=p.size,
-                                     page_shift=p.pool.page_shift, fd_token=p.fd_token)
+                                     page_shift=p.allocator.page_shift, fd_token=p.fd_token,
+                                     on_device=p.on_device,
+                                     device_id=cluster.settings.device_id)
                  for p in cluster.pools.values()]
+        ascend = self._engine.deps.ascend
         return client_pb2.InitReply(pools=pools, fd_socket=self._fd_socket,
-                                    upload_token=cluster.upload_token)
+                                    upload_token=cluster.upload_token,
+                                    backend=self._engine.deps.backend,
+                                    cann_path=ascend.cann_dir if ascend is not None else "")
+
+    @handles_errors
+    async def ShareDevicePools(self, request: client_pb2.ShareDevicePoolsRequest,
+                               context: Context) -> client_pb2.ShareDevicePoolsReply:
+        cluster = self._engine.cluster_of(self._session(context))
+        if request.tgid <= 0:
+            raise LLMException(f"tgid must be a process id, got {request.tgid}",
+                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
+        shared = self._engine.share_device_pools(cluster, request.tgid)
+        return client_pb2.ShareDevicePoolsReply(
+            pools=[client_pb2.DevicePoolKey(pool_id=pool_id, ipc_key=key)
+                   for pool_id, key in shared])
 
     @handles_errors
     async def ReportMappings(self, request: client_pb2.ReportMappingsRequest,

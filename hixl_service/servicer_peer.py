@@ -26,11 +26,12 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
     @handles_errors
     async def Hello(self, request: peer_pb2.HelloRequest, context: Context) -> peer_pb2.HelloReply:
         hello = self._engine.accept_link(request.protocol_version, request.daemon_id,
-                                         request.src_cluster_id, request.dst_cluster_id)
+                                         request.src_cluster_id, request.dst_cluster_id,
+                                         request.backend or "host")
         return peer_pb2.HelloReply(protocol_version=request.protocol_version,
                                    daemon_id=hello.daemon_id, version=hello.version,
                                    data_host=hello.data_host, data_port=hello.data_port,
-                                   link_token=hello.token)
+                                   link_token=hello.token, backend=hello.backend)
 
     @handles_errors
     async def ResolveCache(self, request: peer_pb2.ResolveCacheRequest,
@@ -67,3 +68,17 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                      context: Context) -> peer_pb2.UnlinkReply:
         self._engine.drop_inbound_link(request.link_token)
         return peer_pb2.UnlinkReply()
+
+    @handles_errors
+    async def HcclConnect(self, request: peer_pb2.HcclConnectRequest,
+                          context: Context) -> peer_pb2.HcclConnectReply:
+        await self._engine.hccl_connect_for_peer(request.link_token, request.root_info)
+        return peer_pb2.HcclConnectReply()
+
+    @handles_errors
+    async def HcclPost(self, request: peer_pb2.HcclPostRequest,
+                       context: Context) -> peer_pb2.HcclPostReply:
+        await self._engine.hccl_post_for_peer(request.link_token, request.send,
+                                              request.region_id, request.ranges,
+                                              max(1, request.timeout_ms))
+        return peer_pb2.HcclPostReply()

@@ -54,6 +54,10 @@ cdef class HostBuffer(_Memory):
     cdef int _exports
 
 
+cdef class HostRegion(_Memory):
+    cdef Py_buffer _view
+
+
 cdef class Stream:
     cdef Device _dev
     cdef aclrtStream _s
@@ -84,3 +88,5 @@ cdef class HcclComm:
     cdef uint32_t _check_peer(self, object peer) except? 0xFFFFFFFF
     cdef int _p2p(self, bint sending, DeviceMemory mem, object offset, object nbytes, object peer,
                   Stream stream) except -1
+    cdef int _p2p_ranges(self, int kind, DeviceMemory mem, object pairs, object peer,
+                         Stream stream) except -1

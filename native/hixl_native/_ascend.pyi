@@ -4,9 +4,17 @@ import enum
 from collections.abc import Iterable
 from os import PathLike
 from types import TracebackType
-from typing import ClassVar
+from typing import Any, ClassVar, Protocol, TypeAlias
 
 from typing_extensions import Buffer, Self
+
+class _ArrayInterface(Protocol):
+    # numpy arrays are buffers at runtime, but numpy's stubs declare
+    # __buffer__ only for Python >= 3.12; this admits them on older targets.
+    @property
+    def __array_interface__(self) -> dict[str, Any]: ...
+
+_Ranges: TypeAlias = Buffer | _ArrayInterface
 
 HCCL_ROOT_INFO_BYTES: int
 DEVICE_ALIGNMENT: int
@@ -111,10 +119,15 @@ class HostBuffer(_Memory):
     def __buffer__(self, flags: int, /) -> memoryview: ...
     def __release_buffer__(self, buffer: memoryview, /) -> None: ...
 
+class HostRegion(_Memory):
+    def __init__(self, device: Device, owner: Buffer, address: int, size: int) -> None: ...
+
+_Copyable: TypeAlias = DeviceMemory | HostBuffer | HostRegion
+
 def memcpy(
-    dst: DeviceMemory | HostBuffer,
+    dst: _Copyable,
     dst_offset: int,
-    src: DeviceMemory | HostBuffer,
+    src: _Copyable,
     src_offset: int,
     nbytes: int,
 ) -> None: ...
@@ -143,12 +156,13 @@ class Stream:
     def pending(self) -> int: ...
     def memcpy_async(
         self,
-        dst: DeviceMemory | HostBuffer,
+        dst: _Copyable,
         dst_offset: int,
-        src: DeviceMemory | HostBuffer,
+        src: _Copyable,
         src_offset: int,
         nbytes: int,
     ) -> None: ...
+    def memcpy_ranges(self, dst: _Copyable, src: _Copyable, triples: _Ranges) -> None: ...
     def synchronize(self, timeout_ms: int | None = None) -> None: ...
     def destroy(self) -> None: ...
     def close(self) -> None: ...
@@ -195,6 +209,8 @@ class HcclComm:
     def recv(
         self, dst: DeviceMemory, offset: int, nbytes: int, peer: int, stream: Stream
     ) -> None: ...
+    def send_ranges(self, mem: DeviceMemory, pairs: _Ranges, peer: int, stream: Stream) -> None: ...
+    def recv_ranges(self, mem: DeviceMemory, pairs: _Ranges, peer: int, stream: Stream) -> None: ...
     def batch_send_recv(self, items: Iterable[SendRecvItem], stream: Stream) -> None: ...
     def destroy(self) -> None: ...
     def close(self) -> None: ...

@@ -10,12 +10,17 @@ with the GIL released, and every CANN error code becomes an `AclError` or
 `HcclError` carrying the code, in `_check` only.
 
 Device addresses reach Python only as opaque ints (``address``) or through
-`unsafe_memcpy`, the one entry point taking raw addresses. Buffers used by
-work queued on a `Stream` stay pinned (cannot be freed) until the stream is
-synchronized or destroyed.
+`unsafe_memcpy`, the one entry point taking raw addresses unchecked (a
+`HostRegion` takes a host address too, but only inside its owner's buffer).
+Buffers used by work queued on a `Stream` stay pinned (cannot be freed)
+until the stream is synchronized or destroyed. Planned transfers come as
+arrays of byte ranges (`Stream.memcpy_ranges`, `HcclComm.send_ranges`,
+`HcclComm.recv_ranges`), queued in one call without a Python loop.
 """
 
 from cpython.buffer cimport (
+    PyBUF_C_CONTIGUOUS,
+    PyBUF_FORMAT,
     PyBUF_SIMPLE,
     PyBUF_WRITABLE,
     PyBuffer_FillInfo,
@@ -46,16 +51,18 @@ cdef enum:
     _DEVICE_OWNED = 0
     _DEVICE_IMPORTED = 1
     _HOST = 2
+    _HOST_REGION = 3
 
 # live counts, for leak checks in tests
-cdef long _live[5]
-_LIVE_NAMES = ("device_buffers", "imports", "host_buffers", "streams", "comms")
+cdef long _live[6]
+_LIVE_NAMES = ("device_buffers", "imports", "host_buffers", "streams", "comms", "host_regions")
 cdef enum:
     _LIVE_DEVBUF = 0
     _LIVE_IMPORT = 1
     _LIVE_HOSTBUF = 2
     _LIVE_STREAM = 3
     _LIVE_COMM = 4
+    _LIVE_HOSTREGION = 5
 
 _FEATURES = (
     (HIXL_ACL_HAS_SYNC_TIMEOUT, "sync_timeout"),

@@ -98,6 +98,6 @@ def live_objects():
 
     Returns:
         A mapping from kind (``device_buffers``, ``imports``, ``host_buffers``,
-        ``streams``, ``comms``) to the number not yet closed.
+        ``streams``, ``comms``, ``host_regions``) to the number not yet closed.
     """
     return {name: _live[i] for i, name in enumerate(_LIVE_NAMES)}

@@ -141,6 +141,84 @@ cdef class HcclComm:
         stream._pin(mem)
         return 0
 
+    def send_ranges(self, DeviceMemory mem not None, pairs, peer, Stream stream not None):
+        """Queue sends of ranges of ``mem`` to ``peer`` as one ``HcclBatchSendRecv``.
+
+        The peer posts `recv_ranges` with the same lengths in the same order.
+        Every range is checked before the batch is queued; ``mem`` is pinned
+        until `Stream.synchronize`.
+
+        Args:
+            mem: Device memory sent from (HCCL moves device memory only).
+            pairs: A C-contiguous buffer of native uint64 (e.g. a numpy array
+                of shape (n, 2)) holding ``(offset, length)`` pairs, in the
+                order sent. Pairs of length 0 are skipped; when all are,
+                nothing is queued.
+            peer: The receiving rank.
+            stream: Stream of this communicator's device.
+
+        Raises:
+            TypeError: ``mem`` is not device memory, or ``pairs`` is not a
+                buffer of uint64.
+            ValueError: ``pairs`` is empty or holds a partial pair, a range
+                lies outside ``mem``, the peer is invalid, or the devices differ.
+            HcclError: HCCL refused the batch (nothing is queued).
+        """
+        self._p2p_ranges(HCCL_SEND, mem, pairs, peer, stream)
+
+    def recv_ranges(self, DeviceMemory mem not None, pairs, peer, Stream stream not None):
+        """Queue receives into ranges of ``mem`` from ``peer`` as one ``HcclBatchSendRecv``.
+
+        The counterpart of `send_ranges`, with the same arguments and errors;
+        each range receives the peer's message of the same position.
+        """
+        self._p2p_ranges(HCCL_RECV, mem, pairs, peer, stream)
+
+    cdef int _p2p_ranges(self, int kind, DeviceMemory mem, object pairs, object peer,
+                         Stream stream) except -1:
+        self._check_open()
+        stream._check_open()
+        mem._check_open()
+        cdef uint32_t p = self._check_peer(peer)
+        _same_device(self, stream, mem)
+        cdef size_t n, i, k = 0
+        cdef uint64_t *r = _u64_tuples(pairs, 2, "pairs", &n)
+        cdef HcclSendRecvItem *arr = NULL
+        cdef int rc = 0
+        try:
+            if n == 0:
+                raise ValueError("pairs is empty")
+            if n > 0xFFFFFFFF:  # HcclBatchSendRecv counts items in 32 bits
+                raise ValueError(f"{n} pairs are too many for one batch")
+            arr = <HcclSendRecvItem *>malloc(n * sizeof(HcclSendRecvItem))
+            if arr == NULL:
+                raise MemoryError()
+            for i in range(n):
+                if not _range_in(r[2 * i], r[2 * i + 1], mem._size):
+                    raise ValueError(f"pairs[{i}] = ({r[2 * i]}, {r[2 * i + 1]}) lies outside "
+                                     f"the memory ({mem._size} bytes)")
+                if r[2 * i + 1] == 0:
+                    continue
+                arr[k].sendRecvType = kind
+                arr[k].buf = mem._ptr + r[2 * i]
+                arr[k].count = r[2 * i + 1]
+                arr[k].dataType = HCCL_DATA_TYPE_INT8
+                arr[k].remoteRank = p
+                k += 1
+            if k:
+                # pinned while the GIL is released, so that no other thread frees it
+                mem._pins += 1
+                with nogil:
+                    rc = hixl_hccl_batch(self._dev._id, arr, <uint32_t>k, self._c, stream._s)
+                mem._pins -= 1
+        finally:
+            free(r)
+            free(arr)
+        _check(rc)
+        if k:
+            stream._pin(mem)
+        return 0
+
     def batch_send_recv(self, items, Stream stream not None):
         """Queue sends and receives that progress together (``HcclBatchSendRecv``).
 

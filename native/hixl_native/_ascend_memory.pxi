@@ -1,24 +1,40 @@
-# Device, IPC-imported and page-locked host memory; synchronous copies.
+# Device, IPC-imported and page-locked host memory, host memory of other
+# objects; synchronous copies; reading range lists.
+
+cdef inline bint _on_host(_Memory m) noexcept:
+    return m._kind == _HOST or m._kind == _HOST_REGION
+
+
+cdef int _live_slot(int kind) noexcept:
+    if kind == _DEVICE_OWNED:
+        return _LIVE_DEVBUF
+    if kind == _DEVICE_IMPORTED:
+        return _LIVE_IMPORT
+    return _LIVE_HOSTBUF if kind == _HOST else _LIVE_HOSTREGION
+
 
 cdef int _release_memory(_Memory m) noexcept:
     """Frees what m holds and marks it closed; returns the native error of the
     free (else of withdrawing its export key), with the status recorded."""
     cdef int rc = 0, rc2 = 0
     cdef int32_t dev = m._dev._id
-    with nogil:
-        if m._kind == _DEVICE_OWNED:
-            if m._exported:
-                rc = hixl_acl_ipc_close(dev, m._key)
-            rc2 = hixl_acl_free(dev, m._ptr)
-        elif m._kind == _DEVICE_IMPORTED:
-            rc2 = hixl_acl_ipc_close(dev, m._key)
-        else:
-            rc2 = hixl_acl_free_host(dev, m._ptr)
+    if m._kind == _HOST_REGION:
+        # the owner's memory: only our export of it goes
+        PyBuffer_Release(&(<HostRegion>m)._view)
+    else:
+        with nogil:
+            if m._kind == _DEVICE_OWNED:
+                if m._exported:
+                    rc = hixl_acl_ipc_close(dev, m._key)
+                rc2 = hixl_acl_free(dev, m._ptr)
+            elif m._kind == _DEVICE_IMPORTED:
+                rc2 = hixl_acl_ipc_close(dev, m._key)
+            else:
+                rc2 = hixl_acl_free_host(dev, m._ptr)
     m._closed = True
     m._exported = False
     m._dev._release()
-    _live[_LIVE_HOSTBUF if m._kind == _HOST else (_LIVE_IMPORT if m._kind == _DEVICE_IMPORTED
-                                                   else _LIVE_DEVBUF)] -= 1
+    _live[_live_slot(m._kind)] -= 1
     return rc2 if rc2 else rc
 
 
@@ -100,21 +116,31 @@ cdef class _Memory:
         return f"<{type(self).__name__} device {dev}, {state}>"
 
 
-cdef int _copy(_Memory dst, uint64_t doff, _Memory src, uint64_t soff, uint64_t n,
-               Stream stream) except -1:
-    """Sync or (with a stream) queued copy between two memory objects."""
-    cdef _Memory dev_side = dst if dst._kind != _HOST else src
-    cdef int kind = ((ACL_MEMCPY_DEVICE_TO_DEVICE if src._kind != _HOST else ACL_MEMCPY_HOST_TO_DEVICE)
-                     if dst._kind != _HOST else
-                     (ACL_MEMCPY_DEVICE_TO_HOST if src._kind != _HOST else ACL_MEMCPY_HOST_TO_HOST))
-    if (dst._kind != _HOST and src._kind != _HOST) and dst._dev is not src._dev:
+cdef Device _copy_device(_Memory dst, _Memory src, Stream stream):
+    """The device a copy between dst and src runs on (that of the device side;
+    src's for host to host), checking that the memory and stream agree."""
+    cdef _Memory dev_side = src if _on_host(dst) else dst
+    if not _on_host(dst) and not _on_host(src) and dst._dev is not src._dev:
         raise ValueError("device-to-device copies need both buffers on one device")
     if stream is not None and stream._dev is not dev_side._dev:
         raise ValueError(f"the stream belongs to device {stream._dev._id}, "
                          f"the memory to device {dev_side._dev._id}")
+    return dev_side._dev
+
+
+cdef int _copy_kind(_Memory dst, _Memory src) noexcept:
+    if _on_host(dst):
+        return ACL_MEMCPY_HOST_TO_HOST if _on_host(src) else ACL_MEMCPY_DEVICE_TO_HOST
+    return ACL_MEMCPY_HOST_TO_DEVICE if _on_host(src) else ACL_MEMCPY_DEVICE_TO_DEVICE
+
+
+cdef int _copy(_Memory dst, uint64_t doff, _Memory src, uint64_t soff, uint64_t n,
+               Stream stream) except -1:
+    """Sync or (with a stream) queued copy between two memory objects."""
+    cdef int32_t dev = _copy_device(dst, src, stream)._id
+    cdef int kind = _copy_kind(dst, src)
     if n == 0:
         return 0
-    cdef int32_t dev = dev_side._dev._id
     cdef char *d = dst._ptr + doff
     cdef const char *s = src._ptr + soff
     cdef int rc
@@ -288,6 +314,48 @@ cdef class HostBuffer(_Memory):
         self._pins -= 1
 
 
+cdef class HostRegion(_Memory):
+    """Host memory of another object (e.g. a `hixl_native.Mapping`), usable
+    wherever a `HostBuffer` is as a copy operand.
+
+    The region holds a writable buffer export of ``owner`` until it is closed,
+    so the owner can neither go nor release the memory meanwhile (a
+    ``Mapping`` refuses to close while exported). `close` drops the export
+    and frees nothing.
+
+    The memory is not page-locked: CANN 8.5 and later document that a queued
+    copy of such memory (``aclrtMemcpyAsync``) returns only once it is done.
+
+    Args:
+        device: The device made current for its copies, as for a `HostBuffer`
+            (host to device copies run on the device side's device anyway).
+        owner: An object exporting the memory as a writable contiguous buffer.
+        address: Start of the region in this process, e.g. ``owner.address +
+            offset``; ``[address, address + size)`` must lie in owner's buffer.
+        size: Bytes, > 0.
+
+    Raises:
+        TypeError: ``owner`` exports no buffer.
+        BufferError: Its buffer is read-only or not contiguous.
+        ValueError: The range lies outside it.
+    """
+
+    def __init__(self, Device device not None, owner, address, size):
+        device._check_open()
+        if self._dev is not None:
+            raise RuntimeError("HostRegion is already initialized")
+        cdef uint64_t start = _int_in(address, 1, _U64_MAX, "address")
+        cdef uint64_t n = _int_in(size, 1, _U64_MAX, "size")
+        PyObject_GetBuffer(owner, &self._view, PyBUF_WRITABLE)
+        cdef uint64_t base = <uintptr_t>self._view.buf
+        cdef uint64_t length = self._view.len
+        if start < base or n > length or start - base > length - n:
+            PyBuffer_Release(&self._view)
+            raise ValueError(f"[{start:#x}, {start:#x} + {n}) is not inside the owner's "
+                             f"{length} bytes at {base:#x}")
+        _adopt_memory(self, device, <void *><uintptr_t>start, n, _HOST_REGION)
+
+
 def unsafe_memcpy(Device device not None, dst_addr, src_addr, nbytes, kind, Stream stream=None):
     """Copy between raw addresses: the one entry point taking them from Python.
 
@@ -316,3 +384,41 @@ def unsafe_memcpy(Device device not None, dst_addr, src_addr, nbytes, kind, Stre
         with nogil:
             rc = hixl_acl_memcpy_async(device._id, <void *>d, n, <const void *>s, n, k, stream._s)
     _check(rc)
+
+
+# Unsigned 64-bit integers in native (little-endian here) order; "L" is
+# 64 bits wide on the LP64 platforms CANN supports.
+cdef frozenset _U64_FORMATS = frozenset((b"Q", b"@Q", b"=Q", b"<Q", b"L", b"@L"))
+
+
+cdef uint64_t *_u64_tuples(object obj, size_t group, str what, size_t *count) except NULL:
+    """Copies a C-contiguous buffer of uint64 `group`-tuples into a malloc'd
+    array (the caller frees it) and sets *count to the number of tuples.
+
+    Ranges are checked on the copy and queued from it: the caller's array
+    could change under another thread once the GIL is released, which must
+    not turn checked ranges into unchecked ones.
+    """
+    cdef Py_buffer view
+    cdef uint64_t *copy = NULL
+    PyObject_GetBuffer(obj, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+    try:
+        fmt = b"B" if view.format == NULL else <bytes>view.format
+        if view.itemsize != 8 or fmt not in _U64_FORMATS:
+            raise TypeError(f"{what} must be a buffer of native uint64, not format "
+                            f"{fmt.decode('ascii', 'replace')!r}")
+        if view.len % (8 * group):
+            raise ValueError(f"{what} must hold whole {group}-tuples of uint64, "
+                             f"got {view.len // 8} values")
+        copy = <uint64_t *>malloc(<size_t>view.len if view.len else 1)
+        if copy == NULL:
+            raise MemoryError()
+        c_memcpy(copy, view.buf, <size_t>view.len)
+        count[0] = <size_t>view.len // (8 * group)
+    finally:
+        PyBuffer_Release(&view)
+    return copy
+
+
+cdef inline bint _range_in(uint64_t offset, uint64_t n, uint64_t size) noexcept:
+    return offset <= size and n <= size - offset

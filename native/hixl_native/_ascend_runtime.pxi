@@ -371,6 +371,5 @@ cdef _Memory _adopt_memory(_Memory m, Device dev, void *p, uint64_t size, int ki
     m._kind = kind
     m._closed = False
     dev._adopt()
-    _live[_LIVE_HOSTBUF if kind == _HOST else (_LIVE_IMPORT if kind == _DEVICE_IMPORTED
-                                                else _LIVE_DEVBUF)] += 1
+    _live[_live_slot(kind)] += 1
     return m

@@ -56,12 +56,72 @@ cdef class Stream:
                      nbytes):
         """Queue a copy (``aclrtMemcpyAsync``); the kind follows from the objects.
 
-        Host memory must be a `HostBuffer` (it must outlive the queued copy).
+        Host memory must be a `HostBuffer` or `HostRegion` (it must outlive the
+        queued copy).
         """
         cdef uint64_t doff, soff, n, n2
         _bounds(dst, dst_offset, nbytes, &doff, &n)
         _bounds(src, src_offset, nbytes, &soff, &n2)
         _copy(dst, doff, src, soff, n, self)
+
+    def memcpy_ranges(self, _Memory dst not None, _Memory src not None, triples):
+        """Queue one copy (``aclrtMemcpyAsync``) per range of a planned transfer.
+
+        Every range is checked before any is queued; the copies are queued in
+        one loop without the GIL. The kind follows from the objects, as for
+        `memcpy_async`. Both objects are pinned until `synchronize`.
+
+        Args:
+            dst: Memory copied into.
+            src: Memory copied from.
+            triples: A C-contiguous buffer of native uint64 (e.g. a numpy
+                array of shape (n, 3)) holding ``(dst_offset, src_offset,
+                length)`` triples, offsets relative to ``dst`` and ``src``.
+                Ranges of length 0 are skipped.
+
+        Raises:
+            TypeError: ``triples`` is not a buffer of uint64.
+            ValueError: It holds a partial triple, a range lies outside its
+                object, or the devices differ.
+            AclError: CANN refused a copy; the ranges before it stay queued
+                (and the memory pinned).
+        """
+        self._check_open()
+        dst._check_open()
+        src._check_open()
+        cdef int32_t dev = _copy_device(dst, src, self)._id
+        cdef int kind = _copy_kind(dst, src)
+        cdef size_t n, i, queued = 0
+        cdef uint64_t *r = _u64_tuples(triples, 3, "triples", &n)
+        cdef uint64_t *t
+        cdef int rc = 0
+        try:
+            for i in range(n):
+                t = r + 3 * i
+                if not _range_in(t[0], t[2], dst._size) or not _range_in(t[1], t[2], src._size):
+                    raise ValueError(f"triples[{i}] = ({t[0]}, {t[1]}, {t[2]}) lies outside dst "
+                                     f"({dst._size} bytes) or src ({src._size} bytes)")
+            # pinned while the GIL is released, so that no other thread frees them
+            dst._pins += 1
+            src._pins += 1
+            with nogil:
+                for i in range(n):
+                    t = r + 3 * i
+                    if t[2] == 0:
+                        continue
+                    rc = hixl_acl_memcpy_async(dev, dst._ptr + t[0], t[2], src._ptr + t[1], t[2],
+                                               kind, self._s)
+                    if rc:
+                        break
+                    queued += 1
+            dst._pins -= 1
+            src._pins -= 1
+        finally:
+            free(r)
+        if queued:
+            self._pin(dst)
+            self._pin(src)
+        _check(rc)
 
     def synchronize(self, timeout_ms=None):
         """Wait for the queued work.

@@ -18,6 +18,10 @@ What is simulated:
   default 1 GiB); over it ``aclrtMalloc`` fails with 207001
   (``ACL_ERROR_RT_MEMORY_ALLOCATION``). ``aclrtMemcpy`` checks that the kind
   matches the addresses (device ranges must lie in device memory).
+  ``aclrtMemcpyAsync`` refuses ``ACL_MEMCPY_HOST_TO_HOST`` with 207000
+  (``ACL_ERROR_RT_FEATURE_NOT_SUPPORT``), as CANN does. Unlike CANN, it stays
+  asynchronous for host memory that is not page-locked (CANN 8.5 and later
+  return only once such a copy is done).
 * IPC: keys ``cann-double:<pid>:<n>``; the exporter serves the memfd over an
   abstract unix socket, so another process maps the same bytes. The pid
   whitelist of ``aclrtIpcMemSetImportPid`` is checked (207006 otherwise).

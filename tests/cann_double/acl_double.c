@@ -590,6 +590,10 @@ DBL_EXPORT aclError aclrtMemcpyAsync(void *dst, size_t destMax, const void *src,
     int rc = check_copy("aclrtMemcpyAsync", dst, destMax, src, count, kind);
     if (rc)
         return rc;
+    /* CANN (Ascend EP) has no asynchronous copy within the host */
+    if (kind == H2H)
+        return hixl_double_fail(ACL_ERROR_RT_FEATURE_NOT_SUPPORT,
+                                "aclrtMemcpyAsync: ACL_MEMCPY_HOST_TO_HOST is not supported");
     copy_task *t = malloc(sizeof *t);
     if (!t)
         return hixl_double_fail(ACL_ERROR_RT_MEMORY_ALLOCATION, "aclrtMemcpyAsync: out of memory");

@@ -152,7 +152,10 @@ def test_unknown_key_in_env_is_named() -> None:
     [
         ("pool", "max_bytes", 0, "greater than 0"),
         ("pool", "max_bytes", "lots", "could not parse"),
-        ("pool", "backend", "hccl", "'host'"),
+        ("pool", "backend", "gpu", "'host' or 'hccl'"),
+        ("ascend", "devices", [], "at least 1 item"),
+        ("ascend", "devices", [0, 0], "device ids repeat"),
+        ("ascend", "device_pool_max_bytes", 0, "greater than 0"),
         ("server", "peer_port", 65536, "less than or equal to 65535"),
         ("server", "data_port", -1, "greater than or equal to 0"),
         ("server", "max_concurrent_rpcs", 0, "greater than 0"),
@@ -181,6 +184,24 @@ def test_bad_value_names_field_and_file(
     assert f"{section}.{field}: " in message
     assert reason in message
     assert str(path) in message
+
+
+def test_negative_device_id_is_named(tmp_path: Path) -> None:
+    path = write(tmp_path, dump_toml({"ascend": {"devices": [0, -1]}}))
+    with pytest.raises(ConfigError, match=r"ascend\.devices\.1: .*greater than or equal to 0"):
+        load_config(path, env={})
+
+
+def test_hccl_backend_settings_round_trip(tmp_path: Path) -> None:
+    env = {"HIXL_POOL__BACKEND": "hccl", "HIXL_ASCEND__DEVICES": "[2, 3]",
+           "HIXL_ASCEND__DEVICE_POOL_MAX_BYTES": "2GiB"}
+    config = load_config(None, env=env)
+    assert config.pool.backend == "hccl"
+    assert config.ascend.devices == [2, 3]
+    assert config.ascend.device_pool_max_bytes == 2 << 30
+    assert config.ascend.cann_path is None
+    again = load_config(write(tmp_path, config.to_toml()), env={})
+    assert again.ascend == config.ascend
 
 
 def test_bad_env_value_names_variable() -> None:
@@ -291,8 +312,10 @@ def test_dump_toml_values() -> None:
             "n": "",
         }
     }
-    with pytest.raises(TypeError, match="list"):
-        dump_toml({"a": {"x": [1]}})
+    assert tomllib.loads(dump_toml({"a": {"x": [1, "b"], "e": []}})) == {"a": {"x": [1, "b"],
+                                                                             "e": []}}
+    with pytest.raises(TypeError, match="dict"):
+        dump_toml({"a": {"x": {"nested": 1}}})
 
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"

@@ -51,28 +51,56 @@ class InitRequest(_message.Message):
     def __init__(self, cluster_id: _Optional[int] = ..., role: _Optional[int] = ..., options: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class PoolInfo(_message.Message):
-    __slots__ = ("pool_id", "placement", "size", "page_shift", "fd_token")
+    __slots__ = ("pool_id", "placement", "size", "page_shift", "fd_token", "on_device", "device_id")
     POOL_ID_FIELD_NUMBER: _ClassVar[int]
     PLACEMENT_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_SHIFT_FIELD_NUMBER: _ClassVar[int]
     FD_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    ON_DEVICE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
     pool_id: int
     placement: int
     size: int
     page_shift: int
     fd_token: bytes
-    def __init__(self, pool_id: _Optional[int] = ..., placement: _Optional[int] = ..., size: _Optional[int] = ..., page_shift: _Optional[int] = ..., fd_token: _Optional[bytes] = ...) -> None: ...
+    on_device: bool
+    device_id: int
+    def __init__(self, pool_id: _Optional[int] = ..., placement: _Optional[int] = ..., size: _Optional[int] = ..., page_shift: _Optional[int] = ..., fd_token: _Optional[bytes] = ..., on_device: _Optional[bool] = ..., device_id: _Optional[int] = ...) -> None: ...
 
 class InitReply(_message.Message):
-    __slots__ = ("pools", "fd_socket", "upload_token")
+    __slots__ = ("pools", "fd_socket", "upload_token", "backend", "cann_path")
     POOLS_FIELD_NUMBER: _ClassVar[int]
     FD_SOCKET_FIELD_NUMBER: _ClassVar[int]
     UPLOAD_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    CANN_PATH_FIELD_NUMBER: _ClassVar[int]
     pools: _containers.RepeatedCompositeFieldContainer[PoolInfo]
     fd_socket: str
     upload_token: bytes
-    def __init__(self, pools: _Optional[_Iterable[_Union[PoolInfo, _Mapping]]] = ..., fd_socket: _Optional[str] = ..., upload_token: _Optional[bytes] = ...) -> None: ...
+    backend: str
+    cann_path: str
+    def __init__(self, pools: _Optional[_Iterable[_Union[PoolInfo, _Mapping]]] = ..., fd_socket: _Optional[str] = ..., upload_token: _Optional[bytes] = ..., backend: _Optional[str] = ..., cann_path: _Optional[str] = ...) -> None: ...
+
+class ShareDevicePoolsRequest(_message.Message):
+    __slots__ = ("tgid",)
+    TGID_FIELD_NUMBER: _ClassVar[int]
+    tgid: int
+    def __init__(self, tgid: _Optional[int] = ...) -> None: ...
+
+class DevicePoolKey(_message.Message):
+    __slots__ = ("pool_id", "ipc_key")
+    POOL_ID_FIELD_NUMBER: _ClassVar[int]
+    IPC_KEY_FIELD_NUMBER: _ClassVar[int]
+    pool_id: int
+    ipc_key: str
+    def __init__(self, pool_id: _Optional[int] = ..., ipc_key: _Optional[str] = ...) -> None: ...
+
+class ShareDevicePoolsReply(_message.Message):
+    __slots__ = ("pools",)
+    POOLS_FIELD_NUMBER: _ClassVar[int]
+    pools: _containers.RepeatedCompositeFieldContainer[DevicePoolKey]
+    def __init__(self, pools: _Optional[_Iterable[_Union[DevicePoolKey, _Mapping]]] = ...) -> None: ...
 
 class FinalizeRequest(_message.Message):
     __slots__ = ()

@@ -54,6 +54,11 @@ class ClientStub:
                 request_serializer=hixl_dot_v1_dot_client__pb2.ReportMappingsRequest.SerializeToString,
                 response_deserializer=hixl_dot_v1_dot_client__pb2.ReportMappingsReply.FromString,
                 _registered_method=True)
+        self.ShareDevicePools = channel.unary_unary(
+                '/hixl.v1.Client/ShareDevicePools',
+                request_serializer=hixl_dot_v1_dot_client__pb2.ShareDevicePoolsRequest.SerializeToString,
+                response_deserializer=hixl_dot_v1_dot_client__pb2.ShareDevicePoolsReply.FromString,
+                _registered_method=True)
         self.LinkClusters = channel.unary_unary(
                 '/hixl.v1.Client/LinkClusters',
                 request_serializer=hixl_dot_v1_dot_client__pb2.LinkClustersRequest.SerializeToString,
@@ -164,6 +169,14 @@ class ClientServicer:
     def ReportMappings(self, request, context):
         """Where the client mapped each pool, so that peers may name this cluster's
         memory by the client's own addresses (TransferConfig.dst_addrs).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ShareDevicePools(self, request, context):
+        """hccl backend: allows the client's process to import the cluster's device
+        pools (ACL IPC) and returns their export keys.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -298,6 +311,11 @@ def add_ClientServicer_to_server(servicer, server):
                     servicer.ReportMappings,
                     request_deserializer=hixl_dot_v1_dot_client__pb2.ReportMappingsRequest.FromString,
                     response_serializer=hixl_dot_v1_dot_client__pb2.ReportMappingsReply.SerializeToString,
+            ),
+            'ShareDevicePools': grpc.unary_unary_rpc_method_handler(
+                    servicer.ShareDevicePools,
+                    request_deserializer=hixl_dot_v1_dot_client__pb2.ShareDevicePoolsRequest.FromString,
+                    response_serializer=hixl_dot_v1_dot_client__pb2.ShareDevicePoolsReply.SerializeToString,
             ),
             'LinkClusters': grpc.unary_unary_rpc_method_handler(
                     servicer.LinkClusters,
@@ -488,6 +506,33 @@ class Client:
             '/hixl.v1.Client/ReportMappings',
             hixl_dot_v1_dot_client__pb2.ReportMappingsRequest.SerializeToString,
             hixl_dot_v1_dot_client__pb2.ReportMappingsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ShareDevicePools(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hixl.v1.Client/ShareDevicePools',
+            hixl_dot_v1_dot_client__pb2.ShareDevicePoolsRequest.SerializeToString,
+            hixl_dot_v1_dot_client__pb2.ShareDevicePoolsReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -8,34 +8,38 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class HelloRequest(_message.Message):
-    __slots__ = ("protocol_version", "daemon_id", "version", "src_cluster_id", "dst_cluster_id")
+    __slots__ = ("protocol_version", "daemon_id", "version", "src_cluster_id", "dst_cluster_id", "backend")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     DAEMON_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     SRC_CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     DST_CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     daemon_id: str
     version: str
     src_cluster_id: int
     dst_cluster_id: int
-    def __init__(self, protocol_version: _Optional[int] = ..., daemon_id: _Optional[str] = ..., version: _Optional[str] = ..., src_cluster_id: _Optional[int] = ..., dst_cluster_id: _Optional[int] = ...) -> None: ...
+    backend: str
+    def __init__(self, protocol_version: _Optional[int] = ..., daemon_id: _Optional[str] = ..., version: _Optional[str] = ..., src_cluster_id: _Optional[int] = ..., dst_cluster_id: _Optional[int] = ..., backend: _Optional[str] = ...) -> None: ...
 
 class HelloReply(_message.Message):
-    __slots__ = ("protocol_version", "daemon_id", "version", "data_host", "data_port", "link_token")
+    __slots__ = ("protocol_version", "daemon_id", "version", "data_host", "data_port", "link_token", "backend")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     DAEMON_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     DATA_HOST_FIELD_NUMBER: _ClassVar[int]
     DATA_PORT_FIELD_NUMBER: _ClassVar[int]
     LINK_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     daemon_id: str
     version: str
     data_host: str
     data_port: int
     link_token: int
-    def __init__(self, protocol_version: _Optional[int] = ..., daemon_id: _Optional[str] = ..., version: _Optional[str] = ..., data_host: _Optional[str] = ..., data_port: _Optional[int] = ..., link_token: _Optional[int] = ...) -> None: ...
+    backend: str
+    def __init__(self, protocol_version: _Optional[int] = ..., daemon_id: _Optional[str] = ..., version: _Optional[str] = ..., data_host: _Optional[str] = ..., data_port: _Optional[int] = ..., link_token: _Optional[int] = ..., backend: _Optional[str] = ...) -> None: ...
 
 class ResolveCacheRequest(_message.Message):
     __slots__ = ("link_token", "ref")
@@ -110,3 +114,33 @@ class ResolveAddressesReply(_message.Message):
     offsets: _containers.RepeatedScalarFieldContainer[int]
     writable: _containers.RepeatedScalarFieldContainer[bool]
     def __init__(self, region_ids: _Optional[_Iterable[int]] = ..., offsets: _Optional[_Iterable[int]] = ..., writable: _Optional[_Iterable[bool]] = ...) -> None: ...
+
+class HcclConnectRequest(_message.Message):
+    __slots__ = ("link_token", "root_info")
+    LINK_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    ROOT_INFO_FIELD_NUMBER: _ClassVar[int]
+    link_token: int
+    root_info: bytes
+    def __init__(self, link_token: _Optional[int] = ..., root_info: _Optional[bytes] = ...) -> None: ...
+
+class HcclConnectReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class HcclPostRequest(_message.Message):
+    __slots__ = ("link_token", "send", "region_id", "ranges", "timeout_ms")
+    LINK_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    SEND_FIELD_NUMBER: _ClassVar[int]
+    REGION_ID_FIELD_NUMBER: _ClassVar[int]
+    RANGES_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    link_token: int
+    send: bool
+    region_id: int
+    ranges: bytes
+    timeout_ms: int
+    def __init__(self, link_token: _Optional[int] = ..., send: _Optional[bool] = ..., region_id: _Optional[int] = ..., ranges: _Optional[bytes] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class HcclPostReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

@@ -59,6 +59,16 @@ class PeerStub:
                 request_serializer=hixl_dot_v1_dot_peer__pb2.ResolveAddressesRequest.SerializeToString,
                 response_deserializer=hixl_dot_v1_dot_peer__pb2.ResolveAddressesReply.FromString,
                 _registered_method=True)
+        self.HcclConnect = channel.unary_unary(
+                '/hixl.v1.Peer/HcclConnect',
+                request_serializer=hixl_dot_v1_dot_peer__pb2.HcclConnectRequest.SerializeToString,
+                response_deserializer=hixl_dot_v1_dot_peer__pb2.HcclConnectReply.FromString,
+                _registered_method=True)
+        self.HcclPost = channel.unary_unary(
+                '/hixl.v1.Peer/HcclPost',
+                request_serializer=hixl_dot_v1_dot_peer__pb2.HcclPostRequest.SerializeToString,
+                response_deserializer=hixl_dot_v1_dot_peer__pb2.HcclPostReply.FromString,
+                _registered_method=True)
 
 
 class PeerServicer:
@@ -102,6 +112,24 @@ class PeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def HcclConnect(self, request, context):
+        """hccl backend: joins the link's two-rank communicator (this daemon is
+        rank 1) and returns once it is ready.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def HcclPost(self, request, context):
+        """hccl backend: checks one batch of ranges against a region of the linked
+        cluster and queues this side of it (sends for a pull, receives for a
+        push) on the link's stream; returns once queued. Batches of one link run
+        in the order they arrive, matching the caller's side.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -129,6 +157,16 @@ def add_PeerServicer_to_server(servicer, server):
                     servicer.ResolveAddresses,
                     request_deserializer=hixl_dot_v1_dot_peer__pb2.ResolveAddressesRequest.FromString,
                     response_serializer=hixl_dot_v1_dot_peer__pb2.ResolveAddressesReply.SerializeToString,
+            ),
+            'HcclConnect': grpc.unary_unary_rpc_method_handler(
+                    servicer.HcclConnect,
+                    request_deserializer=hixl_dot_v1_dot_peer__pb2.HcclConnectRequest.FromString,
+                    response_serializer=hixl_dot_v1_dot_peer__pb2.HcclConnectReply.SerializeToString,
+            ),
+            'HcclPost': grpc.unary_unary_rpc_method_handler(
+                    servicer.HcclPost,
+                    request_deserializer=hixl_dot_v1_dot_peer__pb2.HcclPostRequest.FromString,
+                    response_serializer=hixl_dot_v1_dot_peer__pb2.HcclPostReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -266,6 +304,60 @@ class Peer:
             '/hixl.v1.Peer/ResolveAddresses',
             hixl_dot_v1_dot_peer__pb2.ResolveAddressesRequest.SerializeToString,
             hixl_dot_v1_dot_peer__pb2.ResolveAddressesReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HcclConnect(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hixl.v1.Peer/HcclConnect',
+            hixl_dot_v1_dot_peer__pb2.HcclConnectRequest.SerializeToString,
+            hixl_dot_v1_dot_peer__pb2.HcclConnectReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HcclPost(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hixl.v1.Peer/HcclPost',
+            hixl_dot_v1_dot_peer__pb2.HcclPostRequest.SerializeToString,
+            hixl_dot_v1_dot_peer__pb2.HcclPostReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,228 @@
+"""The Ascend backend of the daemon: CANN loaded once, device pools, ACL copies.
+
+With ``pool.backend = "hccl"`` the daemon loads CANN at start (from
+``ascend.cann_path`` or the CANN environment) and opens every configured
+device; any failure stops the start with "HCCL backend unavailable: <reason>"
+rather than falling back to host memory. DEVICE pools are then ``aclrtMalloc``
+memory (2 MiB aligned, huge pages) carved by an offset-only extent allocator
+and exported to each attached client with ACL IPC; copies that touch device
+memory are ``aclrtMemcpyAsync`` batches on a fresh stream, synchronized with a
+bound, in the daemon's copy executor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import hixl_native
+from hixl_native import _ascend
+from hixl_native._ascend import AscendError, AscendUnavailable
+
+from hixl_client.status import LLMException, LLMStatusCode
+
+from .errors import to_llm_exception
+
+if TYPE_CHECKING:
+    from ..config import AscendConfig
+    from ..planning import Ranges
+    from ..pools import Memory, Pool
+
+logger = logging.getLogger(__name__)
+
+# A copy inside the daemon has no caller deadline (LLM-DataDist's copies have
+# none); this bounds it all the same, so a wedged device cannot hang a request.
+COPY_TIMEOUT_MS = 60_000
+
+
+class BackendUnavailable(Exception):
+    """The configured Ascend backend cannot start; the message says why."""
+
+
+@dataclass
+class _DeviceBudget:
+    device: _ascend.Device
+    budget: int
+    reserved: int = 0
+
+
+class AscendBackend:
+    """CANN and the devices this daemon serves."""
+
+    def __init__(self, runtime: _ascend.AscendRuntime, devices: dict[int, _ascend.Device],
+                 device_budget: int) -> None:
+        self.runtime = runtime
+        self._devices = {i: _DeviceBudget(d, device_budget) for i, d in devices.items()}
+        self.tgid = runtime.bare_tgid()
+
+    @classmethod
+    def open(cls, config: AscendConfig) -> AscendBackend:
+        """Load CANN and open the configured devices (blocking: run it off the loop).
+
+        Raises:
+            BackendUnavailable: CANN is missing or broken, or a device cannot be opened.
+        """
+        path = config.cann_path
+        try:
+            runtime = _ascend.load(path)
+        except AscendUnavailable as exc:
+            raise BackendUnavailable(str(exc)) from None
+        try:
+            count = runtime.device_count()
+            missing = [d for d in config.devices if d >= count]
+            if missing:
+                raise BackendUnavailable(
+                    f"HCCL backend unavailable: ascend.devices names device(s) {missing}, but "
+                    f"this host has {count} (ids 0..{count - 1})")
+            devices = {d: runtime.set_device(d) for d in config.devices}
+        except AscendError as exc:
+            raise BackendUnavailable(
+                f"HCCL backend unavailable: {to_llm_exception(exc, 'opening the devices')}"
+            ) from None
+        backend = cls(runtime, devices, int(config.device_pool_max_bytes))
+        logger.info("Ascend backend: CANN from %s, devices %s", os.path.dirname(runtime.paths[0]),
+                    sorted(devices))
+        return backend
+
+    @property
+    def cann_dir(self) -> str:
+        """The directory CANN's libraries were loaded from (clients load the same)."""
+        return os.path.dirname(self.runtime.paths[0])
+
+    @property
+    def device_ids(self) -> list[int]:
+        return sorted(self._devices)
+
+    def device(self, device_id: int) -> _ascend.Device:
+        """The opened device, or LLM_PARAM_INVALID for one this daemon does not serve."""
+        state = self._devices.get(device_id)
+        if state is None:
+            raise LLMException(f"device {device_id} is not served by this daemon "
+                               f"(ascend.devices = {self.device_ids})",
+                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
+        return state.device
+
+    # -- device pools ---------------------------------------------------------------
+
+    async def create_pool(self, device_id: int, memory_size: int,
+                          page_shift: int) -> tuple[_ascend.DeviceBuffer,
+                                                    hixl_native.ExtentAllocator]:
+        """Allocate and export a pool's device memory within the device's budget."""
+        device = self.device(device_id)
+        state = self._devices[device_id]
+        unit = max(1 << page_shift, _ascend.DEVICE_ALIGNMENT)
+        size = -(-memory_size // unit) * unit
+        if state.reserved + size > state.budget:
+            raise LLMException(
+                f"a {size}-byte pool exceeds device {device_id}'s pool budget "
+                f"({state.budget - state.reserved} of {state.budget} bytes left; see "
+                f"ascend.device_pool_max_bytes)",
+                status_code=LLMStatusCode.LLM_DEVICE_OUT_OF_MEMORY)
+        state.reserved += size
+        try:
+            buffer = await asyncio.to_thread(_allocate_exported, device, size)
+        except BaseException:
+            state.reserved -= size
+            raise
+        return buffer, hixl_native.ExtentAllocator(size, page_shift)
+
+    async def release_pool(self, pool: Pool) -> None:
+        """Withdraw a pool's export and free its device memory."""
+        buffer = pool.device_buffer
+        assert buffer is not None
+        try:
+            await asyncio.to_thread(_free_exported, buffer)
+        except AscendError as exc:
+            logger.warning("freeing pool %d: %s", pool.pool_id, to_llm_exception(exc))
+        finally:
+            self._devices[buffer.device.id].reserved -= buffer.size
+
+    @staticmethod
+    def share(pool: Pool, tgid: int) -> str:
+        """Let a client process import a pool; return its export key."""
+        buffer = pool.device_buffer
+        assert buffer is not None
+        try:
+            buffer.allow_import([tgid])
+        except (AscendError, ValueError) as exc:
+            if isinstance(exc, AscendError):
+                raise to_llm_exception(exc, f"sharing pool {pool.pool_id}") from exc
+            raise LLMException(f"cannot share pool {pool.pool_id} with process {tgid}: {exc}",
+                               status_code=LLMStatusCode.LLM_PARAM_INVALID) from None
+        key = buffer.key
+        assert key is not None
+        return key
+
+    # -- copies -------------------------------------------------------------------------
+
+    def copy_job(self, dst: Memory, src: Memory, triples: Ranges,
+                 timeout_ms: int = COPY_TIMEOUT_MS) -> _CopyJob:
+        """Prepare a copy of (dst offset, src offset, length) triples touching device memory."""
+        side = dst.device if dst.device is not None else src.device
+        assert side is not None
+        if dst.device is not None and src.device is not None and (
+                dst.device.device.id != src.device.device.id):
+            raise LLMException(
+                f"copies between devices {src.device.device.id} and {dst.device.device.id} "
+                f"are not supported; stage them through a HOST pool",
+                status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
+        device = side.device
+        return _CopyJob(device, _operand(device, dst), _operand(device, src), triples, timeout_ms)
+
+
+def _operand(device: _ascend.Device, memory: Memory) -> _ascend.DeviceMemory | _ascend.HostRegion:
+    """The shim object of a memory: device memory as is, host memory as a region."""
+    if memory.device is not None:
+        return memory.device
+    mapping = memory.native
+    return _ascend.HostRegion(device, mapping, mapping.address, mapping.size)
+
+
+@dataclass
+class _CopyJob:
+    """One batch of ACL copies, run in a worker thread; raises LLMException on failure."""
+
+    device: _ascend.Device
+    dst: _ascend.DeviceMemory | _ascend.HostRegion
+    src: _ascend.DeviceMemory | _ascend.HostRegion
+    triples: Ranges
+    timeout_ms: int
+
+    def __call__(self) -> None:
+        try:
+            with self.device.create_stream() as stream:
+                stream.memcpy_ranges(self.dst, self.src, self.triples)
+                stream.synchronize(self.timeout_ms)
+        except AscendError as exc:
+            raise to_llm_exception(exc, "copying") from exc
+        except ValueError as exc:
+            raise LLMException(f"copying: {exc}",
+                               status_code=LLMStatusCode.LLM_PARAM_INVALID) from None
+        finally:
+            for operand in (self.dst, self.src):
+                if isinstance(operand, _ascend.HostRegion):
+                    operand.close()
+
+
+def _allocate_exported(device: _ascend.Device, size: int) -> _ascend.DeviceBuffer:
+    try:
+        buffer = device.malloc(size, huge_only=True)
+    except AscendError as exc:
+        raise to_llm_exception(exc, f"allocating a {size}-byte pool on device {device.id}") \
+            from exc
+    try:
+        buffer.export_key(pid_validation=True)
+    except AscendError as exc:
+        buffer.close()
+        raise to_llm_exception(exc, "exporting a pool") from exc
+    return buffer
+
+
+def _free_exported(buffer: _ascend.DeviceBuffer) -> None:
+    try:
+        buffer.unexport()
+    finally:
+        buffer.close()

@@ -1,0 +1,300 @@
+"""The HCCL transport: one two-rank communicator per link, batches in lockstep.
+
+The linking daemon is rank 0: it creates the root info and sends it with
+``Peer.HcclConnect``, and both daemons build the communicator concurrently,
+each with a stream of its own for the link. A pull or push is one batch on
+each side: the linking daemon asks the other (``Peer.HcclPost``) to check the
+ranges against its region and queue its side (sends for a pull, receives for
+a push), then queues the matching receives or sends in the same order and
+waits for them. Each side runs one batch of a link at a time, in order, so the
+two sides always pair up.
+
+A batch that fails or runs past its deadline destroys the communicator on the
+side that saw it (aborting what is queued and releasing the memory it pinned);
+the link stays, and its next transfer builds a new communicator. Every wait is
+bounded: building by the link timeout, batches by the transfer's deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from hixl_native import _ascend
+from hixl_native._ascend import AscendError
+
+from hixl_client.status import LLMException, LLMStatusCode
+
+from .errors import to_llm_exception
+
+if TYPE_CHECKING:
+    from ..peer_api import PeerApi
+    from ..pools import Memory
+
+logger = logging.getLogger(__name__)
+
+INITIATOR_RANK = 0
+ACCEPTOR_RANK = 1
+# Tells the linking daemon that this side has no communicator (it failed
+# earlier): build a new one and post again.
+NO_COMMUNICATOR = "the link has no HCCL communicator on this side"
+
+
+class _Channel:
+    """A communicator and the stream its batches run on (one side of a link)."""
+
+    def __init__(self, comm: _ascend.HcclComm, stream: _ascend.Stream) -> None:
+        self.comm = comm
+        self.stream = stream
+
+    @classmethod
+    def build(cls, device: _ascend.Device, root_info: bytes, rank: int) -> _Channel:
+        """Join the communicator (blocks until both ranks joined or HCCL gives up)."""
+        comm = _ascend.HcclComm(device, root_info, 2, rank)
+        try:
+            return cls(comm, device.create_stream())
+        except BaseException:
+            comm.destroy()
+            raise
+
+    def run(self, sending: bool, memory: Memory, pairs: np.ndarray[Any, Any],
+            timeout_ms: int) -> None:
+        """Queue one batch and wait for it (blocking)."""
+        self.post(sending, memory, pairs)
+        self.stream.synchronize(timeout_ms)
+
+    def post(self, sending: bool, memory: Memory, pairs: np.ndarray[Any, Any]) -> None:
+        assert memory.device is not None
+        peer = ACCEPTOR_RANK if self.comm.rank == INITIATOR_RANK else INITIATOR_RANK
+        queue = self.comm.send_ranges if sending else self.comm.recv_ranges
+        queue(memory.device, pairs, peer, self.stream)
+
+    def destroy(self) -> None:
+        """Abort queued work and free both (blocking; idempotent)."""
+        for close in (self.comm.destroy, self.stream.destroy):
+            try:
+                close()
+            except AscendError as exc:
+                logger.info("destroying an HCCL channel: %s", to_llm_exception(exc))
+
+
+def _close_when_built(job: asyncio.Future[_Channel]) -> None:
+    """Destroy a channel whose builder was given up on, once the build ends."""
+    def done(finished: asyncio.Future[_Channel]) -> None:
+        if not finished.cancelled() and finished.exception() is None:
+            asyncio.get_running_loop().run_in_executor(None, finished.result().destroy)
+    job.add_done_callback(done)
+
+
+def _settle(posted: asyncio.Future[None], error: LLMException | None = None) -> None:
+    """Tell the poster how queueing went (it may have stopped waiting)."""
+    if posted.done():
+        return
+    if error is None:
+        posted.set_result(None)
+    else:
+        posted.set_exception(error)
+
+
+def _remaining_ms(deadline: float) -> int:
+    return max(1, int((deadline - time.monotonic()) * 1000))
+
+
+def _fail(exc: BaseException, what: str) -> LLMException:
+    if isinstance(exc, LLMException):
+        return exc
+    if isinstance(exc, AscendError):
+        return to_llm_exception(exc, what)
+    return LLMException(f"{what}: {exc}", status_code=LLMStatusCode.LLM_LINK_FAILED)
+
+
+class HcclLink:
+    """The linking daemon's side of one link (rank 0)."""
+
+    def __init__(self, device: _ascend.Device, peer: PeerApi, token: int,
+                 connect_timeout_s: float,
+                 on_refused: Callable[[LLMException], LLMException]) -> None:
+        self._device = device
+        self._peer = peer
+        self._token = token
+        self._connect_timeout_s = connect_timeout_s
+        self._on_refused = on_refused
+        self._channel: _Channel | None = None
+        self._lock = asyncio.Lock()
+        self.closed = False
+
+    @property
+    def alive(self) -> bool:
+        """Whether a communicator is up (else the next transfer builds one)."""
+        return self._channel is not None
+
+    async def connect(self, timeout_s: float) -> None:
+        """Build the communicator with the other daemon, within ``timeout_s``."""
+        async with self._lock:
+            await self._connect(time.monotonic() + timeout_s)
+
+    async def _connect(self, deadline: float) -> None:
+        await self._drop()
+        try:
+            root_info = await asyncio.to_thread(self._device.hccl_root_info)
+        except AscendError as exc:
+            raise _fail(exc, "creating the HCCL root info") from exc
+        local: asyncio.Future[_Channel] = asyncio.ensure_future(asyncio.to_thread(
+            _Channel.build, self._device, root_info, INITIATOR_RANK))
+        remote = asyncio.ensure_future(self._peer.hccl_connect(
+            self._token, root_info, max(0.001, deadline - time.monotonic())))
+        done, _ = await asyncio.wait((local, remote),
+                                     timeout=max(0.0, deadline - time.monotonic()))
+        failure: BaseException | None = None
+        if remote in done and remote.exception() is not None:
+            failure = remote.exception()
+        elif local in done and local.exception() is not None:
+            failure = local.exception()
+        elif local not in done or remote not in done:
+            failure = LLMException("building the HCCL communicator timed out",
+                                   status_code=LLMStatusCode.LLM_LINK_FAILED)
+        if failure is None:
+            self._channel = local.result()
+            return
+        remote.cancel()
+        if local in done:
+            if local.exception() is None:
+                await asyncio.to_thread(local.result().destroy)
+        else:
+            _close_when_built(local)
+        error = _fail(failure, "building the HCCL communicator")
+        raise LLMException(f"cannot open the HCCL link: {error}",
+                           status_code=LLMStatusCode.LLM_LINK_FAILED) from failure
+
+    async def transfer(self, sending: bool, local: Memory, local_pairs: np.ndarray[Any, Any],
+                       region_id: int, remote_pairs: np.ndarray[Any, Any],
+                       timeout_ms: int) -> None:
+        """Move one batch: ``sending`` from ``local`` into the region, else the reverse.
+
+        Runs to its end even if the awaiting coroutine is cancelled, so that
+        the two sides stay paired; bounded by ``timeout_ms``.
+        """
+        job = asyncio.ensure_future(self._transfer(sending, local, local_pairs, region_id,
+                                                   remote_pairs, timeout_ms))
+        local.pin_until(job)
+        await asyncio.shield(job)
+
+    async def _transfer(self, sending: bool, local: Memory, local_pairs: np.ndarray[Any, Any],
+                        region_id: int, remote_pairs: np.ndarray[Any, Any],
+                        timeout_ms: int) -> None:
+        deadline = time.monotonic() + timeout_ms / 1000.0
+        async with self._lock:
+            if self.closed:
+                raise LLMException("the link was closed", status_code=LLMStatusCode.LLM_LINK_FAILED)
+            ranges = remote_pairs.astype("<u8", copy=False).tobytes()
+            for attempt in range(2):
+                if self._channel is None:
+                    await self._connect(deadline)
+                try:
+                    await self._peer.hccl_post(self._token, not sending, region_id, ranges,
+                                               _remaining_ms(deadline),
+                                               max(0.001, deadline - time.monotonic()))
+                    break
+                except LLMException as exc:
+                    if NO_COMMUNICATOR in str(exc) and attempt == 0:
+                        await self._drop()  # the other side lost it: build both anew
+                        continue
+                    if exc.status_code == LLMStatusCode.LLM_PARAM_INVALID:
+                        raise self._on_refused(exc) from None
+                    raise
+            channel = self._channel
+            assert channel is not None
+            try:
+                await asyncio.to_thread(channel.run, sending, local, local_pairs,
+                                        _remaining_ms(deadline))
+            except AscendError as exc:
+                await self._drop()
+                raise _fail(exc, "the HCCL batch") from exc
+
+    async def _drop(self) -> None:
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            await asyncio.to_thread(channel.destroy)
+
+    async def close(self) -> None:
+        """Destroy the communicator once the running batch (if any) ended."""
+        self.closed = True
+        async with self._lock:
+            await self._drop()
+
+
+class HcclInbound:
+    """The linked daemon's side of one link (rank 1)."""
+
+    def __init__(self, device: _ascend.Device) -> None:
+        self._device = device
+        self._channel: _Channel | None = None
+        self._lock = asyncio.Lock()
+        self._batches: set[asyncio.Task[None]] = set()
+        self.closed = False
+
+    async def connect(self, root_info: bytes) -> None:
+        """Join a new communicator (replacing an old one once its batch ended)."""
+        if len(root_info) != _ascend.HCCL_ROOT_INFO_BYTES:
+            raise LLMException(f"an HCCL root info has {_ascend.HCCL_ROOT_INFO_BYTES} bytes, "
+                               f"not {len(root_info)}",
+                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
+        async with self._lock:
+            await self._drop()
+            try:
+                channel = await asyncio.to_thread(_Channel.build, self._device, root_info,
+                                                  ACCEPTOR_RANK)
+            except AscendError as exc:
+                raise _fail(exc, "joining the HCCL communicator") from exc
+            if self.closed:
+                await asyncio.to_thread(channel.destroy)
+                raise LLMException("the link was closed", status_code=LLMStatusCode.LLM_LINK_FAILED)
+            self._channel = channel
+
+    async def post(self, sending: bool, memory: Memory, pairs: np.ndarray[Any, Any],
+                   timeout_ms: int) -> None:
+        """Queue this side of a batch; return once queued (it completes in the background)."""
+        posted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        batch = asyncio.ensure_future(self._run(sending, memory, pairs, timeout_ms, posted))
+        self._batches.add(batch)
+        batch.add_done_callback(self._batches.discard)
+        memory.pin_until(batch)
+        await posted
+
+    async def _run(self, sending: bool, memory: Memory, pairs: np.ndarray[Any, Any],
+                   timeout_ms: int, posted: asyncio.Future[None]) -> None:
+        deadline = time.monotonic() + timeout_ms / 1000.0
+        async with self._lock:
+            channel = self._channel
+            if channel is None or self.closed:
+                _settle(posted, LLMException(NO_COMMUNICATOR,
+                                             status_code=LLMStatusCode.LLM_LINK_FAILED))
+                return
+            try:
+                await asyncio.to_thread(channel.post, sending, memory, pairs)
+            except AscendError as exc:
+                _settle(posted, _fail(exc, "queueing an HCCL batch"))
+                await self._drop()
+                return
+            _settle(posted)
+            try:
+                await asyncio.to_thread(channel.stream.synchronize, _remaining_ms(deadline))
+            except AscendError as exc:
+                logger.warning("an HCCL batch failed; the communicator will be rebuilt: %s",
+                               to_llm_exception(exc))
+                await self._drop()
+
+    async def _drop(self) -> None:
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            await asyncio.to_thread(channel.destroy)
+
+    async def close(self) -> None:
+        """Destroy the communicator once the running batch (if any) ended."""
+        self.closed = True
+        async with self._lock:
+            await self._drop()
