@@ -9,6 +9,7 @@ from ._layerwise import CacheTask
 from .cache import Cache
 from .cache_manager import CacheManager
 from .config import LLMClusterInfo, LLMConfig, LlmConfig
+from .device_buffer import DeviceShareableBuffer, alloc_device_shareable
 from .keys import BlocksCacheKey, CacheKey, CacheKeyByIdAndIndex
 from .llm_datadist import LLMDataDist
 from .shareable import ShareableBuffer, alloc_shareable
@@ -37,6 +38,7 @@ __all__ = [
     "CacheManager",
     "CacheTask",
     "DataType",
+    "DeviceShareableBuffer",
     "LLMClusterInfo",
     "LLMConfig",
     "LLMDataDist",
@@ -54,6 +56,7 @@ __all__ = [
     "TransferConfig",
     "TransferTiming",
     "TransferWithCacheKeyConfig",
+    "alloc_device_shareable",
     "alloc_shareable",
     "capture_timings",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ._memory import upload_buffer
-from ._proto.hixl.v1 import common_pb2
+from ._proto.hixl.v1 import client_pb2, common_pb2
 from .keys import BlocksCacheKey, CacheKey, CacheKeyByIdAndIndex
 from .status import LLMException, LLMStatusCode
 from .types import CacheDesc
@@ -13,6 +13,7 @@ from .types import CacheDesc
 if TYPE_CHECKING:
     from ._memory import PoolMapping
     from ._transport import DaemonConnection
+    from .device_buffer import DeviceShareableBuffer
     from .shareable import ShareableBuffer
 
 # The daemon bounds a pull by sync_kv_timeout; the RPC deadline only guards
@@ -48,11 +49,12 @@ class ManagerBase:
 
     def __init__(self, connection: DaemonConnection, options: dict[str, str],
                  pools: dict[int, PoolMapping], fd_socket: str = "",
-                 upload_token: bytes = b"") -> None:
+                 upload_token: bytes = b"", daemon_tgid: int = 0) -> None:
         self._connection = connection
         self._pools = pools
         self._fd_socket = fd_socket
         self._upload_token = upload_token
+        self._daemon_tgid = daemon_tgid  # hccl backend: for exporting device buffers to it
         self._initialized = True
         self._is_call_linked = False
         self._enabled_mem_pool = bool(options.get("llm.MemPoolConfig"))
@@ -75,5 +77,20 @@ class ManagerBase:
         if known is None:
             known = await upload_buffer(self._fd_socket, self._upload_token, buffer.fd)
             buffer._uploaded[self._upload_token] = known
+        return known
+
+    async def _device_buffer_id(self, buffer: DeviceShareableBuffer) -> int:
+        """The daemon's id of a device buffer, exporting it to the daemon on first use."""
+        known = buffer._imported.get(self._upload_token)
+        if known is None:
+            if not self._daemon_tgid:
+                raise LLMException("device buffers need the daemon's hccl backend",
+                                   status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
+            key = buffer.export_for(self._daemon_tgid)
+            reply = await self._connection.call(
+                self._connection.stub.ImportDeviceBuffer,
+                client_pb2.ImportDeviceBufferRequest(ipc_key=key, size=buffer.size,
+                                                     device_id=buffer.device_id))
+            known = buffer._imported[self._upload_token] = reply.buffer_id
         return known
 

@@ -27,7 +27,7 @@ from .status import LLMException, LLMStatusCode
 from .types import Placement
 
 if TYPE_CHECKING:
-    from hixl_native._ascend import ImportedBuffer
+    from hixl_native._ascend import DeviceMemory
 
 FD_REQUEST_TIMEOUT_S = 5.0
 _GRANTED = b"\x00"
@@ -43,7 +43,8 @@ class PoolMapping:
     pool_id: int
     placement: Placement
     mapping: hixl_native.Mapping | None = None
-    device: ImportedBuffer | None = None  # a device pool, imported with ACL IPC
+    # A device pool imported with ACL IPC (or a registered device buffer of this process).
+    device: DeviceMemory | None = None
 
     @property
     def base(self) -> int:
@@ -71,7 +72,7 @@ class PoolMapping:
         if self.device is not None:
             self.device.close()
 
-    def _device(self) -> ImportedBuffer:
+    def _device(self) -> DeviceMemory:
         assert self.device is not None
         return self.device
 

@@ -9,8 +9,9 @@ from ._memory import PoolMapping
 from ._proto.hixl.v1 import client_pb2
 from ._validation import check_int64, check_isinstance
 from .cache import Cache
+from .device_buffer import DeviceShareableBuffer, locate_device
 from .keys import BlocksCacheKey, CacheKey
-from .shareable import locate
+from .shareable import ShareableBuffer, locate
 from .status import LLMException, LLMStatusCode, raise_if_false
 from .types import CacheDesc, MemInfo, Memtype, Placement
 
@@ -26,7 +27,8 @@ class RegisterOps(ManagerBase):
         Args:
             cache_desc: the layout of each tensor.
             addrs: one address per tensor, inside one buffer from
-                ``hixl_client.alloc_shareable``.
+                ``hixl_client.alloc_shareable`` (or, on a daemon with the hccl
+                backend, ``hixl_client.alloc_device_shareable``).
             cache_keys: the i-th key binds batch slot i (later registrations of
                 the same key win).
             remote_accessible: whether linked peers may push into it; default True
@@ -90,8 +92,14 @@ class RegisterOps(ManagerBase):
                       else desc.placement == Placement.DEVICE)
         if self._is_call_linked:
             accessible = False
-        buffer, offsets = locate(addrs, desc.size) if addrs else (None, [])
-        buffer_id = await self._buffer_id(buffer) if buffer is not None else 0
+        on_device = locate_device(addrs, desc.size)
+        buffer: ShareableBuffer | DeviceShareableBuffer | None = None
+        if on_device is not None:
+            buffer, offsets = on_device
+            buffer_id = await self._device_buffer_id(buffer)
+        else:
+            buffer, offsets = locate(addrs, desc.size) if addrs else (None, [])
+            buffer_id = await self._buffer_id(buffer) if buffer is not None else 0
         request = client_pb2.RegisterCacheRequest(
             desc=desc_to_proto(desc), buffer_id=buffer_id, tensor_offsets=offsets,
             keys=[key_to_proto(k) for k in keys], blocks=blocks,
@@ -102,7 +110,9 @@ class RegisterOps(ManagerBase):
         reply = await self._connection.call(self._connection.stub.RegisterCache, request)
         cache = Cache(reply.cache_id, desc, list(addrs), self, is_registered=True,
                       is_blocks_cache=blocks)
-        if buffer is not None:
+        if isinstance(buffer, DeviceShareableBuffer):
+            cache._bind_pool(PoolMapping(0, desc.placement, device=buffer.buffer), offsets)
+        elif buffer is not None:
             cache._bind_pool(PoolMapping(0, desc.placement, mapping=buffer._mapping), offsets)
         return cache
 

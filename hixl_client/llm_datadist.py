@@ -178,7 +178,7 @@ class LLMDataDist(CommOps):
         self._connection = connection
         self._options = normalized
         self._cache_manager = CacheManager(connection, normalized, self._pools, reply.fd_socket,
-                                           reply.upload_token)
+                                           reply.upload_token, reply.daemon_tgid)
 
     async def finalize(self) -> None:
         """Free the cluster's caches and pools in the daemon and end the session.

@@ -16,7 +16,7 @@ from __future__ import annotations
 import bisect
 import os
 import threading
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 import hixl_native
 
@@ -96,26 +96,36 @@ def alloc_shareable(nbytes: int) -> ShareableBuffer:
     return ShareableBuffer(-(-nbytes // _ALIGN) * _ALIGN)
 
 
-class _Registry:
+class _Addressed(Protocol):
+    @property
+    def address(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+
+
+BufferT = TypeVar("BufferT", bound=_Addressed)
+
+
+class Registry(Generic[BufferT]):
     """Live buffers of this process, sorted by address, to translate addresses."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._starts: list[int] = []
-        self._buffers: list[ShareableBuffer] = []
+        self._buffers: list[BufferT] = []
 
-    def add(self, buffer: ShareableBuffer) -> None:
+    def add(self, buffer: BufferT) -> None:
         with self._lock:
             index = bisect.bisect(self._starts, buffer.address)
             self._starts.insert(index, buffer.address)
             self._buffers.insert(index, buffer)
 
-    def remove(self, buffer: ShareableBuffer) -> None:
+    def remove(self, buffer: BufferT) -> None:
         with self._lock:
             index = self._buffers.index(buffer)
             del self._starts[index], self._buffers[index]
 
-    def find(self, address: int, length: int) -> ShareableBuffer | None:
+    def find(self, address: int, length: int) -> BufferT | None:
         with self._lock:
             index = bisect.bisect(self._starts, address) - 1
             if index < 0:
@@ -123,8 +133,17 @@ class _Registry:
             buffer = self._buffers[index]
             return buffer if address + length <= buffer.address + buffer.size else None
 
+    def locate(self, addrs: list[int], length: int) -> tuple[BufferT, list[int]] | None:
+        """The one buffer holding every ``[addr, addr + length)`` and the offsets, or
+        None when the addresses are not all inside one of these buffers."""
+        found = [self.find(a, length) for a in addrs]
+        first = found[0] if found else None
+        if first is None or any(b is not first for b in found):
+            return None
+        return first, [a - first.address for a in addrs]
 
-_REGISTRY = _Registry()
+
+_REGISTRY: Registry[ShareableBuffer] = Registry()
 
 
 def locate(addrs: list[int], length: int) -> tuple[ShareableBuffer, list[int]]:
@@ -134,13 +153,12 @@ def locate(addrs: list[int], length: int) -> tuple[ShareableBuffer, list[int]]:
         LLMException: an address is not inside a shareable buffer, or the
             addresses span several buffers (``LLM_PARAM_INVALID``).
     """
-    found = {id(b): b for b in (_REGISTRY.find(a, length) for a in addrs) if b is not None}
-    if len(found) != 1 or any(_REGISTRY.find(a, length) is None for a in addrs):
+    located = _REGISTRY.locate(addrs, length)
+    if located is None:
         raise LLMException(
             "the hixl daemon can only reach host memory allocated with "
             "hixl_client.alloc_shareable(nbytes), and every tensor of one cache must lie in "
             "one such buffer; allocate the cache's memory there (numpy: buf.numpy(...), "
             "torch: torch.frombuffer(buf.view(), dtype=...))",
             status_code=LLMStatusCode.LLM_PARAM_INVALID)
-    buffer = next(iter(found.values()))
-    return buffer, [a - buffer.address for a in addrs]
+    return located

@@ -214,7 +214,7 @@ class Engine:
         for buffer in cluster.buffers.values():  # unmapped here, never freed: the user's
             buffer.closed = True
             await buffer.wait_unpinned()
-            buffer.release()
+            await asyncio.to_thread(buffer.release)
         logger.info("cluster %d finalized", cluster.cluster_id)
 
     async def close(self) -> None:
@@ -301,6 +301,21 @@ class Engine:
         buffer_id = next(self._buffer_ids)
         cluster.buffers[buffer_id] = UserBuffer(buffer_id, cluster.cluster_id,
                                                 hixl_native.Mapping(fd, size))
+        return buffer_id
+
+    async def import_device_buffer(self, cluster: Cluster, key: str, size: int,
+                                   device_id: int) -> int:
+        """Import a client's exported device memory (hccl backend); return its buffer id."""
+        if self.deps.ascend is None:
+            raise LLMException("device buffers need the daemon's hccl backend",
+                               status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
+        if device_id != cluster.settings.device_id:
+            raise LLMException(f"the buffer is on device {device_id}, the cluster on "
+                               f"{cluster.settings.device_id}",
+                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
+        imported = await self.deps.ascend.import_buffer(device_id, key, size)
+        buffer_id = next(self._buffer_ids)
+        cluster.buffers[buffer_id] = UserBuffer(buffer_id, cluster.cluster_id, device=imported)
         return buffer_id
 
     def register(self, cluster: Cluster, spec: NewCache, buffer_id: int,

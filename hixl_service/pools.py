@@ -137,13 +137,18 @@ class Memory:
 
 
 class UserBuffer(Memory):
-    """A client's shareable buffer, mapped by the daemon for registered caches.
+    """A client's buffer, mapped by the daemon for registered caches: a
+    shareable host buffer (its fd), or device memory imported with ACL IPC.
 
-    The memory is the user's: hixl unmaps it when the cluster ends, never frees it.
+    The memory is the user's: hixl unmaps (or closes its import) when the
+    cluster ends, never frees it.
     """
 
-    def __init__(self, buffer_id: int, cluster_id: int, native: hixl_native.Mapping) -> None:
-        super().__init__(cluster_id, Placement.HOST, native.size, mapping=native)
+    def __init__(self, buffer_id: int, cluster_id: int, native: hixl_native.Mapping | None = None,
+                 device: DeviceMemory | None = None) -> None:
+        placement = Placement.DEVICE if device is not None else Placement.HOST
+        size = native.size if native is not None else device.size if device is not None else 0
+        super().__init__(cluster_id, placement, size, mapping=native, device=device)
         self.buffer_id = buffer_id
 
 

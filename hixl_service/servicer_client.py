@@ -121,7 +121,16 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         return client_pb2.InitReply(pools=pools, fd_socket=self._fd_socket,
                                     upload_token=cluster.upload_token,
                                     backend=self._engine.deps.backend,
-                                    cann_path=ascend.cann_dir if ascend is not None else "")
+                                    cann_path=ascend.cann_dir if ascend is not None else "",
+                                    daemon_tgid=ascend.tgid if ascend is not None else 0)
+
+    @handles_errors
+    async def ImportDeviceBuffer(self, request: client_pb2.ImportDeviceBufferRequest,
+                                 context: Context) -> client_pb2.ImportDeviceBufferReply:
+        cluster = self._engine.cluster_of(self._session(context))
+        buffer_id = await self._engine.import_device_buffer(cluster, request.ipc_key,
+                                                            request.size, request.device_id)
+        return client_pb2.ImportDeviceBufferReply(buffer_id=buffer_id)
 
     @handles_errors
     async def ShareDevicePools(self, request: client_pb2.ShareDevicePoolsRequest,

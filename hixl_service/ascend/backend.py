@@ -156,6 +156,20 @@ class AscendBackend:
         assert key is not None
         return key
 
+    async def import_buffer(self, device_id: int, key: str, size: int) -> _ascend.ImportedBuffer:
+        """Import device memory a client exported for this daemon (registered caches)."""
+        device = self.device(device_id)
+        if size <= 0:
+            raise LLMException(f"a device buffer of {size} bytes",
+                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
+        try:
+            return await asyncio.to_thread(device.import_ipc, key, size)
+        except AscendError as exc:
+            raise to_llm_exception(exc, "importing the client's device buffer") from exc
+        except ValueError as exc:
+            raise LLMException(f"importing the client's device buffer: {exc}",
+                               status_code=LLMStatusCode.LLM_PARAM_INVALID) from None
+
     # -- copies -------------------------------------------------------------------------
 
     def copy_job(self, dst: Memory, src: Memory, triples: Ranges,

@@ -69,18 +69,36 @@ class PoolInfo(_message.Message):
     def __init__(self, pool_id: _Optional[int] = ..., placement: _Optional[int] = ..., size: _Optional[int] = ..., page_shift: _Optional[int] = ..., fd_token: _Optional[bytes] = ..., on_device: _Optional[bool] = ..., device_id: _Optional[int] = ...) -> None: ...
 
 class InitReply(_message.Message):
-    __slots__ = ("pools", "fd_socket", "upload_token", "backend", "cann_path")
+    __slots__ = ("pools", "fd_socket", "upload_token", "backend", "cann_path", "daemon_tgid")
     POOLS_FIELD_NUMBER: _ClassVar[int]
     FD_SOCKET_FIELD_NUMBER: _ClassVar[int]
     UPLOAD_TOKEN_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     CANN_PATH_FIELD_NUMBER: _ClassVar[int]
+    DAEMON_TGID_FIELD_NUMBER: _ClassVar[int]
     pools: _containers.RepeatedCompositeFieldContainer[PoolInfo]
     fd_socket: str
     upload_token: bytes
     backend: str
     cann_path: str
-    def __init__(self, pools: _Optional[_Iterable[_Union[PoolInfo, _Mapping]]] = ..., fd_socket: _Optional[str] = ..., upload_token: _Optional[bytes] = ..., backend: _Optional[str] = ..., cann_path: _Optional[str] = ...) -> None: ...
+    daemon_tgid: int
+    def __init__(self, pools: _Optional[_Iterable[_Union[PoolInfo, _Mapping]]] = ..., fd_socket: _Optional[str] = ..., upload_token: _Optional[bytes] = ..., backend: _Optional[str] = ..., cann_path: _Optional[str] = ..., daemon_tgid: _Optional[int] = ...) -> None: ...
+
+class ImportDeviceBufferRequest(_message.Message):
+    __slots__ = ("ipc_key", "size", "device_id")
+    IPC_KEY_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    ipc_key: str
+    size: int
+    device_id: int
+    def __init__(self, ipc_key: _Optional[str] = ..., size: _Optional[int] = ..., device_id: _Optional[int] = ...) -> None: ...
+
+class ImportDeviceBufferReply(_message.Message):
+    __slots__ = ("buffer_id",)
+    BUFFER_ID_FIELD_NUMBER: _ClassVar[int]
+    buffer_id: int
+    def __init__(self, buffer_id: _Optional[int] = ...) -> None: ...
 
 class ShareDevicePoolsRequest(_message.Message):
     __slots__ = ("tgid",)

@@ -59,6 +59,11 @@ class ClientStub:
                 request_serializer=hixl_dot_v1_dot_client__pb2.ShareDevicePoolsRequest.SerializeToString,
                 response_deserializer=hixl_dot_v1_dot_client__pb2.ShareDevicePoolsReply.FromString,
                 _registered_method=True)
+        self.ImportDeviceBuffer = channel.unary_unary(
+                '/hixl.v1.Client/ImportDeviceBuffer',
+                request_serializer=hixl_dot_v1_dot_client__pb2.ImportDeviceBufferRequest.SerializeToString,
+                response_deserializer=hixl_dot_v1_dot_client__pb2.ImportDeviceBufferReply.FromString,
+                _registered_method=True)
         self.LinkClusters = channel.unary_unary(
                 '/hixl.v1.Client/LinkClusters',
                 request_serializer=hixl_dot_v1_dot_client__pb2.LinkClustersRequest.SerializeToString,
@@ -177,6 +182,14 @@ class ClientServicer:
     def ShareDevicePools(self, request, context):
         """hccl backend: allows the client's process to import the cluster's device
         pools (ACL IPC) and returns their export keys.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ImportDeviceBuffer(self, request, context):
+        """hccl backend: the daemon imports a device buffer the client exported
+        (ACL IPC, allowed for InitReply.daemon_tgid) for registered caches.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -316,6 +329,11 @@ def add_ClientServicer_to_server(servicer, server):
                     servicer.ShareDevicePools,
                     request_deserializer=hixl_dot_v1_dot_client__pb2.ShareDevicePoolsRequest.FromString,
                     response_serializer=hixl_dot_v1_dot_client__pb2.ShareDevicePoolsReply.SerializeToString,
+            ),
+            'ImportDeviceBuffer': grpc.unary_unary_rpc_method_handler(
+                    servicer.ImportDeviceBuffer,
+                    request_deserializer=hixl_dot_v1_dot_client__pb2.ImportDeviceBufferRequest.FromString,
+                    response_serializer=hixl_dot_v1_dot_client__pb2.ImportDeviceBufferReply.SerializeToString,
             ),
             'LinkClusters': grpc.unary_unary_rpc_method_handler(
                     servicer.LinkClusters,
@@ -533,6 +551,33 @@ class Client:
             '/hixl.v1.Client/ShareDevicePools',
             hixl_dot_v1_dot_client__pb2.ShareDevicePoolsRequest.SerializeToString,
             hixl_dot_v1_dot_client__pb2.ShareDevicePoolsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ImportDeviceBuffer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hixl.v1.Client/ImportDeviceBuffer',
+            hixl_dot_v1_dot_client__pb2.ImportDeviceBufferRequest.SerializeToString,
+            hixl_dot_v1_dot_client__pb2.ImportDeviceBufferReply.FromString,
             options,
             channel_credentials,
             insecure,
