@@ -1,7 +1,6 @@
-"""Pure helpers for the Ascend (ACL/HCCL) backend of the daemon.
-
-Nothing here imports the daemon; the shim itself is ``hixl_native._ascend``.
+"""The Ascend (ACL/HCCL) backend of the daemon; the shim itself is ``hixl_native._ascend``.
 
 * `errors`: the mapping of ACL and HCCL error codes to `LLMStatusCode`.
-* `ipc`: address translation for IPC-imported device memory.
+* `backend`: CANN at start-up, device pools, ACL copies.
+* `hccl_link`: the HCCL transport of links between daemons.
 """

@@ -32,6 +32,7 @@ from hixl_client import (
     LLMStatusCode,
     Placement,
     ShareableBuffer,
+    TransferConfig,
     TransferWithCacheKeyConfig,
     alloc_device_shareable,
     alloc_shareable,
@@ -321,3 +322,25 @@ async def test_pull_from_registered_memory(linked: Linked) -> None:
     finally:
         await linked.prompt.finalize()  # the daemon lets go of the buffer before it is freed
         buffer.close()
+
+
+async def test_transfer_config_to_raw_addresses_of_the_receiver(linked: Linked) -> None:
+    """The receiver's tensor_addrs (device addresses of its own process on the hccl
+    backend) name where layers land; its daemon translates them."""
+    sender, receiver = linked.decoder, linked.prompt
+    desc = CacheDesc(4, [2, 1024], DataType.DT_UINT8)  # 2 layers of K and V, 2 slots
+    src = await sender.cache_manager.allocate_cache(desc)
+    fill(src)
+    dst = await receiver.cache_manager.allocate_cache(desc)
+    stride = desc.size // 2
+    addrs = [a + stride for a in dst.tensor_addrs]  # every tensor's slot 1
+    task = sender.cache_manager.transfer_cache_async(
+        src, Ready(), [TransferConfig(receiver.cluster_id, addrs, range(2), src_batch_index=0)])
+    assert await task == [OK]
+    for i in range(4):
+        assert block(dst, i, 1) == block(src, i, 0)
+    outside = TransferConfig(receiver.cluster_id, [1 << 40, 1 << 40], range(1))
+    assert await sender.cache_manager.transfer_cache_async(src, Ready(), [outside]) == [
+        LLMStatusCode.LLM_PARAM_INVALID]
+    await sender.cache_manager.deallocate_cache(src)
+    await receiver.cache_manager.deallocate_cache(dst)
