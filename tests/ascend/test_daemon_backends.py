@@ -259,6 +259,15 @@ async def test_copies_and_swaps_inside_one_cluster(daemons: Daemons) -> None:
         IO.write(host, 1, b"\x5a" * 1024, 2 * 1024)
         await cm.swap_blocks(host, device, {2: 12})  # swap in
         assert block(device, 1, 12) == b"\x5a" * 1024
+        # CPU caches: over the host pool, and over the caller's shareable memory
+        cpu = Cache.create_cpu_cache(host.cache_desc, host.tensor_addrs)
+        await cm.swap_blocks(device, cpu, {3: 5})
+        assert block(host, 0, 5) == block(device, 0, 3)
+        with alloc_shareable(2 * 8 * 1024) as shared:
+            mine = Cache.create_cpu_cache(host.cache_desc,
+                                          [shared.address, shared.address + 8 * 1024])
+            await cm.swap_blocks(device, mine, {6: 2})
+            assert bytes(shared.view(8 * 1024 + 2 * 1024, 1024)) == block(device, 1, 6)
         slots = CacheDesc(2, [2, 4096], DataType.DT_UINT8)
         a = await cm.allocate_cache(slots)
         b = await cm.allocate_cache(slots)
