@@ -6,6 +6,7 @@ process (one per cluster): each holds its own session with the daemon.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +20,8 @@ from .cache_manager import CacheManager
 from .config import LLMClusterInfo, int_to_ip
 from .status import LLMException, LLMStatusCode, raise_if_false
 from .types import LLMRole, role_to_str
+
+logger = logging.getLogger(__name__)
 
 OPT_ROLE = "llm.Role"
 OPT_CACHE_MANAGER = "llm.EnableCacheManager"
@@ -245,6 +248,11 @@ class LLMDataDist(CommOps):
                 timeout=timeout / 1000.0 + LINK_RPC_MARGIN_S)
             for target, answer in zip(targets, reply.results, strict=True):
                 if answer.status != LLMStatusCode.LLM_SUCCESS:
+                    # LLM-DataDist returns statuses only: the daemon's reason goes to the log.
+                    logger.warning("%s cluster %d failed (%s): %s",
+                                   "unlinking" if unlink else "linking",
+                                   target.remote_cluster_id,
+                                   LLMStatusCode(answer.status).name, answer.message)
                     continue
                 if unlink:
                     self._link_transports.pop(target.remote_cluster_id, None)

@@ -441,8 +441,13 @@ class Engine:
                                  self.deps.connect_timeout_s, self.deps.backend)
         link = OutboundLink(cluster.cluster_id, remote_cluster_id, peer.address,
                             hello.daemon_id, hello.token, TRANSPORT_LOCAL, peer)
-        if hello.daemon_id == self.daemon_id:
-            return link  # the address is ours: copy pool to pool
+        if hello.daemon_id == self.daemon_id:  # the address is ours: copy pool to pool
+            try:
+                self._check_local_devices(cluster, remote_cluster_id)
+            except LLMException:
+                await self._notify_unlink(link)
+                raise
+            return link
         if self.deps.ascend is not None:
             return await self._open_hccl_link(cluster, link, peer, timeout_s)
         link.transport = TRANSPORT_TCP
@@ -460,6 +465,18 @@ class Engine:
             await self._notify_unlink(link)
             raise
         return link
+
+    def _check_local_devices(self, cluster: Cluster, remote_cluster_id: int) -> None:
+        """Device memory is copied with ACL inside one daemon, which stays on one device."""
+        remote = self.clusters.get(remote_cluster_id)
+        if self.deps.ascend is None or remote is None:
+            return
+        mine, theirs = cluster.settings.device_id, remote.settings.device_id
+        if mine != theirs:
+            raise LLMException(f"clusters {cluster.cluster_id} (device {mine}) and "
+                               f"{remote_cluster_id} (device {theirs}) share a daemon but not a "
+                               f"device; ACL copies inside a daemon stay on one device",
+                               status_code=LLMStatusCode.LLM_LINK_FAILED)
 
     async def _open_hccl_link(self, cluster: Cluster, link: OutboundLink, peer: PeerApi,
                               timeout_s: float) -> OutboundLink:

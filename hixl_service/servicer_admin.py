@@ -47,10 +47,13 @@ def snapshot(engine: Engine, backend: str, peer_address: str) -> admin_pb2.Daemo
                               keys=len(entry.keys) + len(entry.prefix_keys),
                               released=entry.released)
     for inbound in engine.inbound.values():
+        local = inbound.src_daemon_id == engine.daemon_id
+        transport = "local" if local else "hccl" if inbound.hccl is not None else "tcp"
         status.links.add(local_cluster_id=inbound.dst_cluster_id,
                          remote_cluster_id=inbound.src_cluster_id,
                          remote_daemon_id=inbound.src_daemon_id, direction="inbound",
-                         alive=True)
+                         transport=transport,
+                         alive=inbound.hccl.alive if inbound.hccl is not None else True)
     for pool in engine.pools.pools():
         status.pools.add(pool_id=pool.pool_id, cluster_id=pool.cluster_id,
                          placement=pool.placement.name, size=pool.size,

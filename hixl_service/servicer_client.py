@@ -182,6 +182,9 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
                     return client_pb2.LinkResult(status=LLMStatusCode.LLM_SUCCESS,
                                                  transport=link.transport)
                 except LLMException as exc:
+                    logger.warning("%s cluster %d %s cluster %d: %s",
+                                   "unlinking" if unlink else "linking", cluster.cluster_id,
+                                   "from" if unlink else "to", target.remote_cluster_id, exc)
                     return client_pb2.LinkResult(status=exc.status_code, message=str(exc))
 
         results = await asyncio.gather(*(one(t) for t in request.clusters))

@@ -12,7 +12,9 @@ two sides always pair up.
 A batch that fails or runs past its deadline destroys the communicator on the
 side that saw it (aborting what is queued and releasing the memory it pinned);
 the link stays, and its next transfer builds a new communicator. Every wait is
-bounded: building by the link timeout, batches by the transfer's deadline.
+bounded: building by the link timeout, batches by the transfer's deadline (on
+the linked side plus a short grace, so that a batch the other side never
+completes times out on the linking side first and is reported as a timeout).
 """
 
 from __future__ import annotations
@@ -42,6 +44,12 @@ ACCEPTOR_RANK = 1
 # Tells the linking daemon that this side has no communicator (it failed
 # earlier): build a new one and post again.
 NO_COMMUNICATOR = "the link has no HCCL communicator on this side"
+# The linked side waits for its half of a batch this much longer than the
+# linking side (at most half the transfer's timeout): only the linking side
+# can tell the user, so its own timeout must fire first. Were both to give up
+# at the same instant, the one destroying its communicator first would turn
+# the other's timeout into a remote error, by chance.
+INBOUND_GRACE_S = 0.25
 
 
 class _Channel:
@@ -200,11 +208,13 @@ class HcclLink:
                                                max(0.001, deadline - time.monotonic()))
                     break
                 except LLMException as exc:
-                    if NO_COMMUNICATOR in str(exc) and attempt == 0:
-                        await self._drop()  # the other side lost it: build both anew
-                        continue
                     if exc.status_code == LLMStatusCode.LLM_PARAM_INVALID:
-                        raise self._on_refused(exc) from None
+                        raise self._on_refused(exc) from None  # nothing was queued
+                    # The other side lost its communicator, or may have queued its
+                    # half without our knowing: either way, build both anew.
+                    await self._drop()
+                    if NO_COMMUNICATOR in str(exc) and attempt == 0:
+                        continue
                     raise
             channel = self._channel
             assert channel is not None
@@ -237,6 +247,11 @@ class HcclInbound:
         self._batches: set[asyncio.Task[None]] = set()
         self.closed = False
 
+    @property
+    def alive(self) -> bool:
+        """Whether a communicator is up (else the linking side builds one on its next transfer)."""
+        return self._channel is not None
+
     async def connect(self, root_info: bytes) -> None:
         """Join a new communicator (replacing an old one once its batch ended)."""
         if len(root_info) != _ascend.HCCL_ROOT_INFO_BYTES:
@@ -267,7 +282,8 @@ class HcclInbound:
 
     async def _run(self, sending: bool, memory: Memory, pairs: np.ndarray[Any, Any],
                    timeout_ms: int, posted: asyncio.Future[None]) -> None:
-        deadline = time.monotonic() + timeout_ms / 1000.0
+        timeout_s = timeout_ms / 1000.0
+        deadline = time.monotonic() + timeout_s + min(INBOUND_GRACE_S, timeout_s / 2)
         async with self._lock:
             channel = self._channel
             if channel is None or self.closed:
@@ -277,7 +293,9 @@ class HcclInbound:
             try:
                 await asyncio.to_thread(channel.post, sending, memory, pairs)
             except AscendError as exc:
-                _settle(posted, _fail(exc, "queueing an HCCL batch"))
+                error = _fail(exc, "queueing an HCCL batch")
+                logger.warning("%s; the communicator will be rebuilt", error)
+                _settle(posted, error)
                 await self._drop()
                 return
             _settle(posted)
