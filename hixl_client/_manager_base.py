@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING
 
 from ._memory import upload_buffer
@@ -86,7 +87,7 @@ class ManagerBase:
             if not self._daemon_tgid:
                 raise LLMException("device buffers need the daemon's hccl backend",
                                    status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
-            key = buffer.export_for(self._daemon_tgid)
+            key = await asyncio.to_thread(buffer.export_for, self._daemon_tgid)
             reply = await self._connection.call(
                 self._connection.stub.ImportDeviceBuffer,
                 client_pb2.ImportDeviceBufferRequest(ipc_key=key, size=buffer.size,

@@ -27,7 +27,7 @@ from .status import LLMException, LLMStatusCode
 from .types import Placement
 
 if TYPE_CHECKING:
-    from hixl_native._ascend import DeviceMemory
+    from hixl_native._ascend import AscendRuntime, DeviceMemory, ImportedBuffer
 
 FD_REQUEST_TIMEOUT_S = 5.0
 _GRANTED = b"\x00"
@@ -128,13 +128,20 @@ async def map_pools(reply: client_pb2.InitReply,
     return {m.pool_id: m for m in mapped}
 
 
+def _import(runtime: AscendRuntime, device_id: int, key: str, size: int) -> ImportedBuffer:
+    return runtime.set_device(device_id).import_ipc(key, size)
+
+
 async def _import_device_pools(cann_path: str, pools: list[client_pb2.PoolInfo],
                                share: ShareDevicePools) -> list[PoolMapping]:
     from hixl_native import _ascend
 
+    def load() -> tuple[_ascend.AscendRuntime, int]:
+        runtime = _ascend.load(cann_path or None)
+        return runtime, runtime.bare_tgid()
+
     try:
-        runtime = await asyncio.to_thread(_ascend.load, cann_path or None)
-        tgid = runtime.bare_tgid()
+        runtime, tgid = await asyncio.to_thread(load)
     except (_ascend.AscendUnavailable, _ascend.AscendError) as exc:
         raise LLMException(f"the daemon's pools are in Ascend device memory, but this process "
                            f"cannot use CANN: {exc}",
@@ -146,8 +153,8 @@ async def _import_device_pools(cann_path: str, pools: list[client_pb2.PoolInfo],
             if pool.pool_id not in keys:
                 raise LLMException(f"the daemon did not share device pool {pool.pool_id}",
                                    status_code=LLMStatusCode.LLM_FAILED)
-            device = runtime.set_device(pool.device_id)
-            buffer = await asyncio.to_thread(device.import_ipc, keys[pool.pool_id], pool.size)
+            buffer = await asyncio.to_thread(_import, runtime, pool.device_id,
+                                             keys[pool.pool_id], pool.size)
             imported.append(PoolMapping(pool.pool_id, Placement(pool.placement), device=buffer))
     except _ascend.AscendError as exc:
         for done in imported:

@@ -619,11 +619,12 @@ class Engine:
         pairs[:, 0] += np.uint64(region.offset)
         await inbound.hccl.post(send, region.memory, pairs.ravel(), timeout_ms)
 
-    def share_device_pools(self, cluster: Cluster, tgid: int) -> list[tuple[int, str]]:
+    async def share_device_pools(self, cluster: Cluster, tgid: int) -> list[tuple[int, str]]:
         """Let a client process import the cluster's device pools; (pool id, key) each."""
-        if self.deps.ascend is None:
+        ascend = self.deps.ascend
+        if ascend is None:
             return []
-        return [(pool.pool_id, self.deps.ascend.share(pool, tgid))
+        return [(pool.pool_id, await asyncio.to_thread(ascend.share, pool, tgid))
                 for pool in cluster.pools.values() if pool.on_device]
 
     @staticmethod

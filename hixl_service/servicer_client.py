@@ -139,7 +139,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         if request.tgid <= 0:
             raise LLMException(f"tgid must be a process id, got {request.tgid}",
                                status_code=LLMStatusCode.LLM_PARAM_INVALID)
-        shared = self._engine.share_device_pools(cluster, request.tgid)
+        shared = await self._engine.share_device_pools(cluster, request.tgid)
         return client_pb2.ShareDevicePoolsReply(
             pools=[client_pb2.DevicePoolKey(pool_id=pool_id, ipc_key=key)
                    for pool_id, key in shared])
