@@ -35,7 +35,6 @@ from .links import (
     ExecutorCopier,
     InboundLink,
     OutboundLink,
-    RegionRefused,
 )
 from .peer_api import (
     PROTOCOL_VERSION,
@@ -483,8 +482,7 @@ class Engine:
         assert self.deps.ascend is not None
         link.transport = TRANSPORT_HCCL
         link.hccl = HcclLink(self.deps.ascend.device(cluster.settings.device_id), peer,
-                             link.token, self.deps.connect_timeout_s,
-                             lambda exc: RegionRefused(str(exc), status_code=exc.status_code))
+                             link.token)
         try:
             await link.hccl.connect(timeout_s)
         except BaseException:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -31,6 +30,7 @@ from hixl_native._ascend import AscendError
 
 from hixl_client.status import LLMException, LLMStatusCode
 
+from ..links import RegionRefused
 from .errors import to_llm_exception
 
 if TYPE_CHECKING:
@@ -123,14 +123,10 @@ def _fail(exc: BaseException, what: str) -> LLMException:
 class HcclLink:
     """The linking daemon's side of one link (rank 0)."""
 
-    def __init__(self, device: _ascend.Device, peer: PeerApi, token: int,
-                 connect_timeout_s: float,
-                 on_refused: Callable[[LLMException], LLMException]) -> None:
+    def __init__(self, device: _ascend.Device, peer: PeerApi, token: int) -> None:
         self._device = device
         self._peer = peer
         self._token = token
-        self._connect_timeout_s = connect_timeout_s
-        self._on_refused = on_refused
         self._channel: _Channel | None = None
         self._lock = asyncio.Lock()
         self.closed = False
@@ -209,7 +205,9 @@ class HcclLink:
                     break
                 except LLMException as exc:
                     if exc.status_code == LLMStatusCode.LLM_PARAM_INVALID:
-                        raise self._on_refused(exc) from None  # nothing was queued
+                        # Nothing was queued. A refused region may be a stale resolve,
+                        # which the caller retries once, as for the TCP data server.
+                        raise RegionRefused(str(exc), status_code=exc.status_code) from None
                     # The other side lost its communicator, or may have queued its
                     # half without our knowing: either way, build both anew.
                     await self._drop()

@@ -353,3 +353,18 @@ async def test_transfer_config_to_raw_addresses_of_the_receiver(linked: Linked) 
         LLMStatusCode.LLM_PARAM_INVALID]
     await sender.cache_manager.deallocate_cache(src)
     await receiver.cache_manager.deallocate_cache(dst)
+
+
+async def test_a_reallocated_blocks_cache_is_found_again(linked: Linked) -> None:
+    """The linking daemon remembers where a blocks key lives; after the owner frees
+    and reallocates it, the remembered region is refused and resolved afresh."""
+    desc = CacheDesc(2, [8, 1024], DataType.DT_UINT8)
+    key = BlocksCacheKey(linked.prompt.cluster_id, model_id=4)
+    dst = await linked.decoder.cache_manager.allocate_blocks_cache(desc)
+    for round_ in range(2):
+        src = await linked.prompt.cache_manager.allocate_blocks_cache(desc, key)
+        fill(src)
+        await linked.decoder.cache_manager.pull_blocks(key, dst, [round_], [5])
+        assert block(dst, 1, 5) == block(src, 1, round_)
+        await linked.prompt.cache_manager.deallocate_blocks_cache(src)
+    await linked.decoder.cache_manager.deallocate_blocks_cache(dst)
