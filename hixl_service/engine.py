@@ -19,13 +19,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import hixl_native
-import numpy as np
 
 from hixl_client._compat import timeout
 from hixl_client.status import LLMException, LLMStatusCode
 from hixl_client.types import LLMRole, Placement
 
-from .ascend.hccl_link import HcclInbound, HcclLink
+from .ascend.hccl_link import HcclInbound, HcclLink, region_pairs
 from .cluster import Cluster, ClusterSettings
 from .links import (
     TRANSPORT_HCCL,
@@ -606,16 +605,8 @@ class Engine:
             raise LLMException(f"region {region_id} of cluster {inbound.dst_cluster_id} is not "
                                f"writable by linked peers",
                                status_code=LLMStatusCode.LLM_PARAM_INVALID)
-        if len(ranges) == 0 or len(ranges) % 16:
-            raise LLMException("ranges must be non-empty (offset, length) uint64 pairs",
-                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
-        pairs = np.frombuffer(ranges, dtype="<u8").reshape(-1, 2).astype(np.uint64)
-        ends = pairs[:, 0] + pairs[:, 1]
-        if bool((ends > region.size).any()) or bool((ends < pairs[:, 0]).any()):
-            raise LLMException(f"a range runs past the {region.size} bytes of region {region_id}",
-                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
-        pairs[:, 0] += np.uint64(region.offset)
-        await inbound.hccl.post(send, region.memory, pairs.ravel(), timeout_ms)
+        pairs = region_pairs(ranges, region_id, region.offset, region.size)
+        await inbound.hccl.post(send, region.memory, pairs, timeout_ms)
 
     async def share_device_pools(self, cluster: Cluster, tgid: int) -> list[tuple[int, str]]:
         """Let a client process import the cluster's device pools; (pool id, key) each."""

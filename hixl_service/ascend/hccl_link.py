@@ -120,6 +120,26 @@ def _fail(exc: BaseException, what: str) -> LLMException:
     return LLMException(f"{what}: {exc}", status_code=LLMStatusCode.LLM_LINK_FAILED)
 
 
+def region_pairs(ranges: bytes, region_id: int, region_offset: int,
+                 region_size: int) -> np.ndarray[Any, Any]:
+    """Check a peer's (offset in region, length) pairs; return them as memory offsets.
+
+    Raises:
+        LLMException: no pairs, a partial pair, or one outside the region
+            (``LLM_PARAM_INVALID``).
+    """
+    if len(ranges) == 0 or len(ranges) % 16:
+        raise LLMException("ranges must be non-empty (offset, length) uint64 pairs",
+                           status_code=LLMStatusCode.LLM_PARAM_INVALID)
+    pairs = np.frombuffer(ranges, dtype="<u8").reshape(-1, 2).astype(np.uint64)
+    ends = pairs[:, 0] + pairs[:, 1]
+    if bool((ends > region_size).any()) or bool((ends < pairs[:, 0]).any()):
+        raise LLMException(f"a range runs past the {region_size} bytes of region {region_id}",
+                           status_code=LLMStatusCode.LLM_PARAM_INVALID)
+    pairs[:, 0] += np.uint64(region_offset)
+    return pairs.ravel()
+
+
 class HcclLink:
     """The linking daemon's side of one link (rank 0)."""
 
