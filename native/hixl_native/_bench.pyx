@@ -48,7 +48,59 @@ cdef uint64_t *_alloc_ns(size_t iters) except NULL:
     return ns
 
 
-cdef class MemcpyCeiling:
+cdef class _Ceiling:
+    """What both ceilings share: timing requests with the GIL released, closing."""
+
+    cdef bint _busy
+
+    cdef bint _is_open(self):
+        return False
+
+    cdef int _run(self, size_t block, size_t nblocks, size_t iters, uint64_t *ns) noexcept nogil:
+        return -22
+
+    cdef void _close(self) noexcept nogil:
+        pass
+
+    def run(self, size_t block, size_t nblocks, size_t iters):
+        """Time ``iters`` requests of ``nblocks`` x ``block`` bytes; seconds per request.
+
+        Raises:
+            ValueError: a request larger than the buffers, or an empty one.
+            OSError: the transport failed (the ceiling is then unusable).
+            RuntimeError: closed, or another thread is running it.
+        """
+        name = type(self).__name__
+        if not self._is_open() or self._busy:
+            raise RuntimeError(f"{name} is closed or busy")
+        cdef uint64_t *ns = _alloc_ns(iters)
+        cdef int rc
+        self._busy = True
+        try:
+            with nogil:
+                rc = self._run(block, nblocks, iters, ns)
+            _check(rc, f"{name}.run")
+            return _durations(ns, iters)
+        finally:
+            self._busy = False
+            free(ns)
+
+    def close(self):
+        """Release the native resources (idempotent)."""
+        if self._busy:
+            raise RuntimeError(f"{type(self).__name__} is busy")
+        if self._is_open():
+            with nogil:
+                self._close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+cdef class MemcpyCeiling(_Ceiling):
     """Single-thread ``memcpy``, one call per block, over cold buffers.
 
     Args:
@@ -60,7 +112,6 @@ cdef class MemcpyCeiling:
     """
 
     cdef hb_mem *_m
-    cdef bint _busy
 
     def __cinit__(self, size_t cold_bytes):
         cdef int rc
@@ -68,48 +119,22 @@ cdef class MemcpyCeiling:
             rc = hb_mem_open(cold_bytes, &self._m)
         _check(rc, "MemcpyCeiling")
 
-    def run(self, size_t block, size_t nblocks, size_t iters):
-        """Copy ``iters`` requests of ``nblocks`` x ``block`` bytes; seconds per request.
+    cdef bint _is_open(self):
+        return self._m != NULL
 
-        Raises:
-            ValueError: a request larger than the buffers, or an empty one.
-            RuntimeError: closed, or another thread is running it.
-        """
-        if self._m == NULL or self._busy:
-            raise RuntimeError("MemcpyCeiling is closed or busy")
-        cdef uint64_t *ns = _alloc_ns(iters)
-        cdef int rc
-        self._busy = True
-        try:
-            with nogil:
-                rc = hb_mem_run(self._m, block, nblocks, iters, ns)
-            _check(rc, "MemcpyCeiling.run")
-            return _durations(ns, iters)
-        finally:
-            self._busy = False
-            free(ns)
+    cdef int _run(self, size_t block, size_t nblocks, size_t iters, uint64_t *ns) noexcept nogil:
+        return hb_mem_run(self._m, block, nblocks, iters, ns)
 
-    def close(self):
-        """Unmap the buffers (idempotent)."""
-        if self._busy:
-            raise RuntimeError("MemcpyCeiling is busy")
-        if self._m != NULL:
-            with nogil:
-                hb_mem_close(self._m)
-            self._m = NULL
+    cdef void _close(self) noexcept nogil:
+        hb_mem_close(self._m)
+        self._m = NULL
 
     def __dealloc__(self):
         if self._m != NULL:
             hb_mem_close(self._m)
 
-    def __enter__(self):
-        return self
 
-    def __exit__(self, *exc):
-        self.close()
-
-
-cdef class TcpCeiling:
+cdef class TcpCeiling(_Ceiling):
     """Raw loopback TCP pull between a C sender thread and a C receiver.
 
     The receiver sends the list of source ranges; the sender answers with the
@@ -129,7 +154,6 @@ cdef class TcpCeiling:
     """
 
     cdef hb_tcp *_t
-    cdef bint _busy
 
     def __cinit__(self, size_t cold_bytes, int streams=1, int sockbuf=4 << 20):
         cdef int rc
@@ -137,43 +161,16 @@ cdef class TcpCeiling:
             rc = hb_tcp_open(cold_bytes, streams, sockbuf, &self._t)
         _check(rc, "TcpCeiling")
 
-    def run(self, size_t block, size_t nblocks, size_t iters):
-        """Pull ``iters`` requests of ``nblocks`` x ``block`` bytes; seconds per request.
+    cdef bint _is_open(self):
+        return self._t != NULL
 
-        Raises:
-            ValueError: a request larger than the buffers, or an empty one.
-            OSError: the connection failed (the ceiling is then unusable).
-            RuntimeError: closed, or another thread is running it.
-        """
-        if self._t == NULL or self._busy:
-            raise RuntimeError("TcpCeiling is closed or busy")
-        cdef uint64_t *ns = _alloc_ns(iters)
-        cdef int rc
-        self._busy = True
-        try:
-            with nogil:
-                rc = hb_tcp_run(self._t, block, nblocks, iters, ns)
-            _check(rc, "TcpCeiling.run")
-            return _durations(ns, iters)
-        finally:
-            self._busy = False
-            free(ns)
+    cdef int _run(self, size_t block, size_t nblocks, size_t iters, uint64_t *ns) noexcept nogil:
+        return hb_tcp_run(self._t, block, nblocks, iters, ns)
 
-    def close(self):
-        """Stop the threads, close the sockets and unmap the buffers (idempotent)."""
-        if self._busy:
-            raise RuntimeError("TcpCeiling is busy")
-        if self._t != NULL:
-            with nogil:
-                hb_tcp_close(self._t)
-            self._t = NULL
+    cdef void _close(self) noexcept nogil:
+        hb_tcp_close(self._t)
+        self._t = NULL
 
     def __dealloc__(self):
         if self._t != NULL:
             hb_tcp_close(self._t)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
