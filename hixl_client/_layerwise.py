@@ -10,9 +10,13 @@ Progress comes back on the same stream; nothing polls.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -30,6 +34,42 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 Config = TransferConfig | TransferWithCacheKeyConfig
+
+
+@dataclass
+class LayerLag:
+    """When one layer of a transfer_cache_async task could go, and when it had landed.
+
+    Attributes:
+        layer: the source layer.
+        ready_s: ``time.perf_counter()`` when its synchronizer returned True.
+        landed_s: when the daemon reported it written to every target that
+            needs it (None: it never was).
+    """
+
+    layer: int
+    ready_s: float
+    landed_s: float | None = None
+
+    @property
+    def lag_s(self) -> float | None:
+        return None if self.landed_s is None else self.landed_s - self.ready_s
+
+
+_LAG_CAPTURE: ContextVar[list[list[LayerLag]] | None] = ContextVar("hixl_layer_lags",
+                                                                   default=None)
+
+
+@contextlib.contextmanager
+def capture_layer_lags() -> Iterator[list[list[LayerLag]]]:
+    """For benchmarks: each transfer_cache_async started inside the block (in this
+    task) adds the list of its layers' LayerLag, in sending order."""
+    tasks: list[list[LayerLag]] = []
+    token = _LAG_CAPTURE.set(tasks)
+    try:
+        yield tasks
+    finally:
+        _LAG_CAPTURE.reset(token)
 
 
 class CacheTask:
@@ -150,9 +190,15 @@ async def drive(task: CacheTask, connection: DaemonConnection, start: client_pb2
     call = connection.stub.TransferCache(
         metadata=((SESSION_METADATA_KEY, connection.session_id),))
     targets = list(start.targets)
+    captured = _LAG_CAPTURE.get()
+    lags: dict[int, LayerLag] | None = None
+    if captured is not None:
+        lags = {}
+        captured.append([])
     try:
         await call.write(client_pb2.TransferMessage(start=start))
-        reader = asyncio.get_running_loop().create_task(_read_progress(task, call, targets))
+        reader = asyncio.get_running_loop().create_task(
+            _read_progress(task, call, targets, lags))
         try:
             for layer in range(num_layers):
                 needing = [t for t in targets if t.src_layer_start <= layer < t.src_layer_stop]
@@ -164,6 +210,9 @@ async def drive(task: CacheTask, connection: DaemonConnection, start: client_pb2
                     for target in needing:
                         task._record(target.dst_cluster_id, LLMStatusCode.LLM_PARAM_INVALID)
                     break
+                if lags is not None and captured is not None:
+                    lags[layer] = LayerLag(layer, time.perf_counter())
+                    captured[-1].append(lags[layer])
                 if not await _send(call, client_pb2.TransferMessage(layer_ready=layer)):
                     break
             await _send(call, None)
@@ -193,19 +242,24 @@ async def _send(call: Any, message: client_pb2.TransferMessage | None) -> bool:
 
 
 async def _read_progress(task: CacheTask, call: Any,
-                         targets: list[client_pb2.TransferTarget]) -> None:
+                         targets: list[client_pb2.TransferTarget],
+                         lags: dict[int, LayerLag] | None = None) -> None:
     try:
-        await _read_reports(task, call, targets)
+        await _read_reports(task, call, targets, lags)
     except grpc.aio.AioRpcError:
         if not task._failed():
             raise  # a failure already reported explains the end of the stream
 
 
 async def _read_reports(task: CacheTask, call: Any,
-                        targets: list[client_pb2.TransferTarget]) -> None:
+                        targets: list[client_pb2.TransferTarget],
+                        lags: dict[int, LayerLag] | None) -> None:
     while (report := await call.read()) is not grpc.aio.EOF:
         target = targets[report.target]
         status = LLMStatusCode(report.status)
+        if lags is not None and status == LLMStatusCode.LLM_SUCCESS and report.layer in lags:
+            # Targets report in turn: the layer has landed once the last one did.
+            lags[report.layer].landed_s = time.perf_counter()
         if status != LLMStatusCode.LLM_SUCCESS:
             logger.warning("transfer to cluster %d failed: %s", target.dst_cluster_id,
                            report.message)
@@ -242,4 +296,4 @@ def build_start(src_cache_id: int, configs: Sequence[Config],
         dst_block_memory_size=dst_block_memory_size or 0)
 
 
-__all__ = ["CacheTask", "build_start", "drive"]
+__all__ = ["CacheTask", "LayerLag", "build_start", "capture_layer_lags", "drive"]

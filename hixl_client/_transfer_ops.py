@@ -28,6 +28,14 @@ from .types import LayerSynchronizer, Placement
 # The daemon method behind each transfer of the CacheManager.
 _RPC_OF = {"pull_cache": "PullCache", "pull_blocks": "PullBlocks", "push_cache": "PushCache",
            "push_blocks": "PushBlocks"}
+_UINT32_MAX = 2**32 - 1
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _plain_int(value: Any, low: int, high: int) -> bool:
+    """The common case of the integer checks, decided without a call per check:
+    an exact int in range (anything else goes through the full check and its message)."""
+    return type(value) is int and low <= value <= high
 
 
 def check_tensor_num_per_layer(value: Any) -> int:
@@ -70,6 +78,8 @@ class TransferOps(ManagerBase):
     """Pull and push coroutines of the CacheManager."""
 
     def _pull_args(self, kwargs: dict[str, Any]) -> tuple[int, list[int], list[int]]:
+        if not kwargs:  # every tensor, two per layer
+            return 2, [], []
         unknown = set(kwargs) - set(PULL_KWARGS)
         if unknown:
             raise TypeError(f"unexpected keyword arguments {sorted(unknown)}")
@@ -79,7 +89,7 @@ class TransferOps(ManagerBase):
         return per_layer, src_indices, dst_indices
 
     async def _call_transfer(self, operation: str, request: Any) -> None:
-        method = getattr(self._connection.stub, _RPC_OF[operation])
+        method = self._connection.method(_RPC_OF[operation])
         started = time.perf_counter()
         reply = await self._connection.call(method, request,
                                             timeout=self._sync_timeout_s + PULL_RPC_MARGIN_S)
@@ -105,13 +115,19 @@ class TransferOps(ManagerBase):
                 ``sync_kv_timeout`` (``LLM_TIMEOUT``).
         """
         self._check_is_inited()
-        self._check_source_key("cache_key", cache_key, blocks_ok=False)
-        check_isinstance("cache", cache, Cache, allow_none=False)
-        check_uint32("batch_index", batch_index)
-        check_int64("size", size)
-        raise_if_false(size == -1 or size > 0, "size should be -1 or > 0, but got {0}.", size)
-        raise_if_false(not cache.is_blocks_cache, "pull_cache does not support blocks cache, "
-                       "please use pull_blocks.")
+        if type(cache_key) is not CacheKeyByIdAndIndex:
+            self._check_source_key("cache_key", cache_key, blocks_ok=False)
+        if type(cache) is not Cache:
+            check_isinstance("cache", cache, Cache, allow_none=False)
+        if not _plain_int(batch_index, 0, _UINT32_MAX):
+            check_uint32("batch_index", batch_index)
+        if not _plain_int(size, _INT64_MIN, _INT64_MAX):
+            check_int64("size", size)
+        if size != -1 and size <= 0:
+            raise_if_false(False, "size should be -1 or > 0, but got {0}.", size)
+        if cache.is_blocks_cache:
+            raise_if_false(False, "pull_cache does not support blocks cache, "
+                           "please use pull_blocks.")
         per_layer, src_indices, dst_indices = self._pull_args(kwargs)
         if isinstance(cache_key, CacheKey):
             check_cache_key(cache_key)

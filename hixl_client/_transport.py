@@ -70,9 +70,12 @@ class DaemonConnection:
         self._client_name = client_name or os.path.basename(sys.argv[0] or "python")
         self._channel: grpc.aio.Channel | None = None
         self._stub: client_pb2_grpc.ClientStub | None = None
+        self._methods: dict[str, Any] = {}
         self._attach: Any = None
         self._watch: asyncio.Task[None] | None = None
         self.session_id = ""
+        # Built once: grpc.aio copies call metadata, so one object serves every call.
+        self._metadata = grpc.aio.Metadata()
         self.daemon_id = ""
         self.fd_socket = ""
         self.lost: str | None = None
@@ -81,6 +84,13 @@ class DaemonConnection:
     def stub(self) -> client_pb2_grpc.ClientStub:
         assert self._stub is not None, "not connected"
         return self._stub
+
+    def method(self, name: str) -> Any:
+        """The stub's callable for RPC ``name``, looked up once."""
+        found = self._methods.get(name)
+        if found is None:
+            found = self._methods[name] = getattr(self.stub, name)
+        return found
 
     async def open(self) -> None:
         """Connect and attach; the session lives until close() or process exit."""
@@ -104,6 +114,7 @@ class DaemonConnection:
             raise LLMException(f"hixl daemon at {self.target} refused the session",
                                status_code=LLMStatusCode.LLM_FAILED)
         self.session_id = event.attached.session_id
+        self._metadata = grpc.aio.Metadata((SESSION_METADATA_KEY, self.session_id))
         self.daemon_id = event.attached.daemon_id
         self.fd_socket = event.attached.fd_socket
         self._watch = asyncio.get_running_loop().create_task(self._watch_session(self._attach))
@@ -126,8 +137,7 @@ class DaemonConnection:
             raise LLMException(f"hixl daemon at {self.target}: {self.lost}",
                                status_code=LLMStatusCode.LLM_FAILED)
         try:
-            return await method(request, timeout=timeout,
-                                metadata=((SESSION_METADATA_KEY, self.session_id),))
+            return await method(request, timeout=timeout, metadata=self._metadata)
         except grpc.aio.AioRpcError as err:
             raise error_from_rpc(err, f"hixl daemon at {self.target}") from None
 
@@ -143,6 +153,7 @@ class DaemonConnection:
             except asyncio.CancelledError:
                 pass
             self._watch = None
+        self._methods.clear()
         if self._channel is not None:
             await self._channel.close()
             self._channel = None

@@ -61,12 +61,11 @@ def native_status_error(status: int) -> LLMException:
     return kind(f"{text} (native status {status})", status_code=code)
 
 
-def _with_region(region_id: int, ranges: Ranges, columns: tuple[int, int, int]) -> Ranges:
-    """The native link's quads (region, remote offset, local offset, length), flat."""
-    quads = np.empty((len(ranges), 4), dtype=np.uint64)
-    quads[:, 0] = region_id
-    quads[:, 1:] = ranges[:, list(columns)]
-    return quads.ravel()
+# A small transfer started while no other one is in flight may be finished
+# on the event loop's thread: it sends the request and waits this long (GIL
+# released) for the reply, which spares the two thread handoffs of a native
+# round trip; a reply that takes longer is left to the link's worker.
+INLINE_WAIT_US = 200
 
 
 class CompletionDispatcher:
@@ -82,9 +81,23 @@ class CompletionDispatcher:
     def expect(self) -> tuple[int, asyncio.Future[int]]:
         """Reserve a request id and the future its completion will resolve."""
         request_id = next(self._ids)
+        return request_id, self.expect_id(request_id)
+
+    def new_id(self) -> int:
+        """A request id whose completion nobody awaits yet (see ``expect_id``)."""
+        return next(self._ids)
+
+    def expect_id(self, request_id: int) -> asyncio.Future[int]:
+        """The future the completion of ``request_id`` will resolve; call it before the
+        loop runs again, as completions are read only by the loop."""
         future: asyncio.Future[int] = self._loop.create_future()
         self._waiting[request_id] = future
-        return request_id, future
+        return future
+
+    @property
+    def idle(self) -> bool:
+        """No native request of this daemon is awaiting its completion."""
+        return not self._waiting
 
     def forget(self, request_id: int) -> None:
         self._waiting.pop(request_id, None)
@@ -167,8 +180,7 @@ class OutboundLink:
             await self._hccl(False, dst, ranges[:, [1, 2]], region_id, ranges[:, [0, 2]],
                              timeout_ms)
             return
-        quads = _with_region(region_id, ranges, (0, 1, 2))
-        await self._transfer(dispatcher, "read", dst, quads, timeout_ms)
+        await self._transfer(dispatcher, False, dst, region_id, ranges, timeout_ms)
 
     async def write(self, dispatcher: CompletionDispatcher, src: Memory,
                     region_id: int, ranges: Ranges, timeout_ms: int) -> None:
@@ -177,27 +189,32 @@ class OutboundLink:
             await self._hccl(True, src, ranges[:, [0, 2]], region_id, ranges[:, [1, 2]],
                              timeout_ms)
             return
-        quads = _with_region(region_id, ranges, (1, 0, 2))
-        await self._transfer(dispatcher, "write", src, quads, timeout_ms)
+        await self._transfer(dispatcher, True, src, region_id, ranges, timeout_ms)
 
-    async def _transfer(self, dispatcher: CompletionDispatcher, op: str, local: Memory,
-                        quads: Ranges, timeout_ms: int) -> None:
-        assert self.data is not None
-        if not self.data.alive:
+    async def _transfer(self, dispatcher: CompletionDispatcher, writing: bool, local: Memory,
+                        region_id: int, ranges: Ranges, timeout_ms: int) -> None:
+        """Post ranges of one remote region to the data link and wait for the completion.
+
+        ``ranges`` are the planner's (n, 3) uint64 rows: (remote offset, local
+        offset, length) to read, (local offset, remote offset, length) to write.
+        """
+        data = self.data
+        assert data is not None
+        if not data.alive:
             raise LLMException(
                 f"the link to cluster {self.remote_cluster_id} is down; unlink and link again",
                 status_code=LLMStatusCode.LLM_LINK_FAILED)
-        submit = self.data.read if op == "read" else self.data.write
-        request_id, done = dispatcher.expect()
-        try:
-            submit(request_id, local.native, quads, max(1, timeout_ms))
-        except BaseException:
-            dispatcher.forget(request_id)
-            raise
-        local.pin_until(done)
-        # The native side ends every request by its deadline, so this wait is
-        # bounded even if nothing else is.
-        status = await asyncio.shield(done)
+        submit = data.write_to if writing else data.read_from
+        request_id = dispatcher.new_id()
+        # Alone in flight, a small request may end inside submit (see INLINE_WAIT_US).
+        status = submit(request_id, local.native, region_id, ranges, max(1, timeout_ms),
+                        INLINE_WAIT_US if dispatcher.idle else 0)
+        if status is None:
+            done = dispatcher.expect_id(request_id)
+            local.pin_until(done)
+            # The native side ends every request by its deadline, so this wait
+            # is bounded even if nothing else is.
+            status = await asyncio.shield(done)
         if status != hixl_native.OK:
             raise native_status_error(status)
 

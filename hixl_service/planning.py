@@ -4,24 +4,29 @@ Pure functions over offsets: the engine feeds them layouts of the source
 (region offsets on the remote daemon, or pool offsets locally) and of the
 destination (pool offsets), and gets back merged (src, dst, length) ranges
 for the transport, as an ``(n, 3)`` uint64 array that goes to the native
-layer as it is. Block lists are handled with numpy, so the Python work of a
-request does not grow with its number of blocks.
+layer as it is. Block lists are handled with numpy, and a run of tensors by
+one native loop (``run_ranges``), so the Python work of a request does not
+grow with its number of blocks or tensors; a plan of a few ranges is built
+from plain tuples, which costs less than numpy's per-call overhead.
 """
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from hixl_native._core import run_ranges
 
 from hixl_client.status import LLMException, LLMStatusCode
 
 Range = tuple[int, int, int]  # (src_offset, dst_offset, length)
 Ranges = Any  # numpy array of shape (n, 3), dtype uint64: src, dst, length
 U64 = np.uint64
+# Up to this many ranges a plan is built from Python tuples: numpy's fixed
+# cost per call exceeds the per-item cost of plain Python below it.
+SMALL_PLAN = 8
 
 
 def as_ranges(ranges: Sequence[Range]) -> Ranges:
@@ -30,6 +35,8 @@ def as_ranges(ranges: Sequence[Range]) -> Ranges:
 
 
 def total_bytes(ranges: Ranges) -> int:
+    if len(ranges) <= SMALL_PLAN:  # a numpy reduction costs more than a few rows
+        return int(sum(row[2] for row in ranges.tolist()))
     return int(ranges[:, 2].sum())
 
 
@@ -54,58 +61,143 @@ class Layout:
         return self.tensor_size // self.batch_size
 
 
-def _check_indices(name: str, indices: Sequence[int], num_tensors: int, per_layer: int) -> None:
+Pairs = Any  # a TensorRun, an (n, 2) int64 array of (source, destination) tensor
+# indices, or a sequence of such pairs: every planner takes any of them.
+
+
+class TensorRun:
+    """The tensor pairs ``(src_first + k, dst_first + k)`` for ``k < count``.
+
+    What :func:`tensor_pairs` returns: the checked indices are contiguous on
+    both sides, so three numbers describe any number of pairs. It iterates as
+    ``(src, dst)`` tuples and converts to an ``(n, 2)`` int64 array.
+    """
+
+    __slots__ = ("count", "dst_first", "src_first")
+
+    def __init__(self, src_first: int, dst_first: int, count: int) -> None:
+        self.src_first, self.dst_first, self.count = src_first, dst_first, count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return zip(range(self.src_first, self.src_first + self.count),
+                   range(self.dst_first, self.dst_first + self.count), strict=True)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
+        pairs = np.empty((self.count, 2), dtype=np.int64)
+        pairs[:, 0] = np.arange(self.src_first, self.src_first + self.count)
+        pairs[:, 1] = np.arange(self.dst_first, self.dst_first + self.count)
+        return pairs if dtype is None else pairs.astype(dtype)
+
+    def __repr__(self) -> str:
+        return f"TensorRun({self.src_first}, {self.dst_first}, {self.count})"
+
+
+def _run_start(name: str, indices: Sequence[int], num_tensors: int, per_layer: int) -> int:
+    """The first of the checked, contiguous tensor indices of one side (0 when empty:
+    all tensors)."""
+    if not len(indices):
+        return 0
     if num_tensors % per_layer:
         raise _invalid(f"num_tensors {num_tensors} is not a multiple of "
                        f"tensor_num_per_layer {per_layer}")
-    if any(b != a + 1 for a, b in itertools.pairwise(indices)):
+    first, last = indices[0], indices[-1]
+    # Contiguous means exactly first, first + 1, ...: one comparison done in C.
+    if last - first != len(indices) - 1 or \
+            (len(indices) > 2 and list(indices) != list(range(first, last + 1))):
         raise _invalid(f"{name} tensor indices must be contiguous")
-    if indices[0] < 0 or indices[-1] >= num_tensors:
-        raise _invalid(f"{name} tensor indices [{indices[0]}, {indices[-1]}] are out of "
+    if first < 0 or last >= num_tensors:
+        raise _invalid(f"{name} tensor indices [{first}, {last}] are out of "
                        f"range for {num_tensors} tensors")
+    return int(first)
 
 
 def tensor_pairs(src: Layout, dst: Layout, src_indices: Sequence[int],
-                 dst_indices: Sequence[int], per_layer: int) -> list[tuple[int, int]]:
+                 dst_indices: Sequence[int], per_layer: int) -> TensorRun:
     """Pair source and destination tensor indices; empty lists mean "all tensors"."""
     if per_layer < 1:
         raise _invalid("tensor_num_per_layer must be >= 1")
-    if src_indices:
-        _check_indices("source", src_indices, src.num_tensors, per_layer)
-    if dst_indices:
-        _check_indices("destination", dst_indices, dst.num_tensors, per_layer)
-    src_list = list(src_indices) or list(range(src.num_tensors))
-    dst_list = list(dst_indices) or list(range(dst.num_tensors))
-    if len(src_list) != len(dst_list):
-        raise _invalid(f"{len(src_list)} source tensors do not match "
-                       f"{len(dst_list)} destination tensors")
-    return list(zip(src_list, dst_list, strict=True))
+    src_first = _run_start("source", src_indices, src.num_tensors, per_layer)
+    dst_first = _run_start("destination", dst_indices, dst.num_tensors, per_layer)
+    src_count = len(src_indices) or src.num_tensors
+    dst_count = len(dst_indices) or dst.num_tensors
+    if src_count != dst_count:
+        raise _invalid(f"{src_count} source tensors do not match "
+                       f"{dst_count} destination tensors")
+    return TensorRun(src_first, dst_first, src_count)
+
+
+def _pair_array(pairs: Pairs) -> Any:
+    return np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+
+
+def _bases(layout: Layout, indices: Any) -> Any:
+    """Offsets of the tensors at ``indices`` (int64 array) of ``layout``, as uint64."""
+    return np.asarray(layout.tensor_offsets, dtype=U64)[indices]
 
 
 def plan_cache_pull(src: Layout, src_batch: int, dst: Layout, dst_batch: int, size: int,
-                    pairs: Sequence[tuple[int, int]]) -> tuple[Ranges, int]:
+                    pairs: Pairs) -> tuple[Ranges, int]:
     """Ranges copying one batch slot per tensor pair; returns (ranges, bytes per tensor)."""
     if not 0 <= dst_batch < dst.batch_size:
         raise _invalid(f"batch_index {dst_batch} is out of range [0, {dst.batch_size})")
     if not 0 <= src_batch < src.batch_size:
         raise _invalid(f"source batch index {src_batch} is out of range [0, {src.batch_size})")
-    length = dst.stride if size == -1 else size
-    if length > dst.stride:
-        raise _invalid(f"size {length} exceeds the destination slot of {dst.stride} bytes")
-    if length > src.stride:
-        raise _invalid(f"size {length} exceeds the source slot of {src.stride} bytes")
-    ranges = [(src.tensor_offsets[s] + src_batch * src.stride,
-               dst.tensor_offsets[d] + dst_batch * dst.stride, length) for s, d in pairs]
-    return merge_ranges(as_ranges(ranges)), length
+    src_stride, dst_stride = src.stride, dst.stride
+    length = dst_stride if size == -1 else size
+    if length > dst_stride:
+        raise _invalid(f"size {length} exceeds the destination slot of {dst_stride} bytes")
+    if length > src_stride:
+        raise _invalid(f"size {length} exceeds the source slot of {src_stride} bytes")
+    src_base, dst_base = src_batch * src_stride, dst_batch * dst_stride
+    if len(pairs) <= SMALL_PLAN:
+        src_offsets, dst_offsets = src.tensor_offsets, dst.tensor_offsets
+        rows = [(src_offsets[s] + src_base, dst_offsets[d] + dst_base, length)
+                for s, d in (pairs.tolist() if isinstance(pairs, np.ndarray) else pairs)]
+        if len(rows) > 1:
+            rows = _merge_rows(rows)
+        elif length <= 0:
+            rows = []
+        return as_ranges(rows), length
+    if isinstance(pairs, TensorRun):  # one C loop, whatever the number of tensors
+        flat = run_ranges(src.tensor_offsets, pairs.src_first, src_base, dst.tensor_offsets,
+                          pairs.dst_first, dst_base, pairs.count, length)
+        return np.frombuffer(flat, dtype=U64).reshape(-1, 3), length
+    index = _pair_array(pairs)
+    ranges = np.empty((len(index), 3), dtype=U64)
+    ranges[:, 0] = _bases(src, index[:, 0]) + U64(src_base)
+    ranges[:, 1] = _bases(dst, index[:, 1]) + U64(dst_base)
+    ranges[:, 2] = length
+    return merge_ranges(ranges), length
+
+
+def _merge_rows(rows: list[Range]) -> list[Range]:
+    """merge_ranges for a few tuples, in plain Python."""
+    merged: list[Range] = []
+    for src, dst, length in rows:
+        if length <= 0:
+            continue
+        if merged:
+            last_src, last_dst, last_length = merged[-1]
+            if last_src + last_length == src and last_dst + last_length == dst:
+                merged[-1] = (last_src, last_dst, last_length + length)
+                continue
+        merged.append((src, dst, length))
+    return merged
 
 
 def merge_ranges(ranges: Ranges) -> Ranges:
     """Merge neighbours that are contiguous on both sides into one range; drop empty ones."""
-    ranges = ranges[ranges[:, 2] > 0]
+    if not ranges[:, 2].all():
+        ranges = ranges[ranges[:, 2] > 0]
     if len(ranges) < 2:
         return ranges
     src, dst, length = ranges[:, 0], ranges[:, 1], ranges[:, 2]
     follows = (src[1:] == src[:-1] + length[:-1]) & (dst[1:] == dst[:-1] + length[:-1])
+    if not follows.any():
+        return ranges
     starts = np.flatnonzero(np.concatenate(([True], ~follows)))
     merged = ranges[starts].copy()
     merged[:, 2] = np.add.reduceat(length, starts)
@@ -131,17 +223,16 @@ def _check_blocks(name: str, blocks: Sequence[int], num_blocks: int) -> None:
         raise _invalid(f"{name} holds block {largest}, out of range [0, {num_blocks})")
 
 
-def _spread(bases: Sequence[tuple[int, int]], pieces: Ranges) -> Ranges:
+def _spread(src_bases: Any, dst_bases: Any, pieces: Ranges) -> Ranges:
     """Pieces (src, dst, length) repeated at every pair of tensor bases, then merged."""
-    base = np.asarray(bases, dtype=U64).reshape(-1, 2)
-    out = np.empty((len(base), len(pieces), 3), dtype=U64)
-    out[:, :, 0] = base[:, 0:1] + pieces[:, 0]
-    out[:, :, 1] = base[:, 1:2] + pieces[:, 1]
+    out = np.empty((len(src_bases), len(pieces), 3), dtype=U64)
+    out[:, :, 0] = src_bases[:, None] + pieces[:, 0]
+    out[:, :, 1] = dst_bases[:, None] + pieces[:, 1]
     out[:, :, 2] = pieces[:, 2]
     return merge_ranges(out.reshape(-1, 3))
 
 
-def plan_blocks(src: Layout, dst: Layout, pairs: Sequence[tuple[int, int]],
+def plan_blocks(src: Layout, dst: Layout, pairs: Pairs,
                 src_blocks: Sequence[int], dst_blocks: Sequence[int]) -> Ranges:
     """Ranges copying block src_blocks[i] to block dst_blocks[i] of every tensor pair."""
     if len(src_blocks) != len(dst_blocks):
@@ -153,11 +244,12 @@ def plan_blocks(src: Layout, dst: Layout, pairs: Sequence[tuple[int, int]],
         raise _invalid(f"block sizes differ: {src.stride} bytes at the source, "
                        f"{dst.stride} at the destination")
     runs = block_runs(src_blocks, dst_blocks) * U64(src.stride)
-    return _spread([(src.tensor_offsets[s], dst.tensor_offsets[d]) for s, d in pairs], runs)
+    index = _pair_array(pairs)
+    return _spread(_bases(src, index[:, 0]), _bases(dst, index[:, 1]), runs)
 
 
 def plan_slot_to_blocks(src: Layout, src_batch: int, dst: Layout,
-                        pairs: Sequence[tuple[int, int]],
+                        pairs: Pairs,
                         dst_blocks: Sequence[int]) -> Ranges:
     """Ranges scattering one continuous slot, block by block, into dst_blocks."""
     if not 0 <= src_batch < src.batch_size:
@@ -168,8 +260,9 @@ def plan_slot_to_blocks(src: Layout, src_batch: int, dst: Layout,
         raise _invalid(f"{len(dst_blocks)} blocks of {block} bytes exceed the source slot "
                        f"of {src.stride} bytes")
     runs = block_runs(np.arange(len(dst_blocks), dtype=U64), dst_blocks) * U64(block)
-    return _spread([(src.tensor_offsets[s] + src_batch * src.stride, dst.tensor_offsets[d])
-                    for s, d in pairs], runs)
+    index = _pair_array(pairs)
+    return _spread(_bases(src, index[:, 0]) + U64(src_batch * src.stride),
+                   _bases(dst, index[:, 1]), runs)
 
 
 def plan_slot_copy(src: Layout, src_batch: int, dst: Layout, dst_batch: int, offset: int,

@@ -39,7 +39,7 @@ from .ascend.backend import AscendBackend
 from .config import DaemonConfig
 from .engine import Engine, EngineDeps
 from .fd_server import FdServer
-from .interceptors import RequestIdInterceptor, install_log_record_factory
+from .interceptors import RequestIdInterceptor, generic_only, install_log_record_factory
 from .links import CompletionDispatcher, ExecutorCopier
 from .peer_api import PeerApi
 from .peer_client import PeerClient
@@ -77,8 +77,8 @@ def _add_common(server: grpc.aio.Server, engine: Engine,
                 health_servicer: health.aio.HealthServicer,
                 services: tuple[str, ...], backend: str, peer_address: str) -> None:
     admin_pb2_grpc.add_AdminServicer_to_server(
-        AdminServicer(engine, backend, peer_address), server)
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        AdminServicer(engine, backend, peer_address), generic_only(server))
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, generic_only(server))
     reflection.enable_server_reflection(
         (*services, ADMIN_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
 
@@ -136,14 +136,14 @@ class Daemon:
                                       maximum_concurrent_rpcs=cfg.server.max_concurrent_rpcs)
         peer_port = peer_server.add_insecure_port(f"{cfg.server.peer_host}:{cfg.server.peer_port}")
         peer_address = f"{self.advertise_host}:{peer_port}"
-        peer_pb2_grpc.add_PeerServicer_to_server(PeerServicer(engine), peer_server)
+        peer_pb2_grpc.add_PeerServicer_to_server(PeerServicer(engine), generic_only(peer_server))
         _add_common(peer_server, engine, health_servicer, SERVICE_NAMES["peer"],
                     cfg.pool.backend, peer_address)
 
         client_server = grpc.aio.server(interceptors=[RequestIdInterceptor()],
                                         maximum_concurrent_rpcs=cfg.server.max_concurrent_rpcs)
         client_servicer = ClientServicer(engine, __version__, str(self.fd_path))
-        client_pb2_grpc.add_ClientServicer_to_server(client_servicer, client_server)
+        client_pb2_grpc.add_ClientServicer_to_server(client_servicer, generic_only(client_server))
         _add_common(client_server, engine, health_servicer, SERVICE_NAMES["client"],
                     cfg.pool.backend, peer_address)
         client_target = ""

@@ -45,7 +45,7 @@ def _invalid(message: str) -> LLMException:
     return LLMException(message, status_code=LLMStatusCode.LLM_PARAM_INVALID)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class PullSpec:
     """A pull_cache or pull_blocks request after client-side validation."""
 
@@ -61,7 +61,7 @@ class PullSpec:
     dst_blocks: tuple[int, ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class PushSpec:
     """A push_cache or push_blocks request after client-side validation."""
 
@@ -76,7 +76,7 @@ class PushSpec:
     dst_blocks: tuple[int, ...] = ()
 
 
-@dataclass
+@dataclass(slots=True)
 class Outcome:
     """What a transfer moved, over which transport, and how long moving took."""
 
@@ -85,7 +85,7 @@ class Outcome:
     data_s: float = 0.0
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Peer:
     """The far end of a transfer, wherever it lives."""
 
@@ -156,21 +156,11 @@ async def _retrying_stale(engine: Engine, cluster: Cluster, link: OutboundLink,
     """Plan and move against the far end; if a remembered far end turns out stale
     (the plan does not fit it, or its data server refuses the region), resolve it
     afresh and try once more. Nothing has moved when either happens."""
-    # perf_counter, not loop.time(): uvloop's clock is cached per iteration
-    # in whole milliseconds.
-    clock = time.perf_counter
-
-    async def timed(target: Peer, ranges: Ranges) -> None:
-        started = clock()
-        try:
-            await move(target, ranges)
-        finally:
-            outcome.data_s += clock() - started
-
     target = await find_target(engine, cluster, link, ref, deadline)
     try:
-        ranges = await _plan(plan, target, blocks)
-        await timed(target, ranges)
+        ranges = plan(target) if blocks <= PLAN_OFF_LOOP_BLOCKS else \
+            await _plan(plan, target, blocks)
+        await _timed(move, target, ranges, outcome)
         return ranges
     except LLMException as exc:
         planning = exc.status_code == LLMStatusCode.LLM_PARAM_INVALID
@@ -181,8 +171,19 @@ async def _retrying_stale(engine: Engine, cluster: Cluster, link: OutboundLink,
             link.resolved.pop(key, None)
     target = await find_target(engine, cluster, link, ref, deadline, fresh=True)
     ranges = await _plan(plan, target, blocks)
-    await timed(target, ranges)
+    await _timed(move, target, ranges, outcome)
     return ranges
+
+
+async def _timed(move: Callable[[Peer, Ranges], Awaitable[None]], target: Peer,
+                 ranges: Ranges, outcome: Outcome) -> None:
+    # perf_counter, not loop.time(): uvloop's clock is cached per iteration
+    # in whole milliseconds.
+    started = time.perf_counter()
+    try:
+        await move(target, ranges)
+    finally:
+        outcome.data_s += time.perf_counter() - started
 
 
 def _remaining_ms(cluster: Cluster, deadline: float) -> int:

@@ -14,7 +14,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Protocol
 
 from hixl_service.bench.model import CEILING, Budget, Row, Timing, drive, drive_sync
@@ -145,8 +145,13 @@ async def echo_server() -> AsyncIterator[str]:
         await asyncio.to_thread(shutil.rmtree, tmpdir, True)
 
 
-async def grpc_row(budget: Budget) -> Row:
-    """p50/p99 of an empty unary grpc.aio call to another process (one in flight)."""
+Ping = Callable[[int], Awaitable[None]]
+
+
+@contextlib.asynccontextmanager
+async def echo_ping() -> AsyncIterator[Ping]:
+    """An empty unary grpc.aio call to the bare echo server (another process), as a
+    request function: the gRPC ceiling, also interleaved with hixl's small rows."""
     import grpc.aio
 
     async with echo_server() as target, grpc.aio.insecure_channel(target) as channel:
@@ -156,5 +161,14 @@ async def grpc_row(budget: Budget) -> Row:
         async def request(_index: int) -> None:
             await ping(b"", timeout=10)
 
-        timing = await drive(request, 1, budget)
+        yield request
+
+
+async def grpc_row(budget: Budget, ping: Ping | None = None) -> Row:
+    """p50/p99 of an empty unary grpc.aio call to another process (one in flight)."""
+    if ping is None:
+        async with echo_ping() as own:
+            timing = await drive(own, 1, budget)
+    else:
+        timing = await drive(ping, 1, budget)
     return Row(CEILING, GRPC_RTT, "ceiling", "rpc", "unix").fill(timing, 0)

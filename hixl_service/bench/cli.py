@@ -99,12 +99,18 @@ async def run_hixl(p: plan.Plan, args: argparse.Namespace, native: ceilings.Nati
                   f"{budget_b / GIB:.1f} GiB, {args.streams} streams per link)")
     async with env.daemons(budget_a, budget_b, args.streams) as pair:
         if paths:
-            async with env.clusters(pair, sweep_pool, paths) as linked:
-                rows += await runner.probe_rows(linked, paths, p.budget, progress)
+            async with env.clusters(pair, sweep_pool, paths) as linked, \
+                    ceilings.echo_ping() as ping:
+                # The gRPC ceiling with the daemons up; small rows also
+                # interleave it with their own requests (their p50/rtt).
+                rows.append(await ceilings.grpc_row(p.budget, ping))
+                progress(rows[-1])
+                rows += await runner.probe_rows(linked, paths, p.budget, progress, ping)
                 for shape, group in _by_shape(p.cases):
                     rows += await native.measure(shape, {c.path for c in group})
                     for case in group:
-                        rows.append(await runner.run_case(linked, case, p.cold_bytes, p.budget))
+                        rows.append(await runner.run_case(linked, case, p.cold_bytes, p.budget,
+                                                          ping))
                         progress(rows[-1])
         kv_paths = tuple(sorted({k.path for k in p.kv_cases}))
         if kv_paths:
@@ -118,9 +124,11 @@ async def run_hixl(p: plan.Plan, args: argparse.Namespace, native: ceilings.Nati
 
 async def run_measurements(p: plan.Plan, args: argparse.Namespace,
                            progress: report.Progress) -> list[Row]:
-    """The gRPC ceiling, then hixl interleaved with the native ceilings, then the peers."""
-    rows = [await ceilings.grpc_row(p.budget)]
-    progress(rows[-1])
+    """hixl interleaved with the native ceilings (and the gRPC one), then the peers."""
+    rows: list[Row] = []
+    if not p.cases:  # no sweep, so no probes: the gRPC ceiling is measured first
+        rows.append(await ceilings.grpc_row(p.budget))
+        progress(rows[-1])
     paths = {c.path for c in p.cases} | {k.path for k in p.kv_cases}
     streams = sorted({1, args.streams}) if "tcp" in paths else []
     native = ceilings.NativeCeilings(p.cold_bytes, streams, "local" in paths, p.budget, progress)

@@ -12,6 +12,14 @@ fp16. Modes:
   each side (as a paged allocator scatters them);
 * ``transfer_cache_async``: the initiator's continuous cache sent layer by
   layer to the target's cache (LLM-DataDist's layer-wise API), waited for.
+  Every layer is ready at once for the timed prompts; then a few *paced*
+  prompts model a model computing: layer L becomes ready (a blocking
+  synchronizer returns) at ``(L + 1) * pace`` with ``pace`` =
+  ``PACE_FACTOR`` x one layer's transfer time (the unpaced prompt time over
+  the layers). For those the row reports the **layer lag**: from a layer's
+  synchronizer returning to the daemon reporting that layer landed. The
+  goal is the last layer landing within one layer's transfer time of its
+  synchronizer returning (``lag_ratio`` <= 1).
 
 A mode this build's CacheManager lacks is reported as skipped.
 """
@@ -20,6 +28,8 @@ from __future__ import annotations
 
 import inspect
 import random
+import statistics
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -38,12 +48,32 @@ from hixl_service.bench.plan import KvCase
 _METHODS = {"pull_cache": "pull_cache", "pull_cache_layers": "pull_cache",
             "pull_blocks": "pull_blocks", "transfer_cache_async": "transfer_cache_async"}
 _MODEL_ID = 7
+# Paced layer-wise prompts: a layer's compute takes this many times its transfer.
+PACE_FACTOR = 1.5
 
 
 class _Ready(LayerSynchronizer):
     """Every layer is ready at once: the transfer alone is timed."""
 
     def synchronize_layer(self, layer_index: int, timeout_in_millis: int | None) -> bool:
+        return True
+
+
+class _Paced(LayerSynchronizer):
+    """Layer L is ready ``(L + 1) * pace_s`` after ``start()``, as if computed then; blocking,
+    like a device event, so the client runs it in a worker thread."""
+
+    def __init__(self, pace_s: float) -> None:
+        self.pace_s = pace_s
+        self.started = time.perf_counter()
+
+    def start(self) -> None:
+        self.started = time.perf_counter()
+
+    def synchronize_layer(self, layer_index: int, timeout_in_millis: int | None) -> bool:
+        wait = self.started + (layer_index + 1) * self.pace_s - time.perf_counter()
+        if wait > 0:
+            time.sleep(wait)
         return True
 
 
@@ -131,7 +161,7 @@ class _Prompt:
         pull_blocks = cm.pull_blocks
         await pull_blocks(BlocksCacheKey(self.target, _MODEL_ID), self.local, src, dst)
 
-    async def _transfer(self, _index: int) -> None:
+    async def _transfer(self, _index: int, synchronizer: LayerSynchronizer | None = None) -> None:
         assert self.local is not None and self.remote is not None
         from hixl_client.transfer_config import TransferConfig, TransferWithCacheKeyConfig
 
@@ -141,10 +171,33 @@ class _Prompt:
             else TransferConfig(self.target, list(self.remote.tensor_addrs)))
         cm: Any = self.env.cm  # nor transfer_cache_async
         transfer = cm.transfer_cache_async
-        task = transfer(self.local, _Ready(), [config])
+        task = transfer(self.local, synchronizer or _Ready(), [config])
         if inspect.isawaitable(task):
             task = await task
         await _wait_task(task)
+
+    async def layer_lags(self, layer_s: float, prompts: int) -> dict[str, float] | None:
+        """Paced prompts (see the module docstring): the median lag of the last
+        layer and of every layer, against one layer's transfer time ``layer_s``."""
+        try:
+            from hixl_client._layerwise import capture_layer_lags
+        except ImportError:  # a build without the layer-wise hooks
+            return None
+        pacer = _Paced(PACE_FACTOR * layer_s)
+        last, every = [], []
+        for index in range(prompts):
+            with capture_layer_lags() as tasks:
+                pacer.start()
+                await self._transfer(index, pacer)
+            lags = [lag.lag_s for lag in tasks[-1] if lag.lag_s is not None] if tasks else []
+            if len(lags) != self.kv.model.layers:
+                return None  # some layer never reported landing
+            last.append(lags[-1])
+            every.extend(lags)
+        last_s = statistics.median(last)
+        return {"layer_ms": layer_s * 1e3, "pace_ms": pacer.pace_s * 1e3,
+                "last_lag_ms": last_s * 1e3, "median_lag_ms": statistics.median(every) * 1e3,
+                "max_lag_ms": max(every) * 1e3, "lag_ratio": last_s / layer_s}
 
 
 async def run_kv(env: Clusters, kv: KvCase, budget: Budget) -> Row:
@@ -160,6 +213,11 @@ async def run_kv(env: Clusters, kv: KvCase, budget: Budget) -> Row:
         timing = await drive(request, 1, budget)
         row.fill(timing, kv.prompt_bytes)
         row.extra["prompt_ms"] = None if row.p50_us is None else row.p50_us / 1e3
+        if kv.mode == "transfer_cache_async" and row.p50_us is not None:
+            lags = await prompt.layer_lags(row.p50_us / 1e6 / kv.model.layers,
+                                           max(1, budget.min_requests))
+            if lags is not None:
+                row.extra.update(lags)
     except Exception as exc:  # reported in the row; the run goes on
         row.status = f"error: {type(exc).__name__}: {exc}"
     finally:

@@ -50,10 +50,15 @@ class Case:
 
 @dataclass
 class Timing:
-    """Latencies of the measured requests and the wall time they took together."""
+    """Latencies of the measured requests and the wall time they took together.
+
+    ``paced`` holds the latencies of requests interleaved with them (see
+    :func:`drive`), whose time is not in ``wall_s``.
+    """
 
     latencies: list[float]
     wall_s: float
+    paced: list[float] = field(default_factory=list)
 
     @property
     def count(self) -> int:
@@ -136,12 +141,25 @@ class Budget:
         return Budget(self.seconds * factor, self.min_requests, self.max_requests, self.warmup)
 
 
-async def drive(request: Callable[[int], Awaitable[None]], conc: int, budget: Budget) -> Timing:
+# Requests per slice when a row interleaves a reference request (drive's `beside`).
+INTERLEAVE_SLICE = 8
+
+
+async def drive(request: Callable[[int], Awaitable[None]], conc: int, budget: Budget,
+                beside: Callable[[int], Awaitable[None]] | None = None) -> Timing:
     """Run ``request(i)`` with ``conc`` in flight until the budget is spent.
 
     Every request gets a distinct index (callers rotate buffers with it). The
     warm-up requests run first, ``conc`` at a time, and are not timed.
+
+    With ``beside`` (one in flight only), slices of ``INTERLEAVE_SLICE``
+    requests alternate with as many ``beside`` calls, timed into
+    ``Timing.paced``: a reference measured under the same load as the row,
+    on a host whose load drifts within seconds. Their time is left out of
+    ``wall_s``, and they do not count against the budget's request bounds.
     """
+    if beside is not None and conc == 1:
+        return await _drive_beside(request, beside, budget)
     counter = 0
 
     def next_index() -> int:
@@ -184,3 +202,28 @@ def drive_sync(run: Callable[[int], list[float]], budget: Budget) -> Timing:
         if time.perf_counter() - started > 2 * budget.seconds + 0.5:
             break
     return Timing(latencies, sum(latencies))
+
+
+async def _drive_beside(request: Callable[[int], Awaitable[None]],
+                        beside: Callable[[int], Awaitable[None]], budget: Budget) -> Timing:
+    for index in range(max(1, budget.warmup)):
+        await request(index)
+        await beside(index)
+    latencies: list[float] = []
+    paced: list[float] = []
+    index, wall = budget.warmup, 0.0
+    deadline = time.perf_counter() + budget.seconds
+    while len(latencies) < budget.max_requests and (
+            time.perf_counter() < deadline or len(latencies) < budget.min_requests):
+        started = time.perf_counter()
+        for _ in range(INTERLEAVE_SLICE):
+            t0 = time.perf_counter()
+            await request(index)
+            latencies.append(time.perf_counter() - t0)
+            index += 1
+        wall += time.perf_counter() - started
+        for _ in range(INTERLEAVE_SLICE):
+            t0 = time.perf_counter()
+            await beside(index)
+            paced.append(time.perf_counter() - t0)
+    return Timing(latencies, wall, paced)

@@ -56,7 +56,9 @@ def add_ratios(rows: list[Row], streams: int) -> None:
       block size and blocks per request; concurrency rows compare with the
       one-in-flight ceiling;
     * peer rows: GB/s over hixl's row of the same operation and shape;
-    * every timed row: p50 over the bare gRPC round trip (``rtt_ratio``).
+    * every timed row: p50 over the bare gRPC round trip (``rtt_ratio``): the
+      calls interleaved with the row's own requests where it has them
+      (``rtt_us``, small one-in-flight rows), else the ``grpc-rtt`` row.
     """
     ceilings = [r for r in rows if r.kind == CEILING]
     grpc = _find(ceilings, name=GRPC_RTT)
@@ -64,8 +66,9 @@ def add_ratios(rows: list[Row], streams: int) -> None:
     for row in rows:
         if not row.ok:
             continue
-        if grpc is not None and row.kind != CEILING:
-            row.rtt_ratio = _ratio(row.p50_us, grpc.p50_us)
+        if row.kind != CEILING:
+            rtt = row.extra.get("rtt_us", grpc.p50_us if grpc is not None else None)
+            row.rtt_ratio = _ratio(row.p50_us, rtt)
         if row.kind == HIXL:
             ceiling = _ceiling_for(row, ceilings, streams)
             if ceiling is not None:
@@ -106,6 +109,10 @@ def format_row(row: Row) -> str:
     if row.suite == "kv" and row.ok:
         text += f"  {row.extra['model']} {row.extra['tokens']} tok: " \
                 f"{_num(row.extra.get('prompt_ms'), '.1f')} ms/prompt"
+        if row.extra.get("lag_ratio") is not None:
+            text += f"; paced: last layer lands {_num(row.extra['last_lag_ms'], '.2f')} ms " \
+                    f"after it is ready = {_num(row.extra['lag_ratio'], '.2f')} x one layer " \
+                    f"({_num(row.extra['layer_ms'], '.2f')} ms)"
     elif row.suite == "kv":
         text += f"  {row.extra['model']} {row.extra['tokens']} tok"
     return text if row.ok else f"{text}  {row.status}"

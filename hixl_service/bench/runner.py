@@ -18,7 +18,7 @@ ceilings do.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from hixl_client import (
@@ -31,9 +31,13 @@ from hixl_client import (
     capture_timings,
 )
 from hixl_service.bench.env import Clusters, slot_desc, slots_for, supports
-from hixl_service.bench.model import HIXL, PROBE, Budget, Case, Row, drive
+from hixl_service.bench.model import HIXL, MIB, PROBE, Budget, Case, Row, Timing, drive
 
 NOOP, TINY = "hixl-noop", "hixl-tiny"
+# Rows up to this many bytes per request, one in flight, interleave the bare
+# gRPC call with their requests: their p50/rtt compares latencies under one load.
+RTT_BESIDE_BYTES = MIB
+Ping = Callable[[int], Awaitable[None]]
 
 
 @dataclass
@@ -104,8 +108,17 @@ async def _free(env: Clusters, path: str, caches: Caches) -> None:
     await env.target_cm(path).deallocate_cache(caches.remote)
 
 
-async def run_case(env: Clusters, case: Case, cold_bytes: int, budget: Budget) -> Row:
-    """Measure one case; a missing operation or a failure becomes the row's status."""
+def beside_rtt(row: Row, timing: Timing) -> None:
+    """Keep the p50 of the gRPC calls interleaved with the row's requests."""
+    if timing.paced:
+        row.extra["rtt_us"] = statistics.median(timing.paced) * 1e6
+
+
+async def run_case(env: Clusters, case: Case, cold_bytes: int, budget: Budget,
+                   ping: Ping | None = None) -> Row:
+    """Measure one case; a missing operation or a failure becomes the row's status.
+
+    ``ping`` (the bare gRPC call) is interleaved with small one-in-flight rows."""
     row = Row(HIXL, "hixl", case.suite, case.op, case.path, case.block, case.nblocks, case.conc)
     reason = unavailable(env, case.op)
     if reason:
@@ -119,9 +132,11 @@ async def run_case(env: Clusters, case: Case, cold_bytes: int, budget: Budget) -
         return row
     try:
         operation = OPERATIONS[case.op](env, case.path, caches)
+        beside = ping if case.conc == 1 and case.request_bytes <= RTT_BESIDE_BYTES else None
         with capture_timings() as measured:
-            timing = await drive(operation.request, case.conc, budget)
+            timing = await drive(operation.request, case.conc, budget, beside)
         row.fill(timing, case.request_bytes)
+        beside_rtt(row, timing)
         measured_split(row, measured)
     except Exception as exc:
         row.status = f"error: {type(exc).__name__}: {exc}"
@@ -131,7 +146,7 @@ async def run_case(env: Clusters, case: Case, cold_bytes: int, budget: Budget) -
 
 
 async def probe_rows(env: Clusters, paths: tuple[str, ...], budget: Budget,
-                     progress: Callable[[Row], None]) -> list[Row]:
+                     progress: Callable[[Row], None], ping: Ping | None = None) -> list[Row]:
     """The zero-byte-ish requests behind each row's time split.
 
     * ``hixl-noop``: ``remove_cache_key`` of an unbound key, a client-to-daemon
@@ -145,17 +160,19 @@ async def probe_rows(env: Clusters, paths: tuple[str, ...], budget: Budget,
     async def noop(_index: int) -> None:
         await env.cm.remove_cache_key(unbound)
 
-    timing = await drive(noop, 1, budget)
+    timing = await drive(noop, 1, budget, ping)
     rows.append(Row(PROBE, NOOP, "probe", "rpc", "unix").fill(timing, 0))
+    beside_rtt(rows[-1], timing)
     progress(rows[-1])
     desc = CacheDesc(1, [2, 64], DataType.DT_UINT8)
     for path in paths:
         caches = await _allocate(env, path, desc)
         try:
-            timing = await drive(Pull(env, path, caches).request, 1, budget)
+            timing = await drive(Pull(env, path, caches).request, 1, budget, ping)
         finally:
             await _free(env, path, caches)
         rows.append(Row(PROBE, TINY, "probe", "pull", path, 64, 1).fill(timing, 64))
+        beside_rtt(rows[-1], timing)
         progress(rows[-1])
     return rows
 

@@ -1,5 +1,6 @@
 """Typed interface of the compiled ``hixl_native._core`` extension."""
 
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, Protocol, TypeAlias
 
@@ -86,6 +87,16 @@ class ExtentAllocator:
     def allocation_size(self, offset: int) -> int: ...
 
 def copy_ranges(dst: Mapping, src: Mapping, ranges: _Ranges) -> None: ...
+def run_ranges(
+    src_offsets: Sequence[int],
+    src_first: int,
+    src_add: int,
+    dst_offsets: Sequence[int],
+    dst_first: int,
+    dst_add: int,
+    count: int,
+    length: int,
+) -> bytearray: ...
 
 class CompletionQueue:
     def __init__(self) -> None: ...
@@ -135,6 +146,24 @@ class DataLink:
     def alive(self) -> bool: ...
     def read(self, request_id: int, dst: Mapping, ranges: _Ranges, timeout_ms: int) -> None: ...
     def write(self, request_id: int, src: Mapping, ranges: _Ranges, timeout_ms: int) -> None: ...
+    def read_from(
+        self,
+        request_id: int,
+        dst: Mapping,
+        region_id: int,
+        ranges: _Ranges,
+        timeout_ms: int,
+        wait_us: int = 0,
+    ) -> int | None: ...
+    def write_to(
+        self,
+        request_id: int,
+        src: Mapping,
+        region_id: int,
+        ranges: _Ranges,
+        timeout_ms: int,
+        wait_us: int = 0,
+    ) -> int | None: ...
     def close(self) -> None: ...
     def __enter__(self) -> Self: ...
     def __exit__(

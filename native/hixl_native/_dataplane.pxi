@@ -4,6 +4,59 @@ _MAX_STREAMS = 64
 _MAX_TIMEOUT_MS = 0x7FFFFFFF
 
 
+def run_ranges(src_offsets, src_first, src_add, dst_offsets, dst_first, dst_add, count,
+               length):
+    """The merged ranges of a run of tensor pairs, for the planners.
+
+    For k in [0, count): ``length`` bytes from ``src_offsets[src_first + k] +
+    src_add`` to ``dst_offsets[dst_first + k] + dst_add``; neighbours that are
+    contiguous on both sides are merged and empty ranges dropped, in one C
+    loop whatever ``count`` is.
+
+    Args:
+        src_offsets: Sequence of int tensor offsets of the source.
+        src_first: First source tensor of the run.
+        src_add: Added to every source offset (e.g. the batch slot's start).
+        dst_offsets: As ``src_offsets``, for the destination.
+        dst_first: First destination tensor of the run.
+        dst_add: As ``src_add``, for the destination.
+        count: Number of pairs.
+        length: Bytes per pair.
+
+    Returns:
+        A bytearray of native uint64 (src, dst, length) triples.
+
+    Raises:
+        IndexError: The run leaves a sequence of offsets.
+        TypeError / ValueError: Arguments that are not ints in range.
+    """
+    cdef uint64_t sadd = _u64(src_add, "src_add")
+    cdef uint64_t dadd = _u64(dst_add, "dst_add")
+    cdef uint64_t ln = _u64(length, "length")
+    cdef Py_ssize_t sfirst = _int_in(src_first, 0, len(src_offsets), "src_first")
+    cdef Py_ssize_t dfirst = _int_in(dst_first, 0, len(dst_offsets), "dst_first")
+    cdef Py_ssize_t n = _int_in(count, 0, min(len(src_offsets) - sfirst,
+                                              len(dst_offsets) - dfirst), "count")
+    cdef Py_ssize_t k, m = 0
+    cdef uint64_t so, do
+    out = bytearray(24 * n if ln else 0)
+    if not ln:
+        return out
+    cdef uint64_t *o = <uint64_t *><char *>out
+    for k in range(n):
+        so = <uint64_t>_u64(src_offsets[sfirst + k], "src_offsets") + sadd
+        do = <uint64_t>_u64(dst_offsets[dfirst + k], "dst_offsets") + dadd
+        if m and o[3 * m - 3] + o[3 * m - 1] == so and o[3 * m - 2] + o[3 * m - 1] == do:
+            o[3 * m - 1] += ln
+        else:
+            o[3 * m] = so
+            o[3 * m + 1] = do
+            o[3 * m + 2] = ln
+            m += 1
+    del out[24 * m:]
+    return out
+
+
 cdef class DataServer:
     """The target side of the TCP data plane: a listening socket plus native threads.
 
@@ -147,6 +200,65 @@ cdef class DataServer:
         return f"<DataServer {state}, {len(self._regions)} regions>"
 
 
+cdef extern from "tcp_link.h" nogil:
+    int hixl_link_submit_wait(hixl_link *l, int op, uint64_t request_id, hixl_mapping *local,
+                              const uint8_t *quads, size_t n, uint64_t timeout_ms,
+                              uint64_t wait_us, int32_t *status)
+
+# Longest inline wait a caller may ask for (the calling thread blocks that long).
+_MAX_WAIT_US = 100_000
+
+
+cdef object _submit_region(DataLink link, int op, object request_id, Mapping local,
+                           object region_id, object ranges, int remote_col, int local_col,
+                           object timeout_ms, object wait_us):
+    """DataLink._submit with ranges as (offset, offset, length) triples in one
+    region; returns the final status when the request ended here, else None."""
+    cdef size_t n = 0, i
+    cdef uint64_t size, loff, length
+    cdef uint64_t *triples
+    cdef uint64_t *quads = NULL
+    cdef int32_t status = 1
+    cdef int rc
+    if link._closed:
+        raise NativeError(HIXL_E_CLOSED, "the link is closed")
+    cdef uint64_t rid = _u64(request_id, "request_id")
+    cdef uint64_t region = _u64(region_id, "region_id")
+    cdef uint64_t tmo = _int_in(timeout_ms, 1, _MAX_TIMEOUT_MS, "timeout_ms")
+    cdef uint64_t wait = _int_in(wait_us, 0, _MAX_WAIT_US, "wait_us")
+    local._check_open()
+    size = local._size
+    cdef uint8_t *copy = _snapshot_u64(ranges, 3, "ranges", &n)
+    try:
+        triples = <uint64_t *>copy  # malloc'd: aligned for uint64
+        quads = <uint64_t *>malloc(32 * n if n else 1)
+        if quads == NULL:
+            raise MemoryError()
+        for i in range(n):
+            loff = triples[3 * i + local_col]
+            length = triples[3 * i + 2]
+            if not hixl_in_bounds(loff, length, size):
+                raise ValueError(
+                    f"range {i}: local [{loff}, {loff}+{length}) is outside "
+                    f"the local mapping of {size} bytes")
+            quads[4 * i] = region
+            quads[4 * i + 1] = triples[3 * i + remote_col]
+            quads[4 * i + 2] = loff
+            quads[4 * i + 3] = length
+        if wait:
+            with nogil:
+                rc = hixl_link_submit_wait(link._l, op, rid, local._m, <uint8_t *>quads, n,
+                                           tmo, wait, &status)
+        else:
+            rc = hixl_link_submit(link._l, op, rid, local._m, <uint8_t *>quads, n, tmo)
+        if rc != HIXL_OK:
+            _raise(rc, f"cannot submit request {request_id}")
+    finally:
+        free(copy)
+        free(quads)
+    return None if status == 1 else status
+
+
 cdef class DataLink:
     """The initiator side of one link: ``streams`` TCP connections to a DataServer.
 
@@ -234,6 +346,57 @@ cdef class DataLink:
         finally:
             free(quads)
         return 0
+
+    def read_from(self, request_id, Mapping dst not None, region_id, ranges, timeout_ms,
+                  wait_us=0):
+        """``read`` of ranges that all lie in one remote region, maybe finished here.
+
+        With ``wait_us`` > 0, a request of at most 512 KiB may be sent whole
+        and its reply received on this thread when a stream is idle, blocking
+        it (with the GIL released) for up to ``wait_us`` plus 1 us per 2000
+        bytes moved; a later reply is left to the link's worker.
+
+        Args:
+            request_id: uint64 echoed in the completion.
+            dst: Local destination mapping, pinned until completion.
+            region_id: uint64 remote region of every range.
+            ranges: Buffer of uint64 triples (remote_offset, local_dst_offset,
+                length), e.g. an ``(n, 3)`` uint64 array.
+            timeout_ms: Deadline for the whole request, > 0.
+            wait_us: How long this thread may wait for the reply, 0..100000
+                (plus the allowance for the bytes moved); 0 never waits.
+
+        Returns:
+            The request's status when it ended here (then nothing is posted),
+            else None: one completion will be posted.
+
+        Raises:
+            As ``read``.
+        """
+        return _submit_region(self, HIXL_OP_READ, request_id, dst, region_id, ranges, 0, 1,
+                              timeout_ms, wait_us)
+
+    def write_to(self, request_id, Mapping src not None, region_id, ranges, timeout_ms,
+                 wait_us=0):
+        """``write`` of ranges that all lie in one remote region, maybe finished here.
+
+        Args:
+            request_id: uint64 echoed in the completion.
+            src: Local source mapping, pinned until completion.
+            region_id: uint64 remote region of every range.
+            ranges: Buffer of uint64 triples (local_src_offset, remote_offset,
+                length), e.g. an ``(n, 3)`` uint64 array.
+            timeout_ms: Deadline for the whole request, > 0.
+            wait_us: As for ``read_from``.
+
+        Returns:
+            As ``read_from``.
+
+        Raises:
+            As ``write``.
+        """
+        return _submit_region(self, HIXL_OP_WRITE, request_id, src, region_id, ranges, 1, 0,
+                              timeout_ms, wait_us)
 
     def read(self, request_id, Mapping dst not None, ranges, timeout_ms):
         """Start reading remote ranges into ``dst``; returns at once.

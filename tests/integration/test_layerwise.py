@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -139,6 +140,29 @@ async def test_each_layer_leaves_before_the_next_is_computed(accessible: Pair) -
     task = sender.cache_manager.transfer_cache_async(
         src, WaitForLayer0(), [TransferWithCacheKeyConfig(key, range(2), range(2))])
     assert await task == [OK] and landed.is_set()
+
+
+async def test_layer_lags_are_captured_for_benchmarks(accessible: Pair) -> None:
+    from hixl_client._layerwise import capture_layer_lags
+
+    sender, receiver = accessible.decoder, accessible.prompt
+    desc = CacheDesc(8, [1, 64 * 1024], DataType.DT_UINT8)  # 4 layers
+    src = await sender.cache_manager.allocate_cache(desc)
+    dst = await receiver.cache_manager.allocate_cache(desc)
+    key = CacheKeyByIdAndIndex(receiver.cluster_id, dst.cache_id)
+    config = TransferWithCacheKeyConfig(key, range(1, 4), range(3))
+    with capture_layer_lags() as tasks:
+        task = sender.cache_manager.transfer_cache_async(src, Ready(delay_s=0.01), [config])
+        assert await task == [OK]
+    untouched = sender.cache_manager.transfer_cache_async(src, Ready(), [config])
+    assert await untouched == [OK]
+    (lags,) = tasks  # one task inside the block; the one after it is not recorded
+    assert [lag.layer for lag in lags] == [1, 2, 3]
+    for lag in lags:
+        assert lag.landed_s is not None and lag.lag_s is not None
+        assert 0 < lag.lag_s < 5
+    # each layer left when it was ready, before the next one's synchronizer returned
+    assert all(a.ready_s < b.ready_s for a, b in itertools.pairwise(lags))
 
 
 async def test_async_synchronizer_and_timing_contract(accessible: Pair) -> None:

@@ -39,7 +39,7 @@ def test_batch_slots_and_size_select_part_of_each_tensor() -> None:
 def test_layer_indices_pair_source_and_destination_tensors() -> None:
     src, dst = layout(8, 64, 1), layout(4, 64, 1, base=4096)
     pairs = tensor_pairs(src, dst, [4, 5, 6, 7], [0, 1, 2, 3], 2)
-    assert pairs == [(4, 0), (5, 1), (6, 2), (7, 3)]
+    assert [tuple(pair) for pair in pairs] == [(4, 0), (5, 1), (6, 2), (7, 3)]
     ranges, _ = plan_cache_pull(src, 0, dst, 0, -1, pairs)
     assert ranges.tolist() == [[4 * 64, 4096, 256]]
 
@@ -92,3 +92,38 @@ def test_plan_slot_to_blocks() -> None:
     assert ranges.tolist() == [[0, 4096 + 3 * 128, 256], [256, 4096, 128]]
     with pytest.raises(LLMException):
         plan_slot_to_blocks(src, 0, dst, [(0, 0)], [*range(8), 0])  # beyond the slot
+
+
+@pytest.mark.parametrize("count", [1, 3, 8, 9, 64])
+def test_every_form_of_pairs_plans_the_same_ranges(count: int) -> None:
+    """A TensorRun (native loop or tuples), an index array and a list of tuples agree."""
+    import numpy as np
+
+    rng = np.random.default_rng(count)
+    # tensors of 4 slots of 64 bytes; some neighbours adjacent, some not
+    src_offsets = np.cumsum(rng.choice([256, 256, 512], count + 4)).tolist()
+    dst_offsets = np.cumsum(rng.choice([256, 768], count + 4)).tolist()
+    src, dst = Layout(src_offsets, 256, 4), Layout(dst_offsets, 256, 4)
+    src_idx, dst_idx = list(range(2, 2 + count)), list(range(1, 1 + count))
+    run = tensor_pairs(src, dst, src_idx, dst_idx, 1)
+    assert len(run) == count and [tuple(p) for p in run] == list(zip(src_idx, dst_idx, strict=True))
+    assert np.asarray(run).tolist() == [list(p) for p in zip(src_idx, dst_idx, strict=True)]
+    expected, _ = plan_cache_pull(src, 2, dst, 1, 48, list(zip(src_idx, dst_idx, strict=True)))
+    for pairs in (run, np.asarray(run)):
+        ranges, length = plan_cache_pull(src, 2, dst, 1, 48, pairs)
+        assert length == 48 and ranges.tolist() == expected.tolist()
+    naive = merge_ranges(as_ranges([(src_offsets[s] + 128, dst_offsets[d] + 64, 48)
+                                    for s, d in zip(src_idx, dst_idx, strict=True)]))
+    assert expected.tolist() == naive.tolist()
+
+
+def test_pairs_of_all_tensors_and_mismatched_counts() -> None:
+    src, dst = layout(12, 64, 1), layout(12, 64, 1, base=4096)
+    run = tensor_pairs(src, dst, [], [], 2)
+    assert (run.src_first, run.dst_first, run.count) == (0, 0, 12)
+    ranges, _ = plan_cache_pull(src, 0, dst, 0, -1, run)
+    assert ranges.tolist() == [[0, 4096, 12 * 64]]
+    with pytest.raises(LLMException, match="do not match"):
+        tensor_pairs(src, layout(10, 64, 1), [], [], 2)
+    with pytest.raises(LLMException, match="contiguous"):
+        tensor_pairs(src, dst, [*range(9), 10], list(range(10)), 1)

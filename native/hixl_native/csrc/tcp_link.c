@@ -18,6 +18,18 @@
 /* Below this, splitting a request over more streams costs more in wakeups
  * and round trips than the parallelism gains. */
 #define MIN_PIECE_BYTES (256 * 1024)
+/* A piece whose outgoing bytes (header, ranges, a WRITE's payload) fit in
+ * this is sent by the submitting thread itself when a stream is idle, so the
+ * peer starts on it without waiting for the stream's worker to wake up. */
+#define DIRECT_MAX_BYTES (64 * 1024)
+/* hixl_link_submit_wait waits for the reply itself only for a request of
+ * one piece moving at most this many bytes. */
+#define INLINE_MAX_BYTES (512 * 1024)
+/* ... and waits longer for a larger one: this many bytes per extra
+ * microsecond (2 GB/s, well below what loopback TCP moves). */
+#define INLINE_BYTES_PER_US 2000
+/* Not a status: the request is still in flight. */
+#define PENDING 1
 
 typedef struct hixl_piece {
     struct hixl_piece *next;
@@ -26,6 +38,15 @@ typedef struct hixl_piece {
     uint64_t bytes;
     uint8_t *wire;      /* nranges little-endian wire ranges */
     struct iovec *iov;  /* [header][ranges or reply][nranges payload iovecs] */
+    /* Set when the submitting thread started the piece (direct send, maybe
+     * an inline wait): how far it got, for the worker to carry on. */
+    int present;        /* bytes of it may be on the wire */
+    int early_rc;       /* HIXL_OK, or the failure that ends it */
+    hixl_iovcur out;    /* what is left to send */
+    /* The reply, received in steps that may be spread over two threads. */
+    int replied;        /* the reply header arrived and was checked */
+    size_t got;         /* bytes received: reply header, then payload */
+    hixl_iovcur in;
     uint8_t hdr[HIXL_REQUEST_SIZE];
     uint8_t reply[HIXL_REPLY_SIZE];
 } hixl_piece;
@@ -46,10 +67,13 @@ typedef struct hixl_stream {
     struct hixl_link *link;
     pthread_t thread;
     int started;
-    pthread_mutex_t mu; /* queue, exited, and changes of fd */
+    pthread_mutex_t mu; /* queue, the flags below, and changes of fd */
+    pthread_cond_t unclaimed; /* an exiting worker waits for a submitter's socket use */
     hixl_piece *head, *tail;
     int exited;
-    int fd;      /* written only by the worker (and by open before it starts) */
+    int busy;    /* the worker is running a piece */
+    int claimed; /* a submitting thread uses the socket; nothing else may */
+    int fd;      /* changed only by the worker (and by open before it starts) */
     int wake_fd; /* eventfd: the queue became non-empty */
 } hixl_stream;
 
@@ -74,6 +98,14 @@ static void finish(hixl_request *r)
     hixl_mapping_unref(r->local);
     r->node.status = atomic_load(&r->status);
     hixl_cq_post(r->cq, &r->node); /* r may be freed from here on */
+}
+
+/* A request that ended on the submitting thread: nothing is posted. */
+static void finish_here(hixl_request *r)
+{
+    hixl_mapping_unpin(r->local);
+    hixl_mapping_unref(r->local);
+    hixl_cq_node_free(&r->node);
 }
 
 static void piece_done(hixl_piece *p, int status)
@@ -146,8 +178,10 @@ static void plan(planner *pl, const uint8_t *quads, size_t n)
     }
 }
 
+/* `whole`: one piece up to INLINE_MAX_BYTES (a request the caller may finish
+ * inline moves fastest without any handoff). */
 static hixl_request *build_request(hixl_link *l, const uint8_t *quads, size_t n,
-                                   uint8_t *local, int *rc)
+                                   uint8_t *local, int whole, int *rc)
 {
     uint64_t total = 0;
     for (size_t i = 0; i < n; i++)
@@ -157,6 +191,8 @@ static hixl_request *build_request(hixl_link *l, const uint8_t *quads, size_t n,
         }
     uint64_t want = (total + MIN_PIECE_BYTES - 1) / MIN_PIECE_BYTES;
     uint64_t target = want < (uint64_t)l->nstreams ? (want ? want : 1) : (uint64_t)l->nstreams;
+    if (whole && total <= INLINE_MAX_BYTES)
+        target = 1;
     planner pl = {.budget = (total + target - 1) / target};
     plan(&pl, quads, n);
 
@@ -175,6 +211,80 @@ static hixl_request *build_request(hixl_link *l, const uint8_t *quads, size_t n,
     r->npieces = fill.npieces;
     *rc = HIXL_OK;
     return r;
+}
+
+/* ---- the wire form of a piece ---- */
+
+static uint32_t budget_ms(uint64_t deadline)
+{
+    uint64_t now = hixl_now_ns();
+    uint64_t ms = now >= deadline ? 1 : (deadline - now + 999999) / 1000000;
+    return ms > UINT32_MAX ? UINT32_MAX : (uint32_t)ms;
+}
+
+/* Encodes the header and returns the cursor over everything the piece sends. */
+static hixl_iovcur prepare_request(hixl_piece *p, uint64_t deadline)
+{
+    hixl_request *r = p->req;
+    hixl_request_hdr h = {.op = (uint8_t)r->op, .nranges = p->nranges, .tag = r->node.id,
+                          .total_bytes = p->bytes, .timeout_ms = budget_ms(deadline)};
+    hixl_put_request(p->hdr, &h);
+    p->iov[0] = (struct iovec){p->hdr, sizeof(p->hdr)};
+    p->iov[1] = (struct iovec){p->wire, (size_t)p->nranges * HIXL_RANGE_SIZE};
+    /* A WRITE's payload goes out in the same sendmsg batches as its header. */
+    return (hixl_iovcur){p->iov, r->op == HIXL_OP_WRITE ? 2 + (size_t)p->nranges : 2};
+}
+
+static int check_reply(hixl_piece *p, int32_t *status)
+{
+    uint64_t tag;
+    if (hixl_get_reply(p->reply, &tag, status) != HIXL_OK || tag != p->req->node.id)
+        return HIXL_E_PROTO;
+    if (*status > HIXL_OK || *status < HIXL_E_CANCELLED)
+        return HIXL_E_PROTO;
+    return HIXL_OK;
+}
+
+/*
+ * Receives the reply and a READ's payload until done or `deadline`, in steps:
+ * a call that ends early (HIXL_E_TIMEOUT) can be repeated, on any thread,
+ * with a later deadline. The reply header and the payload land through one
+ * iovec array, so a small READ completes in a single recvmsg. Nothing
+ * follows a refusal, so receiving greedily cannot swallow bytes of another
+ * message. Returns HIXL_OK, the peer's status, or an I/O failure.
+ */
+static int recv_reply(int fd, int stop_fd, hixl_piece *p, uint64_t deadline)
+{
+    int read = p->req->op == HIXL_OP_READ;
+    int rc;
+    if (!p->replied) {
+        if (p->got == 0) {
+            p->iov[1] = (struct iovec){p->reply, sizeof(p->reply)};
+            p->in = (hixl_iovcur){p->iov + 1, read ? 1 + (size_t)p->nranges : 1};
+        }
+        if (p->got < sizeof(p->reply)) {
+            rc = hixl_recv_iov(fd, stop_fd, &p->in, sizeof(p->reply) - p->got, deadline,
+                               &p->got);
+            if (rc != HIXL_OK)
+                return rc;
+        }
+        int32_t status;
+        if ((rc = check_reply(p, &status)) != HIXL_OK)
+            return rc;
+        if (status != HIXL_OK)
+            return p->got == sizeof(p->reply) ? status : HIXL_E_PROTO;
+        p->replied = 1;
+    }
+    size_t total = sizeof(p->reply) + (read ? (size_t)p->bytes : 0);
+    if (p->got < total)
+        return hixl_recv_iov(fd, stop_fd, &p->in, total - p->got, deadline, &p->got);
+    return HIXL_OK;
+}
+
+static uint64_t outgoing_bytes(const hixl_piece *p)
+{
+    uint64_t n = HIXL_REQUEST_SIZE + (uint64_t)p->nranges * HIXL_RANGE_SIZE;
+    return p->req->op == HIXL_OP_WRITE ? n + p->bytes : n;
 }
 
 /* ---- queues ---- */
@@ -208,15 +318,101 @@ static void enqueue(hixl_stream *s, hixl_piece *p)
         wake(s->wake_fd);
 }
 
-int hixl_link_submit(hixl_link *l, int op, uint64_t request_id, hixl_mapping *local,
-                     const uint8_t *quads, size_t n, uint64_t timeout_ms)
+/* ---- direct sends ---- */
+
+/* Claims an idle, connected stream (its worker asleep, nothing queued), trying
+ * them in turn from `first`; NULL when none is. */
+static hixl_stream *claim_idle(hixl_link *l, unsigned first)
+{
+    for (int k = 0; k < l->nstreams; k++) {
+        hixl_stream *s = &l->streams[(first + (unsigned)k) % (unsigned)l->nstreams];
+        pthread_mutex_lock(&s->mu);
+        int idle = !s->exited && !s->busy && !s->claimed && s->head == NULL && s->fd >= 0 &&
+                   !atomic_load(&l->closing);
+        if (idle)
+            s->claimed = 1;
+        pthread_mutex_unlock(&s->mu);
+        if (idle)
+            return s;
+    }
+    return NULL;
+}
+
+static void unclaim(hixl_stream *s)
+{
+    s->claimed = 0;
+    if (s->exited)
+        pthread_cond_broadcast(&s->unclaimed);
+}
+
+/* Gives a piece the submitting thread started to the stream's worker, first
+ * in its queue (its reply comes first), and wakes it: the worker sends any
+ * rest, receives the reply, or fails the piece with early_rc. */
+static void hand_over(hixl_stream *s, hixl_piece *p)
+{
+    pthread_mutex_lock(&s->mu);
+    unclaim(s);
+    if (s->exited) {
+        pthread_mutex_unlock(&s->mu);
+        piece_done(p, HIXL_E_CANCELLED);
+        return;
+    }
+    p->next = s->head;
+    s->head = p;
+    if (s->tail == NULL)
+        s->tail = p;
+    pthread_mutex_unlock(&s->mu);
+    wake(s->wake_fd);
+}
+
+/* Sends a piece on a claimed stream from this thread, as far as the socket
+ * takes it without waiting; s->fd cannot change while the stream is claimed. */
+static void send_direct(hixl_stream *s, hixl_piece *p, uint64_t deadline)
+{
+    p->out = prepare_request(p, deadline);
+    p->present = 1;
+    int rc = hixl_send_iov_nowait(s->fd, &p->out);
+    p->early_rc = rc == HIXL_E_BUSY ? HIXL_OK : rc;
+}
+
+/*
+ * The whole of a one-piece request on the submitting thread: send it, wait up
+ * to `wait_ns` for the reply and receive it. Returns the request's status
+ * when it ended here (the stream is released, nothing is posted) and PENDING
+ * when the stream's worker must carry on from where this thread stopped.
+ */
+static int run_inline(hixl_stream *s, hixl_piece *p, uint64_t wait_ns)
+{
+    hixl_request *r = p->req;
+    send_direct(s, p, r->deadline_ns);
+    if (p->early_rc != HIXL_OK || p->out.cnt > 0)
+        return PENDING;
+    uint64_t now = hixl_now_ns();
+    uint64_t until = r->deadline_ns > now + wait_ns ? now + wait_ns : r->deadline_ns;
+    int rc = recv_reply(s->fd, s->link->stop_fd, p, until);
+    if (rc == HIXL_E_TIMEOUT && hixl_now_ns() < r->deadline_ns)
+        return PENDING; /* no reply yet: the worker waits on, to the real deadline */
+    if (rc != HIXL_OK && rc != HIXL_E_REFUSED) {
+        p->early_rc = rc; /* the stream is out of sync: the worker drops it */
+        return PENDING;
+    }
+    pthread_mutex_lock(&s->mu);
+    unclaim(s);
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+/* hixl_link_submit_wait; `done` NULL for hixl_link_submit (no inline wait). */
+static int submit(hixl_link *l, int op, uint64_t request_id, hixl_mapping *local,
+                  const uint8_t *quads, size_t n, uint64_t timeout_ms, uint64_t wait_us,
+                  int32_t *done)
 {
     if (atomic_load(&l->closing))
         return HIXL_E_CLOSED;
     if (op != HIXL_OP_READ && op != HIXL_OP_WRITE)
         return HIXL_E_INVAL;
     int rc;
-    hixl_request *r = build_request(l, quads, n, local->addr, &rc);
+    hixl_request *r = build_request(l, quads, n, local->addr, done != NULL && wait_us > 0, &rc);
     if (r == NULL)
         return rc;
     r->node.id = request_id;
@@ -229,19 +425,63 @@ int hixl_link_submit(hixl_link *l, int op, uint64_t request_id, hixl_mapping *lo
     if (r->npieces == 0 || atomic_load(&l->dead)) {
         /* Nothing to move, or a peer known to be gone: complete at once. */
         atomic_init(&r->status, r->npieces == 0 ? HIXL_OK : HIXL_E_CLOSED);
-        finish(r);
+        if (done != NULL) {
+            *done = atomic_load(&r->status);
+            finish_here(r);
+        } else {
+            finish(r);
+        }
         return HIXL_OK;
     }
     atomic_init(&r->status, HIXL_OK);
     atomic_init(&r->remaining, (int)r->npieces);
     unsigned first = atomic_fetch_add(&l->next_stream, (unsigned)r->npieces);
-    /* Once the last piece is queued the request may complete and be freed
-     * by the consumer at any moment, so the loop must not read r. */
-    size_t npieces = r->npieces;
     hixl_piece *pieces = r->pieces;
-    for (size_t k = 0; k < npieces; k++)
-        enqueue(&l->streams[(first + k) % (unsigned)l->nstreams], &pieces[k]);
+    if (done != NULL && wait_us > 0 && r->npieces == 1 &&
+        outgoing_bytes(&pieces[0]) <= DIRECT_MAX_BYTES && pieces[0].bytes <= INLINE_MAX_BYTES) {
+        hixl_stream *s = claim_idle(l, first);
+        if (s != NULL) {
+            uint64_t wait_ns = (wait_us + pieces[0].bytes / INLINE_BYTES_PER_US) * 1000;
+            rc = run_inline(s, &pieces[0], wait_ns);
+            if (rc != PENDING) {
+                *done = rc;
+                finish_here(r);
+            } else {
+                hand_over(s, &pieces[0]);
+            }
+            return HIXL_OK;
+        }
+    }
+    /* Once the last piece is handed over the request may complete and be
+     * freed by the consumer at any moment, so the loop must not read r. */
+    size_t npieces = r->npieces;
+    uint64_t deadline = r->deadline_ns;
+    for (size_t k = 0; k < npieces; k++) {
+        hixl_stream *s = NULL;
+        if (outgoing_bytes(&pieces[k]) <= DIRECT_MAX_BYTES)
+            s = claim_idle(l, first + (unsigned)k);
+        if (s != NULL) {
+            send_direct(s, &pieces[k], deadline);
+            hand_over(s, &pieces[k]);
+        } else {
+            enqueue(&l->streams[(first + k) % (unsigned)l->nstreams], &pieces[k]);
+        }
+    }
     return HIXL_OK;
+}
+
+int hixl_link_submit(hixl_link *l, int op, uint64_t request_id, hixl_mapping *local,
+                     const uint8_t *quads, size_t n, uint64_t timeout_ms)
+{
+    return submit(l, op, request_id, local, quads, n, timeout_ms, 0, NULL);
+}
+
+int hixl_link_submit_wait(hixl_link *l, int op, uint64_t request_id, hixl_mapping *local,
+                          const uint8_t *quads, size_t n, uint64_t timeout_ms,
+                          uint64_t wait_us, int32_t *status)
+{
+    *status = PENDING;
+    return submit(l, op, request_id, local, quads, n, timeout_ms, wait_us, status);
 }
 
 /* ---- stream workers ---- */
@@ -262,25 +502,39 @@ static void drop_socket(hixl_stream *s)
 static void check_idle_socket(hixl_stream *s)
 {
     char b;
-    ssize_t k = recv(s->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+    pthread_mutex_lock(&s->mu);
+    /* Decided under the lock that claims a stream: once a submitter sent on
+     * it, what arrives is a reply, not stray bytes. */
+    if (s->claimed || s->head != NULL || s->fd < 0) {
+        pthread_mutex_unlock(&s->mu);
         return;
+    }
+    ssize_t k = recv(s->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+        pthread_mutex_unlock(&s->mu);
+        return;
+    }
     if (k <= 0)
         atomic_store(&s->link->dead, 1);
-    drop_socket(s);
+    int fd = s->fd;
+    s->fd = -1;
+    pthread_mutex_unlock(&s->mu);
+    close(fd);
 }
 
-/* HIXL_E_CANCELLED once the link is closing; HIXL_OK otherwise (including
- * spurious wakeups: the caller re-checks its queue). */
-static int idle_wait(hixl_stream *s)
+/* Waits on the wakeup and stop eventfds and, when `fd` >= 0, for the peer to
+ * hang up the idle socket (not for data: a submitting thread may be waiting
+ * for a reply on it). HIXL_E_CANCELLED once the link is closing; HIXL_OK
+ * otherwise (including spurious wakeups: the caller re-checks its queue). */
+static int idle_wait(hixl_stream *s, int fd)
 {
     struct pollfd p[3] = {
         {.fd = s->wake_fd, .events = POLLIN},
         {.fd = s->link->stop_fd, .events = POLLIN},
-        {.fd = s->fd, .events = POLLIN | POLLRDHUP},
+        {.fd = fd, .events = POLLRDHUP},
     };
     /* The timeout only guards against a lost wakeup; it is not polling. */
-    int rc = poll(p, s->fd >= 0 ? 3 : 2, 1000);
+    int rc = poll(p, fd >= 0 ? 3 : 2, 1000);
     if (rc <= 0)
         return HIXL_OK;
     if (p[1].revents)
@@ -290,7 +544,7 @@ static int idle_wait(hixl_stream *s)
         ssize_t n = read(s->wake_fd, &count, sizeof(count));
         (void)n;
     }
-    if (s->fd >= 0 && p[2].revents)
+    if (fd >= 0 && p[2].revents)
         check_idle_socket(s);
     return HIXL_OK;
 }
@@ -299,16 +553,19 @@ static hixl_piece *next_piece(hixl_stream *s)
 {
     for (;;) {
         pthread_mutex_lock(&s->mu);
-        hixl_piece *p = s->head;
+        /* While a submitting thread uses the socket nothing else may. */
+        hixl_piece *p = s->claimed ? NULL : s->head;
         if (p != NULL) {
             s->head = p->next;
             if (s->head == NULL)
                 s->tail = NULL;
+            s->busy = 1;
         }
+        int fd = s->claimed ? -1 : s->fd;
         pthread_mutex_unlock(&s->mu);
         if (p != NULL)
             return p;
-        if (atomic_load(&s->link->closing) || idle_wait(s) == HIXL_E_CANCELLED)
+        if (atomic_load(&s->link->closing) || idle_wait(s, fd) == HIXL_E_CANCELLED)
             return NULL;
     }
 }
@@ -343,69 +600,17 @@ static int reconnect(hixl_stream *s, uint64_t deadline)
     return HIXL_OK;
 }
 
-static uint32_t budget_ms(uint64_t deadline)
-{
-    uint64_t now = hixl_now_ns();
-    uint64_t ms = now >= deadline ? 1 : (deadline - now + 999999) / 1000000;
-    return ms > UINT32_MAX ? UINT32_MAX : (uint32_t)ms;
-}
-
-static int check_reply(hixl_piece *p, int32_t *status)
-{
-    uint64_t tag;
-    if (hixl_get_reply(p->reply, &tag, status) != HIXL_OK || tag != p->req->node.id)
-        return HIXL_E_PROTO;
-    if (*status > HIXL_OK || *status < HIXL_E_CANCELLED)
-        return HIXL_E_PROTO;
-    return HIXL_OK;
-}
-
+/* Sends the piece, or what the submitting thread left of it. */
 static int send_request(hixl_stream *s, hixl_piece *p, uint64_t deadline)
 {
-    hixl_request *r = p->req;
-    hixl_request_hdr h = {.op = (uint8_t)r->op, .nranges = p->nranges, .tag = r->node.id,
-                          .total_bytes = p->bytes, .timeout_ms = budget_ms(deadline)};
-    hixl_put_request(p->hdr, &h);
-    p->iov[0] = (struct iovec){p->hdr, sizeof(p->hdr)};
-    p->iov[1] = (struct iovec){p->wire, (size_t)p->nranges * HIXL_RANGE_SIZE};
-    /* A WRITE's payload goes out in the same sendmsg batches as its header. */
-    hixl_iovcur cur = {p->iov, r->op == HIXL_OP_WRITE ? 2 + (size_t)p->nranges : 2};
-    return hixl_send_iov(s->fd, s->link->stop_fd, &cur, deadline);
+    if (!p->present)
+        p->out = prepare_request(p, deadline);
+    return hixl_send_iov(s->fd, s->link->stop_fd, &p->out, deadline);
 }
 
-static int finish_write(hixl_stream *s, hixl_piece *p, uint64_t deadline)
+/* Checks before a piece goes out: HIXL_OK, or the status that ends it. */
+static int may_run(hixl_link *l, hixl_request *r)
 {
-    int32_t status;
-    int rc = hixl_recv_buf(s->fd, s->link->stop_fd, p->reply, sizeof(p->reply), deadline);
-    if (rc == HIXL_OK)
-        rc = check_reply(p, &status);
-    return rc != HIXL_OK ? rc : status;
-}
-
-/* The reply header and the payload are received into one iovec array, so a
- * small READ completes in a single recvmsg. Nothing follows a refusal, so
- * receiving greedily cannot swallow bytes of another message. */
-static int finish_read(hixl_stream *s, hixl_piece *p, uint64_t deadline)
-{
-    int32_t status;
-    size_t got = 0;
-    p->iov[1] = (struct iovec){p->reply, sizeof(p->reply)};
-    hixl_iovcur cur = {p->iov + 1, 1 + (size_t)p->nranges};
-    int rc = hixl_recv_iov(s->fd, s->link->stop_fd, &cur, sizeof(p->reply), deadline, &got);
-    if (rc == HIXL_OK)
-        rc = check_reply(p, &status);
-    if (rc != HIXL_OK)
-        return rc;
-    if (status != HIXL_OK)
-        return got == sizeof(p->reply) ? status : HIXL_E_PROTO;
-    size_t rest = sizeof(p->reply) + (size_t)p->bytes - got;
-    return hixl_recv_iov(s->fd, s->link->stop_fd, &cur, rest, deadline, NULL);
-}
-
-static int run_piece(hixl_stream *s, hixl_piece *p)
-{
-    hixl_link *l = s->link;
-    hixl_request *r = p->req;
     int rc = atomic_load(&r->status); /* a sibling piece already failed it */
     if (atomic_load(&l->closing))
         return HIXL_E_CANCELLED;
@@ -415,12 +620,37 @@ static int run_piece(hixl_stream *s, hixl_piece *p)
         return HIXL_E_CLOSED;
     if (hixl_now_ns() >= r->deadline_ns)
         return HIXL_E_TIMEOUT;
-    if (s->fd < 0 && (rc = reconnect(s, r->deadline_ns)) != HIXL_OK)
-        return rc;
+    return HIXL_OK;
+}
+
+static int run_piece(hixl_stream *s, hixl_piece *p)
+{
+    hixl_link *l = s->link;
+    hixl_request *r = p->req;
+    int rc;
+    if (p->present) {
+        /* Bytes of it may be on the wire already: whatever ends it early
+         * leaves the stream out of sync. */
+        rc = p->early_rc;
+        if (rc == HIXL_OK)
+            rc = may_run(l, r);
+        if (rc != HIXL_OK) {
+            drop_socket(s);
+            if (atomic_load(&l->closing))
+                return HIXL_E_CANCELLED;
+            if (rc == HIXL_E_CLOSED)
+                atomic_store(&l->dead, 1);
+            return rc;
+        }
+    } else {
+        if ((rc = may_run(l, r)) != HIXL_OK)
+            return rc;
+        if (s->fd < 0 && (rc = reconnect(s, r->deadline_ns)) != HIXL_OK)
+            return rc;
+    }
     rc = send_request(s, p, r->deadline_ns);
     if (rc == HIXL_OK)
-        rc = r->op == HIXL_OP_WRITE ? finish_write(s, p, r->deadline_ns)
-                                    : finish_read(s, p, r->deadline_ns);
+        rc = recv_reply(s->fd, l->stop_fd, p, r->deadline_ns);
     if (rc == HIXL_OK || rc == HIXL_E_REFUSED)
         return rc; /* the stream is still in sync */
     /* Anything else leaves the byte stream in an unknown state. */
@@ -436,10 +666,19 @@ static void *stream_main(void *arg)
 {
     hixl_stream *s = arg;
     hixl_piece *p;
-    while ((p = next_piece(s)) != NULL)
-        piece_done(p, run_piece(s, p));
+    while ((p = next_piece(s)) != NULL) {
+        int rc = run_piece(s, p);
+        /* Idle again before the completion, which may bring the next request. */
+        pthread_mutex_lock(&s->mu);
+        s->busy = 0;
+        pthread_mutex_unlock(&s->mu);
+        piece_done(p, rc);
+    }
     pthread_mutex_lock(&s->mu);
     s->exited = 1;
+    /* A submitter still sending uses the socket: keep it open until then. */
+    while (s->claimed)
+        pthread_cond_wait(&s->unclaimed, &s->mu);
     p = s->head;
     s->head = s->tail = NULL;
     pthread_mutex_unlock(&s->mu);
@@ -460,6 +699,7 @@ static int open_stream(hixl_link *l, hixl_stream *s, const char *host, uint16_t 
     s->link = l;
     s->fd = -1;
     pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->unclaimed, NULL);
     s->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (s->wake_fd < 0)
         return HIXL_E_IO;
@@ -544,6 +784,7 @@ void hixl_link_destroy(hixl_link *l)
             close(s->fd);
         if (s->wake_fd >= 0)
             close(s->wake_fd);
+        pthread_cond_destroy(&s->unclaimed);
         pthread_mutex_destroy(&s->mu);
     }
     if (l->stop_fd >= 0)

@@ -6,9 +6,13 @@
  * A request's ranges are cut by bytes into at most one piece per stream
  * (more only when a piece would exceed the wire's range limit), splitting a
  * range where a cut falls inside it, so that all streams move bytes in
- * parallel. The request, its pieces, their wire ranges and iovecs live in a
- * single allocation made at submit time; its first member is the completion
- * node, so finishing a request posts it to the completion queue without
+ * parallel. A small piece is sent by the submitting thread itself when a
+ * stream is idle (its worker, woken meanwhile, only receives the reply),
+ * and hixl_link_submit_wait may even send a small request whole and receive
+ * its reply there, sparing both thread handoffs of the round trip. The
+ * request, its pieces, their wire ranges and iovecs live in a single
+ * allocation made at submit time; its first member is the completion node,
+ * so finishing a request posts it to the completion queue without
  * allocating (the queue's consumer frees it).
  */
 #ifndef HIXL_TCP_LINK_H
@@ -36,6 +40,19 @@ int hixl_link_alive(hixl_link *l);
  */
 int hixl_link_submit(hixl_link *l, int op, uint64_t request_id, hixl_mapping *local,
                      const uint8_t *quads, size_t n, uint64_t timeout_ms);
+/*
+ * hixl_link_submit that may finish the request on the calling thread: a
+ * request of at most 512 KiB, when a stream is idle, goes out whole on it
+ * from here and its reply is awaited for up to `wait_us` plus 1 us per 2000
+ * bytes it moves (the calling thread blocks that long at most; a later reply
+ * is left to the stream's worker). *status is then its final status and
+ * nothing is posted; otherwise *status is 1 and exactly one completion is
+ * posted as for hixl_link_submit. Errors (nothing posted, *status 1) as
+ * hixl_link_submit.
+ */
+int hixl_link_submit_wait(hixl_link *l, int op, uint64_t request_id, hixl_mapping *local,
+                          const uint8_t *quads, size_t n, uint64_t timeout_ms,
+                          uint64_t wait_us, int32_t *status);
 /* Cancels queued and in-flight pieces and joins the workers. Idempotent. */
 void hixl_link_close(hixl_link *l);
 void hixl_link_destroy(hixl_link *l);

@@ -233,10 +233,30 @@ int hixl_send_iov(int fd, int stop_fd, hixl_iovcur *cur, uint64_t deadline_ns)
     return HIXL_OK;
 }
 
+int hixl_send_iov_nowait(int fd, hixl_iovcur *cur)
+{
+    advance(cur, 0);
+    while (cur->cnt > 0) {
+        struct msghdr mh = {.msg_iov = cur->iov, .msg_iovlen = batch_len(cur)};
+        ssize_t n = sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n >= 0) {
+            advance(cur, (size_t)n);
+            continue;
+        }
+        if (errno == EINTR)
+            continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK)
+            return HIXL_E_BUSY;
+        return errno_status(errno);
+    }
+    return HIXL_OK;
+}
+
 int hixl_recv_iov(int fd, int stop_fd, hixl_iovcur *cur, size_t want,
                   uint64_t deadline_ns, size_t *got)
 {
     size_t done = 0;
+    int rc = HIXL_OK;
     advance(cur, 0);
     while (done < want && cur->cnt > 0) {
         struct msghdr mh = {.msg_iov = cur->iov, .msg_iovlen = batch_len(cur)};
@@ -244,23 +264,28 @@ int hixl_recv_iov(int fd, int stop_fd, hixl_iovcur *cur, size_t want,
         if (n > 0) {
             advance(cur, (size_t)n);
             done += (size_t)n;
-            if (done < want && past(deadline_ns))
-                return HIXL_E_TIMEOUT;
+            if (done < want && past(deadline_ns)) {
+                rc = HIXL_E_TIMEOUT;
+                break;
+            }
             continue;
         }
-        if (n == 0)
-            return HIXL_E_CLOSED;
+        if (n == 0) {
+            rc = HIXL_E_CLOSED;
+            break;
+        }
         if (errno == EINTR)
             continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK)
-            return errno_status(errno);
-        int rc = hixl_wait_fd(fd, POLLIN, stop_fd, deadline_ns);
-        if (rc != HIXL_OK)
-            return rc;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) {
+            rc = errno_status(errno);
+            break;
+        }
+        if ((rc = hixl_wait_fd(fd, POLLIN, stop_fd, deadline_ns)) != HIXL_OK)
+            break;
     }
     if (got != NULL)
         *got += done;
-    return HIXL_OK;
+    return rc;
 }
 
 int hixl_send_buf(int fd, int stop_fd, const void *buf, size_t len, uint64_t deadline_ns)

@@ -108,8 +108,13 @@ typedef struct hixl_iovcur {
  */
 int hixl_wait_fd(int fd, short events, int stop_fd, uint64_t deadline_ns);
 int hixl_send_iov(int fd, int stop_fd, hixl_iovcur *cur, uint64_t deadline_ns);
+/* Sends what the socket takes without waiting: HIXL_OK once everything went
+ * out, HIXL_E_BUSY when the socket is full (the cursor holds the rest), or
+ * an error as above. */
+int hixl_send_iov_nowait(int fd, hixl_iovcur *cur);
 /* Receives until at least `want` bytes arrived (it may take more, up to the
- * iovecs' room); the count is added to *got. */
+ * iovecs' room); the count received is added to *got, also when it fails
+ * (the cursor holds the position either way). */
 int hixl_recv_iov(int fd, int stop_fd, hixl_iovcur *cur, size_t want,
                   uint64_t deadline_ns, size_t *got);
 int hixl_send_buf(int fd, int stop_fd, const void *buf, size_t len, uint64_t deadline_ns);
