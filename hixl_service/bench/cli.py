@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hixl_service.bench import ceilings, env, kvshape, peers, plan, report, runner
+from hixl_service.bench import ceilings, env, kvshape, peers, plan, report, runner, scale
 from hixl_service.bench.model import GIB, MIB, Case, Row
 
-SUITES = ("block", "batch", "conc", "kv")
+SUITES = ("block", "batch", "conc", "scale", "kv")
 
 
 def _csv(choices: tuple[str, ...]) -> Any:
@@ -40,7 +40,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json-out", type=Path, help="write JSON lines (one record per row) here")
     p.add_argument("--plot", type=Path, help="write a PNG of GB/s against block size here")
     p.add_argument("--suites", type=_csv(SUITES), default=list(SUITES),
-                   help="comma-separated: block,batch,conc,kv (default all)")
+                   help="comma-separated: block,batch,conc,scale,kv (default all)")
     p.add_argument("--ops", type=_csv(plan.OPS), default=list(plan.OPS), help="pull,push")
     p.add_argument("--paths", type=_csv(plan.PATHS), default=list(plan.PATHS), help="local,tcp")
     p.add_argument("--peers", type=_csv(tuple(peers.PEERS)), default=list(peers.PEERS),
@@ -71,6 +71,13 @@ def make_plan(args: argparse.Namespace) -> plan.Plan:
     return dataclasses.replace(made, cold_bytes=plan.cold_bytes_for(made))
 
 
+def _scale_counts(args: argparse.Namespace) -> tuple[int, ...]:
+    """Block counts of the scale suite (it runs over TCP only)."""
+    if "scale" not in args.suites or "tcp" not in args.paths or "pull" not in args.ops:
+        return ()
+    return scale.QUICK_COUNTS if args.quick else scale.FULL_COUNTS
+
+
 def _budgets(p: plan.Plan, paths: tuple[str, ...]) -> tuple[int, int, int, int]:
     """(sweep pool, KV pool, budget of daemon A, budget of daemon B) in bytes."""
     sweep_pool = env.pool_bytes_for(p.cold_bytes)
@@ -91,7 +98,8 @@ async def run_hixl(p: plan.Plan, args: argparse.Namespace, native: ceilings.Nati
                    progress: report.Progress) -> list[Row]:
     """hixl's rows, each shape's ceilings measured just before them."""
     rows: list[Row] = []
-    paths = tuple(sorted({c.path for c in p.cases}))
+    counts = _scale_counts(args)
+    paths = tuple(sorted({c.path for c in p.cases} | ({"tcp"} if counts else set())))
     if not paths and not p.kv_cases:
         return rows
     sweep_pool, kv_pool, budget_a, budget_b = _budgets(p, paths)
@@ -112,6 +120,9 @@ async def run_hixl(p: plan.Plan, args: argparse.Namespace, native: ceilings.Nati
                         rows.append(await runner.run_case(linked, case, p.cold_bytes, p.budget,
                                                           ping))
                         progress(rows[-1])
+                for row in await scale.scale_rows(linked, counts, p.budget) if counts else []:
+                    rows.append(row)
+                    progress(row)
         kv_paths = tuple(sorted({k.path for k in p.kv_cases}))
         if kv_paths:
             async with env.clusters(pair, kv_pool, kv_paths, id_base=10) as linked:
@@ -126,7 +137,7 @@ async def run_measurements(p: plan.Plan, args: argparse.Namespace,
                            progress: report.Progress) -> list[Row]:
     """hixl interleaved with the native ceilings (and the gRPC one), then the peers."""
     rows: list[Row] = []
-    if not p.cases:  # no sweep, so no probes: the gRPC ceiling is measured first
+    if not p.cases and not _scale_counts(args):  # no probes: the gRPC ceiling comes first
         rows.append(await ceilings.grpc_row(p.budget))
         progress(rows[-1])
     paths = {c.path for c in p.cases} | {k.path for k in p.kv_cases}
@@ -161,8 +172,10 @@ def _count(p: plan.Plan, args: argparse.Namespace) -> int:
     for shape, paths in shapes:
         names = (["memcpy"] if "local" in paths else []) + (tcp_names if "tcp" in paths else [])
         ceiling_rows |= {(name, shape) for name in names}
-    probes = (1 + len({c.path for c in p.cases})) if p.cases else 0
-    return 1 + len(ceiling_rows) + probes + len(p.cases) + len(p.kv_cases) + \
+    counts = _scale_counts(args)
+    paths = {c.path for c in p.cases} | ({"tcp"} if counts else set())
+    probes = (1 + len(paths)) if paths else 0
+    return 1 + len(ceiling_rows) + probes + len(p.cases) + len(counts) + len(p.kv_cases) + \
         len(args.peers) * len(p.peer_cases())
 
 

@@ -115,6 +115,10 @@ def format_row(row: Row) -> str:
                     f"({_num(row.extra['layer_ms'], '.2f')} ms)"
     elif row.suite == "kv":
         text += f"  {row.extra['model']} {row.extra['tokens']} tok"
+    if row.suite == "scale" and row.extra.get("ctrl_us_per_block") is not None:
+        text += f"  control {_num(row.extra['ctrl_us_per_block'], '.3f')} us/block"
+        if row.extra.get("ctrl_us_per_added_block") is not None:
+            text += f"; {_num(row.extra['ctrl_us_per_added_block'], '.3f')} us per added block"
     return text if row.ok else f"{text}  {row.status}"
 
 
@@ -123,7 +127,7 @@ def header() -> str:
                     for i, (name, w) in enumerate(COLUMNS))
 
 
-_SUITE_ORDER = {"block": 0, "batch": 1, "conc": 2, "kv": 3}
+_SUITE_ORDER = {"block": 0, "batch": 1, "conc": 2, "scale": 3, "kv": 4}
 
 
 def _table_key(item: tuple[int, Row]) -> tuple[Any, ...]:
@@ -131,7 +135,7 @@ def _table_key(item: tuple[int, Row]) -> tuple[Any, ...]:
     index, r = item
     kind = _ORDER.get(r.kind, 9)
     if r.suite == "kv":
-        return (kind, "", 3, index)
+        return (kind, "", _SUITE_ORDER["kv"], "", "", 0, 0, 0, index)
     name = r.name if r.kind in (CEILING, PEER, PROBE) else ""
     return (kind, name, _SUITE_ORDER.get(r.suite, -1), r.op, r.path, r.block, r.nblocks,
             r.conc, index)

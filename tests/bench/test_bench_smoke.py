@@ -59,8 +59,14 @@ def test_quick_run_prints_ratios_and_writes_json_lines(tmp_path: Path) -> None:
         assert row["status"] == "ok" or row["status"].startswith("skipped"), row
     names = {row["name"] for row in rows if row["status"] == "ok"}
     assert {"memcpy", "tcp-c", "grpc-rtt", "hixl", "hixl-noop", "hixl-tiny"} <= names
-    hixl = [row for row in rows if row["kind"] == "hixl" and row["status"] == "ok"]
+    hixl = [row for row in rows if row["kind"] == "hixl" and row["status"] == "ok"
+            and row["suite"] != "scale"]
     assert {row["path"] for row in hixl} == {"local", "tcp"}
+    # The scale suite: control time per block, and its growth from 1k to 10k blocks.
+    scale = [row for row in rows if row["suite"] == "scale"]
+    assert [row["nblocks"] for row in scale] == [2_000, 20_000]
+    assert all(row["ctrl_us_per_block"] > 0 for row in scale)
+    assert scale[-1]["ctrl_us_per_added_block"] is not None
     assert all(row["ratio"] is not None and row["ratio_to"] for row in hixl), hixl
     assert all(row["rtt_ratio"] is not None for row in hixl)
     kv = [row for row in rows if row["suite"] == "kv"]
