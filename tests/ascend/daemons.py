@@ -7,14 +7,16 @@ tensors are written and read with ACL copies, as a user would with torch_npu).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from hixl_client import Cache, LLMClusterInfo, LLMConfig
+from hixl_client import Cache
 from hixl_service.testing import DaemonProcess
+from tests.clusters import cluster_info, cluster_options
 
 from .conftest import DOUBLE_ENV
+
+__all__ = ["BACKENDS", "TensorIO", "cluster_info", "daemon_process", "options"]
 
 BACKENDS = ("host", "hccl")
 POOL_BYTES = 16 << 20
@@ -36,26 +38,8 @@ def daemon_process(backend: str, double_dir: Path, env: dict[str, str] | None = 
 def options(device_id: int = 0, pool_bytes: int = POOL_BYTES, host_pool_bytes: int = 0,
             sync_kv_timeout: int | None = None,
             remote_accessible: bool | None = None) -> dict[str, str]:
-    config = LLMConfig()
-    config.device_id = device_id
-    config.enable_cache_manager = True
-    config.mem_pool_cfg = json.dumps({"memory_size": pool_bytes, "page_shift": 16})
-    if host_pool_bytes:
-        config.host_mem_pool_cfg = json.dumps({"memory_size": host_pool_bytes})
-    if sync_kv_timeout is not None:
-        config.sync_kv_timeout = sync_kv_timeout
-    if remote_accessible is not None:
-        config.enable_remote_cache_accessible = remote_accessible
-    return dict(config.generate_options())
-
-
-def cluster_info(remote_cluster_id: int, peer_address: str) -> LLMClusterInfo:
-    host, port = peer_address.rsplit(":", 1)
-    info = LLMClusterInfo()
-    info.remote_cluster_id = remote_cluster_id
-    info.append_local_ip_info("127.0.0.1", 0)
-    info.append_remote_ip_info(host, int(port))
-    return info
+    return cluster_options(pool_bytes, device_id=device_id, host_pool_bytes=host_pool_bytes,
+                           sync_kv_timeout=sync_kv_timeout, remote_accessible=remote_accessible)
 
 
 class TensorIO:

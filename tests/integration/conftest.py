@@ -8,7 +8,6 @@ service. Tests that stop, pause or kill a daemon start their own.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -17,9 +16,10 @@ import grpc.aio
 import pytest
 import pytest_asyncio
 
-from hixl_client import LLMClusterInfo, LLMConfig, LLMDataDist, LLMRole, LLMStatusCode
+from hixl_client import LLMDataDist, LLMRole, LLMStatusCode
 from hixl_client._proto.hixl.v1 import admin_pb2, admin_pb2_grpc
 from hixl_service.testing import DaemonProcess
+from tests.clusters import cluster_info, cluster_options
 
 POOL_BYTES = 256 * 2**20
 DAEMON_BUDGET = "1GiB"
@@ -35,26 +35,8 @@ async def daemon_status(target: str) -> admin_pb2.DaemonStatus:
 def options(pool_bytes: int = POOL_BYTES, sync_kv_timeout: int | None = None,
             host_pool_bytes: int | None = None,
             remote_accessible: bool | None = None) -> dict[str, str]:
-    config = LLMConfig()
-    config.device_id = 0
-    config.enable_cache_manager = True
-    config.mem_pool_cfg = json.dumps({"memory_size": pool_bytes, "page_shift": 16})
-    if host_pool_bytes:
-        config.host_mem_pool_cfg = json.dumps({"memory_size": host_pool_bytes})
-    if sync_kv_timeout is not None:
-        config.sync_kv_timeout = sync_kv_timeout
-    if remote_accessible is not None:
-        config.enable_remote_cache_accessible = remote_accessible
-    return dict(config.generate_options())
-
-
-def cluster_info(remote_cluster_id: int, peer_address: str) -> LLMClusterInfo:
-    host, port = peer_address.rsplit(":", 1)
-    info = LLMClusterInfo()
-    info.remote_cluster_id = remote_cluster_id
-    info.append_local_ip_info("127.0.0.1", 0)
-    info.append_remote_ip_info(host, int(port))
-    return info
+    return cluster_options(pool_bytes, host_pool_bytes=host_pool_bytes or 0,
+                           sync_kv_timeout=sync_kv_timeout, remote_accessible=remote_accessible)
 
 
 @dataclass
