@@ -239,9 +239,11 @@ class HcclLink:
             try:
                 await asyncio.to_thread(channel.run, sending, local, local_pairs,
                                         _remaining_ms(deadline))
-            except AscendError as exc:
-                await self._drop()
-                raise _fail(exc, "the HCCL batch") from exc
+            except BaseException as exc:
+                await self._drop()  # whatever failed, the two sides may no longer pair up
+                if isinstance(exc, AscendError):
+                    raise _fail(exc, "the HCCL batch") from exc
+                raise
 
     async def _drop(self) -> None:
         channel, self._channel = self._channel, None
