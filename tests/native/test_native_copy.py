@@ -57,6 +57,35 @@ def test_accepts_uint64_buffers(pair: tuple[SharedPool, SharedPool], kind: str) 
     assert bytes(dst.view(0, 10)) == bytes(src.view(4096, 10))
 
 
+def test_large_requests_stream_and_stay_exact() -> None:
+    """A request of 4 MiB or more takes the streaming-store path for its larger ranges:
+    unaligned starts, odd lengths, small ranges and overlaps must all stay exact."""
+    src, dst = hn.SharedPool("src", 16 * MIB, 12), hn.SharedPool("dst", 16 * MIB, 12)
+    try:
+        s = np.frombuffer(src, np.uint8)
+        s[:] = np.random.default_rng(3).integers(0, 256, src.size, np.uint8)
+        rng = np.random.default_rng(4)
+        lengths = rng.integers(1, 300_000, 40, dtype=np.uint64)
+        lengths[:5] = [1, 15, 63, 4095, 4097]  # below and around the streaming cut-off
+        src_off = rng.integers(0, src.size - 300_000, 40, dtype=np.uint64)
+        dst_off = np.arange(40, dtype=np.uint64) * 300_001 + 3  # unaligned, disjoint
+        triples = np.stack([dst_off, src_off, lengths], axis=1)
+        assert int(lengths.sum()) >= 4 * MIB
+        expected = np.frombuffer(dst, np.uint8).copy()
+        for d, o, n in triples.tolist():
+            expected[d : d + n] = s[o : o + n]
+        del s  # a live view would keep the pool from closing
+        hn.copy_ranges(dst, src, triples.ravel())
+        assert np.array_equal(np.frombuffer(dst, np.uint8), expected)
+        # inside one mapping, an overlapping range still has memmove's result
+        before = bytes(src.view(0, 5 * MIB))
+        hn.copy_ranges(src, src, np.array([4096, 0, 5 * MIB], dtype=np.uint64))
+        assert bytes(src.view(4096, 5 * MIB)) == before
+    finally:
+        dst.close()
+        src.close()
+
+
 def test_same_mapping_overlapping(pair: tuple[SharedPool, SharedPool]) -> None:
     _, src = pair
     before = bytes(src.view(0, 1000))
