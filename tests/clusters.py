@@ -1,10 +1,14 @@
-"""Engine options and link targets for the clusters end-to-end tests create."""
+"""Engine options and link targets (``hixl_service.testing.cluster_info``) for the
+clusters end-to-end tests create."""
 
 from __future__ import annotations
 
 import json
 
-from hixl_client import LLMClusterInfo, LLMConfig
+from hixl_client import LLMConfig
+from hixl_service.testing import cluster_info
+
+__all__ = ["cluster_info", "cluster_options"]
 
 
 def cluster_options(pool_bytes: int, *, device_id: int = 0, host_pool_bytes: int = 0,
@@ -22,13 +26,3 @@ def cluster_options(pool_bytes: int, *, device_id: int = 0, host_pool_bytes: int
     if remote_accessible is not None:
         config.enable_remote_cache_accessible = remote_accessible
     return dict(config.generate_options())
-
-
-def cluster_info(remote_cluster_id: int, peer_address: str) -> LLMClusterInfo:
-    """Link target: the cluster ``remote_cluster_id`` of the daemon at ``peer_address``."""
-    host, port = peer_address.rsplit(":", 1)
-    info = LLMClusterInfo()
-    info.remote_cluster_id = remote_cluster_id
-    info.append_local_ip_info("127.0.0.1", 0)
-    info.append_remote_ip_info(host, int(port))
-    return info

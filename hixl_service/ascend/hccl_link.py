@@ -140,21 +140,41 @@ def region_pairs(ranges: bytes, region_id: int, region_offset: int,
     return pairs.ravel()
 
 
-class HcclLink:
-    """The linking daemon's side of one link (rank 0)."""
+class _Side:
+    """One daemon's side of a link: its channel, and the lock that lets one batch
+    (or one rebuild) at a time use it."""
 
-    def __init__(self, device: _ascend.Device, peer: PeerApi, token: int) -> None:
+    def __init__(self, device: _ascend.Device) -> None:
         self._device = device
-        self._peer = peer
-        self._token = token
         self._channel: _Channel | None = None
         self._lock = asyncio.Lock()
         self.closed = False
 
     @property
     def alive(self) -> bool:
-        """Whether a communicator is up (else the next transfer builds one)."""
+        """Whether a communicator is up (else the linking side builds one on its next
+        transfer)."""
         return self._channel is not None
+
+    async def _drop(self) -> None:
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            await asyncio.to_thread(channel.destroy)
+
+    async def close(self) -> None:
+        """Destroy the communicator once the running batch (if any) ended."""
+        self.closed = True
+        async with self._lock:
+            await self._drop()
+
+
+class HcclLink(_Side):
+    """The linking daemon's side of one link (rank 0)."""
+
+    def __init__(self, device: _ascend.Device, peer: PeerApi, token: int) -> None:
+        super().__init__(device)
+        self._peer = peer
+        self._token = token
 
     async def connect(self, timeout_s: float) -> None:
         """Build the communicator with the other daemon, within ``timeout_s``."""
@@ -245,32 +265,13 @@ class HcclLink:
                     raise _fail(exc, "the HCCL batch") from exc
                 raise
 
-    async def _drop(self) -> None:
-        channel, self._channel = self._channel, None
-        if channel is not None:
-            await asyncio.to_thread(channel.destroy)
 
-    async def close(self) -> None:
-        """Destroy the communicator once the running batch (if any) ended."""
-        self.closed = True
-        async with self._lock:
-            await self._drop()
-
-
-class HcclInbound:
+class HcclInbound(_Side):
     """The linked daemon's side of one link (rank 1)."""
 
     def __init__(self, device: _ascend.Device) -> None:
-        self._device = device
-        self._channel: _Channel | None = None
-        self._lock = asyncio.Lock()
+        super().__init__(device)
         self._batches: set[asyncio.Task[None]] = set()
-        self.closed = False
-
-    @property
-    def alive(self) -> bool:
-        """Whether a communicator is up (else the linking side builds one on its next transfer)."""
-        return self._channel is not None
 
     async def connect(self, root_info: bytes) -> None:
         """Join a new communicator (replacing an old one once its batch ended)."""
@@ -325,14 +326,3 @@ class HcclInbound:
                 logger.warning("an HCCL batch failed; the communicator will be rebuilt: %s",
                                to_llm_exception(exc))
                 await self._drop()
-
-    async def _drop(self) -> None:
-        channel, self._channel = self._channel, None
-        if channel is not None:
-            await asyncio.to_thread(channel.destroy)
-
-    async def close(self) -> None:
-        """Destroy the communicator once the running batch (if any) ended."""
-        self.closed = True
-        async with self._lock:
-            await self._drop()

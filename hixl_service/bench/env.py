@@ -19,14 +19,13 @@ from hixl_client import (
     CacheDesc,
     CacheManager,
     DataType,
-    LLMClusterInfo,
     LLMConfig,
     LLMDataDist,
     LLMRole,
     LLMStatusCode,
 )
 from hixl_service.bench.model import MIB
-from hixl_service.testing import DaemonProcess, start_daemon
+from hixl_service.testing import DaemonProcess, cluster_info, start_daemon
 
 INITIATOR, TCP_TARGET, LOCAL_TARGET = 2, 1, 3
 _SYNC_KV_TIMEOUT_MS = 60000
@@ -80,15 +79,6 @@ def options(pool_bytes: int) -> dict[str, str]:
     return dict(config.generate_options())
 
 
-def _cluster_info(remote_cluster_id: int, peer_address: str) -> LLMClusterInfo:
-    host, port = peer_address.rsplit(":", 1)
-    info = LLMClusterInfo()
-    info.remote_cluster_id = remote_cluster_id
-    info.append_local_ip_info("127.0.0.1", 0)
-    info.append_remote_ip_info(host, int(port))
-    return info
-
-
 @contextlib.asynccontextmanager
 async def daemons(budget_a: int, budget_b: int, streams: int) -> AsyncIterator[Daemons]:
     """Start the two daemons with pre-faulted pools and ``streams`` TCP streams per link."""
@@ -112,7 +102,7 @@ async def clusters(pair: Daemons, pool_bytes: int, paths: tuple[str, ...],
             cluster_id, daemon = where[path]
             targets[path] = LLMDataDist(LLMRole.PROMPT, cluster_id, daemon=daemon.client_target)
             await targets[path].init(options(pool_bytes))
-        infos = [_cluster_info(where[p][0], where[p][1].peer_address) for p in paths]
+        infos = [cluster_info(where[p][0], where[p][1].peer_address) for p in paths]
         status, per_cluster = await initiator.link_clusters(infos, timeout=10000)
         if status != LLMStatusCode.LLM_SUCCESS:
             raise RuntimeError(f"link_clusters failed: {status} {per_cluster}")
