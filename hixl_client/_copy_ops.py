@@ -51,7 +51,7 @@ class CopyOps(ManagerBase):
                        "copy_cache does not support blocks cache, please use copy_blocks.")
         if req_id is not None:  # LLM-DataDist only logs it
             check_uint64("req_id", req_id)
-        await self._connection.call(self._connection.stub.CopyCache, client_pb2.CopyCacheRequest(
+        await self._connection.transfer("CopyCache", client_pb2.CopyCacheRequest(
             dst_cache_id=dst.cache_id, src_cache_id=src.cache_id,
             dst_batch_index=dst_batch_index, src_batch_index=src_batch_index, offset=offset,
             size=size))
@@ -72,7 +72,7 @@ class CopyOps(ManagerBase):
         pairs = [(src, dst) for src, dsts in copy_block_info.items() for dst in dsts]
         if not pairs:
             return
-        await self._connection.call(self._connection.stub.CopyBlocks, client_pb2.CopyBlocksRequest(
+        await self._connection.transfer("CopyBlocks", client_pb2.CopyBlocksRequest(
             cache_id=cache.cache_id, src_blocks=[s for s, _ in pairs],
             dst_blocks=[d for _, d in pairs]))
 
@@ -111,7 +111,7 @@ class CopyOps(ManagerBase):
                        "swap_blocks only supports HOST to DEVICE or DEVICE to HOST.")
         if not src_to_dst:
             return
-        await self._connection.call(self._connection.stub.SwapBlocks, client_pb2.SwapBlocksRequest(
+        await self._connection.transfer("SwapBlocks", client_pb2.SwapBlocksRequest(
             src=await self._operand(src_cache), dst=await self._operand(dst_cache),
             src_blocks=list(src_to_dst.keys()), dst_blocks=list(src_to_dst.values())))
 

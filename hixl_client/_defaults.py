@@ -11,6 +11,8 @@ import os
 from pathlib import Path
 
 DAEMON_ENV = "HIXL_DAEMON"
+# "0" keeps every transfer call on gRPC (see README, "The transfer lane").
+TRANSFER_LANE_ENV = "HIXL_TRANSFER_LANE"
 SOCKET_NAME = "hixl.sock"
 
 
@@ -39,3 +41,8 @@ def default_socket_path() -> Path:
 def default_daemon_target() -> str:
     """Return the gRPC target of the local daemon: ``$HIXL_DAEMON`` or the default socket."""
     return os.environ.get(DAEMON_ENV) or f"unix:{default_socket_path()}"
+
+
+def transfer_lane_enabled() -> bool:
+    """Whether clients use the daemon's transfer lane: yes unless ``$HIXL_TRANSFER_LANE=0``."""
+    return os.environ.get(TRANSFER_LANE_ENV, "1").strip() not in ("0", "false", "no", "off")

@@ -89,10 +89,9 @@ class TransferOps(ManagerBase):
         return per_layer, src_indices, dst_indices
 
     async def _call_transfer(self, operation: str, request: Any) -> None:
-        method = self._connection.method(_RPC_OF[operation])
         started = time.perf_counter()
-        reply = await self._connection.call(method, request,
-                                            timeout=self._sync_timeout_s + PULL_RPC_MARGIN_S)
+        reply = await self._connection.transfer(_RPC_OF[operation], request,
+                                                timeout=self._sync_timeout_s + PULL_RPC_MARGIN_S)
         timing.record(operation, time.perf_counter() - started, reply)
 
     async def pull_cache(self, cache_key: CacheKey | CacheKeyByIdAndIndex, cache: Cache,

@@ -2,7 +2,8 @@
 
 It opens the channel to the local daemon, keeps the session's Attach stream,
 adds the session metadata to every call and turns ``AioRpcError`` into
-``LLMException`` with the daemon's exact LLMStatusCode.
+``LLMException`` with the daemon's exact LLMStatusCode. Transfer calls go
+over the daemon's transfer lane (``_lane``) when it offers one.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from typing import Any, TypeVar
 import grpc
 import grpc.aio
 
+from ._defaults import transfer_lane_enabled
+from ._lane import MAX_BODY, Lane
 from ._proto.hixl.v1 import client_pb2, client_pb2_grpc
 from .status import STATUS_METADATA_KEY, LLMException, LLMStatusCode
 
@@ -65,8 +68,11 @@ def error_from_rpc(err: grpc.aio.AioRpcError, what: str,
 class DaemonConnection:
     """A channel to the local daemon plus the session that ties us to it."""
 
-    def __init__(self, target: str, client_name: str = "") -> None:
+    def __init__(self, target: str, client_name: str = "",
+                 transfer_lane: bool | None = None) -> None:
         self.target = target
+        self._use_lane = transfer_lane_enabled() if transfer_lane is None else transfer_lane
+        self.lane: Lane | None = None
         self._client_name = client_name or os.path.basename(sys.argv[0] or "python")
         self._channel: grpc.aio.Channel | None = None
         self._stub: client_pb2_grpc.ClientStub | None = None
@@ -78,6 +84,7 @@ class DaemonConnection:
         self._metadata = grpc.aio.Metadata()
         self.daemon_id = ""
         self.fd_socket = ""
+        self.lane_socket = ""
         self.lost: str | None = None
 
     @property
@@ -117,7 +124,20 @@ class DaemonConnection:
         self._metadata = grpc.aio.Metadata((SESSION_METADATA_KEY, self.session_id))
         self.daemon_id = event.attached.daemon_id
         self.fd_socket = event.attached.fd_socket
+        self.lane_socket = event.attached.lane_socket
         self._watch = asyncio.get_running_loop().create_task(self._watch_session(self._attach))
+        if self._use_lane and event.attached.lane_socket:
+            await self._open_lane(event.attached.lane_socket)
+
+    async def _open_lane(self, path: str) -> None:
+        # Without the lane every call still works over gRPC, only slower: say
+        # so in the log rather than failing the session.
+        try:
+            self.lane = await Lane.connect(path, self.session_id, f"hixl daemon at {self.target}",
+                                           ATTACH_TIMEOUT_S)
+        except (OSError, asyncio.TimeoutError, LLMException) as exc:
+            logger.warning("hixl daemon at %s: transfer lane %s unavailable, transfers use "
+                           "gRPC: %s", self.target, path, exc or type(exc).__name__)
 
     async def _watch_session(self, attach: Any) -> None:
         # The stream carries no traffic in steady state; it ends when the
@@ -141,8 +161,20 @@ class DaemonConnection:
         except grpc.aio.AioRpcError as err:
             raise error_from_rpc(err, f"hixl daemon at {self.target}") from None
 
+    async def transfer(self, name: str, request: Any,
+                       timeout: float = CONTROL_TIMEOUT_S) -> Any:
+        """Run transfer call ``name`` on the lane when it is open, else over gRPC."""
+        lane = self.lane
+        if lane is not None and lane.is_open and self.lost is None and \
+                request.ByteSize() <= MAX_BODY:
+            return await lane.call(name, request, timeout)
+        return await self.call(self.method(name), request, timeout)
+
     async def close(self) -> None:
         """End the session: the daemon frees what it allocated for us."""
+        if self.lane is not None:
+            self.lane.close()
+            self.lane = None
         if self._attach is not None:
             self._attach.cancel()
             self._attach = None

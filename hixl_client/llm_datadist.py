@@ -82,17 +82,21 @@ class LLMDataDist(CommOps):
         cluster_id: the cluster's id (uint64), unique among linked clusters.
         daemon: the gRPC target of the local daemon; defaults to ``$HIXL_DAEMON``
             or the default unix socket.
+        transfer_lane: send transfer calls over the daemon's transfer lane (a hixl
+            extension); defaults to yes unless ``$HIXL_TRANSFER_LANE=0``.
 
     Raises:
         TypeError / ValueError: wrong ``role`` or ``cluster_id``.
     """
 
-    def __init__(self, role: LLMRole, cluster_id: int, *, daemon: str | None = None) -> None:
+    def __init__(self, role: LLMRole, cluster_id: int, *, daemon: str | None = None,
+                 transfer_lane: bool | None = None) -> None:
         check_isinstance("role", role, LLMRole, allow_none=False)
         check_uint64("cluster_id", cluster_id)
         self._role = role
         self._cluster_id = cluster_id
         self._daemon = daemon or default_daemon_target()
+        self._transfer_lane = transfer_lane
         self._connection: DaemonConnection | None = None
         self._cache_manager: CacheManager | None = None
         self._pools: dict[int, PoolMapping] = {}
@@ -159,7 +163,7 @@ class LLMDataDist(CommOps):
         if normalized.get(OPT_CACHE_MANAGER) != "1":
             raise ImportError("hixl implements LLM-DataDist's cache-manager mode only; set "
                               "LLMConfig.enable_cache_manager = True")
-        connection = DaemonConnection(self._daemon)
+        connection = DaemonConnection(self._daemon, transfer_lane=self._transfer_lane)
         await connection.open()
         try:
             reply = await connection.call(connection.stub.Init, client_pb2.InitRequest(

@@ -138,6 +138,11 @@ class ServerConfig(_Section):
         description="Seconds in-flight RPCs and transfers get to finish after SIGTERM.",
     )
     use_uvloop: bool = Field(default=True, description="Run the event loop on uvloop.")
+    transfer_lane: bool = Field(
+        default=True,
+        description="Offer the transfer lane: a unix socket next to the client socket on which "
+        "clients send transfer calls without gRPC's per-call cost (see README).",
+    )
     ready_file: Path | None = Field(
         default=None,
         description="If set, a JSON readiness record is written here (atomically) once the "

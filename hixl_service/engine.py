@@ -61,6 +61,9 @@ class Session:
     client_pid: int
     client_name: str
     cluster: Cluster | None = None
+    # The transfer lane's use, for the admin status.
+    lane_connections: int = 0
+    lane_calls: int = 0
 
 
 @dataclass(frozen=True)

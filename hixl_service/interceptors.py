@@ -48,7 +48,7 @@ def install_log_record_factory() -> None:
     logging.setLogRecordFactory(factory)
 
 
-def _new_id() -> str:
+def new_request_id() -> str:
     # A log correlation id, not a secret: the PRNG avoids a syscall per call
     # (the random module reseeds itself in forked children).
     return f"{random.getrandbits(32):08x}"
@@ -59,7 +59,7 @@ def _id_from_metadata(metadata: Iterable[tuple[str, Any]] | None) -> str:
         if key == REQUEST_ID_METADATA_KEY and isinstance(value, str) and \
                 len(value) <= _MAX_ID_CHARS:
             return value
-    return _new_id()
+    return new_request_id()
 
 
 def _with_request_id(behavior: Any) -> Any:

@@ -40,6 +40,7 @@ from .config import DaemonConfig
 from .engine import Engine, EngineDeps
 from .fd_server import FdServer
 from .interceptors import RequestIdInterceptor, generic_only, install_log_record_factory
+from .lane_server import LaneServer
 from .links import CompletionDispatcher, ExecutorCopier
 from .peer_api import PeerApi
 from .peer_client import PeerClient
@@ -99,6 +100,7 @@ class Daemon:
         self.socket_path = server_cfg.client_socket
         runtime = self.socket_path.parent if self.socket_path else default_runtime_dir()
         self.fd_path = runtime / f"hixl-{self.daemon_id}.fds.sock"
+        self.lane_path = runtime / f"hixl-{self.daemon_id}.lane.sock"
         self.advertise_host = server_cfg.effective_advertise_host
         self._peers: dict[str, PeerClient] = {}
         self._stop = asyncio.Event()
@@ -142,7 +144,11 @@ class Daemon:
 
         client_server = grpc.aio.server(interceptors=[RequestIdInterceptor()],
                                         maximum_concurrent_rpcs=cfg.server.max_concurrent_rpcs)
-        client_servicer = ClientServicer(engine, __version__, str(self.fd_path))
+        lane_socket = str(self.lane_path) if cfg.server.transfer_lane else ""
+        client_servicer = ClientServicer(engine, __version__, str(self.fd_path), lane_socket)
+        lane_server = LaneServer(self.lane_path, engine, client_servicer) if lane_socket else None
+        if lane_server is not None:
+            await lane_server.start()
         client_pb2_grpc.add_ClientServicer_to_server(client_servicer, generic_only(client_server))
         _add_common(client_server, engine, health_servicer, SERVICE_NAMES["client"],
                     cfg.pool.backend, peer_address)
@@ -180,7 +186,8 @@ class Daemon:
         await health_servicer.enter_graceful_shutdown()
         client_servicer.stop_sessions()
         grace = cfg.server.grace_period_s
-        await asyncio.gather(client_server.stop(grace), peer_server.stop(grace))
+        await asyncio.gather(client_server.stop(grace), peer_server.stop(grace),
+                             *([lane_server.stop(grace)] if lane_server is not None else []))
         await client_servicer.wait_cleanups()
         await engine.close()
         await fd_server.close()

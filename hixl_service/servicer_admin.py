@@ -28,7 +28,9 @@ def snapshot(engine: Engine, backend: str, peer_address: str) -> admin_pb2.Daemo
         status.sessions.add(session_id=session.session_id, client_pid=session.client_pid,
                             client_name=session.client_name,
                             has_cluster=session.cluster is not None,
-                            cluster_id=session.cluster.cluster_id if session.cluster else 0)
+                            cluster_id=session.cluster.cluster_id if session.cluster else 0,
+                            lane_connections=session.lane_connections,
+                            lane_calls=session.lane_calls)
     for cluster in engine.clusters.values():
         status.clusters.add(cluster_id=cluster.cluster_id, role=cluster.role.name,
                             session_id=cluster.session_id, caches=len(cluster.registry),

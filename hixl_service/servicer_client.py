@@ -66,10 +66,12 @@ def key_from_proto(key: common_pb2.CacheKey) -> KeySpec:
 class ClientServicer(client_pb2_grpc.ClientServicer):
     """Handlers of the Client service; sessions are named by call metadata."""
 
-    def __init__(self, engine: Engine, version: str, fd_socket: str) -> None:
+    def __init__(self, engine: Engine, version: str, fd_socket: str,
+                 lane_socket: str = "") -> None:
         self._engine = engine
         self._version = version
         self._fd_socket = fd_socket
+        self._lane_socket = lane_socket
         self._stopping = asyncio.Event()
         self._cleanups: set[asyncio.Task[None]] = set()
 
@@ -96,7 +98,8 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         try:
             await context.write(client_pb2.SessionEvent(attached=client_pb2.Attached(
                 session_id=session.session_id, daemon_id=self._engine.daemon_id,
-                version=self._version, fd_socket=self._fd_socket)))
+                version=self._version, fd_socket=self._fd_socket,
+                lane_socket=self._lane_socket)))
             await self._stopping.wait()
         finally:
             # The stream ends when the client leaves, even by SIGKILL: free its

@@ -11,18 +11,22 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class SessionStatus(_message.Message):
-    __slots__ = ("session_id", "client_pid", "client_name", "has_cluster", "cluster_id")
+    __slots__ = ("session_id", "client_pid", "client_name", "has_cluster", "cluster_id", "lane_connections", "lane_calls")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     CLIENT_PID_FIELD_NUMBER: _ClassVar[int]
     CLIENT_NAME_FIELD_NUMBER: _ClassVar[int]
     HAS_CLUSTER_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    LANE_CONNECTIONS_FIELD_NUMBER: _ClassVar[int]
+    LANE_CALLS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     client_pid: int
     client_name: str
     has_cluster: bool
     cluster_id: int
-    def __init__(self, session_id: _Optional[str] = ..., client_pid: _Optional[int] = ..., client_name: _Optional[str] = ..., has_cluster: _Optional[bool] = ..., cluster_id: _Optional[int] = ...) -> None: ...
+    lane_connections: int
+    lane_calls: int
+    def __init__(self, session_id: _Optional[str] = ..., client_pid: _Optional[int] = ..., client_name: _Optional[str] = ..., has_cluster: _Optional[bool] = ..., cluster_id: _Optional[int] = ..., lane_connections: _Optional[int] = ..., lane_calls: _Optional[int] = ...) -> None: ...
 
 class ClusterStatus(_message.Message):
     __slots__ = ("cluster_id", "role", "session_id", "caches", "keys", "options")

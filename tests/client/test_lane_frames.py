@@ -1,0 +1,47 @@
+"""Framing of the transfer lane: any split of the byte stream yields the same frames."""
+
+from __future__ import annotations
+
+import pytest
+
+from hixl_client._lane import HEADER, MAX_BODY, FrameReader, error_from_reply
+from hixl_client._proto.hixl.v1 import client_pb2
+from hixl_client.status import LLMStatusCode
+
+FRAMES = [(1, 1, 250, b"abc"), (2, 0, 0, b""), (3, 7, 9, bytes(range(256)) * 40),
+          (4294967295, 255, 0, b"")]
+STREAM = b"".join(HEADER.pack(len(body), call_id, kind, timeout) + body
+                  for call_id, kind, timeout, body in FRAMES)
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 5, 13, 14, 100, 4096, len(STREAM)])
+def test_frames_survive_any_split(chunk: int) -> None:
+    reader = FrameReader()
+    frames = []
+    for start in range(0, len(STREAM), chunk):
+        frames.extend(reader.feed(STREAM[start:start + chunk]))
+    assert frames == FRAMES
+
+
+def test_whole_and_partial_frames_in_one_read() -> None:
+    reader = FrameReader()
+    cut = len(STREAM) - 5
+    assert reader.feed(STREAM[:cut]) == FRAMES[:3]
+    assert reader.feed(STREAM[cut:]) == FRAMES[3:]
+
+
+def test_oversized_frame_is_refused() -> None:
+    reader = FrameReader()
+    with pytest.raises(ValueError, match="exceeds"):
+        reader.feed(HEADER.pack(MAX_BODY + 1, 1, 1, 0))
+
+
+def test_error_reply_carries_the_daemon_status() -> None:
+    body = client_pb2.CallError(grpc_code=4, llm_status=int(LLMStatusCode.LLM_TIMEOUT),
+                                message="late").SerializeToString()
+    error = error_from_reply(body, "hixl daemon at unix:/x")
+    assert error.status_code == LLMStatusCode.LLM_TIMEOUT and str(error) == "late"
+    bare = error_from_reply(client_pb2.CallError(grpc_code=13, message="boom")
+                            .SerializeToString(), "hixl daemon at unix:/x")
+    assert bare.status_code == LLMStatusCode.LLM_FAILED
+    assert str(bare) == "hixl daemon at unix:/x: INTERNAL: boom"

@@ -1,0 +1,272 @@
+"""The transfer lane: transfer calls over a plain unix socket, same results as gRPC.
+
+The first tests go through the client library (lane on, lane off, the same
+errors either way); the rest speak the lane's framing on a raw socket to the
+daemon, to check what a misbehaving client gets: clear error replies, a
+closed lane for a broken stream, and a daemon that keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from hixl_client import (
+    CacheDesc,
+    CacheKey,
+    CacheKeyByIdAndIndex,
+    DataType,
+    LLMDataDist,
+    LLMException,
+    LLMRole,
+    LLMStatusCode,
+)
+from hixl_client._lane import HEADER, KIND_CANCEL, KIND_HELLO, METHODS, REPLY_ERROR, REPLY_OK
+from hixl_client._manager_base import ref_to_proto
+from hixl_client._proto.hixl.v1 import client_pb2
+from hixl_service.testing import DaemonProcess, start_daemon
+
+from .conftest import Pair, daemon_status, make_pair, options
+
+pytestmark = pytest.mark.asyncio
+
+DESC = CacheDesc(4, [2, 64 * 1024], DataType.DT_UINT8)
+
+
+def _fill(cache_view: memoryview, seed: int) -> np.ndarray:
+    array = np.frombuffer(cache_view, dtype=np.uint8)
+    array[:] = np.random.default_rng(seed).integers(0, 256, array.size, dtype=np.uint8)
+    return array.copy()
+
+
+async def _lane_use(daemon: DaemonProcess, cluster_id: int) -> tuple[int, int]:
+    status = await daemon_status(daemon.client_target)
+    session = next(s for s in status.sessions if s.cluster_id == cluster_id)
+    return session.lane_connections, session.lane_calls
+
+
+async def test_transfers_use_the_lane_by_default(pair: Pair) -> None:
+    prompt, decoder = pair.prompt, pair.decoder
+    assert decoder._connection is not None and decoder._connection.lane is not None
+    assert decoder._connection.lane.is_open
+    key = CacheKey(prompt.cluster_id, req_id=7)
+    src = await prompt.cache_manager.allocate_cache(DESC, [key])
+    expected = [_fill(src.tensor_view(i), i) for i in range(DESC.num_tensors)]
+    dst = await decoder.cache_manager.allocate_cache(DESC)
+    _, calls_before = await _lane_use(pair.decoder_daemon, decoder.cluster_id)
+
+    await decoder.cache_manager.pull_cache(CacheKeyByIdAndIndex(prompt.cluster_id, src.cache_id, 1),
+                                           dst, batch_index=1)
+    await decoder.cache_manager.pull_cache(key, dst, batch_index=0)
+    for i, content in enumerate(expected):
+        np.testing.assert_array_equal(np.frombuffer(dst.tensor_view(i), dtype=np.uint8), content)
+    copy = await decoder.cache_manager.allocate_cache(DESC)
+    await decoder.cache_manager.copy_cache(copy, dst, 0, 1)
+    half = DESC.shape[1]
+    np.testing.assert_array_equal(np.frombuffer(copy.tensor_view(0), dtype=np.uint8)[:half],
+                                  expected[0][half:])
+
+    connections, calls_after = await _lane_use(pair.decoder_daemon, decoder.cluster_id)
+    assert connections == 1
+    assert calls_after - calls_before == 3
+
+
+async def test_lane_off_keeps_transfers_on_grpc(prefill_daemon: DaemonProcess,
+                                                decode_daemon: DaemonProcess,
+                                                next_cluster_id: Callable[[], int]) -> None:
+    pair = await make_pair(prefill_daemon, decode_daemon, next_cluster_id)
+    plain = LLMDataDist(LLMRole.DECODER, next_cluster_id(), daemon=decode_daemon.client_target,
+                        transfer_lane=False)
+    await plain.init(options())
+    try:
+        assert plain._connection is not None and plain._connection.lane is None
+        from tests.clusters import cluster_info
+        status, _ = await plain.link_clusters(
+            [cluster_info(pair.prompt.cluster_id, prefill_daemon.peer_address)], timeout=5000)
+        assert status == LLMStatusCode.LLM_SUCCESS
+        src = await pair.prompt.cache_manager.allocate_cache(DESC)
+        expected = _fill(src.tensor_view(2), 99)
+        dst = await plain.cache_manager.allocate_cache(DESC)
+        await plain.cache_manager.pull_cache(
+            CacheKeyByIdAndIndex(pair.prompt.cluster_id, src.cache_id, 0), dst)
+        np.testing.assert_array_equal(
+            np.frombuffer(dst.tensor_view(2), dtype=np.uint8)[:DESC.shape[1]],
+            expected[:DESC.shape[1]])
+        assert await _lane_use(decode_daemon, plain.cluster_id) == (0, 0)
+    finally:
+        await plain.finalize()
+        await pair.decoder.finalize()
+        await pair.prompt.finalize()
+
+
+async def test_errors_match_grpc(pair: Pair, decode_daemon: DaemonProcess,
+                                 next_cluster_id: Callable[[], int]) -> None:
+    plain = LLMDataDist(LLMRole.DECODER, next_cluster_id(), daemon=decode_daemon.client_target,
+                        transfer_lane=False)
+    await plain.init(options())
+    try:
+        failures = []
+        for llm in (pair.decoder, plain):
+            dst = await llm.cache_manager.allocate_cache(DESC)
+            with pytest.raises(LLMException) as missing:  # nothing at that id
+                await llm.cache_manager.pull_cache(
+                    CacheKeyByIdAndIndex(pair.prompt.cluster_id, 123456, 0), dst)
+            with pytest.raises(LLMException) as unlinked:  # no link for that cluster
+                await llm.cache_manager.pull_cache(CacheKey(987654321, req_id=1), dst)
+            failures.append([(e.value.status_code, str(e.value).replace(str(llm.cluster_id), "me"))
+                             for e in (missing, unlinked)])
+        lane_failures, grpc_failures = failures
+        assert lane_failures[1] == grpc_failures[1]
+        assert lane_failures[1][0] == LLMStatusCode.LLM_NOT_YET_LINK
+        assert lane_failures[0][0] == LLMStatusCode.LLM_KV_CACHE_NOT_EXIST
+    finally:
+        await plain.finalize()
+
+
+class RawLane:
+    """The lane's framing over a blocking socket, for what the library never sends."""
+
+    def __init__(self, path: str) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(10.0)
+        self.sock.connect(path)
+
+    def send(self, call_id: int, kind: int, body: bytes = b"", timeout_ms: int = 0) -> None:
+        self.sock.sendall(HEADER.pack(len(body), call_id, kind, timeout_ms) + body)
+
+    def receive(self) -> tuple[int, int, bytes]:
+        header = self._exactly(HEADER.size)
+        size, call_id, kind, _ = HEADER.unpack(header)
+        return call_id, kind, self._exactly(size)
+
+    def error(self) -> tuple[int, client_pb2.CallError]:
+        call_id, kind, body = self.receive()
+        assert kind == REPLY_ERROR
+        return call_id, client_pb2.CallError.FromString(body)
+
+    def _exactly(self, size: int) -> bytes:
+        data = b""
+        while len(data) < size:
+            chunk = self.sock.recv(size - len(data))
+            if not chunk:
+                raise ConnectionError("the daemon closed the lane")
+            data += chunk
+        return data
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _raw(llm: LLMDataDist) -> RawLane:
+    assert llm._connection is not None and llm._connection.lane_socket
+    return RawLane(llm._connection.lane_socket)
+
+
+def _session(llm: LLMDataDist) -> bytes:
+    assert llm._connection is not None
+    return llm._connection.session_id.encode()
+
+
+async def test_raw_lane_refuses_bad_frames_and_keeps_serving(pair: Pair) -> None:
+    pull_kind = METHODS["PullCache"][0]
+    lane = await asyncio.to_thread(_raw, pair.decoder)
+    try:
+        lane.send(1, pull_kind, client_pb2.PullCacheRequest().SerializeToString())
+        call_id, error = await asyncio.to_thread(lane.error)
+        assert call_id == 1 and "HELLO" in error.message  # no session yet
+
+        lane.send(2, KIND_HELLO, b"not-a-session")
+        call_id, error = await asyncio.to_thread(lane.error)
+        assert call_id == 2 and error.llm_status == LLMStatusCode.LLM_FAILED
+
+        lane.send(3, KIND_HELLO, _session(pair.decoder))
+        assert await asyncio.to_thread(lane.receive) == (3, REPLY_OK, b"")
+        lane.send(4, pull_kind, b"\xff\xff\xff")  # not a message
+        call_id, error = await asyncio.to_thread(lane.error)
+        assert call_id == 4 and error.llm_status == LLMStatusCode.LLM_PARAM_INVALID
+        lane.send(5, 77)  # no such call
+        call_id, error = await asyncio.to_thread(lane.error)
+        assert call_id == 5 and "kind 77" in error.message
+        lane.send(6, pull_kind, client_pb2.PullCacheRequest(size=0).SerializeToString())
+        call_id, error = await asyncio.to_thread(lane.error)
+        assert call_id == 6 and error.llm_status == LLMStatusCode.LLM_PARAM_INVALID
+        lane.send(7, KIND_CANCEL)  # cancelling nothing is harmless
+
+        lane.sock.sendall(HEADER.pack(64 * 2**20, 8, pull_kind, 0))  # over the frame limit
+        with pytest.raises(ConnectionError):
+            await asyncio.to_thread(lane.receive)
+    finally:
+        lane.close()
+    # The daemon and the library's own lane are unaffected.
+    src = await pair.prompt.cache_manager.allocate_cache(DESC)
+    dst = await pair.decoder.cache_manager.allocate_cache(DESC)
+    await pair.decoder.cache_manager.pull_cache(
+        CacheKeyByIdAndIndex(pair.prompt.cluster_id, src.cache_id, 0), dst)
+
+
+async def test_lane_deadline_and_cancel(next_cluster_id: Callable[[], int]) -> None:
+    budget = {"pool__max_bytes": "512MiB"}
+    async with start_daemon(**budget) as prefill, start_daemon(**budget) as decode:
+        pair = await make_pair(prefill, decode, next_cluster_id, sync_kv_timeout=20000)
+        src = await pair.prompt.cache_manager.allocate_cache(DESC)
+        dst = await pair.decoder.cache_manager.allocate_cache(DESC)
+        request = client_pb2.PullCacheRequest(
+            src=ref_to_proto(CacheKeyByIdAndIndex(pair.prompt.cluster_id, src.cache_id, 0)),
+            dst_cache_id=dst.cache_id, size=-1, tensor_num_per_layer=2).SerializeToString()
+        pull_kind = METHODS["PullCache"][0]
+        lane = await asyncio.to_thread(_raw, pair.decoder)
+        try:
+            lane.send(1, KIND_HELLO, _session(pair.decoder))
+            assert (await asyncio.to_thread(lane.receive))[1] == REPLY_OK
+            prefill.pause()  # the pull now waits on the peer until a deadline ends it
+            try:
+                started = time.monotonic()
+                lane.send(2, pull_kind, request, timeout_ms=300)
+                call_id, error = await asyncio.to_thread(lane.error)
+                elapsed = time.monotonic() - started
+                assert call_id == 2 and error.llm_status == LLMStatusCode.LLM_TIMEOUT
+                assert elapsed < 5.0, f"a 300 ms lane deadline took {elapsed:.1f} s"
+                lane.send(3, pull_kind, request, timeout_ms=20000)
+                lane.send(3, KIND_CANCEL)  # the caller gives up: no answer comes for call 3
+                lane.send(4, KIND_HELLO, _session(pair.decoder))
+                assert await asyncio.to_thread(lane.receive) == (4, REPLY_OK, b"")
+            finally:
+                prefill.resume()
+            lane.send(5, pull_kind, request, timeout_ms=20000)
+            call_id, kind, body = await asyncio.to_thread(lane.receive)
+            assert (call_id, kind) == (5, REPLY_OK)
+            assert client_pb2.PullCacheReply.FromString(body).bytes == DESC.num_tensors * (
+                DESC.shape[1])
+        finally:
+            lane.close()
+        await pair.decoder.finalize()
+        await pair.prompt.finalize()
+
+
+async def test_lost_daemon_fails_lane_calls_promptly(next_cluster_id: Callable[[], int]) -> None:
+    budget = {"pool__max_bytes": "512MiB"}
+    async with start_daemon(**budget) as prefill, start_daemon(**budget) as decode:
+        pair = await make_pair(prefill, decode, next_cluster_id, sync_kv_timeout=20000)
+        src = await pair.prompt.cache_manager.allocate_cache(DESC)
+        dst = await pair.decoder.cache_manager.allocate_cache(DESC)
+        prefill.pause()
+        try:
+            pending = asyncio.ensure_future(pair.decoder.cache_manager.pull_cache(
+                CacheKeyByIdAndIndex(pair.prompt.cluster_id, src.cache_id, 0), dst))
+            await asyncio.sleep(0.3)
+            assert not pending.done()
+            started = time.monotonic()
+            decode.kill()  # the local daemon dies under a call in flight on the lane
+            with pytest.raises(LLMException) as info:
+                await pending
+            assert time.monotonic() - started < 5.0
+            assert info.value.status_code == LLMStatusCode.LLM_FAILED
+            assert "lane" in str(info.value)
+        finally:
+            prefill.resume()
+        await pair.prompt.finalize()
