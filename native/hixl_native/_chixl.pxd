@@ -80,7 +80,7 @@ cdef extern from "copy.h" nogil:
     int hixl_check_triples(const uint8_t *triples, size_t n, uint64_t dst_size,
                            uint64_t src_size, size_t *bad)
     void hixl_copy_triples(uint8_t *dst, const uint8_t *src, const uint8_t *triples,
-                           size_t n)
+                           size_t n, uint64_t request_bytes)
     uint64_t hixl_load_u64(const uint8_t *base, size_t k)
     int hixl_in_bounds(uint64_t off, uint64_t length, uint64_t size)
 

@@ -424,7 +424,8 @@ cdef class ExtentAllocator:
                 f"used, page {1 << self._page_shift}>")
 
 
-def copy_ranges(Mapping dst not None, Mapping src not None, ranges):
+def copy_ranges(Mapping dst not None, Mapping src not None, ranges,
+                uint64_t request_bytes=0):
     """Copy many byte ranges between two mappings with the GIL released.
 
     Args:
@@ -432,6 +433,9 @@ def copy_ranges(Mapping dst not None, Mapping src not None, ranges):
         src: Source mapping (may be ``dst`` itself).
         ranges: A C-contiguous buffer of uint64 (``array('Q')``, numpy
             uint64, bytes) holding (dst_offset, src_offset, length) triples.
+        request_bytes: The size of the whole request when ``ranges`` is one
+            share of it (copied by several threads): large requests use
+            streaming stores. 0: the total of ``ranges``.
 
     Raises:
         TypeError: ``ranges`` is not a buffer of uint64.
@@ -455,7 +459,7 @@ def copy_ranges(Mapping dst not None, Mapping src not None, ranges):
         hixl_mapping_pin(dst._m)
         hixl_mapping_pin(src._m)
         with nogil:
-            hixl_copy_triples(dst._m.addr, src._m.addr, triples, n)
+            hixl_copy_triples(dst._m.addr, src._m.addr, triples, n, request_bytes)
         hixl_mapping_unpin(src._m)
         hixl_mapping_unpin(dst._m)
     finally:

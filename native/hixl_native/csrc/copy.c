@@ -62,10 +62,11 @@ static int disjoint(const uint8_t *a, const uint8_t *b, uint64_t len)
     return a + len <= b || b + len <= a;
 }
 
-void hixl_copy_triples(uint8_t *dst, const uint8_t *src, const uint8_t *triples, size_t n)
+void hixl_copy_triples(uint8_t *dst, const uint8_t *src, const uint8_t *triples, size_t n,
+                       uint64_t request_bytes)
 {
-    uint64_t total = 0;
-    for (size_t i = 0; HAVE_STREAMING && i < n; i++)
+    uint64_t total = request_bytes;
+    for (size_t i = 0; HAVE_STREAMING && request_bytes == 0 && i < n; i++)
         total += hixl_load_u64(triples, 3 * i + 2);
     int stream = HAVE_STREAMING && total >= NT_MIN_REQUEST_BYTES;
     for (size_t i = 0; i < n; i++) {

@@ -13,8 +13,11 @@
 /* Returns HIXL_OK, or HIXL_E_INVAL with *bad set to the first bad triple. */
 int hixl_check_triples(const uint8_t *triples, size_t n, uint64_t dst_size,
                        uint64_t src_size, size_t *bad);
-/* Copies every triple; overlapping ranges are allowed (memmove semantics). */
-void hixl_copy_triples(uint8_t *dst, const uint8_t *src, const uint8_t *triples, size_t n);
+/* Copies every triple; overlapping ranges are allowed (memmove semantics).
+ * `request_bytes` is the size of the whole request these triples belong to
+ * (a request split over threads copies like the whole); 0: their own total. */
+void hixl_copy_triples(uint8_t *dst, const uint8_t *src, const uint8_t *triples, size_t n,
+                       uint64_t request_bytes);
 
 /* Reads the k-th uint64 of an unaligned array. */
 static inline uint64_t hixl_load_u64(const uint8_t *base, size_t k)

@@ -1,0 +1,91 @@
+"""Sharing a local copy among threads: the shares copy exactly the request's bytes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import numpy as np
+import pytest
+
+import hixl_native
+from hixl_service.links import (INLINE_COPY_BYTES, LOOP_SHARE_MAX_BYTES, ExecutorCopier,
+                                split_triples)
+from hixl_service.pools import Memory
+
+KIB = 1024
+
+
+def _expand(triples: np.ndarray) -> list[tuple[int, int]]:
+    """Every (dst byte, src byte) pair that ``triples`` copy, in order, at 1 KiB grain."""
+    pairs = []
+    for dst, src, length in triples.tolist():
+        pairs.extend((dst + k, src + k) for k in range(0, length, KIB))
+    return pairs
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("parts", [2, 3, 4])
+def test_shares_cover_the_request_exactly(seed: int, parts: int) -> None:
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 40))
+    lengths = rng.integers(0, 300, n) * KIB  # zero-length ranges too
+    lengths[0] += KIB
+    triples = np.stack([rng.integers(0, 10**6, n) * KIB, rng.integers(0, 10**6, n) * KIB,
+                        lengths], axis=1).astype(np.uint64)
+    shares = split_triples(triples, parts)
+    assert 1 <= len(shares) <= parts
+    assert all(share[:, 2].sum() > 0 for share in shares)
+    assert _expand(np.concatenate(shares)) == _expand(triples)
+    cuts = np.cumsum([int(share[:, 2].sum()) for share in shares])[:-1]
+    assert all(cut % 4096 == 0 for cut in cuts)
+
+
+def test_one_large_range_is_cut_evenly() -> None:
+    triples = np.array([[8 * 2**20, 0, 16 * 2**20]], dtype=np.uint64)
+    shares = split_triples(triples, 2)
+    assert [s.tolist() for s in shares] == [[[8 * 2**20, 0, 8 * 2**20]],
+                                            [[16 * 2**20, 8 * 2**20, 8 * 2**20]]]
+
+
+class _HostMemory:
+    """A host memory as the copier sees one: a native mapping (here a memfd)."""
+
+    on_device = False
+
+    def __init__(self, size: int) -> None:
+        fd = os.memfd_create("hixl-test")
+        os.ftruncate(fd, size)
+        self.native = hixl_native.Mapping(fd, size)
+        os.close(fd)
+        self.pins = 0
+
+    def pin_until(self, job: asyncio.Future[None]) -> None:
+        self.pins += 1
+        job.add_done_callback(lambda _: setattr(self, "pins", self.pins - 1))
+
+    def array(self) -> np.ndarray:
+        return np.frombuffer(memoryview(self.native), dtype=np.uint8)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("block,count", [(4 * KIB, 16), (64 * KIB, INLINE_COPY_BYTES // 65536 + 5),
+                                         (64 * KIB, LOOP_SHARE_MAX_BYTES // 65536 + 7),
+                                         (5 * 2**20 + 4 * KIB, 1)])
+async def test_every_size_class_copies_exactly(block: int, count: int, threads: int) -> None:
+    size = 2 * block * count + 2**20
+    src, dst = _HostMemory(size), _HostMemory(size)
+    src.array()[:] = np.random.default_rng(block + count).integers(0, 256, size, dtype=np.uint8)
+    order = np.random.default_rng(count).permutation(count)
+    # (src offset, dst offset, length) ranges, as the planner hands them over.
+    ranges = np.stack([np.arange(count) * 2 * block, order * block + 4096,
+                       np.full(count, block)], axis=1).astype(np.uint64)
+    copier = ExecutorCopier(threads)
+    try:
+        await copier.copy(dst, src, ranges)  # type: ignore[arg-type]
+    finally:
+        copier.close()
+    for s, d, length in ranges.tolist():
+        assert np.array_equal(dst.array()[d:d + length], src.array()[s:s + length])
+    assert src.pins == dst.pins == 0
