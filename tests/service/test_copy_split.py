@@ -5,13 +5,16 @@ from __future__ import annotations
 import asyncio
 import os
 
+import hixl_native
 import numpy as np
 import pytest
 
-import hixl_native
-from hixl_service.links import (INLINE_COPY_BYTES, LOOP_SHARE_MAX_BYTES, ExecutorCopier,
-                                split_triples)
-from hixl_service.pools import Memory
+from hixl_service.links import (
+    INLINE_COPY_BYTES,
+    LOOP_SHARE_MAX_BYTES,
+    ExecutorCopier,
+    split_triples,
+)
 
 KIB = 1024
 
