@@ -20,7 +20,7 @@ from typing import Any, cast
 
 import grpc
 
-from ._proto.hixl.v1 import client_pb2
+from ._proto.hixl.v1 import client_pb2, common_pb2
 from .status import LLMException, LLMStatusCode
 
 HEADER = struct.Struct("<IIBI")  # body bytes, call id, kind, timeout in ms
@@ -84,8 +84,12 @@ class FrameReader:
 
 
 def error_from_reply(body: bytes, what: str) -> LLMException:
-    """The LLMException of an ERROR reply, as error_from_rpc builds it for gRPC."""
-    error = client_pb2.CallError.FromString(body)
+    """The LLMException of an ERROR reply."""
+    return error_from_call(common_pb2.CallError.FromString(body), what)
+
+
+def error_from_call(error: common_pb2.CallError, what: str) -> LLMException:
+    """The LLMException of a CallError, as error_from_rpc builds it for a failed gRPC call."""
     try:
         status = LLMStatusCode(error.llm_status)
     except ValueError:

@@ -2,10 +2,9 @@
 
 The lane (framing in ``hixl_client._lane`` and ``proto/hixl/v1/client.proto``)
 carries the transfer calls without gRPC's per-call cost. Each call runs
-through the ClientServicer's own handler, with a small context object that
-answers the two things handlers ask of a gRPC context: the session metadata,
-and abort. So a call gives the same result, error and LLMStatusCode on either
-path, and the lane adds no rules of its own beyond framing and the deadline.
+through the ClientServicer's own handler (see ``call_context``), so a call
+gives the same result, error and LLMStatusCode on either path, and the lane
+adds no rules of its own beyond framing and the deadline.
 
 A connection is bound to one session by its first frame (HELLO). Each call
 runs in its own task, so calls of one client overlap as on gRPC; a CANCEL
@@ -18,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -33,50 +32,17 @@ from hixl_client._lane import (
     REPLY_OK,
     FrameReader,
 )
-from hixl_client._proto.hixl.v1 import client_pb2
 from hixl_client._transport import SESSION_METADATA_KEY
-from hixl_client.status import STATUS_METADATA_KEY, LLMException, LLMStatusCode
+from hixl_client.status import LLMException, LLMStatusCode
 
+from .call_context import CallAborted, CallContext, Context, call_error, deadline_error
 from .engine import Engine, Session
 from .interceptors import new_request_id, request_id
-from .servicer_client import ClientServicer, Context
+from .servicer_client import ClientServicer
 
 logger = logging.getLogger(__name__)
 
 Handler = Callable[[Any, Context], Awaitable[Any]]
-
-
-class _Aborted(Exception):
-    """What ``context.abort`` raises on the lane: the status of a failed call."""
-
-    def __init__(self, code: grpc.StatusCode, details: str,
-                 trailing_metadata: Sequence[tuple[str, str]]) -> None:
-        super().__init__(details)
-        self.code = code
-        self.details = details
-        self.llm_status = next((int(v) for k, v in trailing_metadata
-                                if k == STATUS_METADATA_KEY), 0)
-
-
-class _LaneContext:
-    """The part of grpc.aio.ServicerContext that the transfer handlers use."""
-
-    __slots__ = ("_metadata",)
-
-    def __init__(self, session_id: str) -> None:
-        self._metadata = ((SESSION_METADATA_KEY, session_id),)
-
-    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
-        return self._metadata
-
-    async def abort(self, code: grpc.StatusCode, details: str = "",
-                    trailing_metadata: Sequence[tuple[str, str]] = ()) -> None:
-        raise _Aborted(code, details, trailing_metadata)
-
-
-def _error_body(code: grpc.StatusCode, llm_status: int, message: str) -> bytes:
-    return client_pb2.CallError(grpc_code=code.value[0], llm_status=llm_status,
-                                message=message).SerializeToString()
 
 
 class _Connection(asyncio.Protocol):
@@ -128,7 +94,8 @@ class _Connection(asyncio.Protocol):
 
     def _refuse(self, call_id: int, status: LLMStatusCode, message: str,
                 code: grpc.StatusCode = grpc.StatusCode.INVALID_ARGUMENT) -> None:
-        self._reply(call_id, REPLY_ERROR, _error_body(code, int(status), message))
+        self._reply(call_id, REPLY_ERROR,
+                    call_error(code, int(status), message).SerializeToString())
 
     def _dispatch(self, call_id: int, kind: int, timeout_ms: int, body: bytes) -> None:
         if kind == KIND_CANCEL:
@@ -179,7 +146,7 @@ class _Connection(asyncio.Protocol):
             self._session.lane_connections -= 1
         self._session = session
         session.lane_connections += 1
-        self._context = cast(Context, _LaneContext(session_id))
+        self._context = CallContext(((SESSION_METADATA_KEY, session_id),)).as_context()
         self._reply(call_id, REPLY_OK, b"")
 
     def _expire(self, call_id: int, task: asyncio.Task[None]) -> None:
@@ -192,13 +159,11 @@ class _Connection(asyncio.Protocol):
         request_id.set(new_request_id())
         try:
             reply = await handler(request, context)
-        except _Aborted as exc:
-            self._reply(call_id, REPLY_ERROR,
-                        _error_body(exc.code, exc.llm_status, exc.details))
+        except CallAborted as exc:
+            self._reply(call_id, REPLY_ERROR, exc.error.SerializeToString())
         except asyncio.CancelledError:
             if call_id in self._timed_out:  # our deadline, not the client's cancel
-                self._refuse(call_id, LLMStatusCode.LLM_TIMEOUT, "the call's deadline passed",
-                             grpc.StatusCode.DEADLINE_EXCEEDED)
+                self._reply(call_id, REPLY_ERROR, deadline_error().SerializeToString())
                 return
             raise
         else:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hixl_client._lane import HEADER, MAX_BODY, FrameReader, error_from_reply
-from hixl_client._proto.hixl.v1 import client_pb2
+from hixl_client._proto.hixl.v1 import common_pb2
 from hixl_client.status import LLMStatusCode
 
 FRAMES = [(1, 1, 250, b"abc"), (2, 0, 0, b""), (3, 7, 9, bytes(range(256)) * 40),
@@ -37,11 +37,11 @@ def test_oversized_frame_is_refused() -> None:
 
 
 def test_error_reply_carries_the_daemon_status() -> None:
-    body = client_pb2.CallError(grpc_code=4, llm_status=int(LLMStatusCode.LLM_TIMEOUT),
+    body = common_pb2.CallError(grpc_code=4, llm_status=int(LLMStatusCode.LLM_TIMEOUT),
                                 message="late").SerializeToString()
     error = error_from_reply(body, "hixl daemon at unix:/x")
     assert error.status_code == LLMStatusCode.LLM_TIMEOUT and str(error) == "late"
-    bare = error_from_reply(client_pb2.CallError(grpc_code=13, message="boom")
+    bare = error_from_reply(common_pb2.CallError(grpc_code=13, message="boom")
                             .SerializeToString(), "hixl daemon at unix:/x")
     assert bare.status_code == LLMStatusCode.LLM_FAILED
     assert str(bare) == "hixl daemon at unix:/x: INTERNAL: boom"

@@ -28,7 +28,7 @@ from hixl_client import (
 )
 from hixl_client._lane import HEADER, KIND_CANCEL, KIND_HELLO, METHODS, REPLY_ERROR, REPLY_OK
 from hixl_client._manager_base import ref_to_proto
-from hixl_client._proto.hixl.v1 import client_pb2
+from hixl_client._proto.hixl.v1 import client_pb2, common_pb2
 from hixl_service.testing import DaemonProcess, start_daemon
 
 from .conftest import Pair, daemon_status, make_pair, options
@@ -144,10 +144,10 @@ class RawLane:
         size, call_id, kind, _ = HEADER.unpack(header)
         return call_id, kind, self._exactly(size)
 
-    def error(self) -> tuple[int, client_pb2.CallError]:
+    def error(self) -> tuple[int, common_pb2.CallError]:
         call_id, kind, body = self.receive()
         assert kind == REPLY_ERROR
-        return call_id, client_pb2.CallError.FromString(body)
+        return call_id, common_pb2.CallError.FromString(body)
 
     def _exactly(self, size: int) -> bytes:
         data = b""
@@ -210,8 +210,8 @@ async def test_raw_lane_refuses_bad_frames_and_keeps_serving(pair: Pair) -> None
 
 
 async def test_lane_deadline_and_cancel(next_cluster_id: Callable[[], int]) -> None:
-    budget = {"pool__max_bytes": "512MiB"}
-    async with start_daemon(**budget) as prefill, start_daemon(**budget) as decode:
+    async with start_daemon(pool__max_bytes="512MiB") as prefill, \
+            start_daemon(pool__max_bytes="512MiB") as decode:
         pair = await make_pair(prefill, decode, next_cluster_id, sync_kv_timeout=20000)
         src = await pair.prompt.cache_manager.allocate_cache(DESC)
         dst = await pair.decoder.cache_manager.allocate_cache(DESC)
@@ -249,8 +249,8 @@ async def test_lane_deadline_and_cancel(next_cluster_id: Callable[[], int]) -> N
 
 
 async def test_lost_daemon_fails_lane_calls_promptly(next_cluster_id: Callable[[], int]) -> None:
-    budget = {"pool__max_bytes": "512MiB"}
-    async with start_daemon(**budget) as prefill, start_daemon(**budget) as decode:
+    async with start_daemon(pool__max_bytes="512MiB") as prefill, \
+            start_daemon(pool__max_bytes="512MiB") as decode:
         pair = await make_pair(prefill, decode, next_cluster_id, sync_kv_timeout=20000)
         src = await pair.prompt.cache_manager.allocate_cache(DESC)
         dst = await pair.decoder.cache_manager.allocate_cache(DESC)

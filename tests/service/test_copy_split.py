@@ -21,7 +21,7 @@ KIB = 1024
 
 def _expand(triples: np.ndarray) -> list[tuple[int, int]]:
     """Every (dst byte, src byte) pair that ``triples`` copy, in order, at 1 KiB grain."""
-    pairs = []
+    pairs: list[tuple[int, int]] = []
     for dst, src, length in triples.tolist():
         pairs.extend((dst + k, src + k) for k in range(0, length, KIB))
     return pairs

@@ -35,16 +35,6 @@ class Attached(_message.Message):
     lane_socket: str
     def __init__(self, session_id: _Optional[str] = ..., daemon_id: _Optional[str] = ..., version: _Optional[str] = ..., fd_socket: _Optional[str] = ..., lane_socket: _Optional[str] = ...) -> None: ...
 
-class CallError(_message.Message):
-    __slots__ = ("grpc_code", "llm_status", "message")
-    GRPC_CODE_FIELD_NUMBER: _ClassVar[int]
-    LLM_STATUS_FIELD_NUMBER: _ClassVar[int]
-    MESSAGE_FIELD_NUMBER: _ClassVar[int]
-    grpc_code: int
-    llm_status: int
-    message: str
-    def __init__(self, grpc_code: _Optional[int] = ..., llm_status: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
-
 class InitRequest(_message.Message):
     __slots__ = ("cluster_id", "role", "options")
     class OptionsEntry(_message.Message):

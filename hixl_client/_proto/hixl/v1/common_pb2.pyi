@@ -63,3 +63,13 @@ class CacheRef(_message.Message):
     id_and_index: CacheIdAndIndex
     blocks_key: BlocksKey
     def __init__(self, key: _Optional[_Union[CacheKey, _Mapping]] = ..., id_and_index: _Optional[_Union[CacheIdAndIndex, _Mapping]] = ..., blocks_key: _Optional[_Union[BlocksKey, _Mapping]] = ...) -> None: ...
+
+class CallError(_message.Message):
+    __slots__ = ("grpc_code", "llm_status", "message")
+    GRPC_CODE_FIELD_NUMBER: _ClassVar[int]
+    LLM_STATUS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    grpc_code: int
+    llm_status: int
+    message: str
+    def __init__(self, grpc_code: _Optional[int] = ..., llm_status: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...

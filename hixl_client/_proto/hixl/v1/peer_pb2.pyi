@@ -144,3 +144,33 @@ class HcclPostRequest(_message.Message):
 class HcclPostReply(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class PeerCall(_message.Message):
+    __slots__ = ("call_id", "timeout_ms", "request_id", "resolve_cache", "release_key", "hccl_post")
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    RESOLVE_CACHE_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_KEY_FIELD_NUMBER: _ClassVar[int]
+    HCCL_POST_FIELD_NUMBER: _ClassVar[int]
+    call_id: int
+    timeout_ms: int
+    request_id: str
+    resolve_cache: ResolveCacheRequest
+    release_key: ReleaseKeyRequest
+    hccl_post: HcclPostRequest
+    def __init__(self, call_id: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., request_id: _Optional[str] = ..., resolve_cache: _Optional[_Union[ResolveCacheRequest, _Mapping]] = ..., release_key: _Optional[_Union[ReleaseKeyRequest, _Mapping]] = ..., hccl_post: _Optional[_Union[HcclPostRequest, _Mapping]] = ...) -> None: ...
+
+class PeerCallResult(_message.Message):
+    __slots__ = ("call_id", "resolve_cache", "release_key", "hccl_post", "error")
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    RESOLVE_CACHE_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_KEY_FIELD_NUMBER: _ClassVar[int]
+    HCCL_POST_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    call_id: int
+    resolve_cache: ResolveCacheReply
+    release_key: ReleaseKeyReply
+    hccl_post: HcclPostReply
+    error: _common_pb2.CallError
+    def __init__(self, call_id: _Optional[int] = ..., resolve_cache: _Optional[_Union[ResolveCacheReply, _Mapping]] = ..., release_key: _Optional[_Union[ReleaseKeyReply, _Mapping]] = ..., hccl_post: _Optional[_Union[HcclPostReply, _Mapping]] = ..., error: _Optional[_Union[_common_pb2.CallError, _Mapping]] = ...) -> None: ...
