@@ -138,7 +138,8 @@ class Daemon:
                                       maximum_concurrent_rpcs=cfg.server.max_concurrent_rpcs)
         peer_port = peer_server.add_insecure_port(f"{cfg.server.peer_host}:{cfg.server.peer_port}")
         peer_address = f"{self.advertise_host}:{peer_port}"
-        peer_pb2_grpc.add_PeerServicer_to_server(PeerServicer(engine), generic_only(peer_server))
+        peer_servicer = PeerServicer(engine)
+        peer_pb2_grpc.add_PeerServicer_to_server(peer_servicer, generic_only(peer_server))
         _add_common(peer_server, engine, health_servicer, SERVICE_NAMES["peer"],
                     cfg.pool.backend, peer_address)
 
@@ -185,6 +186,7 @@ class Daemon:
         _systemd.notify("STOPPING=1")
         await health_servicer.enter_graceful_shutdown()
         client_servicer.stop_sessions()
+        peer_servicer.stop_streams()
         grace = cfg.server.grace_period_s
         await asyncio.gather(client_server.stop(grace), peer_server.stop(grace),
                              *([lane_server.stop(grace)] if lane_server is not None else []))

@@ -28,6 +28,12 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
+        self._stopping = asyncio.Event()
+
+    def stop_streams(self) -> None:
+        """Make every Calls stream end once its calls in flight are answered
+        (graceful daemon stop: the streams would otherwise hold it for the grace period)."""
+        self._stopping.set()
 
     @handles_errors
     async def Hello(self, request: peer_pb2.HelloRequest, context: Context) -> peer_pb2.HelloReply:
@@ -78,7 +84,7 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                     deadline.cancel()
             await answer(result)
 
-        try:
+        async def receive() -> None:
             async for call in request_iterator:
                 kind = call.WhichOneof("call")
                 if kind is None:
@@ -88,8 +94,17 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                 task = loop.create_task(run(call, kind))
                 calls.add(task)
                 task.add_done_callback(calls.discard)
-            await asyncio.gather(*calls)  # the caller half-closed: finish what it sent
+
+        receiving = loop.create_task(receive())
+        stopping = loop.create_task(self._stopping.wait())
+        try:
+            await asyncio.wait((receiving, stopping), return_when=asyncio.FIRST_COMPLETED)
+            receiving.cancel()  # stopping: take no more calls
+            await asyncio.gather(receiving, return_exceptions=True)
+            await asyncio.gather(*calls, return_exceptions=True)  # finish what was sent
         finally:
+            receiving.cancel()
+            stopping.cancel()
             for task in calls:
                 task.cancel()
 

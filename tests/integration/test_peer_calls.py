@@ -9,6 +9,7 @@ and a keyed pull through two real daemons still drops the key.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 
 import grpc.aio
@@ -27,9 +28,9 @@ from hixl_client import (
 from hixl_client._manager_base import ref_to_proto
 from hixl_client._proto.hixl.v1 import common_pb2, peer_pb2, peer_pb2_grpc
 from hixl_service.peer_api import PROTOCOL_VERSION
-from hixl_service.testing import DaemonProcess
+from hixl_service.testing import DaemonProcess, start_daemon
 
-from .conftest import Pair, options
+from .conftest import Pair, make_pair, options
 
 pytestmark = pytest.mark.asyncio
 
@@ -120,3 +121,23 @@ async def test_keyed_pulls_release_through_the_stream(pair: Pair) -> None:
         with pytest.raises(LLMException) as again:  # the pull dropped the key
             await decoder.cache_manager.pull_cache(key, dst)
         assert again.value.status_code == LLMStatusCode.LLM_KV_CACHE_NOT_EXIST
+
+
+async def test_open_streams_do_not_hold_a_stopping_daemon(
+        next_cluster_id: Callable[[], int]) -> None:
+    # A long grace period: a stop that waited for the peer's idle stream would take it all.
+    async with start_daemon(server__grace_period_s=60) as prefill, start_daemon() as decode:
+        pair = await make_pair(prefill, decode, next_cluster_id)
+        key = CacheKey(pair.prompt.cluster_id, req_id=1)
+        await pair.prompt.cache_manager.allocate_cache(DESC, [key])
+        dst = await pair.decoder.cache_manager.allocate_cache(DESC)
+        await pair.decoder.cache_manager.pull_cache(key, dst)  # opens decode's stream to prefill
+        await pair.prompt.finalize()
+        started = time.monotonic()
+        assert await asyncio.to_thread(prefill.stop, 30.0) == 0
+        assert time.monotonic() - started < 20.0
+        with pytest.raises(LLMException) as gone:  # the stream ended; a new one finds nobody
+            await pair.decoder.cache_manager.pull_cache(CacheKey(pair.prompt.cluster_id, 2), dst)
+        assert gone.value.status_code in (LLMStatusCode.LLM_LINK_FAILED,
+                                          LLMStatusCode.LLM_NOT_YET_LINK)
+        await pair.decoder.finalize()
