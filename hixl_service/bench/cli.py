@@ -114,6 +114,7 @@ async def run_hixl(p: plan.Plan, args: argparse.Namespace, native: ceilings.Nati
                 rows.append(await ceilings.grpc_row(p.budget, ping))
                 progress(rows[-1])
                 rows += await runner.probe_rows(linked, paths, p.budget, progress, ping)
+                rows += await runner.keyed_rows(pair, paths, p.budget, progress, ping)
                 for shape, group in _by_shape(p.cases):
                     rows += await native.measure(shape, {c.path for c in group})
                     for case in group:

@@ -68,13 +68,14 @@ def remote_accessible() -> bool:
     return supports(CacheManager, "push_cache")
 
 
-def options(pool_bytes: int) -> dict[str, str]:
+def options(pool_bytes: int, remote_access: bool | None = None) -> dict[str, str]:
+    """A cluster's options; ``remote_access`` None: on whenever push exists."""
     config = LLMConfig()
     config.device_id = 0
     config.enable_cache_manager = True
     config.mem_pool_cfg = json.dumps({"memory_size": pool_bytes, "page_shift": _PAGE_SHIFT})
     config.sync_kv_timeout = _SYNC_KV_TIMEOUT_MS
-    if remote_accessible():
+    if remote_accessible() if remote_access is None else remote_access:
         config.enable_remote_cache_accessible = True
     return dict(config.generate_options())
 
@@ -91,17 +92,20 @@ async def daemons(budget_a: int, budget_b: int, streams: int) -> AsyncIterator[D
 
 @contextlib.asynccontextmanager
 async def clusters(pair: Daemons, pool_bytes: int, paths: tuple[str, ...],
-                   id_base: int = 0) -> AsyncIterator[Clusters]:
-    """Initialise the initiator and the targets of ``paths`` and link them; finalize on exit."""
+                   id_base: int = 0, remote_access: bool | None = None) -> AsyncIterator[Clusters]:
+    """Initialise the initiator and the targets of ``paths`` and link them; finalize on exit.
+
+    ``remote_access``: LLM-DataDist's remote-cache-accessible mode (see :func:`options`).
+    """
     initiator = LLMDataDist(LLMRole.DECODER, id_base + INITIATOR, daemon=pair.a.client_target)
     targets: dict[str, LLMDataDist] = {}
     where = {"tcp": (id_base + TCP_TARGET, pair.b), "local": (id_base + LOCAL_TARGET, pair.a)}
     try:
-        await initiator.init(options(pool_bytes))
+        await initiator.init(options(pool_bytes, remote_access))
         for path in paths:
             cluster_id, daemon = where[path]
             targets[path] = LLMDataDist(LLMRole.PROMPT, cluster_id, daemon=daemon.client_target)
-            await targets[path].init(options(pool_bytes))
+            await targets[path].init(options(pool_bytes, remote_access))
         infos = [cluster_info(where[p][0], where[p][1].peer_address) for p in paths]
         status, per_cluster = await initiator.link_clusters(infos, timeout=10000)
         if status != LLMStatusCode.LLM_SUCCESS:

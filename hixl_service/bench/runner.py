@@ -30,10 +30,15 @@ from hixl_client import (
     TransferTiming,
     capture_timings,
 )
-from hixl_service.bench.env import Clusters, slot_desc, slots_for, supports
+from hixl_service.bench.env import Clusters, Daemons, clusters, slot_desc, slots_for, supports
 from hixl_service.bench.model import HIXL, MIB, PROBE, Budget, Case, Row, Timing, drive
 
-NOOP, TINY = "hixl-noop", "hixl-tiny"
+NOOP, TINY, KEYED = "hixl-noop", "hixl-tiny", "hixl-keyed"
+# Keyed caches bound ahead of the keyed probe's pulls, per refill, in pools
+# of their own clusters (ids offset from the sweep's).
+KEYED_BATCH = 256
+KEYED_POOL_BYTES = 48 * MIB
+KEYED_ID_BASE = 100
 # Rows up to this many bytes per request, one in flight, interleave the bare
 # gRPC call with their requests: their p50/rtt compares latencies under one load.
 RTT_BESIDE_BYTES = MIB
@@ -152,7 +157,7 @@ async def probe_rows(env: Clusters, paths: tuple[str, ...], budget: Budget,
     * ``hixl-noop``: ``remove_cache_key`` of an unbound key, a client-to-daemon
       round trip through hixl's client and servicer that does no work;
     * ``hixl-tiny`` per path: a pull of one 64-byte block, i.e. the fixed cost
-      of a pull (client call, daemon control work, one data-plane round trip).
+      of a pull (client call, daemon control work, one data-plane round trip);
     """
     rows = []
     unbound = CacheKey(env.initiator.cluster_id, req_id=0x7FFF_FFFF)
@@ -175,6 +180,57 @@ async def probe_rows(env: Clusters, paths: tuple[str, ...], budget: Budget,
         beside_rtt(rows[-1], timing)
         progress(rows[-1])
     return rows
+
+
+async def keyed_rows(pair: Daemons, paths: tuple[str, ...], budget: Budget,
+                     progress: Callable[[Row], None], ping: Ping | None = None) -> list[Row]:
+    """``hixl-keyed`` per path, on clusters of their own: LLM-DataDist refuses pulls
+    by CacheKey in the remote-cache-accessible mode the sweep's clusters use."""
+    rows = []
+    async with clusters(pair, KEYED_POOL_BYTES, paths, id_base=KEYED_ID_BASE,
+                        remote_access=False) as keyed:
+        for path in paths:
+            rows.append(await _keyed_probe(keyed, path, budget, ping))
+            progress(rows[-1])
+    return rows
+
+
+async def _keyed_probe(env: Clusters, path: str, budget: Budget, ping: Ping | None) -> Row:
+    """``hixl-keyed``: the tiny pull by ``CacheKey``, which the owner resolves and
+    then releases (LLM-DataDist's usual decode pull) instead of by id.
+
+    Each pull needs a freshly bound key: the target binds them KEYED_BATCH at a
+    time, inside the request that runs out (one request in KEYED_BATCH, so the
+    p50 is the pull's), and frees the pulled caches then.
+    """
+    desc = CacheDesc(1, [1, 64], DataType.DT_UINT8)
+    target_cm = env.target_cm(path)
+    target = env.target_id(path)
+    dst = await env.cm.allocate_cache(desc)
+    bound: list[Cache] = []
+    first_req_id = 1 << 40
+
+    async def refill(index: int) -> None:
+        for cache in bound:
+            await target_cm.deallocate_cache(cache)
+        bound.clear()
+        for req_id in range(first_req_id + index, first_req_id + index + KEYED_BATCH):
+            bound.append(await target_cm.allocate_cache(desc, [CacheKey(target, req_id=req_id)]))
+
+    async def pull(index: int) -> None:
+        if index % KEYED_BATCH == 0:
+            await refill(index)
+        await env.cm.pull_cache(CacheKey(target, req_id=first_req_id + index), dst)
+
+    try:
+        timing = await drive(pull, 1, budget, ping)
+    finally:
+        for cache in bound:
+            await target_cm.deallocate_cache(cache)
+        await env.cm.deallocate_cache(dst)
+    row = Row(PROBE, KEYED, "probe", "pull", path, 64, 1).fill(timing, 64)
+    beside_rtt(row, timing)
+    return row
 
 
 def measured_split(row: Row, measured: list[TransferTiming]) -> None:
