@@ -1,14 +1,18 @@
-"""The client's end of the transfer lane (framing shared with the daemon).
+"""Lanes: unary calls as framed protobuf messages on one plain stream socket.
 
-A gRPC call costs 0.5-1 ms of round trip here, most of a small transfer. The
-lane carries the same request and reply messages of the transfer calls over
-a plain unix stream socket, framed by a 13-byte header (documented at the top
-of ``proto/hixl/v1/client.proto``), and the daemon runs them through the same
+A gRPC call costs 0.45-0.65 ms of round trip here, most of a small
+transfer; a message on a plain socket between two uvloop processes costs
+tens of microseconds. A lane carries the request and reply messages of
+chosen unary methods, framed by a 13-byte header (documented at the top of
+``proto/hixl/v1/client.proto``), and the far side runs them through the same
 handlers as their gRPC twins: validation, errors and status codes are the
-same. Everything else stays on gRPC.
+same. Two lanes exist: the transfer lane from a client to its daemon (a unix
+socket, :data:`CLIENT_METHODS`) and the peer lane between daemons (TCP, the
+per-transfer Peer methods). This module holds the framing and the calling
+end; ``hixl_service.lane_server`` the answering end.
 
 Calls are multiplexed by call id; replies come back in completion order. A
-call that is cancelled or outlives its timeout sends CANCEL, so the daemon
+call that is cancelled or outlives its timeout sends CANCEL, so the far side
 stops its handler as a gRPC deadline would.
 """
 
@@ -20,7 +24,7 @@ from typing import Any, cast
 
 import grpc
 
-from ._proto.hixl.v1 import client_pb2, common_pb2
+from ._proto.hixl.v1 import client_pb2, common_pb2, peer_pb2
 from .status import LLMException, LLMStatusCode
 
 HEADER = struct.Struct("<IIBI")  # body bytes, call id, kind, timeout in ms
@@ -31,7 +35,8 @@ REPLY_OK = 0
 REPLY_ERROR = 1
 
 # Method name -> (kind, request type, reply type). The kinds are wire values.
-METHODS: dict[str, tuple[int, type[Any], type[Any]]] = {
+Methods = dict[str, tuple[int, type[Any], type[Any]]]
+CLIENT_METHODS: Methods = {
     "PullCache": (1, client_pb2.PullCacheRequest, client_pb2.PullCacheReply),
     "PullBlocks": (2, client_pb2.PullCacheRequest, client_pb2.PullCacheReply),
     "PushCache": (3, client_pb2.PushRequest, client_pb2.PushReply),
@@ -40,9 +45,15 @@ METHODS: dict[str, tuple[int, type[Any], type[Any]]] = {
     "CopyBlocks": (6, client_pb2.CopyBlocksRequest, client_pb2.CopyReply),
     "SwapBlocks": (7, client_pb2.SwapBlocksRequest, client_pb2.CopyReply),
 }
-# Bounds the wait for a daemon that stopped answering, beyond the call's own
-# deadline (which the daemon enforces and answers with LLM_TIMEOUT).
-DEADLINE_GRACE_S = 5.0
+# The peer lane: the Peer calls a transfer may make.
+PEER_METHODS: Methods = {
+    "ResolveCache": (1, peer_pb2.ResolveCacheRequest, peer_pb2.ResolveCacheReply),
+    "ReleaseKey": (2, peer_pb2.ReleaseKeyRequest, peer_pb2.ReleaseKeyReply),
+    "HcclPost": (3, peer_pb2.HcclPostRequest, peer_pb2.HcclPostReply),
+}
+# Bounds the wait for a daemon that stopped answering, just beyond the call's
+# own deadline (which the daemon enforces and answers with LLM_TIMEOUT).
+DEADLINE_GRACE_S = 0.5
 _CALL_IDS = 2**32
 
 
@@ -102,10 +113,13 @@ def error_from_call(error: common_pb2.CallError, what: str) -> LLMException:
 
 
 class Lane(asyncio.Protocol):
-    """One session's lane to its daemon; open with :meth:`connect`."""
+    """One lane to a daemon; open with :meth:`connect_unix` or :meth:`connect_tcp`."""
 
-    def __init__(self, what: str) -> None:
+    def __init__(self, methods: Methods, what: str,
+                 lost_status: LLMStatusCode = LLMStatusCode.LLM_FAILED) -> None:
+        self._methods = methods
         self._what = what  # "hixl daemon at ...", for messages
+        self._lost_status = lost_status  # of calls in flight when the connection drops
         self._transport: asyncio.Transport | None = None
         self._reader = FrameReader()
         self._pending: dict[int, asyncio.Future[tuple[int, bytes]]] = {}
@@ -113,19 +127,36 @@ class Lane(asyncio.Protocol):
         self.closed_because: str | None = None
 
     @classmethod
-    async def connect(cls, path: str, session_id: str, what: str, timeout_s: float) -> Lane:
-        """Connect to the daemon's lane socket and bind it to our session."""
+    async def connect_unix(cls, path: str, methods: Methods, what: str, timeout_s: float,
+                           hello: bytes | None = None) -> Lane:
+        """Connect to a lane's unix socket; ``hello`` binds it (the session id)."""
         loop = asyncio.get_running_loop()
-        _, lane = await asyncio.wait_for(loop.create_unix_connection(lambda: cls(what), path),
-                                         timeout_s)
+        _, lane = await asyncio.wait_for(
+            loop.create_unix_connection(lambda: cls(methods, what), path), timeout_s)
+        return await lane._greet(hello, timeout_s)
+
+    @classmethod
+    async def connect_tcp(cls, host: str, port: int, methods: Methods, what: str,
+                          timeout_s: float, hello: bytes | None = None,
+                          lost_status: LLMStatusCode = LLMStatusCode.LLM_FAILED) -> Lane:
+        """Connect to a lane's TCP port (asyncio sets TCP_NODELAY: frames are small)."""
+        loop = asyncio.get_running_loop()
+        _, lane = await asyncio.wait_for(
+            loop.create_connection(lambda: cls(methods, what, lost_status), host, port),
+            timeout_s)
+        return await lane._greet(hello, timeout_s)
+
+    async def _greet(self, hello: bytes | None, timeout_s: float) -> Lane:
+        if hello is None:
+            return self
         try:
-            kind, body = await lane._exchange(KIND_HELLO, session_id.encode(), timeout_s)
+            kind, body = await self._exchange(KIND_HELLO, hello, timeout_s)
             if kind != REPLY_OK:
-                raise error_from_reply(body, what)
+                raise error_from_reply(body, self._what)
         except BaseException:
-            lane.close()
+            self.close()
             raise
-        return lane
+        return self
 
     @property
     def is_open(self) -> bool:
@@ -133,7 +164,7 @@ class Lane(asyncio.Protocol):
 
     async def call(self, method: str, request: Any, timeout_s: float) -> Any:
         """Run one transfer call; failures raise LLMException as over gRPC."""
-        kind, _, reply_type = METHODS[method]
+        kind, _, reply_type = self._methods[method]
         kind, body = await self._exchange(kind, request.SerializeToString(), timeout_s)
         if kind != REPLY_OK:
             raise error_from_reply(body, self._what)
@@ -143,7 +174,7 @@ class Lane(asyncio.Protocol):
         transport = self._transport
         if transport is None or self.closed_because is not None:
             raise LLMException(f"{self._what}: {self.closed_because or 'the lane is closed'}",
-                               status_code=LLMStatusCode.LLM_FAILED)
+                               status_code=self._lost_status)
         call_id = self._next_id
         self._next_id = (call_id + 1) % _CALL_IDS
         loop = asyncio.get_running_loop()
@@ -191,7 +222,7 @@ class Lane(asyncio.Protocol):
         for future in pending.values():
             if not future.done():
                 future.set_exception(LLMException(f"{self._what}: {reason}",
-                                                  status_code=LLMStatusCode.LLM_FAILED))
+                                                  status_code=self._lost_status))
         if self._transport is not None:
             self._transport.close()
 

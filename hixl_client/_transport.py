@@ -19,7 +19,7 @@ import grpc
 import grpc.aio
 
 from ._defaults import transfer_lane_enabled
-from ._lane import MAX_BODY, Lane
+from ._lane import CLIENT_METHODS, MAX_BODY, Lane
 from ._proto.hixl.v1 import client_pb2, client_pb2_grpc
 from .status import STATUS_METADATA_KEY, LLMException, LLMStatusCode
 
@@ -133,8 +133,9 @@ class DaemonConnection:
         # Without the lane every call still works over gRPC, only slower: say
         # so in the log rather than failing the session.
         try:
-            self.lane = await Lane.connect(path, self.session_id, f"hixl daemon at {self.target}",
-                                           ATTACH_TIMEOUT_S)
+            self.lane = await Lane.connect_unix(path, CLIENT_METHODS,
+                                                f"hixl daemon at {self.target}",
+                                                ATTACH_TIMEOUT_S, hello=self.session_id.encode())
         except (OSError, asyncio.TimeoutError, LLMException) as exc:
             logger.warning("hixl daemon at %s: transfer lane %s unavailable, transfers use "
                            "gRPC: %s", self.target, path, exc or type(exc).__name__)

@@ -1,10 +1,10 @@
 """Running the servicers' unary handlers for calls that arrive another way.
 
-The transfer lane (``lane_server``) and the Peer.Calls stream carry many
-calls over one connection or stream, and run each through the same handler
-as its unary gRPC twin, so that results, errors and LLMStatusCodes are the
-same on every path. Those handlers (wrapped by ``rpc_errors.handles_errors``)
-ask two things of their context: the invocation metadata, and abort.
+The lanes (``lane_server``) carry many calls over one connection, and run
+each through the same handler as its unary gRPC twin, so that results,
+errors and LLMStatusCodes are the same on every path. Those handlers
+(wrapped by ``rpc_errors.handles_errors``) ask two things of their context:
+the invocation metadata, and abort.
 :class:`CallContext` provides both; its abort raises :class:`CallAborted`,
 which the carrier turns into a ``CallError`` message.
 """
@@ -31,11 +31,6 @@ class CallAborted(Exception):
         super().__init__(details)
         self.error = call_error(code, next((int(v) for k, v in trailing_metadata
                                             if k == STATUS_METADATA_KEY), 0), details)
-
-    @classmethod
-    def invalid(cls, message: str) -> CallAborted:
-        return cls(grpc.StatusCode.INVALID_ARGUMENT, message,
-                   ((STATUS_METADATA_KEY, str(int(LLMStatusCode.LLM_PARAM_INVALID))),))
 
 
 class CallContext:

@@ -143,6 +143,15 @@ class ServerConfig(_Section):
         description="Offer the transfer lane: a unix socket next to the client socket on which "
         "clients send transfer calls without gRPC's per-call cost (see README).",
     )
+    peer_lane: bool = Field(
+        default=True,
+        description="Offer the peer lane: a TCP listener on peer_host that carries the peer "
+        "calls a transfer makes (resolve, release, HCCL posts) without gRPC's per-call cost.",
+    )
+    peer_lane_port: Port = Field(
+        default=0, description="TCP port of the peer lane; 0 = ephemeral (announced to peers "
+        "at link time, like data_port)."
+    )
     ready_file: Path | None = Field(
         default=None,
         description="If set, a JSON readiness record is written here (atomically) once the "

@@ -95,6 +95,7 @@ class EngineDeps:
     started: float = field(default_factory=time.monotonic)
     backend: str = "host"  # pool.backend: "host" or "hccl"
     ascend: AscendBackend | None = None  # set with the hccl backend
+    peer_lane_port: int = 0  # set once the peer lane listens; 0: no peer lane
 
 
 @dataclass(frozen=True)
@@ -392,7 +393,8 @@ class Engine:
         logger.info("cluster %d of daemon %s linked to cluster %d", src_cluster_id,
                     src_daemon_id, dst_cluster_id)
         return PeerHello(self.daemon_id, self.deps.version, self.deps.data_host,
-                         self.deps.data_server.port, token, self.deps.backend)
+                         self.deps.data_server.port, token, self.deps.backend,
+                         self.deps.peer_lane_port)
 
     def drop_inbound_link(self, token: int) -> None:
         if token not in self.inbound:

@@ -1,14 +1,19 @@
-"""The daemon's end of the transfer lane.
+"""The answering end of a lane (framing and calling end: ``hixl_client._lane``).
 
-The lane (framing in ``hixl_client._lane`` and ``proto/hixl/v1/client.proto``)
-carries the transfer calls without gRPC's per-call cost. Each call runs
-through the ClientServicer's own handler (see ``call_context``), so a call
-gives the same result, error and LLMStatusCode on either path, and the lane
-adds no rules of its own beyond framing and the deadline.
+A lane carries unary calls without gRPC's per-call cost. Each call runs
+through the servicer's own handler (see ``call_context``), so it gives the
+same result, error and LLMStatusCode as its gRPC twin; the lane adds no rules
+of its own beyond framing and the deadline. Two lanes exist:
 
-A connection is bound to one session by its first frame (HELLO). Each call
-runs in its own task, so calls of one client overlap as on gRPC; a CANCEL
-frame, the call's deadline or the client going away cancel its handler, as
+* the transfer lane: a unix socket next to the client socket; a connection
+  is bound to one client session by its first frame (HELLO with the session
+  id), and the session's lane use is counted for the admin status;
+* the peer lane: a TCP port next to the peer port, for the Peer calls a
+  transfer makes; its calls name their link by token, as over gRPC, so a
+  connection needs no HELLO.
+
+Each call runs in its own task, so calls of one connection overlap; a CANCEL
+frame, the call's deadline or the connection closing cancel its handler, as
 gRPC cancels a handler whose call ended.
 """
 
@@ -24,13 +29,15 @@ from typing import Any, cast
 import grpc
 
 from hixl_client._lane import (
+    CLIENT_METHODS,
     HEADER,
     KIND_CANCEL,
     KIND_HELLO,
-    METHODS,
+    PEER_METHODS,
     REPLY_ERROR,
     REPLY_OK,
     FrameReader,
+    Methods,
 )
 from hixl_client._transport import SESSION_METADATA_KEY
 from hixl_client.status import LLMException, LLMStatusCode
@@ -38,22 +45,48 @@ from hixl_client.status import LLMException, LLMStatusCode
 from .call_context import CallAborted, CallContext, Context, call_error, deadline_error
 from .engine import Engine, Session
 from .interceptors import new_request_id, request_id
-from .servicer_client import ClientServicer
 
 logger = logging.getLogger(__name__)
 
 Handler = Callable[[Any, Context], Awaitable[Any]]
 
 
+class Binding:
+    """What a connection's calls run as: their context, and accounting hooks."""
+
+    def __init__(self, context: Context) -> None:
+        self.context = context
+
+    def called(self) -> None:
+        """A call was accepted."""
+
+    def released(self) -> None:
+        """The connection closed or was bound again."""
+
+
+class SessionBinding(Binding):
+    """A transfer lane bound to a client session (counted in the admin status)."""
+
+    def __init__(self, session: Session) -> None:
+        super().__init__(CallContext(((SESSION_METADATA_KEY, session.session_id),)).as_context())
+        self._session = session
+        session.lane_connections += 1
+
+    def called(self) -> None:
+        self._session.lane_calls += 1
+
+    def released(self) -> None:
+        self._session.lane_connections -= 1
+
+
 class _Connection(asyncio.Protocol):
-    """One client's lane: frames in, handler tasks, replies out."""
+    """One connection of a lane: frames in, handler tasks, replies out."""
 
     def __init__(self, server: LaneServer) -> None:
         self._server = server
         self._transport: asyncio.Transport | None = None
         self._reader = FrameReader()
-        self._context: Context | None = None
-        self._session: Session | None = None
+        self._binding = server.default_binding()
         self._calls: dict[int, asyncio.Task[None]] = {}
         self._timed_out: set[int] = set()
 
@@ -65,8 +98,9 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
         self._server.connections.discard(self)
-        if self._session is not None:
-            self._session.lane_connections -= 1
+        if self._binding is not None:
+            self._binding.released()
+            self._binding = None
         for task in self._calls.values():
             task.cancel()  # nobody is left to answer, as gRPC cancels a dropped call
 
@@ -82,7 +116,7 @@ class _Connection(asyncio.Protocol):
         try:
             frames = self._reader.feed(data)
         except ValueError as exc:
-            logger.warning("closing a transfer lane: %s", exc)
+            logger.warning("closing a %s connection: %s", self._server.name, exc)
             self.close()
             return
         for call_id, kind, timeout_ms, body in frames:
@@ -106,7 +140,8 @@ class _Connection(asyncio.Protocol):
         if kind == KIND_HELLO:
             self._hello(call_id, body)
             return
-        if self._context is None or self._session is None:
+        binding = self._binding
+        if binding is None:
             self._refuse(call_id, LLMStatusCode.LLM_FAILED,
                          "the lane carries no session; send HELLO first",
                          grpc.StatusCode.FAILED_PRECONDITION)
@@ -126,9 +161,9 @@ class _Connection(asyncio.Protocol):
         except Exception as exc:
             self._refuse(call_id, LLMStatusCode.LLM_PARAM_INVALID, f"invalid request: {exc}")
             return
-        self._session.lane_calls += 1
+        binding.called()
         loop = asyncio.get_running_loop()
-        task = loop.create_task(self._run(call_id, handler, request, self._context))
+        task = loop.create_task(self._run(call_id, handler, request, binding.context))
         self._calls[call_id] = task
         if timeout_ms:
             deadline = loop.call_later(timeout_ms / 1000.0, self._expire, call_id, task)
@@ -136,17 +171,13 @@ class _Connection(asyncio.Protocol):
 
     def _hello(self, call_id: int, body: bytes) -> None:
         try:
-            session_id = body.decode()
-            session = self._server.engine.session(session_id)
-        except (UnicodeDecodeError, LLMException) as exc:
-            self._refuse(call_id, LLMStatusCode.LLM_FAILED, f"no such session: {exc}",
-                         grpc.StatusCode.FAILED_PRECONDITION)
+            binding = self._server.bind(body)
+        except LLMException as exc:
+            self._refuse(call_id, exc.status_code, str(exc), grpc.StatusCode.FAILED_PRECONDITION)
             return
-        if self._session is not None:
-            self._session.lane_connections -= 1
-        self._session = session
-        session.lane_connections += 1
-        self._context = CallContext(((SESSION_METADATA_KEY, session_id),)).as_context()
+        if self._binding is not None:
+            self._binding.released()
+        self._binding = binding
         self._reply(call_id, REPLY_OK, b"")
 
     def _expire(self, call_id: int, task: asyncio.Task[None]) -> None:
@@ -162,7 +193,7 @@ class _Connection(asyncio.Protocol):
         except CallAborted as exc:
             self._reply(call_id, REPLY_ERROR, exc.error.SerializeToString())
         except asyncio.CancelledError:
-            if call_id in self._timed_out:  # our deadline, not the client's cancel
+            if call_id in self._timed_out:  # our deadline, not the caller's cancel
                 self._reply(call_id, REPLY_ERROR, deadline_error().SerializeToString())
                 return
             raise
@@ -174,24 +205,63 @@ class _Connection(asyncio.Protocol):
 
 
 class LaneServer:
-    """The lane's unix socket, next to the client socket."""
+    """A lane's listener and its connections; build with for_clients or for_peers."""
 
-    def __init__(self, path: Path, engine: Engine, servicer: ClientServicer) -> None:
-        self.path = path
-        self.engine = engine
+    def __init__(self, name: str, methods: Methods, servicer: object,
+                 bind: Callable[[bytes], Binding] | None) -> None:
+        self.name = name
         # kind -> (request type, the servicer's bound handler)
         self.handlers: dict[int, tuple[type[Any], Handler]] = {
-            kind: (request_type, getattr(servicer, name))
-            for name, (kind, request_type, _) in METHODS.items()}
+            kind: (request_type, getattr(servicer, method))
+            for method, (kind, request_type, _) in methods.items()}
+        self._bind = bind
         self.connections: set[_Connection] = set()
         self._server: asyncio.AbstractServer | None = None
+        self._path: Path | None = None
 
-    async def start(self) -> None:
-        self.path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
-        self.path.unlink(missing_ok=True)
+    @classmethod
+    def for_clients(cls, engine: Engine, servicer: object) -> LaneServer:
+        """The transfer lane: ClientServicer handlers, connections bound to a session."""
+
+        def bind(body: bytes) -> Binding:
+            try:
+                session_id = body.decode()
+            except UnicodeDecodeError:
+                session_id = ""
+            try:
+                return SessionBinding(engine.session(session_id))
+            except LLMException as exc:
+                raise LLMException(f"no such session: {exc}",
+                                   status_code=LLMStatusCode.LLM_FAILED) from None
+
+        return cls("transfer lane", CLIENT_METHODS, servicer, bind)
+
+    @classmethod
+    def for_peers(cls, servicer: object) -> LaneServer:
+        """The peer lane: PeerServicer handlers, no binding (calls carry link tokens)."""
+        return cls("peer lane", PEER_METHODS, servicer, None)
+
+    def default_binding(self) -> Binding | None:
+        """A new connection's binding: none until HELLO, where the lane binds."""
+        return None if self._bind is not None else Binding(CallContext().as_context())
+
+    def bind(self, hello: bytes) -> Binding:
+        if self._bind is None:
+            return Binding(CallContext().as_context())
+        return self._bind(hello)
+
+    async def start_unix(self, path: Path) -> None:
+        _replace_socket(path)
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_unix_server(lambda: _Connection(self), str(self.path))
-        os.chmod(self.path, 0o660)
+        self._server = await loop.create_unix_server(lambda: _Connection(self), str(path))
+        os.chmod(path, 0o660)
+        self._path = path
+
+    async def start_tcp(self, host: str, port: int) -> int:
+        """Listen on ``host:port`` (0: an ephemeral port); returns the port."""
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _Connection(self), host, port)
+        return int(self._server.sockets[0].getsockname()[1])
 
     async def stop(self, grace_s: float) -> None:
         """Refuse new connections, let calls in flight finish within ``grace_s``, then end."""
@@ -208,4 +278,14 @@ class LaneServer:
         if self._server is not None:
             await self._server.wait_closed()
             self._server = None
-        self.path.unlink(missing_ok=True)
+        if self._path is not None:
+            _remove_socket(self._path)
+
+
+def _replace_socket(path: Path) -> None:
+    path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+
+
+def _remove_socket(path: Path) -> None:
+    path.unlink(missing_ok=True)

@@ -72,6 +72,7 @@ class PeerHello:
     data_port: int
     token: int
     backend: str = "host"
+    lane_port: int = 0  # the peer lane's TCP port on data_host; 0: none
 
 
 class PeerApi(Protocol):

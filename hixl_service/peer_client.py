@@ -1,25 +1,26 @@
 """PeerApi over the Peer gRPC service: how this daemon calls another one.
 
 The calls made for each transfer (resolve a cache, release a pulled key,
-post an HCCL batch) travel on one long-lived ``Peer.Calls`` stream per peer
-daemon, where a message costs a fraction of a unary call (about 0.1 ms
-against 0.45-0.65 ms here); the rest are unary calls.
+post an HCCL batch) go over the peer's lane when its Hello announced one (a
+framed TCP connection, ``hixl_client._lane``: tens of microseconds a call
+against 0.45-0.65 ms for a unary gRPC call here); the rest, and every call
+to a daemon without a lane, are unary gRPC calls.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 import grpc
 import grpc.aio
 
-from hixl_client._lane import error_from_call
+from hixl_client._lane import PEER_METHODS, Lane
 from hixl_client._proto.hixl.v1 import common_pb2, peer_pb2, peer_pb2_grpc
 from hixl_client._transport import error_from_rpc
-from hixl_client.status import LLMException, LLMStatusCode
+from hixl_client.status import LLMStatusCode
 
 from .interceptors import REQUEST_ID_METADATA_KEY, request_id
 from .peer_api import (
@@ -32,6 +33,11 @@ from .peer_api import (
     ResolvedCache,
 )
 from .registry import KeySpec
+
+logger = logging.getLogger(__name__)
+
+# Opening the peer lane is bounded on its own: failing it only means gRPC.
+LANE_CONNECT_TIMEOUT_S = 3.0
 
 
 def key_to_proto(cluster_id: int, key: KeySpec) -> common_pb2.CacheKey:
@@ -63,76 +69,6 @@ def ref_from_proto(ref: common_pb2.CacheRef) -> CacheRefSpec | None:
     return None
 
 
-class _CallStream:
-    """One open Peer.Calls stream: calls out, results matched back by call id."""
-
-    def __init__(self, stub: peer_pb2_grpc.PeerStub, what: str) -> None:
-        self._what = what
-        self._call = stub.Calls()
-        self._pending: dict[int, asyncio.Future[peer_pb2.PeerCallResult]] = {}
-        self._ids = itertools.count(1)
-        self._written = asyncio.Lock()  # grpc.aio allows one write at a time
-        self.broken = False
-        self._reader = asyncio.get_running_loop().create_task(self._read())
-
-    async def call(self, kind: str, request: Any, timeout_s: float) -> Any:
-        call_id = next(self._ids)
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[peer_pb2.PeerCallResult] = loop.create_future()
-        self._pending[call_id] = future
-        current = request_id.get()
-        message = peer_pb2.PeerCall(call_id=call_id, timeout_ms=max(1, int(timeout_s * 1000)),
-                                    request_id="" if current == "-" else current,
-                                    **{kind: request})
-        guard = loop.call_later(timeout_s, _expire, future, self._what)
-        try:
-            async with self._written:
-                await self._call.write(message)
-            result = await future
-        except grpc.aio.AioRpcError as err:  # the write failed: the stream is gone
-            self.broken = True
-            raise error_from_rpc(err, self._what,
-                                 unavailable=LLMStatusCode.LLM_LINK_FAILED) from None
-        finally:
-            guard.cancel()
-            self._pending.pop(call_id, None)
-        if result.WhichOneof("result") == "error":
-            raise error_from_call(result.error, self._what)
-        return getattr(result, kind)
-
-    async def _read(self) -> None:
-        failure = LLMException(f"{self._what}: the call stream ended",
-                               status_code=LLMStatusCode.LLM_LINK_FAILED)
-        try:
-            async for result in self._call:
-                future = self._pending.pop(result.call_id, None)
-                if future is not None and not future.done():
-                    future.set_result(result)
-        except grpc.aio.AioRpcError as err:
-            failure = error_from_rpc(err, self._what, unavailable=LLMStatusCode.LLM_LINK_FAILED)
-        finally:
-            self.broken = True
-            for future in self._pending.values():
-                if not future.done():
-                    future.set_exception(failure)
-            self._pending.clear()
-
-    async def close(self) -> None:
-        self.broken = True
-        self._call.cancel()
-        self._reader.cancel()
-        try:
-            await self._reader
-        except asyncio.CancelledError:
-            pass
-
-
-def _expire(future: asyncio.Future[Any], what: str) -> None:
-    if not future.done():
-        future.set_exception(LLMException(f"{what}: DEADLINE_EXCEEDED: no answer in time",
-                                          status_code=LLMStatusCode.LLM_TIMEOUT))
-
-
 class PeerClient:
     """Calls the Peer service of one remote daemon over a cached channel."""
 
@@ -141,15 +77,36 @@ class PeerClient:
         self._version = version
         self._channel = grpc.aio.insecure_channel(address)
         self._stub = peer_pb2_grpc.PeerStub(self._channel)
-        self._stream: _CallStream | None = None
+        self._lane_address: tuple[str, int] | None = None  # from the peer's Hello
+        self._lane: Lane | None = None
+        self._lane_opening = asyncio.Lock()
 
-    async def _streamed(self, kind: str, request: Any, timeout_s: float) -> Any:
-        """One call on the Calls stream, opened again after it broke."""
-        if self._stream is None or self._stream.broken:
-            if self._stream is not None:
-                await self._stream.close()
-            self._stream = _CallStream(self._stub, f"peer daemon at {self.address}")
-        return await self._stream.call(kind, request, timeout_s)
+    async def _laned(self, method: str, request: Any, timeout_s: float) -> Any:
+        """Call ``method`` on the peer lane when there is one, else over gRPC."""
+        lane = await self._open_lane()
+        if lane is None:
+            return await self._call(getattr(self._stub, method), request, timeout_s)
+        return await lane.call(method, request, timeout_s)
+
+    async def _open_lane(self) -> Lane | None:
+        """The open lane, connecting (again) when needed; None: use gRPC."""
+        if self._lane is not None and self._lane.is_open:
+            return self._lane
+        if self._lane_address is None:
+            return None
+        async with self._lane_opening:
+            if self._lane is not None and self._lane.is_open:
+                return self._lane
+            host, port = self._lane_address
+            try:
+                self._lane = await Lane.connect_tcp(
+                    host, port, PEER_METHODS, f"peer daemon at {self.address}",
+                    LANE_CONNECT_TIMEOUT_S, lost_status=LLMStatusCode.LLM_LINK_FAILED)
+            except (OSError, asyncio.TimeoutError) as exc:
+                logger.warning("peer lane %s:%d of %s unavailable, using gRPC: %s", host, port,
+                               self.address, exc or type(exc).__name__)
+                return None
+            return self._lane
 
     async def _call(self, method: Any, request: Any, timeout_s: float) -> Any:
         """One call to the peer, carrying this request's id so both daemons log it."""
@@ -167,12 +124,14 @@ class PeerClient:
                                         version=self._version, src_cluster_id=src_cluster_id,
                                         dst_cluster_id=dst_cluster_id, backend=backend)
         reply = await self._call(self._stub.Hello, request, timeout_s)
+        if reply.lane_port:
+            self._lane_address = (reply.data_host, reply.lane_port)
         return PeerHello(reply.daemon_id, reply.version, reply.data_host, reply.data_port,
-                         reply.link_token, reply.backend or "host")
+                         reply.link_token, reply.backend or "host", reply.lane_port)
 
     async def resolve(self, token: int, ref: CacheRefSpec, timeout_s: float) -> ResolvedCache:
         request = peer_pb2.ResolveCacheRequest(link_token=token, ref=ref_to_proto(ref))
-        reply = await self._streamed("resolve_cache", request, timeout_s)
+        reply = await self._laned("ResolveCache", request, timeout_s)
         return ResolvedCache(reply.cache_id, reply.region_id, tuple(reply.tensor_offsets),
                              reply.tensor_size, reply.batch_size, reply.batch_index, reply.blocks,
                              reply.writable)
@@ -182,7 +141,7 @@ class PeerClient:
         # The owner ignores the key's cluster id; it is the linked cluster anyway.
         request = peer_pb2.ReleaseKeyRequest(link_token=token, key=key_to_proto(0, key),
                                              tensor_indices=list(tensor_indices))
-        await self._streamed("release_key", request, timeout_s)
+        await self._laned("ReleaseKey", request, timeout_s)
 
     async def unlink(self, token: int, timeout_s: float) -> None:
         await self._call(self._stub.Unlink, peer_pb2.UnlinkRequest(link_token=token), timeout_s)
@@ -202,10 +161,10 @@ class PeerClient:
                         timeout_ms: int, timeout_s: float) -> None:
         request = peer_pb2.HcclPostRequest(link_token=token, send=send, region_id=region_id,
                                            ranges=ranges, timeout_ms=timeout_ms)
-        await self._streamed("hccl_post", request, timeout_s)
+        await self._laned("HcclPost", request, timeout_s)
 
     async def close(self) -> None:
-        if self._stream is not None:
-            await self._stream.close()
-            self._stream = None
+        if self._lane is not None:
+            self._lane.close()
+            self._lane = None
         await self._channel.close()

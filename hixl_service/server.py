@@ -140,6 +140,11 @@ class Daemon:
         peer_address = f"{self.advertise_host}:{peer_port}"
         peer_servicer = PeerServicer(engine)
         peer_pb2_grpc.add_PeerServicer_to_server(peer_servicer, generic_only(peer_server))
+        peer_lane: LaneServer | None = None
+        if cfg.server.peer_lane:
+            peer_lane = LaneServer.for_peers(peer_servicer)
+            engine.deps.peer_lane_port = await peer_lane.start_tcp(cfg.server.peer_host,
+                                                                   cfg.server.peer_lane_port)
         _add_common(peer_server, engine, health_servicer, SERVICE_NAMES["peer"],
                     cfg.pool.backend, peer_address)
 
@@ -147,9 +152,10 @@ class Daemon:
                                         maximum_concurrent_rpcs=cfg.server.max_concurrent_rpcs)
         lane_socket = str(self.lane_path) if cfg.server.transfer_lane else ""
         client_servicer = ClientServicer(engine, __version__, str(self.fd_path), lane_socket)
-        lane_server = LaneServer(self.lane_path, engine, client_servicer) if lane_socket else None
-        if lane_server is not None:
-            await lane_server.start()
+        lane_server: LaneServer | None = None
+        if lane_socket:
+            lane_server = LaneServer.for_clients(engine, client_servicer)
+            await lane_server.start_unix(self.lane_path)
         client_pb2_grpc.add_ClientServicer_to_server(client_servicer, generic_only(client_server))
         _add_common(client_server, engine, health_servicer, SERVICE_NAMES["client"],
                     cfg.pool.backend, peer_address)
@@ -186,10 +192,9 @@ class Daemon:
         _systemd.notify("STOPPING=1")
         await health_servicer.enter_graceful_shutdown()
         client_servicer.stop_sessions()
-        peer_servicer.stop_streams()
         grace = cfg.server.grace_period_s
-        await asyncio.gather(client_server.stop(grace), peer_server.stop(grace),
-                             *([lane_server.stop(grace)] if lane_server is not None else []))
+        lanes = [lane.stop(grace) for lane in (lane_server, peer_lane) if lane is not None]
+        await asyncio.gather(client_server.stop(grace), peer_server.stop(grace), *lanes)
         await client_servicer.wait_cleanups()
         await engine.close()
         await fd_server.close()

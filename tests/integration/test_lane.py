@@ -9,7 +9,6 @@ closed lane for a broken stream, and a daemon that keeps serving.
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from collections.abc import Callable
 
@@ -26,12 +25,13 @@ from hixl_client import (
     LLMRole,
     LLMStatusCode,
 )
-from hixl_client._lane import HEADER, KIND_CANCEL, KIND_HELLO, METHODS, REPLY_ERROR, REPLY_OK
+from hixl_client._lane import CLIENT_METHODS, HEADER, KIND_CANCEL, KIND_HELLO, REPLY_OK
 from hixl_client._manager_base import ref_to_proto
-from hixl_client._proto.hixl.v1 import client_pb2, common_pb2
+from hixl_client._proto.hixl.v1 import client_pb2
 from hixl_service.testing import DaemonProcess, start_daemon
 
 from .conftest import Pair, daemon_status, make_pair, options
+from .raw_lane import RawLane
 
 pytestmark = pytest.mark.asyncio
 
@@ -128,43 +128,9 @@ async def test_errors_match_grpc(pair: Pair, decode_daemon: DaemonProcess,
         await plain.finalize()
 
 
-class RawLane:
-    """The lane's framing over a blocking socket, for what the library never sends."""
-
-    def __init__(self, path: str) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(10.0)
-        self.sock.connect(path)
-
-    def send(self, call_id: int, kind: int, body: bytes = b"", timeout_ms: int = 0) -> None:
-        self.sock.sendall(HEADER.pack(len(body), call_id, kind, timeout_ms) + body)
-
-    def receive(self) -> tuple[int, int, bytes]:
-        header = self._exactly(HEADER.size)
-        size, call_id, kind, _ = HEADER.unpack(header)
-        return call_id, kind, self._exactly(size)
-
-    def error(self) -> tuple[int, common_pb2.CallError]:
-        call_id, kind, body = self.receive()
-        assert kind == REPLY_ERROR
-        return call_id, common_pb2.CallError.FromString(body)
-
-    def _exactly(self, size: int) -> bytes:
-        data = b""
-        while len(data) < size:
-            chunk = self.sock.recv(size - len(data))
-            if not chunk:
-                raise ConnectionError("the daemon closed the lane")
-            data += chunk
-        return data
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 def _raw(llm: LLMDataDist) -> RawLane:
     assert llm._connection is not None and llm._connection.lane_socket
-    return RawLane(llm._connection.lane_socket)
+    return RawLane.unix(llm._connection.lane_socket)
 
 
 def _session(llm: LLMDataDist) -> bytes:
@@ -173,7 +139,7 @@ def _session(llm: LLMDataDist) -> bytes:
 
 
 async def test_raw_lane_refuses_bad_frames_and_keeps_serving(pair: Pair) -> None:
-    pull_kind = METHODS["PullCache"][0]
+    pull_kind = CLIENT_METHODS["PullCache"][0]
     lane = await asyncio.to_thread(_raw, pair.decoder)
     try:
         lane.send(1, pull_kind, client_pb2.PullCacheRequest().SerializeToString())
@@ -218,7 +184,7 @@ async def test_lane_deadline_and_cancel(next_cluster_id: Callable[[], int]) -> N
         request = client_pb2.PullCacheRequest(
             src=ref_to_proto(CacheKeyByIdAndIndex(pair.prompt.cluster_id, src.cache_id, 0)),
             dst_cache_id=dst.cache_id, size=-1, tensor_num_per_layer=2).SerializeToString()
-        pull_kind = METHODS["PullCache"][0]
+        pull_kind = CLIENT_METHODS["PullCache"][0]
         lane = await asyncio.to_thread(_raw, pair.decoder)
         try:
             lane.send(1, KIND_HELLO, _session(pair.decoder))

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from hixl_client._proto.hixl.v1 import common_pb2 as hixl_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12hixl/v1/peer.proto\x12\x07hixl.v1\x1a\x14hixl/v1/common.proto\"\x8d\x01\n\x0cHelloRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x11\n\tdaemon_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x16\n\x0esrc_cluster_id\x18\x04 \x01(\x04\x12\x16\n\x0e\x64st_cluster_id\x18\x05 \x01(\x04\x12\x0f\n\x07\x62\x61\x63kend\x18\x06 \x01(\t\"\x95\x01\n\nHelloReply\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x11\n\tdaemon_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x11\n\tdata_host\x18\x04 \x01(\t\x12\x11\n\tdata_port\x18\x05 \x01(\r\x12\x12\n\nlink_token\x18\x06 \x01(\x06\x12\x0f\n\x07\x62\x61\x63kend\x18\x07 \x01(\t\"I\n\x13ResolveCacheRequest\x12\x12\n\nlink_token\x18\x01 \x01(\x06\x12\x1e\n\x03ref\x18\x02 \x01(\x0b\x32\x11.hixl.v1.CacheRef\"\xc0\x01\n\x11ResolveCacheReply\x12\x10\n\x08\x63\x61\x63he_id\x18\x01 \x01(\x03\x12\x11\n\tregion_id\x18\x02 \x01(\x04\x12\x16\n\x0etensor_offsets\x18\x03 \x03(\x04\x12\x13\n\x0btensor_size\x18\x04 \x01(\x04\x12\x0e\n\x06stride\x18\x05 \x01(\x04\x12\x12\n\nbatch_size\x18\x06 \x01(\r\x12\x13\n\x0b\x62\x61tch_index\x18\x07 \x01(\r\x12\x0e\n\x06\x62locks\x18\x08 \x01(\x08\x12\x10\n\x08writable\x18\t \x01(\x08\"_\n\x11ReleaseKeyRequest\x12\x12\n\nlink_token\x18\x01 \x01(\x06\x12\x1e\n\x03key\x18\x02 \x01(\x0b\x32\x11.hixl.v1.CacheKey\x12\x16\n\x0etensor_indices\x18\x03 \x03(\r\"\x11\n\x0fReleaseKeyReply\"#\n\rUnlinkRequest\x12\x12\n\nlink_token\x18\x01 \x01(\x06\"\r\n\x0bUnlinkReply\"P\n\x17ResolveAddressesRequest\x12\x12\n\nlink_token\x18\x01 \x01(\x06\x12\x11\n\taddresses\x18\x02 \x03(\x04\x12\x0e\n\x06length\x18\x03 \x01(\x04\"N\n\x15ResolveAddressesReply\x12\x12\n\nregion_ids\x18\x01 \x03(\x04\x12\x0f\n\x07offsets\x18\x02 \x03(\x04\x12\x10\n\x08writable\x18\x03 \x03(\x08\";\n\x12HcclConnectRequest\x12\x12\n\nlink_token\x18\x01 \x01(\x06\x12\x11\n\troot_info\x18\x02 \x01(\x0c\"\x12\n\x10HcclConnectReply\"j\n\x0fHcclPostRequest\x12\x12\n\nlink_token\x18\x01 \x01(\x06\x12\x0c\n\x04send\x18\x02 \x01(\x08\x12\x11\n\tregion_id\x18\x03 \x01(\x04\x12\x0e\n\x06ranges\x18\x04 \x01(\x0c\x12\x12\n\ntimeout_ms\x18\x05 \x01(\r\"\x0f\n\rHcclPostReply\"\xe4\x01\n\x08PeerCall\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12\x12\n\ntimeout_ms\x18\x02 \x01(\r\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x35\n\rresolve_cache\x18\x04 \x01(\x0b\x32\x1c.hixl.v1.ResolveCacheRequestH\x00\x12\x31\n\x0brelease_key\x18\x05 \x01(\x0b\x32\x1a.hixl.v1.ReleaseKeyRequestH\x00\x12-\n\thccl_post\x18\x06 \x01(\x0b\x32\x18.hixl.v1.HcclPostRequestH\x00\x42\x06\n\x04\x63\x61ll\"\xe3\x01\n\x0ePeerCallResult\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12\x33\n\rresolve_cache\x18\x02 \x01(\x0b\x32\x1a.hixl.v1.ResolveCacheReplyH\x00\x12/\n\x0brelease_key\x18\x03 \x01(\x0b\x32\x18.hixl.v1.ReleaseKeyReplyH\x00\x12+\n\thccl_post\x18\x04 \x01(\x0b\x32\x16.hixl.v1.HcclPostReplyH\x00\x12#\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x12.hixl.v1.CallErrorH\x00\x42\x08\n\x06result2\x95\x04\n\x04Peer\x12\x33\n\x05Hello\x12\x15.hixl.v1.HelloRequest\x1a\x13.hixl.v1.HelloReply\x12\x37\n\x05\x43\x61lls\x12\x11.hixl.v1.PeerCall\x1a\x17.hixl.v1.PeerCallResult(\x01\x30\x01\x12H\n\x0cResolveCache\x12\x1c.hixl.v1.ResolveCacheRequest\x1a\x1a.hixl.v1.ResolveCacheReply\x12\x42\n\nReleaseKey\x12\x1a.hixl.v1.ReleaseKeyRequest\x1a\x18.hixl.v1.ReleaseKeyReply\x12\x36\n\x06Unlink\x12\x16.hixl.v1.UnlinkRequest\x1a\x14.hixl.v1.UnlinkReply\x12T\n\x10ResolveAddresses\x12 .hixl.v1.ResolveAddressesRequest\x1a\x1e.hixl.v1.ResolveAddressesReply\x12\x45\n\x0bHcclConnect\x12\x1b.hixl.v1.HcclConnectRequest\x1a\x19.hixl.v1.HcclConnectReply\x12<\n\x08HcclPost\x12\x18.hixl.v1.HcclPostRequest\x1a\x16.hixl.v1.HcclPostReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12hixl/v1/peer.proto\x12\x07hixl.v1\x1a\x14hixl/v1/common.proto\"\x8d\x01\n\x0cHelloRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x11\n\tdaemon_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x16\n\x0esrc_cluster_id\x18\x04 \x01(\x04\x12\x16\n\x0e\x64st_cluster_id\x18\x05 \x01(\x04\x12\x0f\n\x07\x62\x61\x63kend\x18\x06 \x01(\t\"\xa8\x01\n\nHelloReply\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x11\n\tdaemon_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x11\n\tdata_host\x18\x04 \x01(\t\x12\x11\n\tdata_port\x18\x05 \x01(\r\x12\x12\n\nlink_token\x18\x06 \x01(\x06\x12\x0f\n\x07\x62\x61\x63kend\x18\x07 \x01(\t\x12\x11\n\tlane_port\x18\x08 \x01(\r\"I\n\x13ResolveCacheRequest\x12\x12\n\nlink_token\x18\x01 \x01(\x06\x12\x1e\n\x03ref\x18\x02 \x01(\x0b\x32\x11.hixl.v1.CacheRef\"\xc0\x01\n\x11ResolveCacheReply\x12\x10\n\x08\x63\x61\x63he_id\x18\x01 \x01(\x03\x12\x11\n\tregion_id\x18\x02 \x01(\x04\x12\x16\n\x0etensor_offsets\x18\x03 \x03(\x04\x12\x13\n\x0btensor_size\x18\x04 \x01(\x04\x12\x0e\n\x06stride\x18\x05 \x01(\x04\x12\x12\n\nbatch_size\x18\x06 \x01(\r\x12\x13\n\x0b\x62\x61tch_index\x18\x07 \x01(\r\x12\x0e\n\x06\x62locks\x18\x08 \x01(\x08\x12\x10\n\x08writable\x18\t \x01(\x08\"_\n\x11ReleaseKeyRequest\x12\x12\n\nlink_token\x18\x01 \x01(\x06\x12\x1e\n\x03key\x18\x02 \x01(\x0b\x32\x11.hixl.v1.CacheKey\x12\x16\n\x0etensor_indices\x18\x03 \x03(\r\"\x11\n\x0fReleaseKeyReply\"#\n\rUnlinkRequest\x12\x12\n\nlink_token\x18\x01 \x01(\x06\"\r\n\x0bUnlinkReply\"P\n\x17ResolveAddressesRequest\x12\x12\n\nlink_token\x18\x01 \x01(\x06\x12\x11\n\taddresses\x18\x02 \x03(\x04\x12\x0e\n\x06length\x18\x03 \x01(\x04\"N\n\x15ResolveAddressesReply\x12\x12\n\nregion_ids\x18\x01 \x03(\x04\x12\x0f\n\x07offsets\x18\x02 \x03(\x04\x12\x10\n\x08writable\x18\x03 \x03(\x08\";\n\x12HcclConnectRequest\x12\x12\n\nlink_token\x18\x01 \x01(\x06\x12\x11\n\troot_info\x18\x02 \x01(\x0c\"\x12\n\x10HcclConnectReply\"j\n\x0fHcclPostRequest\x12\x12\n\nlink_token\x18\x01 \x01(\x06\x12\x0c\n\x04send\x18\x02 \x01(\x08\x12\x11\n\tregion_id\x18\x03 \x01(\x04\x12\x0e\n\x06ranges\x18\x04 \x01(\x0c\x12\x12\n\ntimeout_ms\x18\x05 \x01(\r\"\x0f\n\rHcclPostReply2\xdc\x03\n\x04Peer\x12\x33\n\x05Hello\x12\x15.hixl.v1.HelloRequest\x1a\x13.hixl.v1.HelloReply\x12H\n\x0cResolveCache\x12\x1c.hixl.v1.ResolveCacheRequest\x1a\x1a.hixl.v1.ResolveCacheReply\x12\x42\n\nReleaseKey\x12\x1a.hixl.v1.ReleaseKeyRequest\x1a\x18.hixl.v1.ReleaseKeyReply\x12\x36\n\x06Unlink\x12\x16.hixl.v1.UnlinkRequest\x1a\x14.hixl.v1.UnlinkReply\x12T\n\x10ResolveAddresses\x12 .hixl.v1.ResolveAddressesRequest\x1a\x1e.hixl.v1.ResolveAddressesReply\x12\x45\n\x0bHcclConnect\x12\x1b.hixl.v1.HcclConnectRequest\x1a\x19.hixl.v1.HcclConnectReply\x12<\n\x08HcclPost\x12\x18.hixl.v1.HcclPostRequest\x1a\x16.hixl.v1.HcclPostReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,35 +35,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HELLOREQUEST']._serialized_start=54
   _globals['_HELLOREQUEST']._serialized_end=195
   _globals['_HELLOREPLY']._serialized_start=198
-  _globals['_HELLOREPLY']._serialized_end=347
-  _globals['_RESOLVECACHEREQUEST']._serialized_start=349
-  _globals['_RESOLVECACHEREQUEST']._serialized_end=422
-  _globals['_RESOLVECACHEREPLY']._serialized_start=425
-  _globals['_RESOLVECACHEREPLY']._serialized_end=617
-  _globals['_RELEASEKEYREQUEST']._serialized_start=619
-  _globals['_RELEASEKEYREQUEST']._serialized_end=714
-  _globals['_RELEASEKEYREPLY']._serialized_start=716
-  _globals['_RELEASEKEYREPLY']._serialized_end=733
-  _globals['_UNLINKREQUEST']._serialized_start=735
-  _globals['_UNLINKREQUEST']._serialized_end=770
-  _globals['_UNLINKREPLY']._serialized_start=772
-  _globals['_UNLINKREPLY']._serialized_end=785
-  _globals['_RESOLVEADDRESSESREQUEST']._serialized_start=787
-  _globals['_RESOLVEADDRESSESREQUEST']._serialized_end=867
-  _globals['_RESOLVEADDRESSESREPLY']._serialized_start=869
-  _globals['_RESOLVEADDRESSESREPLY']._serialized_end=947
-  _globals['_HCCLCONNECTREQUEST']._serialized_start=949
-  _globals['_HCCLCONNECTREQUEST']._serialized_end=1008
-  _globals['_HCCLCONNECTREPLY']._serialized_start=1010
-  _globals['_HCCLCONNECTREPLY']._serialized_end=1028
-  _globals['_HCCLPOSTREQUEST']._serialized_start=1030
-  _globals['_HCCLPOSTREQUEST']._serialized_end=1136
-  _globals['_HCCLPOSTREPLY']._serialized_start=1138
-  _globals['_HCCLPOSTREPLY']._serialized_end=1153
-  _globals['_PEERCALL']._serialized_start=1156
-  _globals['_PEERCALL']._serialized_end=1384
-  _globals['_PEERCALLRESULT']._serialized_start=1387
-  _globals['_PEERCALLRESULT']._serialized_end=1614
-  _globals['_PEER']._serialized_start=1617
-  _globals['_PEER']._serialized_end=2150
+  _globals['_HELLOREPLY']._serialized_end=366
+  _globals['_RESOLVECACHEREQUEST']._serialized_start=368
+  _globals['_RESOLVECACHEREQUEST']._serialized_end=441
+  _globals['_RESOLVECACHEREPLY']._serialized_start=444
+  _globals['_RESOLVECACHEREPLY']._serialized_end=636
+  _globals['_RELEASEKEYREQUEST']._serialized_start=638
+  _globals['_RELEASEKEYREQUEST']._serialized_end=733
+  _globals['_RELEASEKEYREPLY']._serialized_start=735
+  _globals['_RELEASEKEYREPLY']._serialized_end=752
+  _globals['_UNLINKREQUEST']._serialized_start=754
+  _globals['_UNLINKREQUEST']._serialized_end=789
+  _globals['_UNLINKREPLY']._serialized_start=791
+  _globals['_UNLINKREPLY']._serialized_end=804
+  _globals['_RESOLVEADDRESSESREQUEST']._serialized_start=806
+  _globals['_RESOLVEADDRESSESREQUEST']._serialized_end=886
+  _globals['_RESOLVEADDRESSESREPLY']._serialized_start=888
+  _globals['_RESOLVEADDRESSESREPLY']._serialized_end=966
+  _globals['_HCCLCONNECTREQUEST']._serialized_start=968
+  _globals['_HCCLCONNECTREQUEST']._serialized_end=1027
+  _globals['_HCCLCONNECTREPLY']._serialized_start=1029
+  _globals['_HCCLCONNECTREPLY']._serialized_end=1047
+  _globals['_HCCLPOSTREQUEST']._serialized_start=1049
+  _globals['_HCCLPOSTREQUEST']._serialized_end=1155
+  _globals['_HCCLPOSTREPLY']._serialized_start=1157
+  _globals['_HCCLPOSTREPLY']._serialized_end=1172
+  _globals['_PEER']._serialized_start=1175
+  _globals['_PEER']._serialized_end=1651
 # @@protoc_insertion_point(module_scope)

@@ -24,7 +24,7 @@ class HelloRequest(_message.Message):
     def __init__(self, protocol_version: _Optional[int] = ..., daemon_id: _Optional[str] = ..., version: _Optional[str] = ..., src_cluster_id: _Optional[int] = ..., dst_cluster_id: _Optional[int] = ..., backend: _Optional[str] = ...) -> None: ...
 
 class HelloReply(_message.Message):
-    __slots__ = ("protocol_version", "daemon_id", "version", "data_host", "data_port", "link_token", "backend")
+    __slots__ = ("protocol_version", "daemon_id", "version", "data_host", "data_port", "link_token", "backend", "lane_port")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     DAEMON_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -32,6 +32,7 @@ class HelloReply(_message.Message):
     DATA_PORT_FIELD_NUMBER: _ClassVar[int]
     LINK_TOKEN_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
+    LANE_PORT_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     daemon_id: str
     version: str
@@ -39,7 +40,8 @@ class HelloReply(_message.Message):
     data_port: int
     link_token: int
     backend: str
-    def __init__(self, protocol_version: _Optional[int] = ..., daemon_id: _Optional[str] = ..., version: _Optional[str] = ..., data_host: _Optional[str] = ..., data_port: _Optional[int] = ..., link_token: _Optional[int] = ..., backend: _Optional[str] = ...) -> None: ...
+    lane_port: int
+    def __init__(self, protocol_version: _Optional[int] = ..., daemon_id: _Optional[str] = ..., version: _Optional[str] = ..., data_host: _Optional[str] = ..., data_port: _Optional[int] = ..., link_token: _Optional[int] = ..., backend: _Optional[str] = ..., lane_port: _Optional[int] = ...) -> None: ...
 
 class ResolveCacheRequest(_message.Message):
     __slots__ = ("link_token", "ref")
@@ -144,33 +146,3 @@ class HcclPostRequest(_message.Message):
 class HcclPostReply(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
-
-class PeerCall(_message.Message):
-    __slots__ = ("call_id", "timeout_ms", "request_id", "resolve_cache", "release_key", "hccl_post")
-    CALL_ID_FIELD_NUMBER: _ClassVar[int]
-    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
-    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
-    RESOLVE_CACHE_FIELD_NUMBER: _ClassVar[int]
-    RELEASE_KEY_FIELD_NUMBER: _ClassVar[int]
-    HCCL_POST_FIELD_NUMBER: _ClassVar[int]
-    call_id: int
-    timeout_ms: int
-    request_id: str
-    resolve_cache: ResolveCacheRequest
-    release_key: ReleaseKeyRequest
-    hccl_post: HcclPostRequest
-    def __init__(self, call_id: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., request_id: _Optional[str] = ..., resolve_cache: _Optional[_Union[ResolveCacheRequest, _Mapping]] = ..., release_key: _Optional[_Union[ReleaseKeyRequest, _Mapping]] = ..., hccl_post: _Optional[_Union[HcclPostRequest, _Mapping]] = ...) -> None: ...
-
-class PeerCallResult(_message.Message):
-    __slots__ = ("call_id", "resolve_cache", "release_key", "hccl_post", "error")
-    CALL_ID_FIELD_NUMBER: _ClassVar[int]
-    RESOLVE_CACHE_FIELD_NUMBER: _ClassVar[int]
-    RELEASE_KEY_FIELD_NUMBER: _ClassVar[int]
-    HCCL_POST_FIELD_NUMBER: _ClassVar[int]
-    ERROR_FIELD_NUMBER: _ClassVar[int]
-    call_id: int
-    resolve_cache: ResolveCacheReply
-    release_key: ReleaseKeyReply
-    hccl_post: HcclPostReply
-    error: _common_pb2.CallError
-    def __init__(self, call_id: _Optional[int] = ..., resolve_cache: _Optional[_Union[ResolveCacheReply, _Mapping]] = ..., release_key: _Optional[_Union[ReleaseKeyReply, _Mapping]] = ..., hccl_post: _Optional[_Union[HcclPostReply, _Mapping]] = ..., error: _Optional[_Union[_common_pb2.CallError, _Mapping]] = ...) -> None: ...

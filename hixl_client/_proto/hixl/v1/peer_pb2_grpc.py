@@ -39,11 +39,6 @@ class PeerStub:
                 request_serializer=hixl_dot_v1_dot_peer__pb2.HelloRequest.SerializeToString,
                 response_deserializer=hixl_dot_v1_dot_peer__pb2.HelloReply.FromString,
                 _registered_method=True)
-        self.Calls = channel.stream_stream(
-                '/hixl.v1.Peer/Calls',
-                request_serializer=hixl_dot_v1_dot_peer__pb2.PeerCall.SerializeToString,
-                response_deserializer=hixl_dot_v1_dot_peer__pb2.PeerCallResult.FromString,
-                _registered_method=True)
         self.ResolveCache = channel.unary_unary(
                 '/hixl.v1.Peer/ResolveCache',
                 request_serializer=hixl_dot_v1_dot_peer__pb2.ResolveCacheRequest.SerializeToString,
@@ -82,17 +77,6 @@ class PeerServicer:
     def Hello(self, request, context):
         """Opens a link from a cluster of the calling daemon to a cluster of this
         one and returns how to reach this daemon's data plane.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def Calls(self, request_iterator, context):
-        """The per-transfer calls (ResolveCache, ReleaseKey, HcclPost) multiplexed
-        on one long-lived stream per pair of daemons: a message on an open stream
-        costs a fraction of a unary call. Each PeerCall is answered by one
-        PeerCallResult with its call_id, in completion order; the answer is what
-        the unary method of the same name would give.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -154,11 +138,6 @@ def add_PeerServicer_to_server(servicer, server):
                     request_deserializer=hixl_dot_v1_dot_peer__pb2.HelloRequest.FromString,
                     response_serializer=hixl_dot_v1_dot_peer__pb2.HelloReply.SerializeToString,
             ),
-            'Calls': grpc.stream_stream_rpc_method_handler(
-                    servicer.Calls,
-                    request_deserializer=hixl_dot_v1_dot_peer__pb2.PeerCall.FromString,
-                    response_serializer=hixl_dot_v1_dot_peer__pb2.PeerCallResult.SerializeToString,
-            ),
             'ResolveCache': grpc.unary_unary_rpc_method_handler(
                     servicer.ResolveCache,
                     request_deserializer=hixl_dot_v1_dot_peer__pb2.ResolveCacheRequest.FromString,
@@ -217,33 +196,6 @@ class Peer:
             '/hixl.v1.Peer/Hello',
             hixl_dot_v1_dot_peer__pb2.HelloRequest.SerializeToString,
             hixl_dot_v1_dot_peer__pb2.HelloReply.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Calls(request_iterator,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.stream_stream(
-            request_iterator,
-            target,
-            '/hixl.v1.Peer/Calls',
-            hixl_dot_v1_dot_peer__pb2.PeerCall.SerializeToString,
-            hixl_dot_v1_dot_peer__pb2.PeerCallResult.FromString,
             options,
             channel_credentials,
             insecure,
