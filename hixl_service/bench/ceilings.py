@@ -24,6 +24,8 @@ _ECHO_METHOD = "/hixl.bench.Echo/Ping"
 
 
 _SOCKBUF = 4 << 20
+# Tries at starting the gRPC echo server (see echo_server).
+ECHO_START_ATTEMPTS = 3
 
 
 def sockbuf() -> int:
@@ -129,19 +131,28 @@ async def echo_server() -> AsyncIterator[str]:
     """A bare grpc.aio echo server in a child process; yields its gRPC target."""
     tmpdir = tempfile.mkdtemp(prefix="hixl-bench-", dir="/tmp")
     socket_path = os.path.join(tmpdir, "echo.sock")
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "hixl_service.bench.grpc_echo", socket_path,
-        stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL)
+    proc = None
     try:
-        assert proc.stdout is not None
-        line = await asyncio.wait_for(proc.stdout.readline(), 20)
-        if line.strip() != b"ready":
-            raise RuntimeError(f"the gRPC echo server did not start: {line!r}")
+        # A child forked while gRPC's threads are busy has been seen to exit
+        # before it listens (rarely; exit status in the message): try again.
+        for attempt in range(1, ECHO_START_ATTEMPTS + 1):
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "hixl_service.bench.grpc_echo", socket_path,
+                stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL)
+            assert proc.stdout is not None
+            line = await asyncio.wait_for(proc.stdout.readline(), 20)
+            if line.strip() == b"ready":
+                break
+            code = await proc.wait()
+            if attempt == ECHO_START_ATTEMPTS:
+                raise RuntimeError(f"the gRPC echo server did not start: {line!r}, "
+                                   f"exit status {code}")
         yield f"unix:{socket_path}"
     finally:
-        if proc.returncode is None:
-            proc.terminate()
-        await proc.wait()
+        if proc is not None:
+            if proc.returncode is None:
+                proc.terminate()
+            await proc.wait()
         await asyncio.to_thread(shutil.rmtree, tmpdir, True)
 
 
