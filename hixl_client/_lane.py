@@ -163,7 +163,7 @@ class Lane(asyncio.Protocol):
         return self.closed_because is None and self._transport is not None
 
     async def call(self, method: str, request: Any, timeout_s: float) -> Any:
-        """Run one transfer call; failures raise LLMException as over gRPC."""
+        """Run one call of ``method``; failures raise LLMException as over gRPC."""
         kind, _, reply_type = self._methods[method]
         kind, body = await self._exchange(kind, request.SerializeToString(), timeout_s)
         if kind != REPLY_OK:
@@ -182,7 +182,7 @@ class Lane(asyncio.Protocol):
         self._pending[call_id] = future
         transport.write(HEADER.pack(len(body), call_id, kind,
                                     min(int(timeout_s * 1000), _CALL_IDS - 1)) + body)
-        # The daemon answers a late call itself (LLM_TIMEOUT); this guard only
+        # The far side answers a late call itself (LLM_TIMEOUT); this guard only
         # bounds the wait for a daemon that stopped answering altogether.
         guard = loop.call_later(timeout_s + DEADLINE_GRACE_S, _expire, future, self._what)
         try:
@@ -190,7 +190,7 @@ class Lane(asyncio.Protocol):
         finally:
             guard.cancel()
             if self._pending.pop(call_id, None) is not None and self._transport is not None:
-                # Cancelled or expired before the answer: stop the daemon's handler too.
+                # Cancelled or expired before the answer: stop the far handler too.
                 self._transport.write(HEADER.pack(0, call_id, KIND_CANCEL, 0))
 
     # asyncio.Protocol
@@ -212,7 +212,7 @@ class Lane(asyncio.Protocol):
                 future.set_result((kind, body))
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._fail("the daemon closed the transfer lane")
+        self._fail("the daemon closed the lane")
         self._transport = None
 
     def _fail(self, reason: str) -> None:
