@@ -32,7 +32,7 @@ from hixl_client._proto.hixl.v1 import common_pb2, peer_pb2, peer_pb2_grpc
 from hixl_service.peer_api import PROTOCOL_VERSION
 from hixl_service.testing import DaemonProcess, start_daemon
 
-from .conftest import make_pair, options
+from .conftest import daemon_status, make_pair, options
 from .raw_lane import RawLane
 
 pytestmark = pytest.mark.asyncio
@@ -70,6 +70,8 @@ async def test_peer_lane_resolves_and_releases_in_order(prefill_daemon: DaemonPr
             protocol_version=PROTOCOL_VERSION, daemon_id="test-peer", version="test",
             src_cluster_id=10**9, dst_cluster_id=prompt.cluster_id), timeout=10)
         assert hello.lane_port > 0
+        status = await daemon_status(prefill_daemon.client_target)
+        assert status.peer_lane_address == f"{hello.data_host}:{hello.lane_port}"
         token = hello.link_token
         lane = await asyncio.to_thread(RawLane.tcp, hello.data_host, hello.lane_port)
         try:
@@ -110,6 +112,7 @@ async def test_keyed_pulls_drop_their_keys(peer_lane: bool,
     async with start_daemon(server__peer_lane=peer_lane) as prefill, \
             start_daemon(server__peer_lane=peer_lane) as decode:
         pair = await make_pair(prefill, decode, next_cluster_id)
+        assert bool((await daemon_status(prefill.client_target)).peer_lane_address) == peer_lane
         dst = await pair.decoder.cache_manager.allocate_cache(DESC)
         for req_id in range(1, 6):
             key = CacheKey(pair.prompt.cluster_id, req_id=req_id)
