@@ -140,7 +140,8 @@ def full_plan(models: list[str] | None = None, tokens: list[int] | None = None,
     batch = [(b, n) for b in (4 * KIB, 64 * KIB) for n in (1, 8, 32, 128, 512, 1024)
              if b * n <= 64 * MIB]
     cases = (_block_suite(blocks, OPS, PATHS) + _batch_suite(batch, OPS, PATHS)
-             + _conc_suite([(4 * KIB, 1), (64 * KIB, 128)], [1, 4, 16, 64], PATHS))
+             + _conc_suite([(4 * KIB, 1), (4 * KIB, 128), (64 * KIB, 128), (MIB, 1)],
+                           [1, 4, 16, 64], PATHS))
     if models is None and tokens is None:
         pairs = [("llama3-8b", t) for t in (1024, 4096, 16384, 32768)]
         pairs += [("llama3-70b", t) for t in (1024, 4096, 8192)]
