@@ -44,6 +44,7 @@ CLIENT_METHODS: Methods = {
     "CopyCache": (5, client_pb2.CopyCacheRequest, client_pb2.CopyReply),
     "CopyBlocks": (6, client_pb2.CopyBlocksRequest, client_pb2.CopyReply),
     "SwapBlocks": (7, client_pb2.SwapBlocksRequest, client_pb2.CopyReply),
+    "LayerReady": (8, client_pb2.LayerReadyRequest, client_pb2.LayerReadyReply),
 }
 # The peer lane: the Peer calls a transfer may make.
 PEER_METHODS: Methods = {

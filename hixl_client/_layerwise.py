@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import secrets
 import time
 from collections.abc import Iterator, Sequence
 from contextvars import ContextVar
@@ -24,7 +25,7 @@ import grpc.aio
 
 from ._proto.hixl.v1 import client_pb2
 from ._transport import SESSION_METADATA_KEY, error_from_rpc
-from .status import LLMStatusCode
+from .status import LLMException, LLMStatusCode
 from .transfer_config import TransferConfig, TransferWithCacheKeyConfig
 from .types import LayerSynchronizer
 
@@ -186,22 +187,30 @@ async def _synchronize(synchronizer: LayerSynchronizer, layer: int) -> bool:
 
 async def drive(task: CacheTask, connection: DaemonConnection, start: client_pb2.TransferStart,
                 synchronizer: LayerSynchronizer, num_layers: int, timeout_s: float) -> None:
-    """Run one task: send the layers as they become ready, record progress."""
+    """Run one task: send the layers as they become ready, record progress.
+
+    With the transfer lane open, each "layer ready" is a LayerReady call on
+    the lane whose reply is that layer's progress (one lane round trip instead
+    of two stream messages); the stream carries the task's start and end.
+    """
     call = connection.stub.TransferCache(
         metadata=((SESSION_METADATA_KEY, connection.session_id),))
-    targets = list(start.targets)
+    on_lane = connection.lane is not None and connection.lane.is_open
+    if on_lane:
+        start.lane_task_id = secrets.token_hex(8)
+    progress = _Progress(task, list(start.targets))
     captured = _LAG_CAPTURE.get()
-    lags: dict[int, LayerLag] | None = None
     if captured is not None:
-        lags = {}
+        progress.lags = {}
         captured.append([])
+    layer_calls: list[asyncio.Task[None]] = []
     try:
         await call.write(client_pb2.TransferMessage(start=start))
-        reader = asyncio.get_running_loop().create_task(
-            _read_progress(task, call, targets, lags))
+        reader = asyncio.get_running_loop().create_task(_read_progress(progress, call))
         try:
             for layer in range(num_layers):
-                needing = [t for t in targets if t.src_layer_start <= layer < t.src_layer_stop]
+                needing = [t for t in progress.targets
+                           if t.src_layer_start <= layer < t.src_layer_stop]
                 if not needing:
                     continue
                 if reader.done() or task._failed():
@@ -210,11 +219,16 @@ async def drive(task: CacheTask, connection: DaemonConnection, start: client_pb2
                     for target in needing:
                         task._record(target.dst_cluster_id, LLMStatusCode.LLM_PARAM_INVALID)
                     break
-                if lags is not None and captured is not None:
-                    lags[layer] = LayerLag(layer, time.perf_counter())
-                    captured[-1].append(lags[layer])
-                if not await _send(call, client_pb2.TransferMessage(layer_ready=layer)):
+                if progress.lags is not None and captured is not None:
+                    progress.lags[layer] = LayerLag(layer, time.perf_counter())
+                    captured[-1].append(progress.lags[layer])
+                if on_lane:
+                    layer_calls.append(asyncio.get_running_loop().create_task(
+                        _layer_on_lane(progress, connection, start.lane_task_id, layer,
+                                       needing, timeout_s)))
+                elif not await _send(call, client_pb2.TransferMessage(layer_ready=layer)):
                     break
+            await asyncio.wait_for(asyncio.gather(*layer_calls), timeout_s)
             await _send(call, None)
             await asyncio.wait_for(reader, timeout_s)
         finally:
@@ -222,7 +236,24 @@ async def drive(task: CacheTask, connection: DaemonConnection, start: client_pb2
     except grpc.aio.AioRpcError as err:
         raise error_from_rpc(err, f"hixl daemon at {connection.target}") from None
     finally:
+        for layer_call in layer_calls:
+            layer_call.cancel()
         call.cancel()
+
+
+async def _layer_on_lane(progress: _Progress, connection: DaemonConnection, task_id: str,
+                         layer: int, needing: list[client_pb2.TransferTarget],
+                         timeout_s: float) -> None:
+    try:
+        reply = await connection.transfer(
+            "LayerReady", client_pb2.LayerReadyRequest(task_id=task_id, layer=layer), timeout_s)
+    except LLMException as exc:
+        logger.warning("layer %d of a layer-wise transfer failed: %s", layer, exc)
+        for target in needing:
+            progress.task._record(target.dst_cluster_id, exc.status_code)
+        return
+    for report in reply.reports:
+        progress.apply(report)
 
 
 async def _send(call: Any, message: client_pb2.TransferMessage | None) -> bool:
@@ -241,31 +272,36 @@ async def _send(call: Any, message: client_pb2.TransferMessage | None) -> bool:
     return True
 
 
-async def _read_progress(task: CacheTask, call: Any,
-                         targets: list[client_pb2.TransferTarget],
-                         lags: dict[int, LayerLag] | None = None) -> None:
-    try:
-        await _read_reports(task, call, targets, lags)
-    except grpc.aio.AioRpcError:
-        if not task._failed():
-            raise  # a failure already reported explains the end of the stream
+class _Progress:
+    """Applies a task's progress reports, from the stream or from LayerReady replies."""
 
+    def __init__(self, task: CacheTask, targets: list[client_pb2.TransferTarget]) -> None:
+        self.task = task
+        self.targets = targets
+        self.lags: dict[int, LayerLag] | None = None
 
-async def _read_reports(task: CacheTask, call: Any,
-                        targets: list[client_pb2.TransferTarget],
-                        lags: dict[int, LayerLag] | None) -> None:
-    while (report := await call.read()) is not grpc.aio.EOF:
-        target = targets[report.target]
+    def apply(self, report: client_pb2.TransferProgress) -> None:
+        target = self.targets[report.target]
         status = LLMStatusCode(report.status)
-        if lags is not None and status == LLMStatusCode.LLM_SUCCESS and report.layer in lags:
+        if self.lags is not None and status == LLMStatusCode.LLM_SUCCESS and \
+                report.layer in self.lags:
             # Targets report in turn: the layer has landed once the last one did.
-            lags[report.layer].landed_s = time.perf_counter()
+            self.lags[report.layer].landed_s = time.perf_counter()
         if status != LLMStatusCode.LLM_SUCCESS:
             logger.warning("transfer to cluster %d failed: %s", target.dst_cluster_id,
                            report.message)
-            task._record(target.dst_cluster_id, status)
+            self.task._record(target.dst_cluster_id, status)
         elif report.target_done:
-            task._record(target.dst_cluster_id, status)
+            self.task._record(target.dst_cluster_id, status)
+
+
+async def _read_progress(progress: _Progress, call: Any) -> None:
+    try:
+        while (report := await call.read()) is not grpc.aio.EOF:
+            progress.apply(report)
+    except grpc.aio.AioRpcError:
+        if not progress.task._failed():
+            raise  # a failure already reported explains the end of the stream
 
 
 def build_start(src_cache_id: int, configs: Sequence[Config],

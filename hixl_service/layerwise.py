@@ -76,6 +76,9 @@ class LayerwiseTask:
         self.num_layers = self.source.num_tensors // TENSORS_PER_LAYER
         self.targets: list[Target] = []
         self.failed = False
+        self.ended = False  # its stream ended: no more layers
+        # Layers that arrive as LayerReady calls run one at a time, in order.
+        self.layers_in_order = asyncio.Lock()
 
     async def prepare(self) -> list[client_pb2.TransferProgress]:
         """Resolve every target; return failure reports (empty when all resolved)."""

@@ -63,6 +63,43 @@ def key_from_proto(key: common_pb2.CacheKey) -> KeySpec:
     return KeySpec(key.req_id, key.model_id, key.prefix_id)
 
 
+class LaneTasks:
+    """Layer-wise tasks that take LayerReady calls, by (session id, task id).
+
+    A LayerReady call may arrive before its task's stream was read (the lane
+    is the faster path), so a lookup waits for the task to be posted.
+    """
+
+    def __init__(self) -> None:
+        self._slots: dict[tuple[str, str], asyncio.Future[LayerwiseTask | None]] = {}
+
+    def _slot(self, key: tuple[str, str]) -> asyncio.Future[LayerwiseTask | None]:
+        slot = self._slots.get(key)
+        if slot is None:
+            slot = self._slots[key] = asyncio.get_running_loop().create_future()
+        return slot
+
+    def post(self, key: tuple[str, str], task: LayerwiseTask) -> None:
+        slot = self._slot(key)
+        if not slot.done():
+            slot.set_result(task)
+
+    def end(self, key: tuple[str, str]) -> None:
+        slot = self._slots.pop(key, None)
+        if slot is not None and not slot.done():
+            slot.set_result(None)
+
+    async def find(self, key: tuple[str, str], timeout_s: float) -> LayerwiseTask | None:
+        """The task, waiting up to ``timeout_s`` for it to be posted; None: no such task."""
+        slot = self._slot(key)
+        try:
+            return await asyncio.wait_for(asyncio.shield(slot), timeout_s)
+        except asyncio.TimeoutError:
+            if not slot.done():
+                self._slots.pop(key, None)
+            return None
+
+
 class ClientServicer(client_pb2_grpc.ClientServicer):
     """Handlers of the Client service; sessions are named by call metadata."""
 
@@ -74,6 +111,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         self._lane_socket = lane_socket
         self._stopping = asyncio.Event()
         self._cleanups: set[asyncio.Task[None]] = set()
+        self._lane_tasks = LaneTasks()
 
     def stop_sessions(self) -> None:
         """Make every Attach stream end (graceful daemon stop)."""
@@ -351,14 +389,21 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
 
     async def TransferCache(self, request_iterator: AsyncIterator[client_pb2.TransferMessage],
                             context: Context) -> None:
+        lane_key: tuple[str, str] | None = None
+        task: LayerwiseTask | None = None
         try:
-            cluster = self._engine.cluster_of(self._session(context))
+            session = self._session(context)
+            cluster = self._engine.cluster_of(session)
             first = await anext(aiter(request_iterator), None)
             if first is None or not first.HasField("start"):
                 raise _invalid("a transfer stream starts with its task")
+            if first.start.lane_task_id:
+                lane_key = (session.session_id, first.start.lane_task_id)
             task = LayerwiseTask(self._engine, cluster, first.start)
             for report in await task.prepare():
                 await context.write(report)
+            if lane_key is not None:
+                self._lane_tasks.post(lane_key, task)
             # After a failure keep reading until the client half-closes, so
             # that the stream never ends under a write of the client's.
             async for message in request_iterator:
@@ -367,6 +412,25 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
                         await context.write(report)
         except LLMException as exc:
             await abort_with(context, exc)
+        finally:
+            if task is not None:
+                task.ended = True
+            if lane_key is not None:
+                self._lane_tasks.end(lane_key)
+
+    @handles_errors
+    async def LayerReady(self, request: client_pb2.LayerReadyRequest,
+                         context: Context) -> client_pb2.LayerReadyReply:
+        session = self._session(context)
+        cluster = self._engine.cluster_of(session)
+        task = await self._lane_tasks.find((session.session_id, request.task_id),
+                                           cluster.settings.sync_timeout_s)
+        if task is None:
+            raise _invalid(f"no layer-wise task {request.task_id!r} is running")
+        async with task.layers_in_order:
+            if task.failed or task.ended:  # the stream reported why, or was cancelled
+                return client_pb2.LayerReadyReply()
+            return client_pb2.LayerReadyReply(reports=await task.send_layer(request.layer))
 
 
 def _timing(started: float, outcome: Outcome) -> dict[str, int]:

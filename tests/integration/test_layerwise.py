@@ -29,7 +29,7 @@ from hixl_client import (
 )
 from hixl_service.testing import DaemonProcess
 
-from .conftest import Pair, cluster_info, make_pair, options
+from .conftest import Pair, cluster_info, daemon_status, make_pair, options
 
 pytestmark = pytest.mark.asyncio
 
@@ -393,3 +393,39 @@ async def test_layerwise_inside_one_daemon(prefill_daemon: DaemonProcess,
         finally:
             await sender.finalize()
             await receiver.finalize()
+
+
+@pytest.mark.parametrize("lane", [True, False])
+async def test_layers_go_as_lane_calls_or_stream_messages(
+        lane: bool, prefill_daemon: DaemonProcess, decode_daemon: DaemonProcess,
+        next_cluster_id: Callable[[], int]) -> None:
+    receiver = LLMDataDist(LLMRole.PROMPT, next_cluster_id(),
+                           daemon=prefill_daemon.client_target)
+    sender = LLMDataDist(LLMRole.DECODER, next_cluster_id(), daemon=decode_daemon.client_target,
+                         transfer_lane=lane)
+    await receiver.init(options(remote_accessible=True))
+    await sender.init(options(remote_accessible=True))
+    try:
+        status, _ = await sender.link_clusters(
+            [cluster_info(receiver.cluster_id, prefill_daemon.peer_address)], timeout=5000)
+        assert status == OK
+        desc = CacheDesc(8, [2, 4096], DataType.DT_UINT8)  # 4 layers
+        src = await sender.cache_manager.allocate_cache(desc)
+        fill(src)
+        dst = await receiver.cache_manager.allocate_cache(desc)
+        calls_before = await _lane_calls(decode_daemon, sender.cluster_id)
+        config = TransferWithCacheKeyConfig(
+            CacheKeyByIdAndIndex(receiver.cluster_id, dst.cache_id, 1), range(4), range(4))
+        assert await sender.cache_manager.transfer_cache_async(src, Ready(), [config]) == [OK]
+        for tensor in range(8):
+            np.testing.assert_array_equal(raw(dst, tensor)[1], raw(src, tensor)[0])
+        calls = await _lane_calls(decode_daemon, sender.cluster_id) - calls_before
+        assert calls == (4 if lane else 0)  # one LayerReady per layer on the lane
+    finally:
+        await sender.finalize()
+        await receiver.finalize()
+
+
+async def _lane_calls(daemon: DaemonProcess, cluster_id: int) -> int:
+    status = await daemon_status(daemon.client_target)
+    return next(s.lane_calls for s in status.sessions if s.cluster_id == cluster_id)

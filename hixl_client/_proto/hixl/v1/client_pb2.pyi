@@ -369,18 +369,34 @@ class TransferTarget(_message.Message):
     def __init__(self, dst_cluster_id: _Optional[int] = ..., dst: _Optional[_Union[_common_pb2.CacheRef, _Mapping]] = ..., dst_addrs: _Optional[_Iterable[int]] = ..., src_layer_start: _Optional[int] = ..., src_layer_stop: _Optional[int] = ..., dst_layer_start: _Optional[int] = ..., src_batch_index: _Optional[int] = ...) -> None: ...
 
 class TransferStart(_message.Message):
-    __slots__ = ("src_cache_id", "targets", "src_blocks", "dst_blocks", "dst_block_memory_size")
+    __slots__ = ("src_cache_id", "targets", "src_blocks", "dst_blocks", "dst_block_memory_size", "lane_task_id")
     SRC_CACHE_ID_FIELD_NUMBER: _ClassVar[int]
     TARGETS_FIELD_NUMBER: _ClassVar[int]
     SRC_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     DST_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     DST_BLOCK_MEMORY_SIZE_FIELD_NUMBER: _ClassVar[int]
+    LANE_TASK_ID_FIELD_NUMBER: _ClassVar[int]
     src_cache_id: int
     targets: _containers.RepeatedCompositeFieldContainer[TransferTarget]
     src_blocks: _containers.RepeatedScalarFieldContainer[int]
     dst_blocks: _containers.RepeatedScalarFieldContainer[int]
     dst_block_memory_size: int
-    def __init__(self, src_cache_id: _Optional[int] = ..., targets: _Optional[_Iterable[_Union[TransferTarget, _Mapping]]] = ..., src_blocks: _Optional[_Iterable[int]] = ..., dst_blocks: _Optional[_Iterable[int]] = ..., dst_block_memory_size: _Optional[int] = ...) -> None: ...
+    lane_task_id: str
+    def __init__(self, src_cache_id: _Optional[int] = ..., targets: _Optional[_Iterable[_Union[TransferTarget, _Mapping]]] = ..., src_blocks: _Optional[_Iterable[int]] = ..., dst_blocks: _Optional[_Iterable[int]] = ..., dst_block_memory_size: _Optional[int] = ..., lane_task_id: _Optional[str] = ...) -> None: ...
+
+class LayerReadyRequest(_message.Message):
+    __slots__ = ("task_id", "layer")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    LAYER_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    layer: int
+    def __init__(self, task_id: _Optional[str] = ..., layer: _Optional[int] = ...) -> None: ...
+
+class LayerReadyReply(_message.Message):
+    __slots__ = ("reports",)
+    REPORTS_FIELD_NUMBER: _ClassVar[int]
+    reports: _containers.RepeatedCompositeFieldContainer[TransferProgress]
+    def __init__(self, reports: _Optional[_Iterable[_Union[TransferProgress, _Mapping]]] = ...) -> None: ...
 
 class TransferMessage(_message.Message):
     __slots__ = ("start", "layer_ready")

@@ -144,6 +144,11 @@ class ClientStub:
                 request_serializer=hixl_dot_v1_dot_client__pb2.TransferMessage.SerializeToString,
                 response_deserializer=hixl_dot_v1_dot_client__pb2.TransferProgress.FromString,
                 _registered_method=True)
+        self.LayerReady = channel.unary_unary(
+                '/hixl.v1.Client/LayerReady',
+                request_serializer=hixl_dot_v1_dot_client__pb2.LayerReadyRequest.SerializeToString,
+                response_deserializer=hixl_dot_v1_dot_client__pb2.LayerReadyReply.FromString,
+                _registered_method=True)
 
 
 class ClientServicer:
@@ -302,6 +307,15 @@ class ClientServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LayerReady(self, request, context):
+        """"Layer ready" of a task whose TransferStart set lane_task_id, as a call
+        (on the transfer lane, kind 8) instead of a stream message: the reply
+        carries that layer's progress. Calls of one task are served in order.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClientServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -414,6 +428,11 @@ def add_ClientServicer_to_server(servicer, server):
                     servicer.TransferCache,
                     request_deserializer=hixl_dot_v1_dot_client__pb2.TransferMessage.FromString,
                     response_serializer=hixl_dot_v1_dot_client__pb2.TransferProgress.SerializeToString,
+            ),
+            'LayerReady': grpc.unary_unary_rpc_method_handler(
+                    servicer.LayerReady,
+                    request_deserializer=hixl_dot_v1_dot_client__pb2.LayerReadyRequest.FromString,
+                    response_serializer=hixl_dot_v1_dot_client__pb2.LayerReadyReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1010,6 +1029,33 @@ class Client:
             '/hixl.v1.Client/TransferCache',
             hixl_dot_v1_dot_client__pb2.TransferMessage.SerializeToString,
             hixl_dot_v1_dot_client__pb2.TransferProgress.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LayerReady(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hixl.v1.Client/LayerReady',
+            hixl_dot_v1_dot_client__pb2.LayerReadyRequest.SerializeToString,
+            hixl_dot_v1_dot_client__pb2.LayerReadyReply.FromString,
             options,
             channel_credentials,
             insecure,
