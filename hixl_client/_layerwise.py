@@ -108,6 +108,12 @@ class CacheTask:
     def _record(self, dst_cluster_id: int, status: LLMStatusCode) -> None:
         self._results[dst_cluster_id] = status
 
+    def _record_failure(self, dst_cluster_id: int, status: LLMStatusCode) -> None:
+        """Record a failure unless the target already has one (the first says why)."""
+        if self._results.get(dst_cluster_id, LLMStatusCode.LLM_SUCCESS) == \
+                LLMStatusCode.LLM_SUCCESS:
+            self._results[dst_cluster_id] = status
+
     def _failed(self) -> bool:
         return any(r != LLMStatusCode.LLM_SUCCESS for r in self._results.values())
 
@@ -228,7 +234,10 @@ async def drive(task: CacheTask, connection: DaemonConnection, start: client_pb2
                                        needing, timeout_s)))
                 elif not await _send(call, client_pb2.TransferMessage(layer_ready=layer)):
                     break
-            await asyncio.wait_for(asyncio.gather(*layer_calls), timeout_s)
+            if layer_calls:
+                # Until every layer is answered, or the stream ended the task early.
+                await asyncio.wait((asyncio.gather(*layer_calls), reader), timeout=timeout_s,
+                                   return_when=asyncio.FIRST_COMPLETED)
             await _send(call, None)
             await asyncio.wait_for(reader, timeout_s)
         finally:
@@ -250,7 +259,7 @@ async def _layer_on_lane(progress: _Progress, connection: DaemonConnection, task
     except LLMException as exc:
         logger.warning("layer %d of a layer-wise transfer failed: %s", layer, exc)
         for target in needing:
-            progress.task._record(target.dst_cluster_id, exc.status_code)
+            progress.task._record_failure(target.dst_cluster_id, exc.status_code)
         return
     for report in reply.reports:
         progress.apply(report)
