@@ -79,6 +79,14 @@ class NewCache:
 
 
 @dataclass
+class PeerLaneInfo:
+    """The peer lane as the admin status shows it."""
+
+    port: int = 0  # set once it listens; 0: no peer lane
+    calls: int = 0  # calls it accepted
+
+
+@dataclass
 class EngineDeps:
     """What the engine is built from (the server wires the real ones)."""
 
@@ -95,7 +103,7 @@ class EngineDeps:
     started: float = field(default_factory=time.monotonic)
     backend: str = "host"  # pool.backend: "host" or "hccl"
     ascend: AscendBackend | None = None  # set with the hccl backend
-    peer_lane_port: int = 0  # set once the peer lane listens; 0: no peer lane
+    peer_lane: PeerLaneInfo = field(default_factory=PeerLaneInfo)
 
 
 @dataclass(frozen=True)
@@ -394,7 +402,7 @@ class Engine:
                     src_daemon_id, dst_cluster_id)
         return PeerHello(self.daemon_id, self.deps.version, self.deps.data_host,
                          self.deps.data_server.port, token, self.deps.backend,
-                         self.deps.peer_lane_port)
+                         self.deps.peer_lane.port)
 
     def drop_inbound_link(self, token: int) -> None:
         if token not in self.inbound:

@@ -43,7 +43,7 @@ from hixl_client._transport import SESSION_METADATA_KEY
 from hixl_client.status import LLMException, LLMStatusCode
 
 from .call_context import CallAborted, CallContext, Context, call_error, deadline_error
-from .engine import Engine, Session
+from .engine import Engine, PeerLaneInfo, Session
 from .interceptors import new_request_id, request_id
 
 logger = logging.getLogger(__name__)
@@ -77,6 +77,17 @@ class SessionBinding(Binding):
 
     def released(self) -> None:
         self._session.lane_connections -= 1
+
+
+class CountingBinding(Binding):
+    """A peer lane connection: no binding, its calls counted for the admin status."""
+
+    def __init__(self, info: PeerLaneInfo) -> None:
+        super().__init__(CallContext().as_context())
+        self._info = info
+
+    def called(self) -> None:
+        self._info.calls += 1
 
 
 class _Connection(asyncio.Protocol):
@@ -208,13 +219,15 @@ class LaneServer:
     """A lane's listener and its connections; build with for_clients or for_peers."""
 
     def __init__(self, name: str, methods: Methods, servicer: object,
-                 bind: Callable[[bytes], Binding] | None) -> None:
+                 bind: Callable[[bytes], Binding] | None,
+                 unbound: Callable[[], Binding] | None = None) -> None:
         self.name = name
         # kind -> (request type, the servicer's bound handler)
         self.handlers: dict[int, tuple[type[Any], Handler]] = {
             kind: (request_type, getattr(servicer, method))
             for method, (kind, request_type, _) in methods.items()}
         self._bind = bind
+        self._unbound = unbound or (lambda: Binding(CallContext().as_context()))
         self.connections: set[_Connection] = set()
         self._server: asyncio.AbstractServer | None = None
         self._path: Path | None = None
@@ -237,17 +250,17 @@ class LaneServer:
         return cls("transfer lane", CLIENT_METHODS, servicer, bind)
 
     @classmethod
-    def for_peers(cls, servicer: object) -> LaneServer:
+    def for_peers(cls, servicer: object, info: PeerLaneInfo) -> LaneServer:
         """The peer lane: PeerServicer handlers, no binding (calls carry link tokens)."""
-        return cls("peer lane", PEER_METHODS, servicer, None)
+        return cls("peer lane", PEER_METHODS, servicer, None, lambda: CountingBinding(info))
 
     def default_binding(self) -> Binding | None:
-        """A new connection's binding: none until HELLO, where the lane binds."""
-        return None if self._bind is not None else Binding(CallContext().as_context())
+        """A new connection's binding: none until HELLO where the lane binds."""
+        return None if self._bind is not None else self._unbound()
 
     def bind(self, hello: bytes) -> Binding:
         if self._bind is None:
-            return Binding(CallContext().as_context())
+            return self._unbound()
         return self._bind(hello)
 
     async def start_unix(self, path: Path) -> None:

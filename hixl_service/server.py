@@ -142,8 +142,8 @@ class Daemon:
         peer_pb2_grpc.add_PeerServicer_to_server(peer_servicer, generic_only(peer_server))
         peer_lane: LaneServer | None = None
         if cfg.server.peer_lane:
-            peer_lane = LaneServer.for_peers(peer_servicer)
-            engine.deps.peer_lane_port = await peer_lane.start_tcp(cfg.server.peer_host,
+            peer_lane = LaneServer.for_peers(peer_servicer, engine.deps.peer_lane)
+            engine.deps.peer_lane.port = await peer_lane.start_tcp(cfg.server.peer_host,
                                                                    cfg.server.peer_lane_port)
         _add_common(peer_server, engine, health_servicer, SERVICE_NAMES["peer"],
                     cfg.pool.backend, peer_address)

@@ -22,8 +22,9 @@ def snapshot(engine: Engine, backend: str, peer_address: str) -> admin_pb2.Daemo
         daemon_id=engine.daemon_id, version=deps.version, backend=backend,
         uptime_s=time.monotonic() - deps.started, peer_address=peer_address,
         data_address=f"{deps.data_host}:{deps.data_server.port}",
-        peer_lane_address=(f"{deps.data_host}:{deps.peer_lane_port}"
-                           if deps.peer_lane_port else ""),
+        peer_lane_address=(f"{deps.data_host}:{deps.peer_lane.port}"
+                           if deps.peer_lane.port else ""),
+        peer_lane_calls=deps.peer_lane.calls,
         pool_budget_bytes=engine.pools.budget_bytes,
         pool_reserved_bytes=engine.pools.reserved_bytes)
     for session in engine.sessions.values():

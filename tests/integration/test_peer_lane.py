@@ -113,6 +113,7 @@ async def test_keyed_pulls_drop_their_keys(peer_lane: bool,
             start_daemon(server__peer_lane=peer_lane) as decode:
         pair = await make_pair(prefill, decode, next_cluster_id)
         assert bool((await daemon_status(prefill.client_target)).peer_lane_address) == peer_lane
+        calls_before = (await daemon_status(prefill.client_target)).peer_lane_calls
         dst = await pair.decoder.cache_manager.allocate_cache(DESC)
         for req_id in range(1, 6):
             key = CacheKey(pair.prompt.cluster_id, req_id=req_id)
@@ -121,6 +122,9 @@ async def test_keyed_pulls_drop_their_keys(peer_lane: bool,
             with pytest.raises(LLMException) as again:  # the pull dropped the key
                 await pair.decoder.cache_manager.pull_cache(key, dst)
             assert again.value.status_code == LLMStatusCode.LLM_KV_CACHE_NOT_EXIST
+        # Each pull resolved and released on the lane; each refused one resolved there.
+        calls = (await daemon_status(prefill.client_target)).peer_lane_calls - calls_before
+        assert calls == (15 if peer_lane else 0)
         await pair.decoder.finalize()
         await pair.prompt.finalize()
 
