@@ -39,6 +39,7 @@ from hixl_client import (
 )
 from hixl_service.testing import DaemonProcess
 
+from ..integration.conftest import daemon_status
 from .daemons import BACKENDS, TensorIO, cluster_info, daemon_process, options
 
 pytestmark = pytest.mark.asyncio
@@ -122,6 +123,20 @@ def block(cache: Cache, tensor: int, index: int) -> bytes:
 async def test_transport_is_the_backends(linked: Linked) -> None:
     expected = "hccl" if linked.backend == "hccl" else "tcp"
     assert linked.decoder.link_transports == {linked.prompt.cluster_id: expected}
+
+
+async def test_peer_calls_of_a_transfer_take_the_peer_lane(linked: Linked,
+                                                           daemons: Daemons) -> None:
+    before = (await daemon_status(daemons.prompt.client_target)).peer_lane_calls
+    desc = CacheDesc(2, [2, 4096], DataType.DT_UINT8)
+    src = await linked.prompt.cache_manager.allocate_cache(desc)
+    dst = await linked.decoder.cache_manager.allocate_cache(desc)
+    for _ in range(2):
+        await linked.decoder.cache_manager.pull_cache(
+            CacheKeyByIdAndIndex(linked.prompt.cluster_id, src.cache_id, 0), dst)
+    calls = (await daemon_status(daemons.prompt.client_target)).peer_lane_calls - before
+    # tcp: one resolve, then the link remembers the cache; hccl: also a post per pull.
+    assert calls == (3 if linked.backend == "hccl" else 1)
 
 
 async def test_pull_cache_by_key_and_by_id(linked: Linked) -> None:
