@@ -20,6 +20,7 @@ gRPC cancels a handler whose call ended.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 from collections.abc import Awaitable, Callable
@@ -47,6 +48,11 @@ from .engine import Engine, PeerLaneInfo, Session
 from .interceptors import new_request_id, request_id
 
 logger = logging.getLogger(__name__)
+
+# Calls one connection may have running at once (gRPC's servers take 256).
+# Beyond it the lane stops reading that connection until calls end, and so
+# it does while the peer does not read its replies: flow control, not errors.
+MAX_CALLS_IN_FLIGHT = 256
 
 Handler = Callable[[Any, Context], Awaitable[Any]]
 
@@ -100,6 +106,10 @@ class _Connection(asyncio.Protocol):
         self._binding = server.default_binding()
         self._calls: dict[int, asyncio.Task[None]] = {}
         self._timed_out: set[int] = set()
+        self._reading = True
+        self._writable = True
+        # Frames read while MAX_CALLS_IN_FLIGHT calls run, started as calls end.
+        self._backlog: collections.deque[tuple[int, int, int, bytes]] = collections.deque()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
@@ -108,6 +118,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
+        self._backlog.clear()
         self._server.connections.discard(self)
         if self._binding is not None:
             self._binding.released()
@@ -118,6 +129,27 @@ class _Connection(asyncio.Protocol):
     def close(self) -> None:
         if self._transport is not None:
             self._transport.close()
+
+    def pause_writing(self) -> None:
+        self._writable = False
+        self._throttle()
+
+    def resume_writing(self) -> None:
+        self._writable = True
+        self._throttle()
+
+    def _throttle(self) -> None:
+        """Start backlogged calls while below the limit; read only while calls may
+        start and replies flow."""
+        while self._writable and self._backlog and len(self._calls) < MAX_CALLS_IN_FLIGHT:
+            self._dispatch(*self._backlog.popleft())
+        wanted = self._writable and not self._backlog and len(self._calls) < MAX_CALLS_IN_FLIGHT
+        if wanted != self._reading and self._transport is not None:
+            self._reading = wanted
+            if wanted:
+                self._transport.resume_reading()
+            else:
+                self._transport.pause_reading()
 
     @property
     def calls(self) -> list[asyncio.Task[None]]:
@@ -130,8 +162,25 @@ class _Connection(asyncio.Protocol):
             logger.warning("closing a %s connection: %s", self._server.name, exc)
             self.close()
             return
-        for call_id, kind, timeout_ms, body in frames:
-            self._dispatch(call_id, kind, timeout_ms, body)
+        for frame in frames:
+            call_id, kind = frame[0], frame[1]
+            if kind == KIND_CANCEL:
+                self._cancel(call_id)
+            elif self._backlog or len(self._calls) >= MAX_CALLS_IN_FLIGHT:
+                self._backlog.append(frame)
+            else:
+                self._dispatch(*frame)
+        self._throttle()
+
+    def _cancel(self, call_id: int) -> None:
+        task = self._calls.get(call_id)
+        if task is not None:
+            task.cancel()
+            return
+        for frame in self._backlog:  # not started yet: it never will be
+            if frame[0] == call_id and frame[1] != KIND_HELLO:
+                self._backlog.remove(frame)
+                return
 
     def _reply(self, call_id: int, kind: int, body: bytes) -> None:
         if self._transport is not None:
@@ -143,11 +192,6 @@ class _Connection(asyncio.Protocol):
                     call_error(code, int(status), message).SerializeToString())
 
     def _dispatch(self, call_id: int, kind: int, timeout_ms: int, body: bytes) -> None:
-        if kind == KIND_CANCEL:
-            task = self._calls.get(call_id)
-            if task is not None:
-                task.cancel()
-            return
         if kind == KIND_HELLO:
             self._hello(call_id, body)
             return
@@ -213,6 +257,7 @@ class _Connection(asyncio.Protocol):
         finally:
             self._calls.pop(call_id, None)
             self._timed_out.discard(call_id)
+            self._throttle()
 
 
 class LaneServer:

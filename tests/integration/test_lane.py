@@ -28,6 +28,7 @@ from hixl_client import (
 from hixl_client._lane import CLIENT_METHODS, HEADER, KIND_CANCEL, KIND_HELLO, REPLY_OK
 from hixl_client._manager_base import ref_to_proto
 from hixl_client._proto.hixl.v1 import client_pb2
+from hixl_service.lane_server import MAX_CALLS_IN_FLIGHT
 from hixl_service.testing import DaemonProcess, start_daemon
 
 from .conftest import Pair, daemon_status, make_pair, options
@@ -236,3 +237,37 @@ async def test_lost_daemon_fails_lane_calls_promptly(next_cluster_id: Callable[[
         finally:
             prefill.resume()
         await pair.prompt.finalize()
+
+
+async def test_a_flood_of_calls_is_flow_controlled(decode_daemon: DaemonProcess,
+                                                   next_cluster_id: Callable[[], int]) -> None:
+    # LayerReady for a task that never starts waits sync_kv_timeout (1 s), then fails:
+    # calls that each hold a slot for a second.
+    llm = LLMDataDist(LLMRole.DECODER, next_cluster_id(), daemon=decode_daemon.client_target)
+    await llm.init(options(sync_kv_timeout=1000))
+    lane = await asyncio.to_thread(_raw, llm)
+    try:
+        lane.send(0, KIND_HELLO, _session(llm))
+        assert await asyncio.to_thread(lane.receive) == (0, REPLY_OK, b"")
+        total = MAX_CALLS_IN_FLIGHT + 44
+        request = client_pb2.LayerReadyRequest(task_id="never", layer=0).SerializeToString()
+        for call_id in range(1, total + 1):
+            lane.send(call_id, CLIENT_METHODS["LayerReady"][0], request, timeout_ms=20000)
+
+        def collect() -> dict[int, tuple[float, int]]:
+            answers = {}
+            for _ in range(total):
+                call_id, error = lane.error()
+                answers[call_id] = (time.monotonic(), error.llm_status)
+            return answers
+
+        answers = await asyncio.to_thread(collect)
+    finally:
+        lane.close()
+        await llm.finalize()
+    assert sorted(answers) == list(range(1, total + 1))
+    assert {status for _, status in answers.values()} == {LLMStatusCode.LLM_PARAM_INVALID}
+    # The calls beyond the limit started only as the first ones ended.
+    first = max(answers[i][0] for i in range(1, MAX_CALLS_IN_FLIGHT + 1))
+    late = min(answers[i][0] for i in range(MAX_CALLS_IN_FLIGHT + 1, total + 1))
+    assert late - first > 0.5
