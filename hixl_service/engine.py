@@ -26,12 +26,12 @@ from hixl_client.types import LLMRole, Placement
 
 from .ascend.hccl_link import HcclInbound, HcclLink, region_pairs
 from .cluster import Cluster, ClusterSettings
+from .copier import ExecutorCopier
 from .links import (
     TRANSPORT_HCCL,
     TRANSPORT_LOCAL,
     TRANSPORT_TCP,
     CompletionDispatcher,
-    ExecutorCopier,
     InboundLink,
     OutboundLink,
 )

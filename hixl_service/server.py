@@ -37,11 +37,12 @@ from hixl_client._proto.hixl.v1 import (
 from . import __version__, _systemd
 from .ascend.backend import AscendBackend
 from .config import DaemonConfig
+from .copier import ExecutorCopier
 from .engine import Engine, EngineDeps
 from .fd_server import FdServer
 from .interceptors import RequestIdInterceptor, generic_only, install_log_record_factory
 from .lane_server import LaneServer
-from .links import CompletionDispatcher, ExecutorCopier
+from .links import CompletionDispatcher
 from .peer_api import PeerApi
 from .peer_client import PeerClient
 from .pools import PoolManager

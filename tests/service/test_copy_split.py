@@ -9,7 +9,7 @@ import hixl_native
 import numpy as np
 import pytest
 
-from hixl_service.links import (
+from hixl_service.copier import (
     INLINE_COPY_BYTES,
     LOOP_SHARE_MAX_BYTES,
     ExecutorCopier,
