@@ -3,7 +3,7 @@
 A gRPC call costs 0.45-0.65 ms of round trip here, most of a small
 transfer; a message on a plain socket between two uvloop processes costs
 tens of microseconds. A lane carries the request and reply messages of
-chosen unary methods, framed by a 13-byte header (documented at the top of
+chosen unary methods, framed by a 17-byte header (documented at the top of
 ``proto/hixl/v1/client.proto``), and the far side runs them through the same
 handlers as their gRPC twins: validation, errors and status codes are the
 same. Two lanes exist: the transfer lane from a client to its daemon (a unix
@@ -27,7 +27,10 @@ import grpc
 from ._proto.hixl.v1 import client_pb2, common_pb2, peer_pb2
 from .status import LLMException, LLMStatusCode
 
-HEADER = struct.Struct("<IIBI")  # body bytes, call id, kind, timeout in ms
+# body bytes, call id, kind, timeout in ms, request tag (the caller's request
+# id for the far side's log, 0: none)
+HEADER = struct.Struct("<IIBII")
+Frame = tuple[int, int, int, int, bytes]  # call id, kind, timeout ms, request tag, body
 MAX_BODY = 4 * 1024 * 1024       # gRPC's default message limit: the same requests fit
 KIND_HELLO = 0
 KIND_CANCEL = 255
@@ -59,38 +62,39 @@ _CALL_IDS = 2**32
 
 
 class FrameReader:
-    """Splits a byte stream into (call id, kind, timeout ms, body) frames."""
+    """Splits a byte stream into frames (see :data:`Frame`)."""
 
     def __init__(self) -> None:
         self._buffer = bytearray()
 
-    def feed(self, data: bytes) -> list[tuple[int, int, int, bytes]]:
+    def feed(self, data: bytes) -> list[Frame]:
         """Frames completed by ``data``; raises ValueError on an oversized body."""
-        frames: list[tuple[int, int, int, bytes]] = []
+        frames: list[Frame] = []
         if not self._buffer and len(data) >= HEADER.size:
             # The usual case: whole frames in one read, parsed without copying the stream.
             view, start = memoryview(data), 0
             while len(data) - start >= HEADER.size:
-                size, call_id, kind, timeout_ms = HEADER.unpack_from(data, start)
+                size, call_id, kind, timeout_ms, tag = HEADER.unpack_from(data, start)
                 if size > MAX_BODY:
                     raise ValueError(f"a lane frame of {size} bytes exceeds {MAX_BODY}")
                 end = start + HEADER.size + size
                 if end > len(data):
                     break
-                frames.append((call_id, kind, timeout_ms, bytes(view[start + HEADER.size:end])))
+                frames.append((call_id, kind, timeout_ms, tag,
+                               bytes(view[start + HEADER.size:end])))
                 start = end
             self._buffer += view[start:]
             return frames
         buffer = self._buffer
         buffer += data
         while len(buffer) >= HEADER.size:
-            size, call_id, kind, timeout_ms = HEADER.unpack_from(buffer)
+            size, call_id, kind, timeout_ms, tag = HEADER.unpack_from(buffer)
             if size > MAX_BODY:
                 raise ValueError(f"a lane frame of {size} bytes exceeds {MAX_BODY}")
             end = HEADER.size + size
             if end > len(buffer):
                 break
-            frames.append((call_id, kind, timeout_ms, bytes(buffer[HEADER.size:end])))
+            frames.append((call_id, kind, timeout_ms, tag, bytes(buffer[HEADER.size:end])))
             del buffer[:end]
         return frames
 
@@ -163,15 +167,19 @@ class Lane(asyncio.Protocol):
     def is_open(self) -> bool:
         return self.closed_because is None and self._transport is not None
 
-    async def call(self, method: str, request: Any, timeout_s: float) -> Any:
-        """Run one call of ``method``; failures raise LLMException as over gRPC."""
+    async def call(self, method: str, request: Any, timeout_s: float, tag: int = 0) -> Any:
+        """Run one call of ``method``; failures raise LLMException as over gRPC.
+
+        ``tag``: a request id (32 bits) under which the far side logs the call.
+        """
         kind, _, reply_type = self._methods[method]
-        kind, body = await self._exchange(kind, request.SerializeToString(), timeout_s)
+        kind, body = await self._exchange(kind, request.SerializeToString(), timeout_s, tag)
         if kind != REPLY_OK:
             raise error_from_reply(body, self._what)
         return reply_type.FromString(body)
 
-    async def _exchange(self, kind: int, body: bytes, timeout_s: float) -> tuple[int, bytes]:
+    async def _exchange(self, kind: int, body: bytes, timeout_s: float,
+                        tag: int = 0) -> tuple[int, bytes]:
         transport = self._transport
         if transport is None or self.closed_because is not None:
             raise LLMException(f"{self._what}: {self.closed_because or 'the lane is closed'}",
@@ -182,7 +190,7 @@ class Lane(asyncio.Protocol):
         future: asyncio.Future[tuple[int, bytes]] = loop.create_future()
         self._pending[call_id] = future
         transport.write(HEADER.pack(len(body), call_id, kind,
-                                    min(int(timeout_s * 1000), _CALL_IDS - 1)) + body)
+                                    min(int(timeout_s * 1000), _CALL_IDS - 1), tag) + body)
         # The far side answers a late call itself (LLM_TIMEOUT); this guard only
         # bounds the wait for a daemon that stopped answering altogether.
         guard = loop.call_later(timeout_s + DEADLINE_GRACE_S, _expire, future, self._what)
@@ -192,7 +200,7 @@ class Lane(asyncio.Protocol):
             guard.cancel()
             if self._pending.pop(call_id, None) is not None and self._transport is not None:
                 # Cancelled or expired before the answer: stop the far handler too.
-                self._transport.write(HEADER.pack(0, call_id, KIND_CANCEL, 0))
+                self._transport.write(HEADER.pack(0, call_id, KIND_CANCEL, 0, 0))
 
     # asyncio.Protocol
 
@@ -207,7 +215,7 @@ class Lane(asyncio.Protocol):
             self._fail(f"the daemon sent a malformed frame: {exc}")
             return
         pending = self._pending
-        for call_id, kind, _, body in frames:
+        for call_id, kind, _, _, body in frames:
             future = pending.pop(call_id, None)
             if future is not None and not future.done():
                 future.set_result((kind, body))

@@ -37,6 +37,7 @@ from hixl_client._lane import (
     PEER_METHODS,
     REPLY_ERROR,
     REPLY_OK,
+    Frame,
     FrameReader,
     Methods,
 )
@@ -109,7 +110,7 @@ class _Connection(asyncio.Protocol):
         self._reading = True
         self._writable = True
         # Frames read while MAX_CALLS_IN_FLIGHT calls run, started as calls end.
-        self._backlog: collections.deque[tuple[int, int, int, bytes]] = collections.deque()
+        self._backlog: collections.deque[Frame] = collections.deque()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
@@ -184,14 +185,15 @@ class _Connection(asyncio.Protocol):
 
     def _reply(self, call_id: int, kind: int, body: bytes) -> None:
         if self._transport is not None:
-            self._transport.write(HEADER.pack(len(body), call_id, kind, 0) + body)
+            self._transport.write(HEADER.pack(len(body), call_id, kind, 0, 0) + body)
 
     def _refuse(self, call_id: int, status: LLMStatusCode, message: str,
                 code: grpc.StatusCode = grpc.StatusCode.INVALID_ARGUMENT) -> None:
         self._reply(call_id, REPLY_ERROR,
                     call_error(code, int(status), message).SerializeToString())
 
-    def _dispatch(self, call_id: int, kind: int, timeout_ms: int, body: bytes) -> None:
+    def _dispatch(self, call_id: int, kind: int, timeout_ms: int, tag: int,
+                  body: bytes) -> None:
         if kind == KIND_HELLO:
             self._hello(call_id, body)
             return
@@ -218,7 +220,7 @@ class _Connection(asyncio.Protocol):
             return
         binding.called()
         loop = asyncio.get_running_loop()
-        task = loop.create_task(self._run(call_id, handler, request, binding.context))
+        task = loop.create_task(self._run(call_id, handler, request, binding.context, tag))
         self._calls[call_id] = task
         if timeout_ms:
             deadline = loop.call_later(timeout_ms / 1000.0, self._expire, call_id, task)
@@ -241,8 +243,8 @@ class _Connection(asyncio.Protocol):
             task.cancel()
 
     async def _run(self, call_id: int, handler: Handler, request: Any,
-                   context: Context) -> None:
-        request_id.set(new_request_id())
+                   context: Context, tag: int) -> None:
+        request_id.set(f"{tag:08x}" if tag else new_request_id())
         try:
             reply = await handler(request, context)
         except CallAborted as exc:

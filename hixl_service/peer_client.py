@@ -69,6 +69,15 @@ def ref_from_proto(ref: common_pb2.CacheRef) -> CacheRefSpec | None:
     return None
 
 
+def _request_tag() -> int:
+    """This request's id as a lane tag (ids are 8 hex digits; others go untagged)."""
+    current = request_id.get()
+    try:
+        return int(current, 16) if len(current) == 8 else 0
+    except ValueError:
+        return 0
+
+
 class PeerClient:
     """Calls the Peer service of one remote daemon over a cached channel."""
 
@@ -86,7 +95,7 @@ class PeerClient:
         lane = await self._open_lane()
         if lane is None:
             return await self._call(getattr(self._stub, method), request, timeout_s)
-        return await lane.call(method, request, timeout_s)
+        return await lane.call(method, request, timeout_s, _request_tag())
 
     async def _open_lane(self) -> Lane | None:
         """The open lane, connecting (again) when needed; None: use gRPC."""

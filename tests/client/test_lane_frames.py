@@ -8,13 +8,13 @@ from hixl_client._lane import HEADER, MAX_BODY, FrameReader, error_from_reply
 from hixl_client._proto.hixl.v1 import common_pb2
 from hixl_client.status import LLMStatusCode
 
-FRAMES = [(1, 1, 250, b"abc"), (2, 0, 0, b""), (3, 7, 9, bytes(range(256)) * 40),
-          (4294967295, 255, 0, b"")]
-STREAM = b"".join(HEADER.pack(len(body), call_id, kind, timeout) + body
-                  for call_id, kind, timeout, body in FRAMES)
+FRAMES = [(1, 1, 250, 0xDEADBEEF, b"abc"), (2, 0, 0, 0, b""),
+          (3, 7, 9, 1, bytes(range(256)) * 40), (4294967295, 255, 0, 0, b"")]
+STREAM = b"".join(HEADER.pack(len(body), call_id, kind, timeout, tag) + body
+                  for call_id, kind, timeout, tag, body in FRAMES)
 
 
-@pytest.mark.parametrize("chunk", [1, 2, 5, 13, 14, 100, 4096, len(STREAM)])
+@pytest.mark.parametrize("chunk", [1, 2, 5, 16, 17, 18, 100, 4096, len(STREAM)])
 def test_frames_survive_any_split(chunk: int) -> None:
     reader = FrameReader()
     frames = []
@@ -33,7 +33,7 @@ def test_whole_and_partial_frames_in_one_read() -> None:
 def test_oversized_frame_is_refused() -> None:
     reader = FrameReader()
     with pytest.raises(ValueError, match="exceeds"):
-        reader.feed(HEADER.pack(MAX_BODY + 1, 1, 1, 0))
+        reader.feed(HEADER.pack(MAX_BODY + 1, 1, 1, 0, 0))
 
 
 def test_error_reply_carries_the_daemon_status() -> None:

@@ -26,11 +26,11 @@ class RawLane:
         return cls(socket.create_connection((host, port), timeout=10.0))
 
     def send(self, call_id: int, kind: int, body: bytes = b"", timeout_ms: int = 0) -> None:
-        self.sock.sendall(HEADER.pack(len(body), call_id, kind, timeout_ms) + body)
+        self.sock.sendall(HEADER.pack(len(body), call_id, kind, timeout_ms, 0) + body)
 
     def receive(self) -> tuple[int, int, bytes]:
         header = self._exactly(HEADER.size)
-        size, call_id, kind, _ = HEADER.unpack(header)
+        size, call_id, kind, _, _ = HEADER.unpack(header)
         return call_id, kind, self._exactly(size)
 
     def error(self) -> tuple[int, common_pb2.CallError]:

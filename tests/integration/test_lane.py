@@ -164,7 +164,7 @@ async def test_raw_lane_refuses_bad_frames_and_keeps_serving(pair: Pair) -> None
         assert call_id == 6 and error.llm_status == LLMStatusCode.LLM_PARAM_INVALID
         lane.send(7, KIND_CANCEL)  # cancelling nothing is harmless
 
-        lane.sock.sendall(HEADER.pack(64 * 2**20, 8, pull_kind, 0))  # over the frame limit
+        lane.sock.sendall(HEADER.pack(64 * 2**20, 8, pull_kind, 0, 0))  # over the frame limit
         with pytest.raises(ConnectionError):
             await asyncio.to_thread(lane.receive)
     finally:
