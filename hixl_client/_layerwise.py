@@ -201,7 +201,7 @@ async def drive(task: CacheTask, connection: DaemonConnection, start: client_pb2
     """
     call = connection.stub.TransferCache(
         metadata=((SESSION_METADATA_KEY, connection.session_id),))
-    on_lane = connection.lane is not None and connection.lane.is_open
+    on_lane = connection.has_lane
     if on_lane:
         start.lane_task_id = secrets.token_hex(8)
     progress = _Progress(task, list(start.targets))

@@ -162,13 +162,16 @@ class DaemonConnection:
         except grpc.aio.AioRpcError as err:
             raise error_from_rpc(err, f"hixl daemon at {self.target}") from None
 
+    @property
+    def has_lane(self) -> bool:
+        """Transfer calls go over the transfer lane (open, and the session alive)."""
+        return self.lane is not None and self.lane.is_open and self.lost is None
+
     async def transfer(self, name: str, request: Any,
                        timeout: float = CONTROL_TIMEOUT_S) -> Any:
         """Run transfer call ``name`` on the lane when it is open, else over gRPC."""
-        lane = self.lane
-        if lane is not None and lane.is_open and self.lost is None and \
-                request.ByteSize() <= MAX_BODY:
-            return await lane.call(name, request, timeout)
+        if self.lane is not None and self.has_lane and request.ByteSize() <= MAX_BODY:
+            return await self.lane.call(name, request, timeout)
         return await self.call(self.method(name), request, timeout)
 
     async def close(self) -> None:

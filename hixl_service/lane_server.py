@@ -266,15 +266,16 @@ class LaneServer:
     """A lane's listener and its connections; build with for_clients or for_peers."""
 
     def __init__(self, name: str, methods: Methods, servicer: object,
-                 bind: Callable[[bytes], Binding] | None,
-                 unbound: Callable[[], Binding] | None = None) -> None:
+                 bind: Callable[[bytes], Binding], needs_hello: bool) -> None:
+        """``bind`` turns a HELLO's body into the connection's binding; without
+        ``needs_hello`` a new connection is bound at once (with an empty body)."""
         self.name = name
         # kind -> (request type, the servicer's bound handler)
         self.handlers: dict[int, tuple[type[Any], Handler]] = {
             kind: (request_type, getattr(servicer, method))
             for method, (kind, request_type, _) in methods.items()}
-        self._bind = bind
-        self._unbound = unbound or (lambda: Binding(CallContext().as_context()))
+        self.bind = bind
+        self._needs_hello = needs_hello
         self.connections: set[_Connection] = set()
         self._server: asyncio.AbstractServer | None = None
         self._path: Path | None = None
@@ -294,21 +295,17 @@ class LaneServer:
                 raise LLMException(f"no such session: {exc}",
                                    status_code=LLMStatusCode.LLM_FAILED) from None
 
-        return cls("transfer lane", CLIENT_METHODS, servicer, bind)
+        return cls("transfer lane", CLIENT_METHODS, servicer, bind, needs_hello=True)
 
     @classmethod
     def for_peers(cls, servicer: object, info: PeerLaneInfo) -> LaneServer:
         """The peer lane: PeerServicer handlers, no binding (calls carry link tokens)."""
-        return cls("peer lane", PEER_METHODS, servicer, None, lambda: CountingBinding(info))
+        return cls("peer lane", PEER_METHODS, servicer, lambda _: CountingBinding(info),
+                   needs_hello=False)
 
     def default_binding(self) -> Binding | None:
-        """A new connection's binding: none until HELLO where the lane binds."""
-        return None if self._bind is not None else self._unbound()
-
-    def bind(self, hello: bytes) -> Binding:
-        if self._bind is None:
-            return self._unbound()
-        return self._bind(hello)
+        """A new connection's binding: none until HELLO where the lane needs one."""
+        return None if self._needs_hello else self.bind(b"")
 
     async def start_unix(self, path: Path) -> None:
         _replace_socket(path)

@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import time
-from typing import Any
-
-import grpc.aio
 
 from hixl_client._proto.hixl.v1 import admin_pb2, admin_pb2_grpc
 
+from .call_context import Context
 from .engine import Engine
 from .rpc_errors import handles_errors
-
-Context = grpc.aio.ServicerContext[Any, Any]
 
 
 def snapshot(engine: Engine, backend: str, peer_address: str) -> admin_pb2.DaemonStatus:

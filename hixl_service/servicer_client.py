@@ -7,7 +7,6 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator
-from typing import Any
 
 import grpc.aio
 
@@ -17,6 +16,7 @@ from hixl_client.status import LLMException, LLMStatusCode
 from hixl_client.types import DataType, LLMRole, Placement, bytes_per_element
 
 from . import copies
+from .call_context import Context
 from .engine import Engine, NewCache, Session
 from .layerwise import LayerwiseTask
 from .peer_api import KeyRef
@@ -28,7 +28,6 @@ from .transfers import Outcome, PullSpec, PushSpec, pull, push
 
 logger = logging.getLogger(__name__)
 
-Context = grpc.aio.ServicerContext[Any, Any]
 MAX_SHAPE_RANK = 32
 # LLM-DataDist links up to 16 clusters of one call in parallel.
 MAX_PARALLEL_LINKS = 16

@@ -157,7 +157,9 @@ async def probe_rows(env: Clusters, paths: tuple[str, ...], budget: Budget,
     * ``hixl-noop``: ``remove_cache_key`` of an unbound key, a client-to-daemon
       round trip through hixl's client and servicer that does no work;
     * ``hixl-tiny`` per path: a pull of one 64-byte block, i.e. the fixed cost
-      of a pull (client call, daemon control work, one data-plane round trip);
+      of a pull (client call, daemon control work, one data-plane round trip).
+
+    ``hixl-keyed`` rows come from :func:`keyed_rows`.
     """
     rows = []
     unbound = CacheKey(env.initiator.cluster_id, req_id=0x7FFF_FFFF)
