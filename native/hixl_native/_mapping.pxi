@@ -176,8 +176,9 @@ cdef class SharedPool(Mapping):
         name: A label for /proc/<pid>/maps and fd listings.
         size: Pool size in bytes, rounded up to whole pages.
         page_shift: log2 of the page size, in [10, 31).
-        populate: Pre-fault every page now (MAP_POPULATE), so the first
-            transfer does not pay for page faults.
+        populate: Pre-fault every page now (MAP_POPULATE) and write it
+            once, so the first transfer into a page pays neither a page
+            fault nor a hypervisor's first-write trap.
 
     Raises:
         ValueError: A bad size, page shift or name.

@@ -58,7 +58,7 @@ def test_accepts_uint64_buffers(pair: tuple[SharedPool, SharedPool], kind: str) 
 
 
 def test_large_requests_stream_and_stay_exact() -> None:
-    """A request of 4 MiB or more takes the streaming-store path for its larger ranges:
+    """A request of 512 KiB or more takes the streaming-store path for its larger ranges:
     unaligned starts, odd lengths, small ranges and overlaps must all stay exact."""
     src, dst = hn.SharedPool("src", 16 * MIB, 12), hn.SharedPool("dst", 16 * MIB, 12)
     try:

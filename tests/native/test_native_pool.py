@@ -44,6 +44,14 @@ def test_size_rounds_up_and_properties() -> None:
     assert p.closed and p.fd == -1 and p.address == 0
 
 
+@pytest.mark.parametrize("populate", [True, False])
+def test_new_pool_reads_zero(populate: bool) -> None:
+    """A populated pool has had every page written once (see pool.c); that
+    write must leave the memory as a fresh memfd's: all zero."""
+    with hn.SharedPool("zero", 8 * PAGE + 1, 12, populate=populate) as p:
+        assert bytes(p.view(0, p.size)) == bytes(p.size)
+
+
 @pytest.mark.parametrize("shift", [9, 31, -1])
 def test_page_shift_bounds(shift: int) -> None:
     with pytest.raises(ValueError):

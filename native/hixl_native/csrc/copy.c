@@ -25,7 +25,7 @@ int hixl_check_triples(const uint8_t *triples, size_t n, uint64_t dst_size,
  * the read-for-ownership move the same bytes in less memory traffic. glibc
  * makes that choice per call, and only for single copies of several MiB; a
  * request of many 64 KiB blocks never qualifies there. */
-#define NT_MIN_REQUEST_BYTES (4u << 20)
+#define NT_MIN_REQUEST_BYTES (512u << 10)
 /* Blocks smaller than this are copied with memmove (the stores would not pay). */
 #define NT_MIN_RANGE_BYTES 4096u
 

@@ -28,6 +28,20 @@ static int open_memfd(const char *name, uint64_t size, int *fd_out)
     return HIXL_OK;
 }
 
+/* Writes every page of a brand-new (all-zero) pool once. MAP_POPULATE maps
+ * the pages, yet on the VMs hixl is developed on the first store to each page
+ * still traps to the hypervisor (no guest fault is counted): copying into a
+ * freshly populated pool ran at half the speed of copying into one written
+ * before (1 MiB: 320 us against 170). One store per page, 0.06 s per 512 MiB,
+ * pays that once here instead of in the first transfer into each page.
+ * Storing zero is safe only because nobody else can see the memfd yet. */
+static void touch_pages(hixl_mapping *map, unsigned page_bytes)
+{
+    volatile uint8_t *base = map->addr;
+    for (uint64_t off = 0; off < map->size; off += page_bytes)
+        base[off] = 0;
+}
+
 int hixl_pool_create(const char *name, uint64_t size, unsigned page_shift,
                      int populate, hixl_pool **out)
 {
@@ -45,6 +59,8 @@ int hixl_pool_create(const char *name, uint64_t size, unsigned page_shift,
     rc = open_memfd(name, bytes, &fd);
     if (rc == HIXL_OK) {
         rc = hixl_mapping_create(fd, bytes, populate, fd, &p->map);
+        if (rc == HIXL_OK && populate)
+            touch_pages(p->map, (unsigned)sysconf(_SC_PAGESIZE));
         if (rc != HIXL_OK) {
             int err = errno;
             close(fd);
