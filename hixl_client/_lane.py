@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from typing import Any, cast
+from collections.abc import Coroutine
+from typing import Any, NamedTuple, cast
 
 import grpc
 
@@ -117,6 +118,14 @@ def error_from_call(error: common_pb2.CallError, what: str) -> LLMException:
     return LLMException(error.message or status.name, status_code=status)
 
 
+class _Posted(NamedTuple):
+    """A call whose frame is written: what waiting for its reply needs."""
+
+    call_id: int
+    future: asyncio.Future[tuple[int, bytes]]
+    guard: asyncio.TimerHandle
+
+
 class Lane(asyncio.Protocol):
     """One lane to a daemon; open with :meth:`connect_unix` or :meth:`connect_tcp`."""
 
@@ -172,14 +181,32 @@ class Lane(asyncio.Protocol):
 
         ``tag``: a request id (32 bits) under which the far side logs the call.
         """
+        return await self.begin(method, request, timeout_s, tag)
+
+    def begin(self, method: str, request: Any, timeout_s: float,
+              tag: int = 0) -> Coroutine[Any, Any, Any]:
+        """Send a call of ``method`` now and return a coroutine giving its reply.
+
+        The frame is written before this returns, so a caller that hands the
+        reply to a new task does not also wait for that task's first step to
+        send it. The coroutine must be awaited (it ends the call's bookkeeping).
+        Raises LLMException at once when the lane is closed.
+        """
         kind, _, reply_type = self._methods[method]
-        kind, body = await self._exchange(kind, request.SerializeToString(), timeout_s, tag)
+        posted = self._post(kind, request.SerializeToString(), timeout_s, tag)
+        return self._reply(posted, reply_type)
+
+    async def _reply(self, posted: _Posted, reply_type: Any) -> Any:
+        kind, body = await self._wait(posted)
         if kind != REPLY_OK:
             raise error_from_reply(body, self._what)
         return reply_type.FromString(body)
 
     async def _exchange(self, kind: int, body: bytes, timeout_s: float,
                         tag: int = 0) -> tuple[int, bytes]:
+        return await self._wait(self._post(kind, body, timeout_s, tag))
+
+    def _post(self, kind: int, body: bytes, timeout_s: float, tag: int) -> _Posted:
         transport = self._transport
         if transport is None or self.closed_because is not None:
             raise LLMException(f"{self._what}: {self.closed_because or 'the lane is closed'}",
@@ -194,6 +221,10 @@ class Lane(asyncio.Protocol):
         # The far side answers a late call itself (LLM_TIMEOUT); this guard only
         # bounds the wait for a daemon that stopped answering altogether.
         guard = loop.call_later(timeout_s + DEADLINE_GRACE_S, _expire, future, self._what)
+        return _Posted(call_id, future, guard)
+
+    async def _wait(self, posted: _Posted) -> tuple[int, bytes]:
+        call_id, future, guard = posted
         try:
             return await future
         finally:

@@ -15,7 +15,7 @@ import inspect
 import logging
 import secrets
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Coroutine, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -184,11 +184,20 @@ def _check_timeout(timeout_in_millis: int | None) -> None:
         check_uint32("timeout_in_millis", timeout_in_millis)
 
 
-async def _synchronize(synchronizer: LayerSynchronizer, layer: int) -> bool:
+async def _synchronize(synchronizer: LayerSynchronizer, layer: int) -> tuple[bool, float]:
+    """Whether the layer is ready, and ``time.perf_counter()`` when the
+    synchronizer returned: taken in the worker thread, so a layer's lag also
+    counts the hop back to the event loop."""
     method = synchronizer.synchronize_layer
     if inspect.iscoroutinefunction(method):
-        return bool(await method(layer, None))
-    return bool(await asyncio.to_thread(method, layer, None))
+        ready = bool(await method(layer, None))
+        return ready, time.perf_counter()
+
+    def run() -> tuple[bool, float]:
+        ready = bool(method(layer, None))
+        return ready, time.perf_counter()
+
+    return await asyncio.to_thread(run)
 
 
 async def drive(task: CacheTask, connection: DaemonConnection, start: client_pb2.TransferStart,
@@ -221,17 +230,19 @@ async def drive(task: CacheTask, connection: DaemonConnection, start: client_pb2
                     continue
                 if reader.done() or task._failed():
                     break  # the daemon ended the task; the reader has the reason
-                if not await _synchronize(synchronizer, layer):
+                ready, ready_s = await _synchronize(synchronizer, layer)
+                if not ready:
                     for target in needing:
                         task._record(target.dst_cluster_id, LLMStatusCode.LLM_PARAM_INVALID)
                     break
                 if progress.lags is not None and captured is not None:
-                    progress.lags[layer] = LayerLag(layer, time.perf_counter())
+                    progress.lags[layer] = LayerLag(layer, ready_s)
                     captured[-1].append(progress.lags[layer])
                 if on_lane:
-                    layer_calls.append(asyncio.get_running_loop().create_task(
-                        _layer_on_lane(progress, connection, start.lane_task_id, layer,
-                                       needing, timeout_s)))
+                    reply = _layer_on_lane(progress, connection, start.lane_task_id, layer,
+                                           needing, timeout_s)
+                    if reply is not None:
+                        layer_calls.append(asyncio.get_running_loop().create_task(reply))
                 elif not await _send(call, client_pb2.TransferMessage(layer_ready=layer)):
                     break
             if layer_calls:
@@ -250,19 +261,38 @@ async def drive(task: CacheTask, connection: DaemonConnection, start: client_pb2
         call.cancel()
 
 
-async def _layer_on_lane(progress: _Progress, connection: DaemonConnection, task_id: str,
-                         layer: int, needing: list[client_pb2.TransferTarget],
-                         timeout_s: float) -> None:
+def _layer_on_lane(progress: _Progress, connection: DaemonConnection, task_id: str,
+                   layer: int, needing: list[client_pb2.TransferTarget],
+                   timeout_s: float) -> Coroutine[Any, Any, None] | None:
+    """Send one LayerReady call now, so a layer's lag does not include waiting
+    for a new task's first step; return a coroutine applying its reply (None
+    when the call could not be sent: the failure is recorded)."""
     try:
-        reply = await connection.transfer(
+        reply = connection.begin_transfer(
             "LayerReady", client_pb2.LayerReadyRequest(task_id=task_id, layer=layer), timeout_s)
     except LLMException as exc:
-        logger.warning("layer %d of a layer-wise transfer failed: %s", layer, exc)
-        for target in needing:
-            progress.task._record_failure(target.dst_cluster_id, exc.status_code)
+        _layer_failed(progress, layer, needing, exc)
+        return None
+    return _apply_layer_reply(progress, layer, needing, reply)
+
+
+async def _apply_layer_reply(progress: _Progress, layer: int,
+                             needing: list[client_pb2.TransferTarget],
+                             reply: Coroutine[Any, Any, Any]) -> None:
+    try:
+        answer = await reply
+    except LLMException as exc:
+        _layer_failed(progress, layer, needing, exc)
         return
-    for report in reply.reports:
+    for report in answer.reports:
         progress.apply(report)
+
+
+def _layer_failed(progress: _Progress, layer: int, needing: list[client_pb2.TransferTarget],
+                  exc: LLMException) -> None:
+    logger.warning("layer %d of a layer-wise transfer failed: %s", layer, exc)
+    for target in needing:
+        progress.task._record_failure(target.dst_cluster_id, exc.status_code)
 
 
 async def _send(call: Any, message: client_pb2.TransferMessage | None) -> bool:

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import os
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 import grpc
@@ -170,9 +170,15 @@ class DaemonConnection:
     async def transfer(self, name: str, request: Any,
                        timeout: float = CONTROL_TIMEOUT_S) -> Any:
         """Run transfer call ``name`` on the lane when it is open, else over gRPC."""
+        return await self.begin_transfer(name, request, timeout)
+
+    def begin_transfer(self, name: str, request: Any,
+                       timeout: float = CONTROL_TIMEOUT_S) -> Coroutine[Any, Any, Any]:
+        """:meth:`transfer` as a coroutine to await later; on the lane the call
+        is already sent when this returns (see :meth:`Lane.begin`)."""
         if self.lane is not None and self.has_lane and request.ByteSize() <= MAX_BODY:
-            return await self.lane.call(name, request, timeout)
-        return await self.call(self.method(name), request, timeout)
+            return self.lane.begin(name, request, timeout)
+        return self.call(self.method(name), request, timeout)
 
     async def close(self) -> None:
         """End the session: the daemon frees what it allocated for us."""

@@ -91,6 +91,8 @@ class LaneTasks:
     async def find(self, key: tuple[str, str], timeout_s: float) -> LayerwiseTask | None:
         """The task, waiting up to ``timeout_s`` for it to be posted; None: no such task."""
         slot = self._slot(key)
+        if slot.done():  # the usual case: no timer, no extra turn of the loop
+            return slot.result()
         try:
             return await asyncio.wait_for(asyncio.shield(slot), timeout_s)
         except asyncio.TimeoutError:

@@ -110,9 +110,11 @@ def format_row(row: Row) -> str:
         text += f"  {row.extra['model']} {row.extra['tokens']} tok: " \
                 f"{_num(row.extra.get('prompt_ms'), '.1f')} ms/prompt"
         if row.extra.get("lag_ratio") is not None:
+            alone = row.extra.get("layer_alone_ms")
+            reference = f"one layer alone ({_num(alone, '.2f')} ms)" if alone is not None \
+                else f"one layer ({_num(row.extra['layer_ms'], '.2f')} ms, unpaced average)"
             text += f"; paced: last layer lands {_num(row.extra['last_lag_ms'], '.2f')} ms " \
-                    f"after it is ready = {_num(row.extra['lag_ratio'], '.2f')} x one layer " \
-                    f"({_num(row.extra['layer_ms'], '.2f')} ms)"
+                    f"after it is ready = {_num(row.extra['lag_ratio'], '.2f')} x {reference}"
     elif row.suite == "kv":
         text += f"  {row.extra['model']} {row.extra['tokens']} tok"
     if row.suite == "scale" and row.extra.get("ctrl_us_per_block") is not None:

@@ -71,6 +71,11 @@ def test_quick_run_prints_ratios_and_writes_json_lines(tmp_path: Path) -> None:
     assert all(row["rtt_ratio"] is not None for row in hixl)
     kv = [row for row in rows if row["suite"] == "kv"]
     assert kv and all(row["model"] == "tiny" for row in kv)
+    # The layer-wise row: the last layer's lag against one layer pushed alone.
+    (layerwise,) = [row for row in kv if row["kv_mode"] == "transfer_cache_async"]
+    assert layerwise["layer_alone_ms"] > 0 and layerwise["last_lag_ms"] > 0
+    assert layerwise["lag_ratio"] == pytest.approx(
+        layerwise["last_lag_ms"] / layerwise["layer_alone_ms"])
     # Every peer is measured or reported as skipped, never left out.
     assert {"mooncake-tcp", "nixl-ucx-tcp"} <= {row["name"] for row in rows if row["kind"] == "peer"}
 
