@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hixl_service.bench import ceilings, env, kvshape, peers, plan, report, runner, scale
+from hixl_service.bench import ceilings, env, kvshape, peers, plan, repeat, report, runner, scale
 from hixl_service.bench.model import GIB, MIB, Case, Row
 
 SUITES = ("block", "batch", "conc", "scale", "kv")
@@ -51,6 +51,8 @@ def parser() -> argparse.ArgumentParser:
                    help="TCP streams per link, for hixl and the matching TCP ceiling")
     p.add_argument("--cold-mib", type=int, help="bytes each side rotates through (MiB)")
     p.add_argument("--budget-scale", type=float, default=1.0, help="scale every row's time")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="whole runs to make; the table shows each row's medians over them")
     p.add_argument("--models", type=_csv(tuple(plan.PRESETS)), help="KV presets")
     p.add_argument("--tokens", type=_ints, help="KV prompt lengths, e.g. 1024,4096")
     p.add_argument("--page-tokens", type=int, default=128, help="tokens per KV page")
@@ -161,7 +163,7 @@ def _meta(p: plan.Plan, args: argparse.Namespace, elapsed: float) -> dict[str, A
     return {"command": "hixl-bench " + " ".join(sys.argv[1:]), "quick": args.quick,
             "cold_bytes": p.cold_bytes, "streams": args.streams, "cpus": os.cpu_count(),
             "machine": platform.machine(), "python": platform.python_version(),
-            "budget_s": p.budget.seconds, "elapsed_s": round(elapsed, 1)}
+            "budget_s": p.budget.seconds, "repeat": args.repeat, "elapsed_s": round(elapsed, 1)}
 
 
 def _count(p: plan.Plan, args: argparse.Namespace) -> int:
@@ -182,12 +184,17 @@ def _count(p: plan.Plan, args: argparse.Namespace) -> int:
 
 async def run(args: argparse.Namespace) -> int:
     p = make_plan(args)
-    progress = report.Progress(_count(p, args), quiet=args.quiet)
+    progress = report.Progress(_count(p, args) * args.repeat, quiet=args.quiet)
     progress.note(f"{'quick' if args.quick else 'full'} run: {len(p.cases)} sweep cases, "
-                  f"{len(p.kv_cases)} KV cases, cold buffers {p.cold_bytes // MIB} MiB per side")
+                  f"{len(p.kv_cases)} KV cases, cold buffers {p.cold_bytes // MIB} MiB per side"
+                  + (f", {args.repeat} times" if args.repeat > 1 else ""))
     started = time.monotonic()
-    rows = await run_measurements(p, args, progress)
-    report.add_ratios(rows, args.streams)
+    runs = []
+    for _ in range(args.repeat):
+        rows = await run_measurements(p, args, progress)
+        report.add_ratios(rows, args.streams)  # within each run, between neighbouring rows
+        runs.append(rows)
+    rows = repeat.median_of_runs(runs)
     print()
     report.print_table(rows)
     meta = _meta(p, args, time.monotonic() - started)
@@ -210,6 +217,8 @@ def run_cli(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     if not 1 <= args.streams <= 64:
         parser().error("--streams must be in [1, 64]")
+    if not 1 <= args.repeat <= 20:
+        parser().error("--repeat must be in [1, 20]")
     if args.no_uvloop:
         return asyncio.run(run(args))
     import uvloop

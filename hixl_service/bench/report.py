@@ -117,6 +117,9 @@ def format_row(row: Row) -> str:
                     f"after it is ready = {_num(row.extra['lag_ratio'], '.2f')} x {reference}"
     elif row.suite == "kv":
         text += f"  {row.extra['model']} {row.extra['tokens']} tok"
+    if row.extra.get("ratio_min") is not None:
+        text += f"  ratio {_num(row.extra['ratio_min'], '.2f')}-" \
+                f"{_num(row.extra['ratio_max'], '.2f')} over {row.extra['runs']} runs"
     if row.suite == "scale" and row.extra.get("ctrl_us_per_block") is not None:
         text += f"  control {_num(row.extra['ctrl_us_per_block'], '.3f')} us/block"
         if row.extra.get("ctrl_us_per_added_block") is not None:
