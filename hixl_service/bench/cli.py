@@ -177,7 +177,7 @@ def _count(p: plan.Plan, args: argparse.Namespace) -> int:
         ceiling_rows |= {(name, shape) for name in names}
     counts = _scale_counts(args)
     paths = {c.path for c in p.cases} | ({"tcp"} if counts else set())
-    probes = (1 + len(paths)) if paths else 0
+    probes = (1 + 2 * len(paths)) if paths else 0  # no-op; tiny and keyed per path
     return 1 + len(ceiling_rows) + probes + len(p.cases) + len(counts) + len(p.kv_cases) + \
         len(args.peers) * len(p.peer_cases())
 
