@@ -23,11 +23,11 @@ fp16. Modes:
   synchronizer returning (``lag_ratio`` <= 1). One layer's transfer time
   is measured on its own: the median of ``push_cache`` calls moving that
   layer (K and V) alone over the same link, each after the same idle time
-  as a paced layer (``layer_alone_ms``). The unpaced
-  prompt time over the layers (``layer_ms``) is kept as a second reference
-  (``lag_ratio_avg``); it is not the target's, since it shrinks whenever
-  the daemon overlaps more of one layer's fixed cost with the next one's
-  bytes, which makes a faster pipeline look worse.
+  as a paced layer (``layer_alone_ms``). The unpaced prompt time over the
+  layers (``layer_ms``) is kept as a second reference (``lag_ratio_avg``);
+  it is not the target's, since it shrinks whenever the daemon overlaps
+  more of one layer's fixed cost with the next one's bytes, which makes a
+  faster pipeline look worse.
 
 A mode this build's CacheManager lacks is reported as skipped.
 """
