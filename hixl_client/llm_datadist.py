@@ -6,6 +6,7 @@ process (one per cluster): each holds its own session with the daemon.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -14,7 +15,7 @@ from ._comm_ops import CommOps
 from ._defaults import default_daemon_target
 from ._memory import PoolMapping, map_pools
 from ._proto.hixl.v1 import client_pb2
-from ._transport import DaemonConnection
+from ._transport import CONTROL_TIMEOUT_S, DaemonConnection
 from ._validation import check_int32, check_isinstance, check_uint64
 from .cache_manager import CacheManager
 from .config import LLMClusterInfo, int_to_ip
@@ -30,7 +31,27 @@ OPT_LOCAL_COMM_RES = "llm.LocalCommRes"
 OPT_TRANSFER_BACKEND = "llm.TransferBackend"
 OPT_LISTEN_IP_INFO = "llm.listenIpInfo"
 OPT_FLOW_GRAPH_MEM = "ge.flowGraphMemMaxSize"
+OPT_POOLS = ("llm.MemPoolConfig", "llm.HostMemPoolConfig")
 LINK_RPC_MARGIN_S = 10.0
+# Init creates the cluster's pools, and the daemon maps, pre-faults and writes
+# every page of them first (0.7 s per GiB on the slow VMs hixl is developed
+# on): Init may take this long per GiB on top of a control call, so a large
+# pool is not cut off by the fixed control timeout.
+POOL_SETUP_S_PER_GIB = 2.0
+
+
+def init_timeout_s(options: dict[str, str]) -> float:
+    """How long Init may take: a control call, plus the setup of the pools it
+    asks for. Pool options the daemon will refuse count for nothing here."""
+    pool_bytes = 0
+    for name in OPT_POOLS:
+        try:
+            size = json.loads(options[name])["memory_size"]
+        except (KeyError, TypeError, ValueError):
+            continue
+        if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+            pool_bytes += size
+    return CONTROL_TIMEOUT_S + POOL_SETUP_S_PER_GIB * pool_bytes / 2**30
 
 
 def normalize_options(options: dict[str, str], role: LLMRole) -> dict[str, str]:
@@ -167,7 +188,8 @@ class LLMDataDist(CommOps):
         await connection.open()
         try:
             reply = await connection.call(connection.stub.Init, client_pb2.InitRequest(
-                cluster_id=self._cluster_id, role=int(self._role), options=normalized))
+                cluster_id=self._cluster_id, role=int(self._role), options=normalized),
+                init_timeout_s(normalized))
 
             async def share(tgid: int) -> client_pb2.ShareDevicePoolsReply:
                 reply: client_pb2.ShareDevicePoolsReply = await connection.call(

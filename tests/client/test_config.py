@@ -434,3 +434,18 @@ def test_cluster_info_rejects(action: Any, exc: type[Exception], pattern: str) -
     with pytest.raises(exc, match=pattern):
         action(info)
     assert info.local_ip_info_list == [] and info.remote_ip_info_list == []
+
+
+def test_init_waits_longer_for_larger_pools() -> None:
+    """Init's deadline grows with the pools it creates (the daemon pre-faults and
+    writes every page first); pool options it will refuse add nothing."""
+    from hixl_client._transport import CONTROL_TIMEOUT_S
+    from hixl_client.llm_datadist import POOL_SETUP_S_PER_GIB, init_timeout_s
+
+    config = LLMConfig()
+    config.mem_pool_cfg = json.dumps({"memory_size": 10 << 30})
+    config.host_mem_pool_cfg = json.dumps({"memory_size": 6 << 30})
+    assert init_timeout_s(config.generate_options()) == CONTROL_TIMEOUT_S + 16 * POOL_SETUP_S_PER_GIB
+    assert init_timeout_s({}) == CONTROL_TIMEOUT_S
+    for bad in ("not json", "[]", '{"memory_size": true}', '{"memory_size": -1}', "{}"):
+        assert init_timeout_s({"llm.MemPoolConfig": bad}) == CONTROL_TIMEOUT_S
