@@ -194,7 +194,7 @@ class _Prompt:
         last layer alone (same bytes, link and direction as a layer-wise layer),
         each after ``gap_s`` idle, as a paced layer comes after its compute;
         None where push is not available."""
-        if not remote_accessible() or not supports(self.env.cm, "push_cache"):
+        if not remote_accessible():
             return None
         assert self.local is not None
         last = range(self.kv.model.layers - 1, self.kv.model.layers)

@@ -18,12 +18,12 @@ from hixl_service.bench.model import Row
 # The figures of a row that are folded into their median.
 _FIGURES = ("gbps", "rps", "p50_us", "p99_us", "client_us", "control_us", "data_us", "ratio",
             "rtt_ratio")
-# Per row: its identity and how many rows with that identity came before it in
-# its run (a ceiling shape shared by several KV cases is measured each time).
 _Key = tuple[Any, ...]
 
 
 def _keys(rows: list[Row]) -> list[_Key]:
+    """Per row: its identity and how many rows with that identity came before it
+    in its run (a ceiling shape shared by several KV cases is measured each time)."""
     seen: dict[_Key, int] = {}
     keys = []
     for row in rows:

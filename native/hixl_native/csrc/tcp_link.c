@@ -623,6 +623,19 @@ static int may_run(hixl_link *l, hixl_request *r)
     return HIXL_OK;
 }
 
+/* Ends a piece whose stream is out of sync: the socket goes, and the status
+ * says why (the link closing wins; a peer that hung up marks the link dead). */
+static int out_of_sync(hixl_stream *s, int rc)
+{
+    hixl_link *l = s->link;
+    drop_socket(s);
+    if (atomic_load(&l->closing))
+        return HIXL_E_CANCELLED;
+    if (rc == HIXL_E_CLOSED)
+        atomic_store(&l->dead, 1);
+    return rc;
+}
+
 static int run_piece(hixl_stream *s, hixl_piece *p)
 {
     hixl_link *l = s->link;
@@ -634,14 +647,8 @@ static int run_piece(hixl_stream *s, hixl_piece *p)
         rc = p->early_rc;
         if (rc == HIXL_OK)
             rc = may_run(l, r);
-        if (rc != HIXL_OK) {
-            drop_socket(s);
-            if (atomic_load(&l->closing))
-                return HIXL_E_CANCELLED;
-            if (rc == HIXL_E_CLOSED)
-                atomic_store(&l->dead, 1);
-            return rc;
-        }
+        if (rc != HIXL_OK)
+            return out_of_sync(s, rc);
     } else {
         if ((rc = may_run(l, r)) != HIXL_OK)
             return rc;
@@ -653,13 +660,7 @@ static int run_piece(hixl_stream *s, hixl_piece *p)
         rc = recv_reply(s->fd, l->stop_fd, p, r->deadline_ns);
     if (rc == HIXL_OK || rc == HIXL_E_REFUSED)
         return rc; /* the stream is still in sync */
-    /* Anything else leaves the byte stream in an unknown state. */
-    drop_socket(s);
-    if (atomic_load(&l->closing))
-        return HIXL_E_CANCELLED;
-    if (rc == HIXL_E_CLOSED)
-        atomic_store(&l->dead, 1);
-    return rc;
+    return out_of_sync(s, rc); /* anything else leaves the byte stream unknown */
 }
 
 static void *stream_main(void *arg)
