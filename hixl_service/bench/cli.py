@@ -96,6 +96,14 @@ def _by_shape(cases: tuple[Case, ...]) -> list[tuple[tuple[int, int], list[Case]
     return list(groups.items())
 
 
+def _ceilings_of(group: list[Case]) -> list[tuple[tuple[int, int], set[str]]]:
+    """The ceiling shapes a group of cases compares with, each with its paths."""
+    shapes: dict[tuple[int, int], set[str]] = {}
+    for case in group:
+        shapes.setdefault(case.ceiling_key, set()).add(case.path)
+    return sorted(shapes.items())
+
+
 async def run_hixl(p: plan.Plan, args: argparse.Namespace, native: ceilings.NativeCeilings,
                    progress: report.Progress) -> list[Row]:
     """hixl's rows, each shape's ceilings measured just before them."""
@@ -117,8 +125,9 @@ async def run_hixl(p: plan.Plan, args: argparse.Namespace, native: ceilings.Nati
                 progress(rows[-1])
                 rows += await runner.probe_rows(linked, paths, p.budget, progress, ping)
                 rows += await runner.keyed_rows(pair, paths, p.budget, progress, ping)
-                for shape, group in _by_shape(p.cases):
-                    rows += await native.measure(shape, {c.path for c in group})
+                for _, group in _by_shape(p.cases):
+                    for shape, shape_paths in _ceilings_of(group):
+                        rows += await native.measure(shape, shape_paths)
                     for case in group:
                         rows.append(await runner.run_case(linked, case, p.cold_bytes, p.budget,
                                                           ping))
@@ -170,7 +179,7 @@ def _count(p: plan.Plan, args: argparse.Namespace) -> int:
     """Rows the run will print (a peer that is not installed prints fewer)."""
     tcp_names = [f"tcp{n}" for n in {1, args.streams}]
     ceiling_rows: set[tuple[str, tuple[int, int]]] = set()
-    shapes = [(shape, {c.path for c in group}) for shape, group in _by_shape(p.cases)]
+    shapes = [shape for _, group in _by_shape(p.cases) for shape in _ceilings_of(group)]
     shapes += [(k.ceiling_shape(p.cold_bytes), {k.path}) for k in p.kv_cases]
     for shape, paths in shapes:
         names = (["memcpy"] if "local" in paths else []) + (tcp_names if "tcp" in paths else [])

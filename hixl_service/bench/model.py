@@ -18,6 +18,20 @@ GIB = 1 << 30
 CEILING, HIXL, PEER, PROBE = "ceiling", "hixl", "peer", "probe"
 OK = "ok"
 
+# A row with several requests in flight compares with a ceiling moving all of
+# their bytes at once (one request of that many blocks), up to this size:
+# larger requests add nothing to the ceiling's GB/s here.
+CONC_CEILING_MAX_BYTES = 64 * MIB
+
+
+def ceiling_shape(block: int, nblocks: int, conc: int = 1) -> tuple[int, int]:
+    """The (block, nblocks) of the ceiling that matches ``conc`` requests of
+    ``nblocks`` blocks of ``block`` bytes in flight: the same bytes, at once."""
+    if conc <= 1:
+        return (block, nblocks)
+    cap = max(nblocks, CONC_CEILING_MAX_BYTES // block)
+    return (block, min(nblocks * conc, cap))
+
 
 @dataclass(frozen=True)
 class Case:
@@ -46,6 +60,11 @@ class Case:
     @property
     def shape_key(self) -> tuple[int, int]:
         return (self.block, self.nblocks)
+
+    @property
+    def ceiling_key(self) -> tuple[int, int]:
+        """The ceilings' shape for this case (see :func:`ceiling_shape`)."""
+        return ceiling_shape(self.block, self.nblocks, self.conc)
 
 
 @dataclass

@@ -91,18 +91,15 @@ class Plan:
     budget: Budget
     kv_budget: Budget
 
-    def ceiling_shapes(self) -> list[tuple[int, int]]:
-        shapes = {case.shape_key for case in self.cases}
-        shapes |= {kv.ceiling_shape(self.cold_bytes) for kv in self.kv_cases}
-        return sorted(shapes)
-
     def peer_cases(self) -> list[Case]:
         """The cases peers run: every shape of the block and batch sweeps, one in flight."""
         return [c for c in self.cases if c.conc == 1 and c.path == "tcp"
                 and c.suite in ("block", "batch")]
 
     def max_request_bytes(self) -> int:
-        return max([c.request_bytes for c in self.cases] or [0])
+        """The largest request of a hixl row or of its ceiling."""
+        return max([max(c.request_bytes, c.ceiling_key[0] * c.ceiling_key[1])
+                    for c in self.cases] or [0])
 
 
 def _block_suite(blocks: list[int], ops: tuple[str, ...], paths: tuple[str, ...]) -> list[Case]:

@@ -10,7 +10,17 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from hixl_service.bench.ceilings import GRPC_RTT, MEMCPY, tcp_name
-from hixl_service.bench.model import CEILING, GIB, HIXL, KIB, MIB, PEER, PROBE, Row
+from hixl_service.bench.model import (
+    CEILING,
+    GIB,
+    HIXL,
+    KIB,
+    MIB,
+    PEER,
+    PROBE,
+    Row,
+    ceiling_shape,
+)
 from hixl_service.bench.runner import NOOP, TINY, split
 
 _ORDER = {CEILING: 0, PROBE: 1, HIXL: 2, PEER: 3}
@@ -36,7 +46,8 @@ def _find(rows: Iterable[Row], **want: Any) -> Row | None:
 def _ceiling_for(row: Row, ceilings: list[Row], streams: int) -> Row | None:
     name = MEMCPY if row.path == "local" else tcp_name(streams)
     if row.suite != "kv":
-        return _find(ceilings, name=name, block=row.block, nblocks=row.nblocks)
+        block, nblocks = ceiling_shape(row.block, row.nblocks, row.conc)
+        return _find(ceilings, name=name, block=block, nblocks=nblocks)
     # A KV row's ceiling ran on the same block size with as many blocks as fit.
     same_block = [c for c in ceilings if c.ok and c.name == name and c.block == row.block]
     return max(same_block, key=lambda c: c.nblocks, default=None)
@@ -53,8 +64,9 @@ def add_ratios(rows: list[Row], streams: int) -> None:
 
     * hixl rows: GB/s over the matching ceiling (``local`` -> cold memcpy,
       ``tcp`` -> raw loopback TCP with as many streams as hixl's links), same
-      block size and blocks per request; concurrency rows compare with the
-      one-in-flight ceiling;
+      block size and blocks per request; a row with k requests in flight
+      compares with the ceiling moving their bytes at once (k times the
+      blocks in one request, see ``model.ceiling_shape``);
     * peer rows: GB/s over hixl's row of the same operation and shape;
     * every timed row: p50 over the bare gRPC round trip (``rtt_ratio``): the
       calls interleaved with the row's own requests where it has them
