@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from hixl_service import __version__
+from hixl_service._glibc import return_large_allocations
 from hixl_service.config import ConfigError, DaemonConfig, LoggingConfig, load_config
 
 __all__ = ["EXIT_CONFIG", "EXIT_FAILURE", "EXIT_OK", "configure_logging", "main"]
@@ -147,6 +148,9 @@ def _loop_runner(config: DaemonConfig) -> Callable[[Coroutine[Any, Any, None]], 
 
 
 def _run(config: DaemonConfig) -> int:
+    # Before any thread or large allocation exists (see _glibc).
+    if not return_large_allocations():
+        logger.debug("not glibc: large allocations keep the C library's default")
     # Imported only now: the server pulls in grpc and the native module,
     # which --check and --print-config do not need.
     from hixl_service.ascend.backend import BackendUnavailable

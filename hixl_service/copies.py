@@ -12,7 +12,7 @@ from hixl_client.status import LLMException, LLMStatusCode
 
 from .cluster import Cluster
 from .engine import Engine
-from .planning import Layout, plan_blocks, plan_slot_copy, total_bytes
+from .planning import Blocks, Layout, plan_blocks, plan_slot_copy, total_bytes
 from .pools import Memory
 from .transfers import entry_layout
 
@@ -75,7 +75,7 @@ async def copy_cache(engine: Engine, cluster: Cluster, dst_id: int, src_id: int,
 
 
 async def copy_blocks(engine: Engine, cluster: Cluster, cache_id: int,
-                      src_blocks: tuple[int, ...], dst_blocks: tuple[int, ...]) -> int:
+                      src_blocks: Blocks, dst_blocks: Blocks) -> int:
     entry = cluster.registry.get(cache_id)
     if not entry.blocks:
         raise _invalid("copy_blocks needs a blocks cache")
@@ -87,8 +87,8 @@ async def copy_blocks(engine: Engine, cluster: Cluster, cache_id: int,
 
 
 async def swap_blocks(engine: Engine, cluster: Cluster, src_operand: Operand,
-                      dst_operand: Operand, src_blocks: tuple[int, ...],
-                      dst_blocks: tuple[int, ...]) -> int:
+                      dst_operand: Operand, src_blocks: Blocks,
+                      dst_blocks: Blocks) -> int:
     src = _resolve(engine, cluster, src_operand)
     dst = _resolve(engine, cluster, dst_operand)
     if not (src.blocks and dst.blocks):

@@ -14,6 +14,7 @@ A link is chosen at link time and never changes silently:
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 from dataclasses import dataclass, field
@@ -64,6 +65,20 @@ def native_status_error(status: int) -> LLMException:
 # released) for the reply, which spares the two thread handoffs of a native
 # round trip; a reply that takes longer is left to the link's worker.
 INLINE_WAIT_US = 200
+
+
+# A transfer of more ranges than this reaches the data link in slices of
+# this many, two at a time: each slice's native request (iovecs and wire
+# ranges, 40 bytes a range, built from 32-byte quads) exists only while it
+# moves. A 200k-range pull then holds about 2.4 MiB of them instead of 15,
+# and two slices in flight keep the streams busy between them.
+SLICE_RANGES = 16384
+SLICES_IN_FLIGHT = 2
+
+
+def _check(status: int) -> None:
+    if status != hixl_native.OK:
+        raise native_status_error(status)
 
 
 class CompletionDispatcher:
@@ -168,6 +183,9 @@ class OutboundLink:
 
         ``ranges`` are the planner's (n, 3) uint64 rows: (remote offset, local
         offset, length) to read, (local offset, remote offset, length) to write.
+        A longer list goes out in slices of ``SLICE_RANGES``, ``SLICES_IN_FLIGHT``
+        at a time; the first failure stops further slices, and the call returns
+        only once every slice it started has ended.
         """
         data = self.data
         assert data is not None
@@ -176,18 +194,46 @@ class OutboundLink:
                 f"the link to cluster {self.remote_cluster_id} is down; unlink and link again",
                 status_code=LLMStatusCode.LLM_LINK_FAILED)
         submit = data.write_to if writing else data.read_from
-        request_id = dispatcher.new_id()
-        # Alone in flight, a small request may end inside submit (see INLINE_WAIT_US).
-        status = submit(request_id, local.native, region_id, ranges, max(1, timeout_ms),
-                        INLINE_WAIT_US if dispatcher.idle else 0)
-        if status is None:
-            done = dispatcher.expect_id(request_id)
-            local.pin_until(done)
-            # The native side ends every request by its deadline, so this wait
-            # is bounded even if nothing else is.
-            status = await asyncio.shield(done)
-        if status != hixl_native.OK:
-            raise native_status_error(status)
+        if len(ranges) <= SLICE_RANGES:
+            request_id = dispatcher.new_id()
+            # Alone in flight, a small request may end inside submit (see INLINE_WAIT_US).
+            status = submit(request_id, local.native, region_id, ranges, max(1, timeout_ms),
+                            INLINE_WAIT_US if dispatcher.idle else 0)
+            if status is None:
+                done = dispatcher.expect_id(request_id)
+                local.pin_until(done)
+                # The native side ends every request by its deadline, so this
+                # wait is bounded even if nothing else is; the shield leaves the
+                # future (and the pin) to the dispatcher if the caller is cancelled.
+                status = await asyncio.shield(done)
+            _check(status)
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_ms / 1000
+        moving: collections.deque[asyncio.Future[int]] = collections.deque()
+        failed, refused = hixl_native.OK, None
+        try:
+            for start in range(0, len(ranges), SLICE_RANGES):
+                if len(moving) == SLICES_IN_FLIGHT:
+                    failed = await asyncio.shield(moving.popleft())
+                    if failed != hixl_native.OK:
+                        break
+                request_id = dispatcher.new_id()
+                remaining_ms = max(1, int((deadline - loop.time()) * 1000))
+                # No inline wait: a slice's completion always comes through the queue.
+                submit(request_id, local.native, region_id, ranges[start:start + SLICE_RANGES],
+                       remaining_ms, 0)
+                done = dispatcher.expect_id(request_id)
+                local.pin_until(done)
+                moving.append(done)
+        except Exception as exc:  # a slice the data link would not take
+            refused = exc
+        while moving:  # every started slice ends by its deadline
+            status = await asyncio.shield(moving.popleft())
+            failed = status if failed == hixl_native.OK else failed
+        if refused is not None:
+            raise refused
+        _check(failed)
 
     async def _hccl(self, sending: bool, local: Memory, local_pairs: Ranges, region_id: int,
                     remote_pairs: Ranges, timeout_ms: int) -> None:

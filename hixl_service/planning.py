@@ -40,6 +40,19 @@ def total_bytes(ranges: Ranges) -> int:
     return int(ranges[:, 2].sum())
 
 
+Blocks = Any  # block indices: a uint64 numpy array (see block_list) or a sequence of ints
+
+
+def block_list(indices: Any) -> Blocks:
+    """Block indices, e.g. a protobuf ``repeated uint64`` field, as a uint64 array.
+
+    numpy copies a repeated field through its buffer in one step (0.06 ms for
+    100k blocks), where a tuple of them costs a Python int per block (3.6 ms
+    and 3.4 MiB for 100k), which a daemon would hold for the whole transfer.
+    """
+    return np.array(indices, dtype=U64)
+
+
 def _invalid(message: str) -> LLMException:
     return LLMException(message, status_code=LLMStatusCode.LLM_PARAM_INVALID)
 
@@ -204,7 +217,7 @@ def merge_ranges(ranges: Ranges) -> Ranges:
     return merged
 
 
-def block_runs(src_blocks: Sequence[int] | Ranges, dst_blocks: Sequence[int]) -> Ranges:
+def block_runs(src_blocks: Blocks, dst_blocks: Blocks) -> Ranges:
     """Merge block pairs into runs (src, dst, count) where both sides advance by one.
 
     Contiguous runs become single ranges before they reach the data plane, so
@@ -215,7 +228,7 @@ def block_runs(src_blocks: Sequence[int] | Ranges, dst_blocks: Sequence[int]) ->
     return merge_ranges(runs)
 
 
-def _check_blocks(name: str, blocks: Sequence[int], num_blocks: int) -> None:
+def _check_blocks(name: str, blocks: Blocks, num_blocks: int) -> None:
     if len(blocks) == 0:
         raise _invalid(f"{name} must not be empty")
     largest = int(np.max(blocks))
@@ -233,7 +246,7 @@ def _spread(src_bases: Any, dst_bases: Any, pieces: Ranges) -> Ranges:
 
 
 def plan_blocks(src: Layout, dst: Layout, pairs: Pairs,
-                src_blocks: Sequence[int], dst_blocks: Sequence[int]) -> Ranges:
+                src_blocks: Blocks, dst_blocks: Blocks) -> Ranges:
     """Ranges copying block src_blocks[i] to block dst_blocks[i] of every tensor pair."""
     if len(src_blocks) != len(dst_blocks):
         raise _invalid(f"{len(src_blocks)} source blocks do not match "
@@ -250,7 +263,7 @@ def plan_blocks(src: Layout, dst: Layout, pairs: Pairs,
 
 def plan_slot_to_blocks(src: Layout, src_batch: int, dst: Layout,
                         pairs: Pairs,
-                        dst_blocks: Sequence[int]) -> Ranges:
+                        dst_blocks: Blocks) -> Ranges:
     """Ranges scattering one continuous slot, block by block, into dst_blocks."""
     if not 0 <= src_batch < src.batch_size:
         raise _invalid(f"source batch index {src_batch} is out of range [0, {src.batch_size})")

@@ -21,6 +21,7 @@ from .engine import Engine, NewCache, Session
 from .layerwise import LayerwiseTask
 from .peer_api import KeyRef
 from .peer_client import ref_from_proto
+from .planning import block_list
 from .pools import Pool
 from .registry import KeySpec
 from .rpc_errors import abort_with, handles_errors
@@ -310,8 +311,8 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
                         src_tensor_indices=list(request.src_tensor_indices),
                         dst_tensor_indices=list(request.dst_tensor_indices),
                         tensor_num_per_layer=request.tensor_num_per_layer or 2, blocks=blocks,
-                        src_blocks=tuple(request.src_blocks),
-                        dst_blocks=tuple(request.dst_blocks))
+                        src_blocks=block_list(request.src_blocks),
+                        dst_blocks=block_list(request.dst_blocks))
 
     @handles_errors
     async def PullCache(self, request: client_pb2.PullCacheRequest,
@@ -344,8 +345,8 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
                         src_tensor_indices=list(request.src_tensor_indices),
                         dst_tensor_indices=list(request.dst_tensor_indices),
                         tensor_num_per_layer=request.tensor_num_per_layer or 2, blocks=blocks,
-                        src_blocks=tuple(request.src_blocks),
-                        dst_blocks=tuple(request.dst_blocks))
+                        src_blocks=block_list(request.src_blocks),
+                        dst_blocks=block_list(request.dst_blocks))
         outcome = await push(self._engine, cluster, spec)
         return client_pb2.PushReply(bytes=outcome.bytes, transport=outcome.transport,
                                     **_timing(started, outcome))
@@ -376,7 +377,8 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
                          context: Context) -> client_pb2.CopyReply:
         cluster = self._engine.cluster_of(self._session(context))
         moved = await copies.copy_blocks(self._engine, cluster, request.cache_id,
-                                         tuple(request.src_blocks), tuple(request.dst_blocks))
+                                         block_list(request.src_blocks),
+                                         block_list(request.dst_blocks))
         return client_pb2.CopyReply(bytes=moved)
 
     @handles_errors
@@ -384,8 +386,8 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
                          context: Context) -> client_pb2.CopyReply:
         cluster = self._engine.cluster_of(self._session(context))
         moved = await copies.swap_blocks(self._engine, cluster, _operand(request.src),
-                                         _operand(request.dst), tuple(request.src_blocks),
-                                         tuple(request.dst_blocks))
+                                         _operand(request.dst), block_list(request.src_blocks),
+                                         block_list(request.dst_blocks))
         return client_pb2.CopyReply(bytes=moved)
 
     async def TransferCache(self, request_iterator: AsyncIterator[client_pb2.TransferMessage],

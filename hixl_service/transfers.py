@@ -21,6 +21,7 @@ from .engine import Engine
 from .links import OutboundLink, RegionRefused
 from .peer_api import BlocksRef, CacheRefSpec, IdRef, KeyRef
 from .planning import (
+    Blocks,
     Layout,
     Ranges,
     plan_blocks,
@@ -57,8 +58,8 @@ class PullSpec:
     dst_tensor_indices: list[int]
     tensor_num_per_layer: int
     blocks: bool = False  # pull_blocks: the destination is a blocks cache
-    src_blocks: tuple[int, ...] = ()
-    dst_blocks: tuple[int, ...] = ()
+    src_blocks: Blocks = ()
+    dst_blocks: Blocks = ()
 
 
 @dataclass(slots=True)
@@ -72,8 +73,8 @@ class PushSpec:
     dst_tensor_indices: list[int]
     tensor_num_per_layer: int
     blocks: bool = False
-    src_blocks: tuple[int, ...] = ()
-    dst_blocks: tuple[int, ...] = ()
+    src_blocks: Blocks = ()
+    dst_blocks: Blocks = ()
 
 
 @dataclass(slots=True)
@@ -207,7 +208,7 @@ def plan_pull(source: Peer, dst: CacheEntry, spec: PullSpec) -> Ranges:
         ranges, _ = plan_cache_pull(source.layout, source.batch_index, dst_layout,
                                     spec.batch_index, spec.size, pairs)
         return ranges
-    if spec.src_blocks:
+    if len(spec.src_blocks):
         if not source.blocks:
             raise _invalid("src_blocks name blocks, but the source is not a blocks cache")
         ranges = plan_blocks(source.layout, dst_layout, pairs, spec.src_blocks,

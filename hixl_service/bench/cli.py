@@ -12,7 +12,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hixl_service.bench import ceilings, env, kvshape, peers, plan, repeat, report, runner, scale
+from hixl_service.bench import (
+    ceilings,
+    env,
+    kvshape,
+    memory,
+    peers,
+    plan,
+    repeat,
+    report,
+    runner,
+    scale,
+)
 from hixl_service.bench.model import GIB, MIB, Case, Row
 
 SUITES = ("block", "batch", "conc", "scale", "kv")
@@ -105,8 +116,9 @@ def _ceilings_of(group: list[Case]) -> list[tuple[tuple[int, int], set[str]]]:
 
 
 async def run_hixl(p: plan.Plan, args: argparse.Namespace, native: ceilings.NativeCeilings,
-                   progress: report.Progress) -> list[Row]:
-    """hixl's rows, each shape's ceilings measured just before them."""
+                   progress: report.Progress, peaks: dict[str, int]) -> list[Row]:
+    """hixl's rows, each shape's ceilings measured just before them; ``peaks``
+    gets each daemon's largest memory beside its pools (see ``memory``)."""
     rows: list[Row] = []
     counts = _scale_counts(args)
     paths = tuple(sorted({c.path for c in p.cases} | ({"tcp"} if counts else set())))
@@ -115,7 +127,8 @@ async def run_hixl(p: plan.Plan, args: argparse.Namespace, native: ceilings.Nati
     sweep_pool, kv_pool, budget_a, budget_b = _budgets(p, paths)
     progress.note(f"starting two daemons (pool budgets {budget_a / GIB:.1f} and "
                   f"{budget_b / GIB:.1f} GiB, {args.streams} streams per link)")
-    async with env.daemons(budget_a, budget_b, args.streams) as pair:
+    async with env.daemons(budget_a, budget_b, args.streams) as pair, \
+            memory.watch({"A": pair.a.pid, "B": pair.b.pid}, peaks):
         if paths:
             async with env.clusters(pair, sweep_pool, paths) as linked, \
                     ceilings.echo_ping() as ping:
@@ -146,7 +159,7 @@ async def run_hixl(p: plan.Plan, args: argparse.Namespace, native: ceilings.Nati
 
 
 async def run_measurements(p: plan.Plan, args: argparse.Namespace,
-                           progress: report.Progress) -> list[Row]:
+                           progress: report.Progress, peaks: dict[str, int]) -> list[Row]:
     """hixl interleaved with the native ceilings (and the gRPC one), then the peers."""
     rows: list[Row] = []
     if not p.cases and not _scale_counts(args):  # no probes: the gRPC ceiling comes first
@@ -157,7 +170,7 @@ async def run_measurements(p: plan.Plan, args: argparse.Namespace,
     native = ceilings.NativeCeilings(p.cold_bytes, streams, "local" in paths, p.budget, progress)
     try:
         await native.open()
-        rows += await run_hixl(p, args, native, progress)
+        rows += await run_hixl(p, args, native, progress, peaks)
     finally:
         await native.close()
     if p.peer_cases():
@@ -168,11 +181,14 @@ async def run_measurements(p: plan.Plan, args: argparse.Namespace,
     return rows
 
 
-def _meta(p: plan.Plan, args: argparse.Namespace, elapsed: float) -> dict[str, Any]:
+def _meta(p: plan.Plan, args: argparse.Namespace, elapsed: float,
+          peaks: dict[str, int]) -> dict[str, Any]:
     return {"command": "hixl-bench " + " ".join(sys.argv[1:]), "quick": args.quick,
             "cold_bytes": p.cold_bytes, "streams": args.streams, "cpus": os.cpu_count(),
             "machine": platform.machine(), "python": platform.python_version(),
-            "budget_s": p.budget.seconds, "repeat": args.repeat, "elapsed_s": round(elapsed, 1)}
+            "budget_s": p.budget.seconds, "repeat": args.repeat, "elapsed_s": round(elapsed, 1),
+            "daemon_beside_pools_peak_mib": {name: round(peak / MIB, 1)
+                                             for name, peak in sorted(peaks.items())}}
 
 
 def _count(p: plan.Plan, args: argparse.Namespace) -> int:
@@ -199,14 +215,19 @@ async def run(args: argparse.Namespace) -> int:
                   + (f", {args.repeat} times" if args.repeat > 1 else ""))
     started = time.monotonic()
     runs = []
+    peaks: dict[str, int] = {}  # over every run
     for _ in range(args.repeat):
-        rows = await run_measurements(p, args, progress)
+        rows = await run_measurements(p, args, progress, peaks)
         report.add_ratios(rows, args.streams)  # within each run, between neighbouring rows
         runs.append(rows)
     rows = repeat.median_of_runs(runs)
     print()
     report.print_table(rows)
-    meta = _meta(p, args, time.monotonic() - started)
+    meta = _meta(p, args, time.monotonic() - started, peaks)
+    if peaks:
+        print("\ndaemon memory beside its pools (RssAnon + RssFile), peak over the run: "
+              + ", ".join(f"{name} {mib} MiB" for name, mib in
+                          meta["daemon_beside_pools_peak_mib"].items()))
     if args.json_out:
         report.write_json(args.json_out, rows, meta)
         print(f"\nJSON lines: {args.json_out}")

@@ -6,6 +6,26 @@ _U64_FORMATS = frozenset((b"Q", b"@Q", b"=Q", b"<Q", b"L", b"@L"))
 _BYTE_FORMATS = frozenset((b"B", b"@B", b"=B", b"b", b"c"))
 
 
+cdef int _u64_view(object obj, Py_ssize_t group, str what, Py_buffer *view) except -1:
+    """Gets a C-contiguous buffer of uint64 `group`-tuples into *view (the
+    caller releases it) after checking its format and length."""
+    PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+    try:
+        fmt = b"B" if view.format == NULL else <bytes>view.format
+        if not ((view.itemsize == 8 and fmt in _U64_FORMATS)
+                or (view.itemsize == 1 and fmt in _BYTE_FORMATS)):
+            raise TypeError(
+                f"{what} must be a buffer of native uint64 (or raw bytes), "
+                f"not format {fmt.decode('ascii', 'replace')!r}")
+        if view.len % (8 * group):
+            raise ValueError(
+                f"{what} must hold whole {group}-tuples of uint64, got {view.len} bytes")
+    except BaseException:
+        PyBuffer_Release(view)
+        raise
+    return 0
+
+
 cdef uint8_t *_snapshot_u64(object obj, Py_ssize_t group, str what,
                             size_t *count) except NULL:
     """Copies a C-contiguous buffer of uint64 `group`-tuples into a private
@@ -19,17 +39,8 @@ cdef uint8_t *_snapshot_u64(object obj, Py_ssize_t group, str what,
     """
     cdef Py_buffer view
     cdef uint8_t *copy = NULL
-    PyObject_GetBuffer(obj, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+    _u64_view(obj, group, what, &view)
     try:
-        fmt = b"B" if view.format == NULL else <bytes>view.format
-        if not ((view.itemsize == 8 and fmt in _U64_FORMATS)
-                or (view.itemsize == 1 and fmt in _BYTE_FORMATS)):
-            raise TypeError(
-                f"{what} must be a buffer of native uint64 (or raw bytes), "
-                f"not format {fmt.decode('ascii', 'replace')!r}")
-        if view.len % (8 * group):
-            raise ValueError(
-                f"{what} must hold whole {group}-tuples of uint64, got {view.len} bytes")
         copy = <uint8_t *>malloc(<size_t>view.len if view.len else 1)
         if copy == NULL:
             raise MemoryError()

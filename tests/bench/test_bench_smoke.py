@@ -54,6 +54,10 @@ def test_quick_run_prints_ratios_and_writes_json_lines(tmp_path: Path) -> None:
     records = [json.loads(line) for line in out.read_text().splitlines()]
     meta, rows = records[0], records[1:]
     assert meta["kind"] == "meta" and meta["quick"] is True
+    # Both daemons' memory beside their pools, sampled through the run.
+    peaks = meta["daemon_beside_pools_peak_mib"]
+    assert set(peaks) == {"A", "B"} and all(mib > 0 for mib in peaks.values())
+    assert "daemon memory beside its pools" in done.stdout
     for row in rows:
         assert set(JSON_KEYS) <= set(row), row
         assert row["status"] == "ok" or row["status"].startswith("skipped"), row

@@ -20,8 +20,8 @@ def test_requests_in_flight_compare_with_their_bytes_moved_at_once() -> None:
 
 def test_each_ceiling_shape_is_measured_once_with_the_paths_that_need_it() -> None:
     group = [Case("conc", "pull", "tcp", 4 * KIB, 128, conc) for conc in (1, 4)]
-    group += [Case("conc", "pull", "local", 4 * KIB, 128, 4), Case("batch", "pull", "tcp",
-                                                                   4 * KIB, 128)]
+    group.append(Case("conc", "pull", "local", 4 * KIB, 128, 4))
+    group.append(Case("batch", "pull", "tcp", 4 * KIB, 128))
     assert _ceilings_of(group) == [((4 * KIB, 128), {"tcp"}), ((4 * KIB, 512), {"local", "tcp"})]
 
 

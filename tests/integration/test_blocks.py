@@ -18,6 +18,7 @@ from hixl_client import (
     LLMException,
     LLMStatusCode,
 )
+from hixl_service.links import SLICE_RANGES
 from hixl_service.testing import DaemonProcess
 
 from .conftest import Pair, daemon_status, make_pair
@@ -77,6 +78,26 @@ async def test_pull_blocks_with_gaps_and_runs(pair: Pair, local_pair: Pair, wher
     assert not np.array_equal(blocks_of(dst, 0)[4], blocks_of(src, 0)[4])
     await use.prompt.cache_manager.deallocate_blocks_cache(src)
     await use.decoder.cache_manager.deallocate_blocks_cache(dst)
+
+
+async def test_pull_blocks_of_more_ranges_than_one_slice(pair: Pair) -> None:
+    # 2 tensors x 20k shuffled blocks: about 40k ranges, which reach the data
+    # link as three slices (links.SLICE_RANGES); every block must land.
+    count = 20_000
+    assert 2 * count > 2 * SLICE_RANGES
+    desc = CacheDesc(2, [count, 64], DataType.DT_UINT8)
+    src = await pair.prompt.cache_manager.allocate_blocks_cache(
+        desc, BlocksCacheKey(pair.prompt.cluster_id, model_id=7))
+    fill(src)
+    dst = await pair.decoder.cache_manager.allocate_blocks_cache(desc)
+    src_blocks = [int(b) for b in RNG.permutation(count)]
+    dst_blocks = [int(b) for b in RNG.permutation(count)]
+    await pair.decoder.cache_manager.pull_blocks(BlocksCacheKey(pair.prompt.cluster_id, 7), dst,
+                                                 src_blocks, dst_blocks)
+    for i in range(2):
+        np.testing.assert_array_equal(blocks_of(dst, i)[dst_blocks], blocks_of(src, i)[src_blocks])
+    await pair.prompt.cache_manager.deallocate_blocks_cache(src)
+    await pair.decoder.cache_manager.deallocate_blocks_cache(dst)
 
 
 async def test_continuous_slot_into_blocks_drops_the_key(pair: Pair) -> None:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 import pytest
 
 from hixl_client import (
+    BlocksCacheKey,
     CacheDesc,
     CacheKey,
     DataType,
@@ -48,6 +49,36 @@ async def test_paused_peer_times_out_and_both_daemons_survive(
         assert info.value.status_code == LLMStatusCode.LLM_TIMEOUT
         assert elapsed < 5.0, f"a 500 ms sync_kv_timeout took {elapsed:.1f} s"
         await pair.decoder.cache_manager.pull_cache(key, dst)  # both daemons still serve
+        await pair.decoder.finalize()
+        await pair.prompt.finalize()
+
+
+async def test_sliced_pull_from_a_paused_peer_times_out_whole(
+        next_cluster_id: Callable[[], int]) -> None:
+    # A pull of about 40k ranges goes out in slices; with the owner stopped
+    # after it resolved the cache, every slice must end by the deadline, the
+    # call with LLM_TIMEOUT, and the next pull must work.
+    async with start_daemon(**BUDGET) as prefill, start_daemon(**BUDGET) as decode:
+        pair = await make_pair(prefill, decode, next_cluster_id, sync_kv_timeout=500)
+        count = 20_000
+        desc = CacheDesc(2, [count, 64], DataType.DT_UINT8)
+        key = BlocksCacheKey(pair.prompt.cluster_id, model_id=1)
+        await pair.prompt.cache_manager.allocate_blocks_cache(desc, key)
+        dst = await pair.decoder.cache_manager.allocate_blocks_cache(desc)
+        blocks = list(range(count))[::-1]  # reversed: no two blocks merge
+        await pair.decoder.cache_manager.pull_blocks(key, dst, blocks, list(range(count)))
+        prefill.pause()
+        try:
+            started = time.monotonic()
+            with pytest.raises(LLMException) as info:
+                await pair.decoder.cache_manager.pull_blocks(key, dst, blocks,
+                                                             list(range(count)))
+            elapsed = time.monotonic() - started
+        finally:
+            prefill.resume()
+        assert info.value.status_code == LLMStatusCode.LLM_TIMEOUT
+        assert elapsed < 5.0, f"a 500 ms sync_kv_timeout took {elapsed:.1f} s"
+        await pair.decoder.cache_manager.pull_blocks(key, dst, blocks, list(range(count)))
         await pair.decoder.finalize()
         await pair.prompt.finalize()
 

@@ -95,6 +95,26 @@ async def test_push_blocks(accessible: Pair) -> None:
     await pusher.cache_manager.deallocate_blocks_cache(src)
 
 
+async def test_push_blocks_of_more_ranges_than_one_slice(accessible: Pair) -> None:
+    # About 40k ranges: the write goes to the data link in three slices.
+    receiver, pusher = accessible.prompt, accessible.decoder
+    count = 20_000
+    desc = CacheDesc(2, [count, 64], DataType.DT_UINT8)
+    target = await receiver.cache_manager.allocate_blocks_cache(
+        desc, BlocksCacheKey(receiver.cluster_id, 10))
+    src = await pusher.cache_manager.allocate_blocks_cache(desc)
+    fill(src)
+    order = np.random.default_rng(5)
+    src_blocks = [int(b) for b in order.permutation(count)]
+    dst_blocks = [int(b) for b in order.permutation(count)]
+    await pusher.cache_manager.push_blocks(BlocksCacheKey(receiver.cluster_id, 10), src,
+                                           src_blocks, dst_blocks)
+    for i in range(2):
+        np.testing.assert_array_equal(raw(target, i)[dst_blocks], raw(src, i)[src_blocks])
+    await receiver.cache_manager.deallocate_blocks_cache(target)
+    await pusher.cache_manager.deallocate_blocks_cache(src)
+
+
 async def test_push_rules(accessible: Pair, pair: Pair) -> None:
     receiver, pusher = accessible.prompt, accessible.decoder
     desc = CacheDesc(2, [1, 64], DataType.DT_UINT8)
