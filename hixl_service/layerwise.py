@@ -22,6 +22,7 @@ from .planning import (
     Layout,
     Ranges,
     as_ranges,
+    block_list,
     plan_blocks,
     plan_cache_pull,
     plan_slot_to_blocks,
@@ -70,6 +71,11 @@ class LayerwiseTask:
         self._engine = engine
         self._cluster = cluster
         self._start = start
+        # Converted once, not at every layer (see planning.block_list).
+        self._src_blocks = block_list(start.src_blocks)
+        self._dst_blocks = block_list(start.dst_blocks)
+        # Destination blocks a TransferConfig tensor spans: up to the highest named.
+        self._dst_block_count = int(self._dst_blocks.max()) + 1 if len(self._dst_blocks) else 0
         self.source: CacheEntry = cluster.registry.get(start.src_cache_id)
         if self.source.num_tensors % TENSORS_PER_LAYER:
             raise _invalid(f"num_tensors {self.source.num_tensors} is not even")
@@ -111,9 +117,9 @@ class LayerwiseTask:
         """Bytes a TransferConfig destination tensor receives, from its address on."""
         src = entry_layout(self.source)
         if self.source.blocks:
-            return (max(self._start.dst_blocks) + 1) * src.stride
-        if self._start.dst_blocks:
-            return (max(self._start.dst_blocks) + 1) * self._start.dst_block_memory_size
+            return self._dst_block_count * src.stride
+        if self._dst_block_count:
+            return self._dst_block_count * self._start.dst_block_memory_size
         return src.stride
 
     async def _address_target(self, index: int, spec: client_pb2.TransferTarget,
@@ -156,19 +162,18 @@ class LayerwiseTask:
             # one-tensor layout so the same planners apply.
             if self.source.blocks:
                 block = src.stride
-                dst = Layout([place.offset], block * (max(self._start.dst_blocks) + 1),
-                             max(self._start.dst_blocks) + 1)
+                count = self._dst_block_count
+                dst = Layout([place.offset], block * count, count)
                 ranges = plan_blocks(Layout([tensor_start], src.tensor_size, src.batch_size),
-                                     dst, [(0, 0)], self._start.src_blocks,
-                                     self._start.dst_blocks)
-            elif self._start.dst_blocks:
+                                     dst, [(0, 0)], self._src_blocks, self._dst_blocks)
+            elif self._dst_block_count:
                 size = self._start.dst_block_memory_size
-                count = max(self._start.dst_blocks) + 1
+                count = self._dst_block_count
                 ranges = plan_slot_to_blocks(Layout([tensor_start], src.tensor_size,
                                                     src.batch_size),
                                              target.spec.src_batch_index,
                                              Layout([place.offset], size * count, count),
-                                             [(0, 0)], self._start.dst_blocks)
+                                             [(0, 0)], self._dst_blocks)
             else:
                 ranges = as_ranges([(tensor_start + target.spec.src_batch_index * src.stride,
                                      place.offset, src.stride)])
@@ -186,14 +191,14 @@ class LayerwiseTask:
         if self.source.blocks:
             if not target.peer.blocks:
                 raise _invalid("transfer from blocks to cache is not supported")
-            return plan_blocks(src, target.peer.layout, pairs, self._start.src_blocks,
-                               self._start.dst_blocks)
+            return plan_blocks(src, target.peer.layout, pairs, self._src_blocks,
+                               self._dst_blocks)
         if target.peer.blocks:
             if target.peer.layout.stride != self._start.dst_block_memory_size:
                 raise _invalid(f"dst_block_memory_size {self._start.dst_block_memory_size} "
                                f"is not the destination block size {target.peer.layout.stride}")
             return plan_slot_to_blocks(src, target.spec.src_batch_index, target.peer.layout,
-                                       pairs, self._start.dst_blocks)
+                                       pairs, self._dst_blocks)
         ranges, _ = plan_cache_pull(src, target.spec.src_batch_index, target.peer.layout,
                                     target.peer.batch_index, src.stride, pairs)
         return ranges

@@ -329,6 +329,35 @@ async def legacy(prefill_daemon: DaemonProcess, decode_daemon: DaemonProcess,
     await second.finalize()
 
 
+async def test_transfer_config_writes_blocks_to_raw_remote_addresses(
+        legacy: tuple[Pair, LLMDataDist]) -> None:
+    pair, _ = legacy
+    sender, receiver = pair.decoder, pair.prompt
+    desc = CacheDesc(4, [16, 1024], DataType.DT_UINT8)  # 2 layers of 16 blocks
+    src = await sender.cache_manager.allocate_blocks_cache(desc)
+    fill(src)
+    dst = await receiver.cache_manager.allocate_blocks_cache(desc)
+    before = [raw(dst, i).copy() for i in range(4)]
+    # The addresses name each destination tensor's block 0; blocks are counted from there.
+    config = TransferConfig(receiver.cluster_id, list(dst.tensor_addrs), range(0, 2))
+    task = sender.cache_manager.transfer_cache_async(src, Ready(), [config], [0, 1, 5],
+                                                     [9, 10, 2])
+    assert await task == [OK]
+    for i in range(4):
+        np.testing.assert_array_equal(raw(dst, i)[[9, 10, 2]], raw(src, i)[[0, 1, 5]])
+        untouched = [b for b in range(16) if b not in (9, 10, 2)]
+        np.testing.assert_array_equal(raw(dst, i)[untouched], before[i][untouched])
+    # One continuous slot scattered into blocks at raw addresses.
+    slot = await sender.cache_manager.allocate_cache(CacheDesc(4, [1, 3 * 1024],
+                                                               DataType.DT_UINT8))
+    fill(slot)
+    task = sender.cache_manager.transfer_cache_async(
+        slot, Ready(), [config], dst_block_indices=[12, 3, 4], dst_block_memory_size=1024)
+    assert await task == [OK]
+    for i in range(4):
+        np.testing.assert_array_equal(raw(dst, i)[[12, 3, 4]].reshape(-1), raw(slot, i)[0])
+
+
 async def test_transfer_config_writes_to_raw_remote_addresses(
         legacy: tuple[Pair, LLMDataDist]) -> None:
     pair, second = legacy
