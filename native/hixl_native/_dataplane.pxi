@@ -216,7 +216,7 @@ cdef object _submit_region(DataLink link, int op, object request_id, Mapping loc
     region; returns the final status when the request ended here, else None."""
     cdef size_t n = 0, i
     cdef uint64_t size, roff, loff, length
-    cdef const uint64_t *triples
+    cdef const uint8_t *triples
     cdef uint64_t *quads = NULL
     cdef int32_t status = 1
     cdef int rc
@@ -242,11 +242,11 @@ cdef object _submit_region(DataLink link, int op, object request_id, Mapping loc
         # changing the caller's array meanwhile cannot slip an unchecked
         # range through (and no separate snapshot of the list is needed,
         # which for 200k ranges would be 4.6 MiB more at once).
-        triples = <const uint64_t *>view.buf
+        triples = <const uint8_t *>view.buf  # raw bytes may be unaligned: load each word
         for i in range(n):
-            roff = triples[3 * i + remote_col]
-            loff = triples[3 * i + local_col]
-            length = triples[3 * i + 2]
+            roff = hixl_load_u64(triples, 3 * i + remote_col)
+            loff = hixl_load_u64(triples, 3 * i + local_col)
+            length = hixl_load_u64(triples, 3 * i + 2)
             if not hixl_in_bounds(loff, length, size):
                 raise ValueError(
                     f"range {i}: local [{loff}, {loff}+{length}) is outside "
