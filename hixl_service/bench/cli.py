@@ -128,7 +128,7 @@ async def run_hixl(p: plan.Plan, args: argparse.Namespace, native: ceilings.Nati
     progress.note(f"starting two daemons (pool budgets {budget_a / GIB:.1f} and "
                   f"{budget_b / GIB:.1f} GiB, {args.streams} streams per link)")
     async with env.daemons(budget_a, budget_b, args.streams) as pair, \
-            memory.watch({"A": pair.a.pid, "B": pair.b.pid}, peaks):
+            memory.watch({"A": pair.a.pid, "B": pair.b.pid}, peaks) as sampler:
         if paths:
             async with env.clusters(pair, sweep_pool, paths) as linked, \
                     ceilings.echo_ping() as ping:
@@ -145,7 +145,9 @@ async def run_hixl(p: plan.Plan, args: argparse.Namespace, native: ceilings.Nati
                         rows.append(await runner.run_case(linked, case, p.cold_bytes, p.budget,
                                                           ping))
                         progress(rows[-1])
-                for row in await scale.scale_rows(linked, counts, p.budget) if counts else []:
+                with sampler.fast():  # the sweep's largest requests: catch their peak
+                    scaled = await scale.scale_rows(linked, counts, p.budget) if counts else []
+                for row in scaled:
                     rows.append(row)
                     progress(row)
         kv_paths = tuple(sorted({k.path for k in p.kv_cases}))

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from hixl_service.bench.memory import beside_pools_bytes, watch
+from hixl_service.bench.memory import FAST_SAMPLE_S, SAMPLE_S, Sampler, beside_pools_bytes, watch
 
 
 def test_reads_this_process_and_nothing_for_a_gone_one() -> None:
@@ -51,3 +51,11 @@ def test_the_peak_covers_memory_taken_while_watched() -> None:
             assert peaks["child"] > after + (32 << 20)  # and kept after it was freed
         finally:
             child.kill()
+
+
+def test_fast_sampling_is_scoped() -> None:
+    sampler = Sampler()
+    assert sampler.interval == SAMPLE_S
+    with sampler.fast():
+        assert sampler.interval == FAST_SAMPLE_S < SAMPLE_S
+    assert sampler.interval == SAMPLE_S
