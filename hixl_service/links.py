@@ -76,6 +76,15 @@ SLICE_RANGES = 16384
 SLICES_IN_FLIGHT = 2
 
 
+def _posted(dispatcher: CompletionDispatcher, request_id: int,
+            local: Memory) -> asyncio.Future[int]:
+    """The completion of a request just posted to the data link, ``local`` pinned
+    until it arrives (a native job cannot be interrupted)."""
+    done = dispatcher.expect_id(request_id)
+    local.pin_until(done)
+    return done
+
+
 def _check(status: int) -> None:
     if status != hixl_native.OK:
         raise native_status_error(status)
@@ -200,12 +209,10 @@ class OutboundLink:
             status = submit(request_id, local.native, region_id, ranges, max(1, timeout_ms),
                             INLINE_WAIT_US if dispatcher.idle else 0)
             if status is None:
-                done = dispatcher.expect_id(request_id)
-                local.pin_until(done)
                 # The native side ends every request by its deadline, so this
                 # wait is bounded even if nothing else is; the shield leaves the
                 # future (and the pin) to the dispatcher if the caller is cancelled.
-                status = await asyncio.shield(done)
+                status = await asyncio.shield(_posted(dispatcher, request_id, local))
             _check(status)
             return
         loop = asyncio.get_running_loop()
@@ -223,9 +230,7 @@ class OutboundLink:
                 # No inline wait: a slice's completion always comes through the queue.
                 submit(request_id, local.native, region_id, ranges[start:start + SLICE_RANGES],
                        remaining_ms, 0)
-                done = dispatcher.expect_id(request_id)
-                local.pin_until(done)
-                moving.append(done)
+                moving.append(_posted(dispatcher, request_id, local))
         except Exception as exc:  # a slice the data link would not take
             refused = exc
         while moving:  # every started slice ends by its deadline
