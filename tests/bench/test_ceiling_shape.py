@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from hixl_service.bench.cli import _ceilings_of
 from hixl_service.bench.model import CEILING, HIXL, KIB, MIB, Case, Row, ceiling_shape
-from hixl_service.bench.plan import full_plan
+from hixl_service.bench.plan import cold_bytes_for, full_plan
 from hixl_service.bench.report import add_ratios
 
 
@@ -36,7 +38,9 @@ def test_a_concurrency_row_takes_its_ratio_from_the_matching_ceiling() -> None:
 
 
 def test_cold_buffers_hold_the_largest_ceiling_request() -> None:
-    plan = full_plan()
-    largest = max(c.ceiling_key[0] * c.ceiling_key[1] for c in plan.cases)
-    assert plan.max_request_bytes() >= largest
-    assert plan.cold_bytes >= largest
+    # 64 requests of 1 MiB in flight: the ceiling moves 64 MiB at once, far
+    # more than any request of the plan, and the cold buffers must hold it.
+    plan = dataclasses.replace(full_plan(), cases=(Case("conc", "pull", "tcp", MIB, 1, 64),),
+                               kv_cases=(), cold_bytes=MIB)
+    assert plan.max_request_bytes() == 64 * MIB
+    assert cold_bytes_for(plan) >= 64 * MIB
