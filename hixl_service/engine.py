@@ -35,6 +35,7 @@ from .links import (
     InboundLink,
     OutboundLink,
 )
+from .load import TransferLoad
 from .peer_api import (
     PROTOCOL_VERSION,
     CacheRefSpec,
@@ -104,6 +105,8 @@ class EngineDeps:
     backend: str = "host"  # pool.backend: "host" or "hccl"
     ascend: AscendBackend | None = None  # set with the hccl backend
     peer_lane: PeerLaneInfo = field(default_factory=PeerLaneInfo)
+    # The dispatcher's too: it decides inline waits by it (see load.py).
+    load: TransferLoad = field(default_factory=TransferLoad)
 
 
 @dataclass(frozen=True)

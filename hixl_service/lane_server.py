@@ -47,6 +47,7 @@ from hixl_client.status import LLMException, LLMStatusCode
 from .call_context import CallAborted, CallContext, Context, call_error, deadline_error
 from .engine import Engine, PeerLaneInfo, Session
 from .interceptors import new_request_id, request_id
+from .load import TransferLoad
 
 logger = logging.getLogger(__name__)
 
@@ -222,6 +223,10 @@ class _Connection(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         task = loop.create_task(self._run(call_id, handler, request, binding.context, tag))
         self._calls[call_id] = task
+        load = self._server.load
+        if load is not None:  # from now on, not when the task first runs (load.py)
+            load.begin()
+            task.add_done_callback(load.end)
         if timeout_ms:
             deadline = loop.call_later(timeout_ms / 1000.0, self._expire, call_id, task)
             task.add_done_callback(lambda _: deadline.cancel())
@@ -266,10 +271,13 @@ class LaneServer:
     """A lane's listener and its connections; build with for_clients or for_peers."""
 
     def __init__(self, name: str, methods: Methods, servicer: object,
-                 bind: Callable[[bytes], Binding], needs_hello: bool) -> None:
+                 bind: Callable[[bytes], Binding], needs_hello: bool,
+                 load: TransferLoad | None = None) -> None:
         """``bind`` turns a HELLO's body into the connection's binding; without
-        ``needs_hello`` a new connection is bound at once (with an empty body)."""
+        ``needs_hello`` a new connection is bound at once (with an empty body).
+        ``load``: where calls count from their frame on (the transfer lane's)."""
         self.name = name
+        self.load = load
         # kind -> (request type, the servicer's bound handler)
         self.handlers: dict[int, tuple[type[Any], Handler]] = {
             kind: (request_type, getattr(servicer, method))
@@ -295,7 +303,8 @@ class LaneServer:
                 raise LLMException(f"no such session: {exc}",
                                    status_code=LLMStatusCode.LLM_FAILED) from None
 
-        return cls("transfer lane", CLIENT_METHODS, servicer, bind, needs_hello=True)
+        return cls("transfer lane", CLIENT_METHODS, servicer, bind, needs_hello=True,
+                   load=engine.deps.load)
 
     @classmethod
     def for_peers(cls, servicer: object, info: PeerLaneInfo) -> LaneServer:

@@ -25,6 +25,8 @@ import numpy as np
 
 from hixl_client.status import LLMException, LLMStatusCode
 
+from .load import TransferLoad
+
 if TYPE_CHECKING:
     from .ascend.hccl_link import HcclInbound, HcclLink
     from .peer_api import PeerApi, ResolvedCache
@@ -60,7 +62,7 @@ def native_status_error(status: int) -> LLMException:
     return kind(f"{text} (native status {status})", status_code=code)
 
 
-# A small transfer started while no other one is in flight may be finished
+# A small transfer started while no other one is under way may be finished
 # on the event loop's thread: it sends the request and waits this long (GIL
 # released) for the reply, which spares the two thread handoffs of a native
 # round trip; a reply that takes longer is left to the link's worker.
@@ -93,9 +95,10 @@ def _check(status: int) -> None:
 class CompletionDispatcher:
     """Resolves futures from native completions, woken by the queue's eventfd."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, load: TransferLoad | None = None) -> None:
         self.queue = hixl_native.CompletionQueue()
         self._loop = loop
+        self._load = load if load is not None else TransferLoad()
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[int]] = {}
         loop.add_reader(self.queue.fd, self._on_ready)
@@ -118,8 +121,9 @@ class CompletionDispatcher:
 
     @property
     def idle(self) -> bool:
-        """No native request of this daemon is awaiting its completion."""
-        return not self._waiting
+        """Nothing else to do: no native request of this daemon awaits its
+        completion, and no other transfer call is under way (see load.py)."""
+        return not self._waiting and self._load.alone
 
     def forget(self, request_id: int) -> None:
         self._waiting.pop(request_id, None)
@@ -205,7 +209,7 @@ class OutboundLink:
         submit = data.write_to if writing else data.read_from
         if len(ranges) <= SLICE_RANGES:
             request_id = dispatcher.new_id()
-            # Alone in flight, a small request may end inside submit (see INLINE_WAIT_US).
+            # Alone, a small request may end inside submit (see INLINE_WAIT_US).
             status = submit(request_id, local.native, region_id, ranges, max(1, timeout_ms),
                             INLINE_WAIT_US if dispatcher.idle else 0)
             if status is None:

@@ -43,6 +43,7 @@ from .fd_server import FdServer
 from .interceptors import RequestIdInterceptor, generic_only, install_log_record_factory
 from .lane_server import LaneServer
 from .links import CompletionDispatcher
+from .load import TransferLoad
 from .peer_api import PeerApi
 from .peer_client import PeerClient
 from .pools import PoolManager
@@ -122,11 +123,12 @@ class Daemon:
         data_server = await asyncio.to_thread(hixl_native.DataServer, cfg.server.peer_host,
                                               cfg.server.data_port)
         pools = PoolManager(int(cfg.pool.max_bytes), cfg.pool.populate, ascend)
+        load = TransferLoad()
         self.engine = engine = Engine(EngineDeps(
             daemon_id=self.daemon_id, version=__version__, pools=pools,
             data_server=data_server, data_host=self.advertise_host,
             peer_factory=self._peer, copier=ExecutorCopier(cfg.transfer.copy_threads, ascend),
-            dispatcher=CompletionDispatcher(loop),
+            dispatcher=CompletionDispatcher(loop, load), load=load,
             streams_per_link=cfg.transfer.streams_per_link,
             connect_timeout_s=cfg.transfer.connect_timeout_s,
             backend=cfg.pool.backend, ascend=ascend))

@@ -20,7 +20,7 @@ def snapshot(engine: Engine, backend: str, peer_address: str) -> admin_pb2.Daemo
         data_address=f"{deps.data_host}:{deps.data_server.port}",
         peer_lane_address=(f"{deps.data_host}:{deps.peer_lane.port}"
                            if deps.peer_lane.port else ""),
-        peer_lane_calls=deps.peer_lane.calls,
+        peer_lane_calls=deps.peer_lane.calls, transfers_under_way=deps.load.running,
         pool_budget_bytes=engine.pools.budget_bytes,
         pool_reserved_bytes=engine.pools.reserved_bytes)
     for session in engine.sessions.values():

@@ -106,7 +106,7 @@ class CacheStatus(_message.Message):
     def __init__(self, cluster_id: _Optional[int] = ..., cache_id: _Optional[int] = ..., kind: _Optional[str] = ..., bytes: _Optional[int] = ..., keys: _Optional[int] = ..., released: _Optional[bool] = ...) -> None: ...
 
 class DaemonStatus(_message.Message):
-    __slots__ = ("daemon_id", "version", "backend", "uptime_s", "peer_address", "data_address", "pool_budget_bytes", "pool_reserved_bytes", "sessions", "clusters", "links", "pools", "caches", "peer_lane_address", "peer_lane_calls")
+    __slots__ = ("daemon_id", "version", "backend", "uptime_s", "peer_address", "data_address", "pool_budget_bytes", "pool_reserved_bytes", "sessions", "clusters", "links", "pools", "caches", "peer_lane_address", "peer_lane_calls", "transfers_under_way")
     DAEMON_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
@@ -122,6 +122,7 @@ class DaemonStatus(_message.Message):
     CACHES_FIELD_NUMBER: _ClassVar[int]
     PEER_LANE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     PEER_LANE_CALLS_FIELD_NUMBER: _ClassVar[int]
+    TRANSFERS_UNDER_WAY_FIELD_NUMBER: _ClassVar[int]
     daemon_id: str
     version: str
     backend: str
@@ -137,4 +138,5 @@ class DaemonStatus(_message.Message):
     caches: _containers.RepeatedCompositeFieldContainer[CacheStatus]
     peer_lane_address: str
     peer_lane_calls: int
-    def __init__(self, daemon_id: _Optional[str] = ..., version: _Optional[str] = ..., backend: _Optional[str] = ..., uptime_s: _Optional[float] = ..., peer_address: _Optional[str] = ..., data_address: _Optional[str] = ..., pool_budget_bytes: _Optional[int] = ..., pool_reserved_bytes: _Optional[int] = ..., sessions: _Optional[_Iterable[_Union[SessionStatus, _Mapping]]] = ..., clusters: _Optional[_Iterable[_Union[ClusterStatus, _Mapping]]] = ..., links: _Optional[_Iterable[_Union[LinkStatus, _Mapping]]] = ..., pools: _Optional[_Iterable[_Union[PoolStatus, _Mapping]]] = ..., caches: _Optional[_Iterable[_Union[CacheStatus, _Mapping]]] = ..., peer_lane_address: _Optional[str] = ..., peer_lane_calls: _Optional[int] = ...) -> None: ...
+    transfers_under_way: int
+    def __init__(self, daemon_id: _Optional[str] = ..., version: _Optional[str] = ..., backend: _Optional[str] = ..., uptime_s: _Optional[float] = ..., peer_address: _Optional[str] = ..., data_address: _Optional[str] = ..., pool_budget_bytes: _Optional[int] = ..., pool_reserved_bytes: _Optional[int] = ..., sessions: _Optional[_Iterable[_Union[SessionStatus, _Mapping]]] = ..., clusters: _Optional[_Iterable[_Union[ClusterStatus, _Mapping]]] = ..., links: _Optional[_Iterable[_Union[LinkStatus, _Mapping]]] = ..., pools: _Optional[_Iterable[_Union[PoolStatus, _Mapping]]] = ..., caches: _Optional[_Iterable[_Union[CacheStatus, _Mapping]]] = ..., peer_lane_address: _Optional[str] = ..., peer_lane_calls: _Optional[int] = ..., transfers_under_way: _Optional[int] = ...) -> None: ...
