@@ -25,7 +25,8 @@ def native_extension(name: str, c_sources: list[str], libraries: tuple[str, ...]
 extensions = [
     # pools, mappings, copies and the TCP data plane
     native_extension("_core", ["extents.c", "pool.c", "mapping.c", "copy.c", "region_table.c",
-                               "tcp_wire.c", "tcp_server.c", "tcp_link.c", "completion.c"]),
+                               "tcp_wire.c", "tcp_server.c", "tcp_link.c", "completion.c",
+                               "copy_pool.c"]),
     # the ACL/HCCL shim: loads CANN with dlopen at run time, so it builds anywhere
     native_extension("_ascend", ["acl_shim.c"], libraries=("dl",)),
     # ceilings measured by hixl-bench next to hixl's own figures

@@ -26,7 +26,7 @@ from hixl_client.types import LLMRole, Placement
 
 from .ascend.hccl_link import HcclInbound, HcclLink, region_pairs
 from .cluster import Cluster, ClusterSettings
-from .copier import ExecutorCopier
+from .copier import Copier
 from .links import (
     TRANSPORT_HCCL,
     TRANSPORT_LOCAL,
@@ -97,7 +97,7 @@ class EngineDeps:
     data_server: hixl_native.DataServer
     data_host: str
     peer_factory: Callable[[str], PeerApi]
-    copier: ExecutorCopier
+    copier: Copier
     dispatcher: CompletionDispatcher
     streams_per_link: int = 4
     connect_timeout_s: float = 3.0
@@ -105,7 +105,7 @@ class EngineDeps:
     backend: str = "host"  # pool.backend: "host" or "hccl"
     ascend: AscendBackend | None = None  # set with the hccl backend
     peer_lane: PeerLaneInfo = field(default_factory=PeerLaneInfo)
-    # The dispatcher's too: it decides inline waits by it (see load.py).
+    # The dispatcher's too: it decides inline waits and copies by it (see load.py).
     load: TransferLoad = field(default_factory=TransferLoad)
 
 

@@ -37,7 +37,7 @@ from hixl_client._proto.hixl.v1 import (
 from . import __version__, _systemd
 from .ascend.backend import AscendBackend
 from .config import DaemonConfig
-from .copier import ExecutorCopier
+from .copier import Copier
 from .engine import Engine, EngineDeps
 from .fd_server import FdServer
 from .interceptors import RequestIdInterceptor, generic_only, install_log_record_factory
@@ -124,11 +124,13 @@ class Daemon:
                                               cfg.server.data_port)
         pools = PoolManager(int(cfg.pool.max_bytes), cfg.pool.populate, ascend)
         load = TransferLoad()
+        dispatcher = CompletionDispatcher(loop, load)
         self.engine = engine = Engine(EngineDeps(
             daemon_id=self.daemon_id, version=__version__, pools=pools,
             data_server=data_server, data_host=self.advertise_host,
-            peer_factory=self._peer, copier=ExecutorCopier(cfg.transfer.copy_threads, ascend),
-            dispatcher=CompletionDispatcher(loop, load), load=load,
+            peer_factory=self._peer,
+            copier=Copier(cfg.transfer.copy_threads, dispatcher, ascend),
+            dispatcher=dispatcher, load=load,
             streams_per_link=cfg.transfer.streams_per_link,
             connect_timeout_s=cfg.transfer.connect_timeout_s,
             backend=cfg.pool.backend, ascend=ascend))

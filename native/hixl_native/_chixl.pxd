@@ -85,6 +85,17 @@ cdef extern from "copy.h" nogil:
     int hixl_in_bounds(uint64_t off, uint64_t length, uint64_t size)
 
 
+cdef extern from "copy_pool.h" nogil:
+    ctypedef struct hixl_copy_pool:
+        pass
+
+    int hixl_copy_pool_open(int threads, hixl_cq *cq, hixl_copy_pool **out)
+    int hixl_copy_pool_submit(hixl_copy_pool *p, uint64_t request_id, hixl_mapping *dst,
+                              hixl_mapping *src, const uint8_t *triples, size_t n,
+                              uint64_t request_bytes)
+    void hixl_copy_pool_close(hixl_copy_pool *p)
+
+
 cdef extern from "completion.h" nogil:
     ctypedef struct hixl_cq_node:
         hixl_cq_node *next

@@ -5,6 +5,7 @@
 from libc.stdint cimport uint16_t, uint64_t
 
 from hixl_native._chixl cimport (
+    hixl_copy_pool,
     hixl_cq,
     hixl_extents,
     hixl_link,
@@ -37,6 +38,10 @@ cdef class ExtentAllocator:
 
 cdef class CompletionQueue:
     cdef hixl_cq *_q
+
+
+cdef class CopyPool:
+    cdef hixl_copy_pool *_p
 
 
 cdef class DataServer:

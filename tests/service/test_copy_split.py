@@ -1,4 +1,5 @@
-"""Sharing a local copy among threads: the shares copy exactly the request's bytes."""
+"""Local copies: on the loop's thread or the native copy threads, shared among
+threads when large; every way copies exactly the request's bytes."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ import pytest
 from hixl_service.copier import (
     INLINE_COPY_BYTES,
     LOOP_SHARE_MAX_BYTES,
-    ExecutorCopier,
+    Copier,
     split_triples,
 )
+from hixl_service.links import CompletionDispatcher
+from hixl_service.load import TransferLoad
 
 KIB = 1024
 
@@ -72,11 +75,13 @@ class _HostMemory:
 
 
 @pytest.mark.asyncio
+@pytest.mark.parametrize("busy", [False, True], ids=["alone", "under-load"])
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("block,count", [(4 * KIB, 16), (64 * KIB, INLINE_COPY_BYTES // 65536 + 5),
                                          (64 * KIB, LOOP_SHARE_MAX_BYTES // 65536 + 7),
                                          (5 * 2**20 + 4 * KIB, 1)])
-async def test_every_size_class_copies_exactly(block: int, count: int, threads: int) -> None:
+async def test_every_size_class_copies_exactly(block: int, count: int, threads: int,
+                                               busy: bool) -> None:
     size = 2 * block * count + 2**20
     src, dst = _HostMemory(size), _HostMemory(size)
     src.array()[:] = np.random.default_rng(block + count).integers(0, 256, size, dtype=np.uint8)
@@ -84,11 +89,44 @@ async def test_every_size_class_copies_exactly(block: int, count: int, threads: 
     # (src offset, dst offset, length) ranges, as the planner hands them over.
     ranges = np.stack([np.arange(count) * 2 * block, order * block + 4096,
                        np.full(count, block)], axis=1).astype(np.uint64)
-    copier = ExecutorCopier(threads)
+    load = TransferLoad()
+    dispatcher = CompletionDispatcher(asyncio.get_running_loop(), load)
+    copier = Copier(threads, dispatcher)
+    if busy:  # another transfer is under way: nothing is copied on the loop's thread
+        load.begin()
+        load.begin()
     try:
         await copier.copy(dst, src, ranges)  # type: ignore[arg-type]
     finally:
         copier.close()
+        dispatcher.close()
     for s, d, length in ranges.tolist():
         assert np.array_equal(dst.array()[d:d + length], src.array()[s:s + length])
     assert src.pins == dst.pins == 0
+
+
+@pytest.mark.asyncio
+async def test_under_load_a_small_copy_leaves_the_loop_free() -> None:
+    # Alone, a 1 MiB copy runs inside copy() before it yields; with another
+    # transfer under way it runs on a copy thread while the loop goes on.
+    size = 4 * 2**20
+    src, dst = _HostMemory(size), _HostMemory(size)
+    src.array()[:] = 7
+    ranges = np.array([[0, 0, INLINE_COPY_BYTES]], dtype=np.uint64)
+    load = TransferLoad()
+    dispatcher = CompletionDispatcher(asyncio.get_running_loop(), load)
+    copier = Copier(1, dispatcher)
+    try:
+        for busy in (False, True):
+            dst.array()[:] = 0
+            load.running = 2 if busy else 1
+            copy = asyncio.ensure_future(copier.copy(dst, src, ranges))  # type: ignore[arg-type]
+            await asyncio.sleep(0)  # the copy's first step
+            assert dispatcher.idle == (not busy)
+            assert (dst.pins > 0) == busy  # pinned while a copy thread has it
+            await copy
+            assert dst.array()[:INLINE_COPY_BYTES].min() == 7
+            assert src.pins == dst.pins == 0
+    finally:
+        copier.close()
+        dispatcher.close()
