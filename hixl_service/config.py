@@ -234,7 +234,8 @@ class TransferConfig(_Section):
         default=3.0, description="Seconds allowed to connect to a peer daemon."
     )
     copy_threads: int = Field(
-        default=2, ge=1, le=64, description="Threads of the dedicated executor for native copies."
+        default=2, ge=1, le=64,
+        description="Native copy threads (and threads of the executor for device copies)."
     )
 
 

@@ -228,11 +228,9 @@ class LayerwiseTask:
         if not 0 <= layer < self.num_layers:
             raise _invalid(f"layer {layer} is out of range for {self.num_layers} layers")
         reports = []
-        load = self._engine.deps.load
         for target in self.targets:
             if not target.needs(layer):
                 continue
-            load.begin()  # a transfer under way, as the servicer counts pulls (load.py)
             try:
                 await self._send(target, layer)
             except LLMException as exc:
@@ -240,8 +238,6 @@ class LayerwiseTask:
                 reports.append(client_pb2.TransferProgress(
                     target=target.index, layer=layer, status=exc.status_code, message=str(exc)))
                 break
-            finally:
-                load.end()
             reports.append(client_pb2.TransferProgress(
                 target=target.index, layer=layer, status=LLMStatusCode.LLM_SUCCESS,
                 target_done=layer == target.spec.src_layer_stop - 1))

@@ -17,7 +17,9 @@ from 5,200-5,400 to 7,700-7,900 a second.
 
 A call counts from the moment the daemon accepts it: when the transfer lane
 reads its frame (its handler may start later), or when a gRPC transfer
-handler starts.
+handler starts. Transfer calls are the lane's: pulls, pushes, copies, swaps
+and a layer-wise task's ``LayerReady``; a layer announced on the task's own
+gRPC stream (no lane) is not counted.
 """
 
 from __future__ import annotations

@@ -452,6 +452,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
                 self._lane_tasks.end(lane_key)
 
     @handles_errors
+    @_transfer_call
     async def LayerReady(self, request: client_pb2.LayerReadyRequest,
                          context: Context) -> client_pb2.LayerReadyReply:
         session = self._session(context)
