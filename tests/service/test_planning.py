@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
+from hixl_client._proto.hixl.v1 import client_pb2
 from hixl_client.status import LLMException, LLMStatusCode
 from hixl_service.planning import (
     Layout,
     as_ranges,
+    block_list,
     block_runs,
     merge_ranges,
     plan_blocks,
@@ -19,6 +22,17 @@ from hixl_service.planning import (
 
 def layout(num_tensors: int, tensor_size: int, batch_size: int, base: int = 0) -> Layout:
     return Layout([base + i * tensor_size for i in range(num_tensors)], tensor_size, batch_size)
+
+
+def test_block_lists_come_from_the_request_as_uint64_arrays() -> None:
+    request = client_pb2.PullCacheRequest(dst_blocks=[5, 2**64 - 1, 0])
+    blocks = block_list(request.dst_blocks)
+    assert blocks.dtype == np.uint64 and blocks.tolist() == [5, 2**64 - 1, 0]
+    blocks[0] = 7  # a copy: the request is untouched
+    assert list(request.dst_blocks) == [5, 2**64 - 1, 0]
+    empty = block_list(request.src_blocks)
+    assert empty.dtype == np.uint64 and len(empty) == 0
+    assert not empty.flags.writeable  # shared by every empty list
 
 
 def test_whole_cache_pull_merges_into_one_range() -> None:
