@@ -238,8 +238,8 @@ class Engine:
         for token in list(self.inbound):
             self._drop_inbound(token)
         await asyncio.gather(*self._background, return_exceptions=True)
+        self.deps.copier.close()  # its threads post to the dispatcher's queue: first
         self.deps.dispatcher.close()
-        self.deps.copier.close()
 
     # -- caches ---------------------------------------------------------------
 

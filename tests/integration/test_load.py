@@ -12,6 +12,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
+import numpy as np
 import pytest
 
 from hixl_client import (
@@ -80,3 +81,34 @@ async def test_calls_count_while_under_way_and_out_when_they_end(
         assert await _under_way(decode) == 0
         await pair.decoder.finalize()
         await pair.prompt.finalize()
+
+
+@pytest.mark.parametrize("where", ["tcp", "local"])
+async def test_pulls_in_flight_land_exactly_off_the_loop(
+        prefill_daemon: DaemonProcess, decode_daemon: DaemonProcess,
+        next_cluster_id: Callable[[], int], where: str) -> None:
+    # 16 pulls in flight: the daemon hands their bytes to the data link's
+    # workers (tcp) or to its native copy threads (local) instead of the
+    # loop's thread; every slot must land where it belongs.
+    owner = prefill_daemon if where == "tcp" else decode_daemon
+    pair = await make_pair(owner, decode_daemon, next_cluster_id)
+    slots, tensors, block = 16, 8, 64 * 1024  # 16 requests of 8 x 64 KiB
+    desc = CacheDesc(tensors, [slots, block], DataType.DT_UINT8)
+    src = await pair.prompt.cache_manager.allocate_cache(desc)
+    rng = np.random.default_rng(5)
+    for i in range(tensors):
+        view = np.frombuffer(src.tensor_view(i), dtype=np.uint8)
+        view[:] = rng.integers(0, 256, view.size, dtype=np.uint8)
+    dst = await pair.decoder.cache_manager.allocate_cache(desc)
+    await asyncio.gather(*(
+        pair.decoder.cache_manager.pull_cache(
+            CacheKeyByIdAndIndex(pair.prompt.cluster_id, src.cache_id, slot), dst,
+            batch_index=slots - 1 - slot)
+        for slot in range(slots)))
+    for i in range(tensors):
+        sent = np.frombuffer(src.tensor_view(i), dtype=np.uint8).reshape(slots, block)
+        got = np.frombuffer(dst.tensor_view(i), dtype=np.uint8).reshape(slots, block)
+        np.testing.assert_array_equal(got, sent[::-1])
+    assert await _under_way(decode_daemon) == 0
+    await pair.decoder.finalize()
+    await pair.prompt.finalize()
