@@ -67,3 +67,17 @@ def pools() -> Iterator[tuple[SharedPool, SharedPool]]:
     yield remote, local
     local.close()
     remote.close()
+
+
+@pytest.fixture
+def copy_pair() -> Iterator[tuple[SharedPool, SharedPool]]:
+    """A (destination, source) pair of 4 MiB pools, the source filled with random bytes."""
+    import hixl_native
+    import numpy as np
+
+    src = hixl_native.SharedPool("src", 4 << 20, 12)
+    dst = hixl_native.SharedPool("dst", 4 << 20, 12)
+    np.frombuffer(src, np.uint8)[:] = np.random.default_rng(1).integers(0, 256, src.size, np.uint8)
+    yield dst, src
+    dst.close()
+    src.close()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import array
 import threading
 import time
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import pytest
@@ -19,17 +18,8 @@ np = pytest.importorskip("numpy")
 MIB = 1 << 20
 
 
-@pytest.fixture
-def pair() -> Iterator[tuple[SharedPool, SharedPool]]:
-    src, dst = hn.SharedPool("src", 4 * MIB, 12), hn.SharedPool("dst", 4 * MIB, 12)
-    np.frombuffer(src, np.uint8)[:] = np.random.default_rng(1).integers(0, 256, src.size, np.uint8)
-    yield dst, src
-    dst.close()
-    src.close()
-
-
-def test_copy_matches_numpy(pair: tuple[SharedPool, SharedPool]) -> None:
-    dst, src = pair
+def test_copy_matches_numpy(copy_pair: tuple[SharedPool, SharedPool]) -> None:
+    dst, src = copy_pair
     rng = np.random.default_rng(2)
     lengths = rng.integers(1, 20_000, 64, dtype=np.uint64)
     src_off = rng.integers(0, src.size - 20_000, 64, dtype=np.uint64)
@@ -44,8 +34,8 @@ def test_copy_matches_numpy(pair: tuple[SharedPool, SharedPool]) -> None:
 
 
 @pytest.mark.parametrize("kind", ["array", "bytes", "numpy"])
-def test_accepts_uint64_buffers(pair: tuple[SharedPool, SharedPool], kind: str) -> None:
-    dst, src = pair
+def test_accepts_uint64_buffers(copy_pair: tuple[SharedPool, SharedPool], kind: str) -> None:
+    dst, src = copy_pair
     values = [100, 200, 50, 0, 4096, 10]
     ranges = {
         "array": array.array("Q", values),
@@ -86,15 +76,15 @@ def test_large_requests_stream_and_stay_exact() -> None:
         src.close()
 
 
-def test_same_mapping_overlapping(pair: tuple[SharedPool, SharedPool]) -> None:
-    _, src = pair
+def test_same_mapping_overlapping(copy_pair: tuple[SharedPool, SharedPool]) -> None:
+    _, src = copy_pair
     before = bytes(src.view(0, 1000))
     hn.copy_ranges(src, src, array.array("Q", [10, 0, 1000]))
     assert bytes(src.view(10, 1000)) == before
 
 
-def test_bad_triple_is_named_and_nothing_copied(pair: tuple[SharedPool, SharedPool]) -> None:
-    dst, src = pair
+def test_bad_triple_is_named_and_nothing_copied(copy_pair: tuple[SharedPool, SharedPool]) -> None:
+    dst, src = copy_pair
     before = bytes(dst.view(0, 100))
     bad = array.array("Q", [0, 0, 100, dst.size - 10, 0, 11])
     with pytest.raises(ValueError, match="range 1"):
@@ -104,8 +94,8 @@ def test_bad_triple_is_named_and_nothing_copied(pair: tuple[SharedPool, SharedPo
         hn.copy_ranges(dst, src, array.array("Q", [0, 2**64 - 1, 2]))
 
 
-def test_rejects_wrong_buffers(pair: tuple[SharedPool, SharedPool]) -> None:
-    dst, src = pair
+def test_rejects_wrong_buffers(copy_pair: tuple[SharedPool, SharedPool]) -> None:
+    dst, src = copy_pair
     with pytest.raises(TypeError):
         hn.copy_ranges(dst, src, np.zeros(3, dtype=np.float64))
     with pytest.raises(TypeError):
@@ -116,8 +106,8 @@ def test_rejects_wrong_buffers(pair: tuple[SharedPool, SharedPool]) -> None:
         hn.copy_ranges(dst, src, array.array("Q", [0, 0]))
 
 
-def test_closed_mapping_is_rejected(pair: tuple[SharedPool, SharedPool]) -> None:
-    _, src = pair
+def test_closed_mapping_is_rejected(copy_pair: tuple[SharedPool, SharedPool]) -> None:
+    _, src = copy_pair
     other = hn.SharedPool("tmp", MIB, 12)
     other.close()
     with pytest.raises(ValueError, match="closed"):

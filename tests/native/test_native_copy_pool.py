@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import pytest
@@ -18,25 +17,16 @@ np = pytest.importorskip("numpy")
 MIB = 1 << 20
 
 
-@pytest.fixture
-def pair() -> Iterator[tuple[SharedPool, SharedPool]]:
-    src, dst = hn.SharedPool("src", 8 * MIB, 12), hn.SharedPool("dst", 8 * MIB, 12)
-    np.frombuffer(src, np.uint8)[:] = np.random.default_rng(3).integers(0, 256, src.size, np.uint8)
-    yield dst, src
-    dst.close()
-    src.close()
-
-
-def test_each_copy_lands_and_posts_one_completion(pair: tuple[SharedPool, SharedPool]) -> None:
-    dst, src = pair
+def test_each_copy_lands_and_posts_one_completion(copy_pair: tuple[SharedPool, SharedPool]) -> None:
+    dst, src = copy_pair
     cq = hn.CompletionQueue()
     pool = hn.CopyPool(2, cq)
     try:
         rng = np.random.default_rng(4)
         jobs = {}
         for request_id in range(1, 33):  # more copies than threads: some queue
-            length = int(rng.integers(1, 256 * 1024))
-            d = (request_id - 1) * 256 * 1024
+            length = int(rng.integers(1, 128 * 1024))
+            d = (request_id - 1) * 128 * 1024
             s = int(rng.integers(0, src.size - length))
             jobs[request_id] = (d, s, length)
             pool.submit(request_id, dst, src, np.array([[d, s, length]], dtype=np.uint64))
@@ -50,8 +40,8 @@ def test_each_copy_lands_and_posts_one_completion(pair: tuple[SharedPool, Shared
 
 
 def test_bad_ranges_are_refused_before_anything_is_queued(
-        pair: tuple[SharedPool, SharedPool]) -> None:
-    dst, src = pair
+        copy_pair: tuple[SharedPool, SharedPool]) -> None:
+    dst, src = copy_pair
     cq = hn.CompletionQueue()
     pool = hn.CopyPool(1, cq)
     try:
@@ -68,13 +58,13 @@ def test_bad_ranges_are_refused_before_anything_is_queued(
         cq.close()
 
 
-def test_memory_stays_pinned_until_the_copy_ends(pair: tuple[SharedPool, SharedPool]) -> None:
-    dst, src = pair
+def test_memory_stays_pinned_until_the_copy_ends(copy_pair: tuple[SharedPool, SharedPool]) -> None:
+    dst, src = copy_pair
     before = dst.exports, src.exports
     cq = hn.CompletionQueue()
     pool = hn.CopyPool(1, cq)
     try:
-        pool.submit(1, dst, src, np.array([0, 0, 8 * MIB], dtype=np.uint64))
+        pool.submit(1, dst, src, np.array([0, 0, 4 * MIB], dtype=np.uint64))
         pool.submit(2, dst, src, np.array([0, 0, 4096], dtype=np.uint64))  # queued behind it
         # Pinned from submit on: neither mapping can be unmapped meanwhile.
         assert dst.exports > before[0] and src.exports > before[1]
@@ -87,12 +77,12 @@ def test_memory_stays_pinned_until_the_copy_ends(pair: tuple[SharedPool, SharedP
 
 
 def test_close_cancels_queued_copies_and_refuses_new_ones(
-        pair: tuple[SharedPool, SharedPool]) -> None:
-    dst, src = pair
+        copy_pair: tuple[SharedPool, SharedPool]) -> None:
+    dst, src = copy_pair
     cq = hn.CompletionQueue()
     pool = hn.CopyPool(1, cq)
-    whole = np.array([0, 0, 8 * MIB], dtype=np.uint64)
-    copies = 64  # about 0.1 s of copying on one thread; submitting them takes far less
+    whole = np.array([0, 0, 4 * MIB], dtype=np.uint64)
+    copies = 128  # about 0.1 s of copying on one thread; submitting them takes far less
     for request_id in range(1, copies + 1):
         pool.submit(request_id, dst, src, whole)
     pool.close()  # waits for the running copy only
