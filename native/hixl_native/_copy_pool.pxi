@@ -48,7 +48,7 @@ cdef class CopyPool:
         """
         cdef uint64_t rid = _u64(request_id, "request_id")
         cdef Py_buffer view
-        cdef size_t n, bad = 0
+        cdef size_t n
         cdef const uint8_t *triples
         cdef int rc
         if self._p == NULL:
@@ -61,13 +61,7 @@ cdef class CopyPool:
         try:
             n = <size_t>(view.len // 24)
             triples = <const uint8_t *>view.buf
-            rc = hixl_check_triples(triples, n, dst._size, src._size, &bad)
-            if rc != HIXL_OK:
-                raise ValueError(
-                    f"range {bad} (dst_offset={hixl_load_u64(triples, 3 * bad)}, "
-                    f"src_offset={hixl_load_u64(triples, 3 * bad + 1)}, "
-                    f"length={hixl_load_u64(triples, 3 * bad + 2)}) is outside "
-                    f"dst ({dst._size} bytes) or src ({src._size} bytes)")
+            _check_triples(triples, n, dst, src)
             rc = hixl_copy_pool_submit(self._p, rid, dst._m, src._m, triples, n, request_bytes)
         finally:
             PyBuffer_Release(&view)

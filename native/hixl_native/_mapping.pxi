@@ -425,6 +425,19 @@ cdef class ExtentAllocator:
                 f"used, page {1 << self._page_shift}>")
 
 
+cdef int _check_triples(const uint8_t *triples, size_t n, Mapping dst,
+                        Mapping src) except -1:
+    """Raises ValueError naming the first (dst, src, length) triple outside a mapping."""
+    cdef size_t bad = 0
+    if hixl_check_triples(triples, n, dst._size, src._size, &bad) != HIXL_OK:
+        raise ValueError(
+            f"range {bad} (dst_offset={hixl_load_u64(triples, 3 * bad)}, "
+            f"src_offset={hixl_load_u64(triples, 3 * bad + 1)}, "
+            f"length={hixl_load_u64(triples, 3 * bad + 2)}) is outside "
+            f"dst ({dst._size} bytes) or src ({src._size} bytes)")
+    return 0
+
+
 def copy_ranges(Mapping dst not None, Mapping src not None, ranges,
                 uint64_t request_bytes=0):
     """Copy many byte ranges between two mappings with the GIL released.
@@ -443,19 +456,12 @@ def copy_ranges(Mapping dst not None, Mapping src not None, ranges,
         ValueError: A triple lies outside a mapping (the message names its
             index), or a mapping is closed. Nothing is copied then.
     """
-    cdef size_t n = 0, bad = 0
-    cdef int rc
+    cdef size_t n = 0
     dst._check_open()
     src._check_open()
     cdef uint8_t *triples = _snapshot_u64(ranges, 3, "ranges", &n)
     try:
-        rc = hixl_check_triples(triples, n, dst._size, src._size, &bad)
-        if rc != HIXL_OK:
-            raise ValueError(
-                f"range {bad} (dst_offset={hixl_load_u64(triples, 3 * bad)}, "
-                f"src_offset={hixl_load_u64(triples, 3 * bad + 1)}, "
-                f"length={hixl_load_u64(triples, 3 * bad + 2)}) is outside "
-                f"dst ({dst._size} bytes) or src ({src._size} bytes)")
+        _check_triples(triples, n, dst, src)
         # Pinned, so a close() from another thread cannot unmap mid-copy.
         hixl_mapping_pin(dst._m)
         hixl_mapping_pin(src._m)
