@@ -1,7 +1,8 @@
 """Copies inside one cluster: copy_cache, copy_blocks, swap_blocks.
 
-All of them are native memcpy of merged ranges in the copy executor, with the
-GIL released; swap_blocks moves blocks between the HOST and DEVICE pools.
+All of them are native copies of merged ranges through the daemon's
+``Copier`` (GIL released); swap_blocks moves blocks between the HOST and
+DEVICE pools.
 """
 
 from __future__ import annotations
