@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import pytest
@@ -9,7 +10,7 @@ import pytest
 from tests.native._native_support import wait_completions
 
 if TYPE_CHECKING:
-    from hixl_native import SharedPool
+    from hixl_native import CompletionQueue, CopyPool, SharedPool
 
 hn = pytest.importorskip("hixl_native")
 np = pytest.importorskip("numpy")
@@ -17,70 +18,60 @@ np = pytest.importorskip("numpy")
 MIB = 1 << 20
 
 
-def test_each_copy_lands_and_posts_one_completion(copy_pair: tuple[SharedPool, SharedPool]) -> None:
+@pytest.fixture
+def pool(cq: CompletionQueue, request: pytest.FixtureRequest) -> Iterator[CopyPool]:
+    """A pool posting to ``cq``, of one thread unless parametrized indirectly."""
+    copy_pool = hn.CopyPool(getattr(request, "param", 1), cq)
+    yield copy_pool
+    copy_pool.close()
+
+
+@pytest.mark.parametrize("pool", [2], indirect=True)
+def test_each_copy_lands_and_posts_one_completion(
+        copy_pair: tuple[SharedPool, SharedPool], cq: CompletionQueue, pool: CopyPool) -> None:
     dst, src = copy_pair
-    cq = hn.CompletionQueue()
-    pool = hn.CopyPool(2, cq)
-    try:
-        rng = np.random.default_rng(4)
-        jobs = {}
-        for request_id in range(1, 33):  # more copies than threads: some queue
-            length = int(rng.integers(1, 128 * 1024))
-            d = (request_id - 1) * 128 * 1024
-            s = int(rng.integers(0, src.size - length))
-            jobs[request_id] = (d, s, length)
-            pool.submit(request_id, dst, src, np.array([[d, s, length]], dtype=np.uint64))
-        done = wait_completions(cq, len(jobs))
-        assert sorted(done) == [(request_id, hn.OK) for request_id in jobs]
-        for d, s, length in jobs.values():
-            assert bytes(dst.view(d, length)) == bytes(src.view(s, length))
-    finally:
-        pool.close()
-        cq.close()
+    rng = np.random.default_rng(4)
+    jobs = {}
+    for request_id in range(1, 33):  # more copies than threads: some queue
+        length = int(rng.integers(1, 128 * 1024))
+        d = (request_id - 1) * 128 * 1024
+        s = int(rng.integers(0, src.size - length))
+        jobs[request_id] = (d, s, length)
+        pool.submit(request_id, dst, src, np.array([[d, s, length]], dtype=np.uint64))
+    done = wait_completions(cq, len(jobs))
+    assert sorted(done) == [(request_id, hn.OK) for request_id in jobs]
+    for d, s, length in jobs.values():
+        assert bytes(dst.view(d, length)) == bytes(src.view(s, length))
 
 
 def test_bad_ranges_are_refused_before_anything_is_queued(
-        copy_pair: tuple[SharedPool, SharedPool]) -> None:
+        copy_pair: tuple[SharedPool, SharedPool], cq: CompletionQueue, pool: CopyPool) -> None:
     dst, src = copy_pair
-    cq = hn.CompletionQueue()
-    pool = hn.CopyPool(1, cq)
-    try:
-        with pytest.raises(ValueError, match="range 1"):
-            pool.submit(1, dst, src, np.array([[0, 0, 10], [dst.size - 4, 0, 10]],
-                                              dtype=np.uint64))
-        with pytest.raises(TypeError):
-            pool.submit(2, dst, src, np.array([0, 0, 10], dtype=np.int64))
-        assert cq.drain() == []
-        pool.submit(3, dst, src, np.array([0, 0, 10], dtype=np.uint64))
-        assert wait_completions(cq, 1) == [(3, hn.OK)]
-    finally:
-        pool.close()
-        cq.close()
+    with pytest.raises(ValueError, match="range 1"):
+        pool.submit(1, dst, src, np.array([[0, 0, 10], [dst.size - 4, 0, 10]], dtype=np.uint64))
+    with pytest.raises(TypeError):
+        pool.submit(2, dst, src, np.array([0, 0, 10], dtype=np.int64))
+    assert cq.drain() == []
+    pool.submit(3, dst, src, np.array([0, 0, 10], dtype=np.uint64))
+    assert wait_completions(cq, 1) == [(3, hn.OK)]
 
 
-def test_memory_stays_pinned_until_the_copy_ends(copy_pair: tuple[SharedPool, SharedPool]) -> None:
+def test_memory_stays_pinned_until_the_copy_ends(
+        copy_pair: tuple[SharedPool, SharedPool], cq: CompletionQueue, pool: CopyPool) -> None:
     dst, src = copy_pair
     before = dst.exports, src.exports
-    cq = hn.CompletionQueue()
-    pool = hn.CopyPool(1, cq)
-    try:
-        pool.submit(1, dst, src, np.array([0, 0, 4 * MIB], dtype=np.uint64))
-        pool.submit(2, dst, src, np.array([0, 0, 4096], dtype=np.uint64))  # queued behind it
-        # Pinned from submit on: neither mapping can be unmapped meanwhile.
-        assert dst.exports > before[0] and src.exports > before[1]
-        assert sorted(wait_completions(cq, 2)) == [(1, hn.OK), (2, hn.OK)]
-        assert (dst.exports, src.exports) == before
-        assert bytes(dst.view(0, 4096)) == bytes(src.view(0, 4096))
-    finally:
-        pool.close()
-        cq.close()
+    pool.submit(1, dst, src, np.array([0, 0, 4 * MIB], dtype=np.uint64))
+    pool.submit(2, dst, src, np.array([0, 0, 4096], dtype=np.uint64))  # queued behind it
+    # Pinned from submit on: neither mapping can be unmapped meanwhile.
+    assert dst.exports > before[0] and src.exports > before[1]
+    assert sorted(wait_completions(cq, 2)) == [(1, hn.OK), (2, hn.OK)]
+    assert (dst.exports, src.exports) == before
+    assert bytes(dst.view(0, 4096)) == bytes(src.view(0, 4096))
 
 
 def test_close_cancels_queued_copies_and_refuses_new_ones(
-        copy_pair: tuple[SharedPool, SharedPool]) -> None:
+        copy_pair: tuple[SharedPool, SharedPool], cq: CompletionQueue, pool: CopyPool) -> None:
     dst, src = copy_pair
-    cq = hn.CompletionQueue()
-    pool = hn.CopyPool(1, cq)
     whole = np.array([0, 0, 4 * MIB], dtype=np.uint64)
     copies = 128  # about 0.1 s of copying on one thread; submitting them takes far less
     for request_id in range(1, copies + 1):
@@ -92,5 +83,4 @@ def test_close_cancels_queued_copies_and_refuses_new_ones(
     assert statuses[copies] == hn.E_CANCELLED
     with pytest.raises(hn.NativeError):
         pool.submit(copies + 1, dst, src, whole)
-    pool.close()  # idempotent
-    cq.close()
+    pool.close()  # idempotent; the fixture closes it once more
