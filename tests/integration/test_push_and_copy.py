@@ -79,40 +79,35 @@ async def test_push_cache_layers_into_remote_slot(accessible: Pair) -> None:
     await pusher.cache_manager.deallocate_cache(src)
 
 
-async def test_push_blocks(accessible: Pair) -> None:
-    receiver, pusher = accessible.prompt, accessible.decoder
-    desc = CacheDesc(4, [32, 2048], DataType.DT_UINT8)
+async def _push_blocks_and_check(pair: Pair, desc: CacheDesc, model_id: int,
+                                 src_blocks: list[int], dst_blocks: list[int]) -> None:
+    """push_blocks src_blocks of a filled cache into dst_blocks of a remote blocks
+    cache; every block must land where it was sent."""
+    receiver, pusher = pair.prompt, pair.decoder
     target = await receiver.cache_manager.allocate_blocks_cache(
-        desc, BlocksCacheKey(receiver.cluster_id, 9))
+        desc, BlocksCacheKey(receiver.cluster_id, model_id))
     src = await pusher.cache_manager.allocate_blocks_cache(desc)
     fill(src)
-    src_blocks, dst_blocks = [0, 1, 2, 7, 8], [10, 11, 12, 0, 31]
-    await pusher.cache_manager.push_blocks(BlocksCacheKey(receiver.cluster_id, 9), src,
+    await pusher.cache_manager.push_blocks(BlocksCacheKey(receiver.cluster_id, model_id), src,
                                            src_blocks, dst_blocks)
-    for i in range(4):
+    for i in range(desc.num_tensors):
         np.testing.assert_array_equal(raw(target, i)[dst_blocks], raw(src, i)[src_blocks])
     await receiver.cache_manager.deallocate_blocks_cache(target)
     await pusher.cache_manager.deallocate_blocks_cache(src)
+
+
+async def test_push_blocks(accessible: Pair) -> None:
+    await _push_blocks_and_check(accessible, CacheDesc(4, [32, 2048], DataType.DT_UINT8), 9,
+                                 [0, 1, 2, 7, 8], [10, 11, 12, 0, 31])
 
 
 async def test_push_blocks_of_more_ranges_than_one_slice(accessible: Pair) -> None:
     # About 40k ranges: the write goes to the data link in three slices.
-    receiver, pusher = accessible.prompt, accessible.decoder
     count = 20_000
-    desc = CacheDesc(2, [count, 64], DataType.DT_UINT8)
-    target = await receiver.cache_manager.allocate_blocks_cache(
-        desc, BlocksCacheKey(receiver.cluster_id, 10))
-    src = await pusher.cache_manager.allocate_blocks_cache(desc)
-    fill(src)
     order = np.random.default_rng(5)
-    src_blocks = [int(b) for b in order.permutation(count)]
-    dst_blocks = [int(b) for b in order.permutation(count)]
-    await pusher.cache_manager.push_blocks(BlocksCacheKey(receiver.cluster_id, 10), src,
-                                           src_blocks, dst_blocks)
-    for i in range(2):
-        np.testing.assert_array_equal(raw(target, i)[dst_blocks], raw(src, i)[src_blocks])
-    await receiver.cache_manager.deallocate_blocks_cache(target)
-    await pusher.cache_manager.deallocate_blocks_cache(src)
+    await _push_blocks_and_check(accessible, CacheDesc(2, [count, 64], DataType.DT_UINT8), 10,
+                                 [int(b) for b in order.permutation(count)],
+                                 [int(b) for b in order.permutation(count)])
 
 
 async def test_push_rules(accessible: Pair, pair: Pair) -> None:
