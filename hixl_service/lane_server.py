@@ -45,6 +45,7 @@ from hixl_client._transport import SESSION_METADATA_KEY
 from hixl_client.status import LLMException, LLMStatusCode
 
 from .call_context import CallAborted, CallContext, Context, call_error, deadline_error
+from .eager import start_eagerly
 from .engine import Engine, PeerLaneInfo, Session
 from .interceptors import new_request_id, request_id
 from .load import TransferLoad
@@ -164,6 +165,10 @@ class _Connection(asyncio.Protocol):
             logger.warning("closing a %s connection: %s", self._server.name, exc)
             self.close()
             return
+        # A call that arrives alone starts in this callback (see eager.py); with
+        # others beside it, each gets its task first, so that all are counted
+        # under way before any of them runs (load.py).
+        eager = len(frames) == 1
         for frame in frames:
             call_id, kind = frame[0], frame[1]
             if kind == KIND_CANCEL:
@@ -171,7 +176,7 @@ class _Connection(asyncio.Protocol):
             elif self._backlog or len(self._calls) >= MAX_CALLS_IN_FLIGHT:
                 self._backlog.append(frame)
             else:
-                self._dispatch(*frame)
+                self._dispatch(*frame, eager=eager)
         self._throttle()
 
     def _cancel(self, call_id: int) -> None:
@@ -194,7 +199,7 @@ class _Connection(asyncio.Protocol):
                     call_error(code, int(status), message).SerializeToString())
 
     def _dispatch(self, call_id: int, kind: int, timeout_ms: int, tag: int,
-                  body: bytes) -> None:
+                  body: bytes, eager: bool = False) -> None:
         if kind == KIND_HELLO:
             self._hello(call_id, body)
             return
@@ -221,15 +226,23 @@ class _Connection(asyncio.Protocol):
             return
         binding.called()
         loop = asyncio.get_running_loop()
-        task = loop.create_task(self._run(call_id, handler, request, binding.context, tag))
-        self._calls[call_id] = task
         load = self._server.load
         if load is not None:  # from now on, not when the task first runs (load.py)
             load.begin()
+        # The deadline counts from here, whether the call starts now or in a task.
+        deadline = loop.time() + timeout_ms / 1000.0
+        call = self._run(call_id, handler, request, binding.context, tag)
+        task = start_eagerly(loop, call) if eager else loop.create_task(call)
+        if task is None:  # it ended in its first step: answered already
+            if load is not None:
+                load.end()
+            return
+        self._calls[call_id] = task
+        if load is not None:
             task.add_done_callback(load.end)
         if timeout_ms:
-            deadline = loop.call_later(timeout_ms / 1000.0, self._expire, call_id, task)
-            task.add_done_callback(lambda _: deadline.cancel())
+            timer = loop.call_at(deadline, self._expire, call_id, task)
+            task.add_done_callback(lambda _: timer.cancel())
 
     def _hello(self, call_id: int, body: bytes) -> None:
         try:

@@ -13,7 +13,6 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from hixl_client._compat import timeout_at
 from hixl_client.status import LLMException, LLMStatusCode
 
 from .cluster import Cluster
@@ -130,9 +129,12 @@ async def find_target(engine: Engine, cluster: Cluster, link: OutboundLink, ref:
     found = link.resolved.get(key) if key is not None and not fresh else None
     cached = found is not None
     if found is None:
+        # wait_for, not asyncio.timeout: a lane call may get here in its eager
+        # first step, before it has a task (eager.py).
+        remaining = deadline - asyncio.get_running_loop().time()
         try:
-            async with timeout_at(deadline):
-                found = await link.peer.resolve(link.token, ref, cluster.settings.sync_timeout_s)
+            found = await asyncio.wait_for(
+                link.peer.resolve(link.token, ref, cluster.settings.sync_timeout_s), remaining)
         except asyncio.TimeoutError:
             raise _timeout(cluster) from None
         if key is not None:
