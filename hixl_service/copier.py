@@ -25,7 +25,7 @@ import numpy as np
 from hixl_client.status import LLMException, LLMStatusCode
 
 from .links import CompletionDispatcher
-from .planning import Ranges
+from .planning import Ranges, total_bytes
 from .pools import Memory
 
 if TYPE_CHECKING:
@@ -42,6 +42,9 @@ INLINE_COPY_BYTES = 1 << 20
 # loop's thread copies one of the shares itself, which spares a wakeup.
 LOOP_SHARE_MAX_BYTES = 4 << 20
 _SHARE_ALIGN = 4096
+# Column order turning planned (src, dst, length) ranges into the native
+# calls' (dst, src, length) triples; ``take`` gives a C-contiguous copy.
+_DST_SRC_LENGTH = np.array([1, 0, 2])
 
 
 def split_triples(triples: np.ndarray, parts: int) -> list[np.ndarray]:
@@ -88,8 +91,7 @@ class Copier:
 
     async def copy(self, dst: Memory, src: Memory, ranges: Ranges) -> None:
         """Copy (src, dst, length) ranges from one memory into another."""
-        # The native calls take (dst, src, length) triples.
-        triples = np.ascontiguousarray(ranges[:, [1, 0, 2]])
+        triples = ranges.take(_DST_SRC_LENGTH, axis=1)
         if dst.on_device or src.on_device:
             assert self._ascend is not None, "device memory exists only with the Ascend backend"
             job = asyncio.get_running_loop().run_in_executor(
@@ -98,7 +100,7 @@ class Copier:
             src.pin_until(job)
             await asyncio.shield(job)
             return
-        total = int(triples[:, 2].sum())
+        total = total_bytes(ranges)
         alone = self._dispatcher.idle
         if total <= INLINE_COPY_BYTES and alone:
             hixl_native.copy_ranges(dst.native, src.native, triples.ravel())

@@ -15,7 +15,6 @@ from .cluster import Cluster
 from .engine import Engine
 from .planning import Blocks, Layout, plan_blocks, plan_slot_copy, total_bytes
 from .pools import Memory
-from .transfers import entry_layout
 
 
 def _invalid(message: str) -> LLMException:
@@ -44,7 +43,7 @@ class Resolved:
 def _resolve(engine: Engine, cluster: Cluster, operand: Operand) -> Resolved:
     if operand.cache_id != -1:
         entry = cluster.registry.get(operand.cache_id)
-        return Resolved(entry_layout(entry), entry.memory, entry.blocks)
+        return Resolved(entry.layout, entry.memory, entry.blocks)
     memory: Memory | None
     if operand.buffer_id:
         memory = cluster.buffers.get(operand.buffer_id)
@@ -69,7 +68,7 @@ async def copy_cache(engine: Engine, cluster: Cluster, dst_id: int, src_id: int,
     src = cluster.registry.get(src_id)
     if dst.blocks or src.blocks:
         raise _invalid("copy_cache does not take blocks caches; use copy_blocks")
-    ranges = plan_slot_copy(entry_layout(src), src_batch, entry_layout(dst), dst_batch,
+    ranges = plan_slot_copy(src.layout, src_batch, dst.layout, dst_batch,
                             offset, size)
     await engine.deps.copier.copy(dst.memory, src.memory, ranges)
     return total_bytes(ranges)
@@ -80,7 +79,7 @@ async def copy_blocks(engine: Engine, cluster: Cluster, cache_id: int,
     entry = cluster.registry.get(cache_id)
     if not entry.blocks:
         raise _invalid("copy_blocks needs a blocks cache")
-    layout = entry_layout(entry)
+    layout = entry.layout
     pairs = [(i, i) for i in range(entry.num_tensors)]
     ranges = plan_blocks(layout, layout, pairs, src_blocks, dst_blocks)
     await engine.deps.copier.copy(entry.memory, entry.memory, ranges)

@@ -29,7 +29,7 @@ from .planning import (
 )
 from .pools import Memory
 from .registry import CacheEntry
-from .transfers import Peer, entry_layout, find_target
+from .transfers import Peer, find_target
 
 TENSORS_PER_LAYER = 2  # transfer_cache_async moves K and V of each layer
 
@@ -115,7 +115,7 @@ class LayerwiseTask:
 
     def _span(self) -> int:
         """Bytes a TransferConfig destination tensor receives, from its address on."""
-        src = entry_layout(self.source)
+        src = self.source.layout
         if self.source.blocks:
             return self._dst_block_count * src.stride
         if self._dst_block_count:
@@ -152,7 +152,7 @@ class LayerwiseTask:
 
     def _address_ranges(self, target: Target, layer: int) -> list[tuple[Place, Ranges]]:
         assert target.places is not None
-        src = entry_layout(self.source)
+        src = self.source.layout
         first = (layer - target.spec.src_layer_start) * TENSORS_PER_LAYER
         groups = []
         for k in range(TENSORS_PER_LAYER):
@@ -187,7 +187,7 @@ class LayerwiseTask:
                  for k in range(TENSORS_PER_LAYER)]
         if dst_layer * TENSORS_PER_LAYER + 1 >= target.peer.layout.num_tensors:
             raise _invalid(f"destination layer {dst_layer} is out of range")
-        src = entry_layout(self.source)
+        src = self.source.layout
         if self.source.blocks:
             if not target.peer.blocks:
                 raise _invalid("transfer from blocks to cache is not supported")

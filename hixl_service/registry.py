@@ -18,11 +18,14 @@ Rules kept from LLM-DataDist (see the spec, section 2.8):
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from hixl_client.keys import PLACEHOLDER_ID
 from hixl_client.status import LLMException, LLMStatusCode
+
+from .planning import Layout
 
 if TYPE_CHECKING:
     from .pools import Memory
@@ -76,6 +79,11 @@ class CacheEntry:
     def stride(self) -> int:
         """Bytes of one batch slot (or block) of one tensor."""
         return self.tensor_size // self.batch_size
+
+    @functools.cached_property
+    def layout(self) -> Layout:
+        """The planners' view of the tensors, built once: every transfer asks."""
+        return Layout(self.tensor_offsets, self.tensor_size, self.batch_size)
 
     @property
     def alive(self) -> bool:

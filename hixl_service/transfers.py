@@ -98,10 +98,6 @@ class Peer:
     cached: bool = False  # from the link's resolve cache (may be stale)
 
 
-def entry_layout(entry: CacheEntry) -> Layout:
-    return Layout(entry.tensor_offsets, entry.tensor_size, entry.batch_size)
-
-
 def _timeout(cluster: Cluster) -> LLMException:
     return LLMException(f"the transfer did not finish within sync_kv_timeout "
                         f"({cluster.settings.sync_timeout_ms} ms)",
@@ -122,7 +118,7 @@ async def find_target(engine: Engine, cluster: Cluster, link: OutboundLink, ref:
     """Locate the far end of a transfer; ``fresh`` skips the link's resolve cache."""
     if link.transport == "local":
         _, entry, batch_index = engine.lookup_local(link, ref)
-        return Peer(entry_layout(entry), batch_index, entry.blocks, entry.writable,
+        return Peer(entry.layout, batch_index, entry.blocks, entry.writable,
                     memory=entry.memory)
     assert link.peer is not None
     key = _cache_key(ref)
@@ -201,7 +197,7 @@ def plan_pull(source: Peer, dst: CacheEntry, spec: PullSpec) -> Ranges:
     if dst.blocks != spec.blocks:
         raise _invalid("pull_blocks needs a blocks destination cache" if spec.blocks
                        else "pull_cache needs a non-blocks destination cache")
-    dst_layout = entry_layout(dst)
+    dst_layout = dst.layout
     pairs = tensor_pairs(source.layout, dst_layout, spec.src_tensor_indices,
                          spec.dst_tensor_indices, spec.tensor_num_per_layer)
     if not spec.blocks:
@@ -271,7 +267,7 @@ def plan_push(src: CacheEntry, target: Peer, spec: PushSpec) -> Ranges:
         kind = "blocks" if spec.blocks else "non-blocks"
         raise _invalid(f"{'push_blocks' if spec.blocks else 'push_cache'} needs {kind} "
                        f"caches at both ends")
-    src_layout = entry_layout(src)
+    src_layout = src.layout
     pairs = tensor_pairs(src_layout, target.layout, spec.src_tensor_indices,
                          spec.dst_tensor_indices, spec.tensor_num_per_layer)
     if spec.blocks:
