@@ -143,6 +143,8 @@ def check_dict(
 
 
 def _check_int_range(name: str, value: object, low: int, high: int, kind: str) -> None:
+    if type(value) is int and low <= value <= high:
+        return  # the usual case, decided without the general type check (bools go on)
     check_isinstance(name, value, int, allow_none=False)
     if not low <= cast(int, value) <= high:
         raise ValueError(f"{name}'s value is out of range,{value} is not a {kind} value.")
