@@ -59,6 +59,10 @@ PEER_METHODS: Methods = {
 # Bounds the wait for a daemon that stopped answering, just beyond the call's
 # own deadline (which the daemon enforces and answers with LLM_TIMEOUT).
 DEADLINE_GRACE_S = 0.5
+# How often a lane with calls in flight looks for calls past that bound: one
+# timer per lane rather than one per call (a timer costs 2-3 us of a call of
+# about 100), so the bound is kept to within this much.
+WATCHDOG_TICK_S = 0.25
 _CALL_IDS = 2**32
 
 
@@ -123,7 +127,6 @@ class _Posted(NamedTuple):
 
     call_id: int
     future: asyncio.Future[tuple[int, bytes]]
-    guard: asyncio.TimerHandle
 
 
 class Lane(asyncio.Protocol):
@@ -137,6 +140,9 @@ class Lane(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._reader = FrameReader()
         self._pending: dict[int, asyncio.Future[tuple[int, bytes]]] = {}
+        # call id -> loop time past which the daemon is deemed gone (see _watch)
+        self._give_up_at: dict[int, float] = {}
+        self._watchdog: asyncio.TimerHandle | None = None
         self._next_id = 0
         self.closed_because: str | None = None
 
@@ -218,20 +224,37 @@ class Lane(asyncio.Protocol):
         self._pending[call_id] = future
         transport.write(HEADER.pack(len(body), call_id, kind,
                                     min(int(timeout_s * 1000), _CALL_IDS - 1), tag) + body)
-        # The far side answers a late call itself (LLM_TIMEOUT); this guard only
+        # The far side answers a late call itself (LLM_TIMEOUT); the watchdog only
         # bounds the wait for a daemon that stopped answering altogether.
-        guard = loop.call_later(timeout_s + DEADLINE_GRACE_S, _expire, future, self._what)
-        return _Posted(call_id, future, guard)
+        self._give_up_at[call_id] = loop.time() + timeout_s + DEADLINE_GRACE_S
+        if self._watchdog is None:
+            self._watchdog = loop.call_later(WATCHDOG_TICK_S, self._watch)
+        return _Posted(call_id, future)
 
     async def _wait(self, posted: _Posted) -> tuple[int, bytes]:
-        call_id, future, guard = posted
+        call_id, future = posted
         try:
             return await future
         finally:
-            guard.cancel()
+            self._give_up_at.pop(call_id, None)
             if self._pending.pop(call_id, None) is not None and self._transport is not None:
                 # Cancelled or expired before the answer: stop the far handler too.
                 self._transport.write(HEADER.pack(0, call_id, KIND_CANCEL, 0, 0))
+
+    def _watch(self) -> None:
+        """Fail the calls the daemon left unanswered past their bound; runs every
+        WATCHDOG_TICK_S while calls are in flight."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        for call_id in [c for c, at in self._give_up_at.items() if at <= now]:
+            del self._give_up_at[call_id]
+            future = self._pending.get(call_id)
+            if future is not None and not future.done():
+                future.set_exception(LLMException(
+                    f"{self._what} did not answer a lane call in time",
+                    status_code=LLMStatusCode.LLM_TIMEOUT))
+        self._watchdog = loop.call_later(WATCHDOG_TICK_S, self._watch) \
+            if self._give_up_at else None
 
     # asyncio.Protocol
 
@@ -258,6 +281,10 @@ class Lane(asyncio.Protocol):
     def _fail(self, reason: str) -> None:
         if self.closed_because is None:
             self.closed_because = reason
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+        self._give_up_at.clear()
         pending, self._pending = self._pending, {}
         for future in pending.values():
             if not future.done():
@@ -269,8 +296,3 @@ class Lane(asyncio.Protocol):
     def close(self) -> None:
         self._fail("the lane was closed")
 
-
-def _expire(future: asyncio.Future[tuple[int, bytes]], what: str) -> None:
-    if not future.done():
-        future.set_exception(LLMException(f"{what} did not answer a lane call in time",
-                                          status_code=LLMStatusCode.LLM_TIMEOUT))

@@ -25,7 +25,15 @@ from hixl_client import (
     LLMRole,
     LLMStatusCode,
 )
-from hixl_client._lane import CLIENT_METHODS, HEADER, KIND_CANCEL, KIND_HELLO, REPLY_OK
+from hixl_client._lane import (
+    CLIENT_METHODS,
+    DEADLINE_GRACE_S,
+    HEADER,
+    KIND_CANCEL,
+    KIND_HELLO,
+    REPLY_OK,
+    WATCHDOG_TICK_S,
+)
 from hixl_client._manager_base import ref_to_proto
 from hixl_client._proto.hixl.v1 import client_pb2
 from hixl_service.lane_server import MAX_CALLS_IN_FLIGHT
@@ -236,6 +244,42 @@ async def test_lost_daemon_fails_lane_calls_promptly(next_cluster_id: Callable[[
             assert "lane" in str(info.value)
         finally:
             prefill.resume()
+        await pair.prompt.finalize()
+
+
+async def test_a_stopped_daemon_fails_lane_calls_by_their_bound(
+        next_cluster_id: Callable[[], int]) -> None:
+    # The daemon answers a late call itself; the client's watchdog covers a daemon
+    # that answers nothing at all (here: stopped with SIGSTOP).
+    async with start_daemon(pool__max_bytes="512MiB") as prefill, \
+            start_daemon(pool__max_bytes="512MiB") as decode:
+        pair = await make_pair(prefill, decode, next_cluster_id)
+        src = await pair.prompt.cache_manager.allocate_cache(DESC)
+        dst = await pair.decoder.cache_manager.allocate_cache(DESC)
+        connection = pair.decoder._connection
+        assert connection is not None and connection.lane is not None
+        request = client_pb2.PullCacheRequest(
+            src=ref_to_proto(CacheKeyByIdAndIndex(pair.prompt.cluster_id, src.cache_id, 0)),
+            dst_cache_id=dst.cache_id, size=-1, tensor_num_per_layer=2)
+        decode.pause()
+        try:
+            started = time.monotonic()
+            with pytest.raises(LLMException) as info:
+                # wait_for: a broken watchdog fails this test instead of hanging it
+                await asyncio.wait_for(
+                    connection.lane.call("PullCache", request, timeout_s=0.2), 10)
+            elapsed = time.monotonic() - started
+        finally:
+            decode.resume()
+        assert info.value.status_code == LLMStatusCode.LLM_TIMEOUT
+        assert "did not answer a lane call in time" in str(info.value)
+        # 0.2 s, the grace, at most one watchdog tick late, and a loaded host's slack
+        assert 0.2 + DEADLINE_GRACE_S <= elapsed < 0.2 + DEADLINE_GRACE_S + WATCHDOG_TICK_S + 2
+        # The lane stays usable: the stopped call was cancelled on the daemon's side.
+        await pair.decoder.cache_manager.pull_cache(
+            CacheKeyByIdAndIndex(pair.prompt.cluster_id, src.cache_id, 0), dst)
+        assert connection.lane.is_open
+        await pair.decoder.finalize()
         await pair.prompt.finalize()
 
 
