@@ -232,7 +232,12 @@ class _Connection(asyncio.Protocol):
         # The deadline counts from here, whether the call starts now or in a task.
         deadline = loop.time() + timeout_ms / 1000.0
         call = self._run(call_id, handler, request, binding.context, tag)
-        task = start_eagerly(loop, call) if eager else loop.create_task(call)
+        try:
+            task = start_eagerly(loop, call) if eager else loop.create_task(call)
+        except BaseException:  # _run answers its own errors, but keep the count right
+            if load is not None:
+                load.end()
+            raise
         if task is None:  # it ended in its first step: answered already
             if load is not None:
                 load.end()
