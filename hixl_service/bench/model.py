@@ -161,10 +161,11 @@ class Budget:
 
 
 # When a row interleaves a reference request (drive's `beside`): the row's
-# requests per slice, and the reference calls between two slices. The first
-# requests after a run of gRPC calls are slower (gRPC's threads are still
-# busy), so slices are long: with 8 requests per slice, 128 x 4 KiB pulls
-# over TCP moved 24% fewer bytes a second than with 256 (one run each).
+# requests per slice, and the reference calls between two slices. Slices are
+# long so that few of the row's requests follow right after gRPC calls, whose
+# threads may still be busy. (Slices of 8 requests were used up to run 8 of
+# bench/RESULTS.md; paired runs of both at run 9's commit differed by no more
+# than the noise.)
 INTERLEAVE_SLICE = 64
 BESIDE_PER_SLICE = 8
 
