@@ -60,8 +60,8 @@ PEER_METHODS: Methods = {
 # own deadline (which the daemon enforces and answers with LLM_TIMEOUT).
 DEADLINE_GRACE_S = 0.5
 # How often a lane with calls in flight looks for calls past that bound: one
-# timer per lane rather than one per call (a timer costs 2-3 us of a call of
-# about 100), so the bound is kept to within this much.
+# timer per lane rather than one per call (arming and cancelling a timer
+# costs 1-3 us of a call of about 100), so the bound holds to within a tick.
 WATCHDOG_TICK_S = 0.25
 _CALL_IDS = 2**32
 
