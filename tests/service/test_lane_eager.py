@@ -1,0 +1,87 @@
+"""The lane starts a call that arrives alone without a task, and counts a batch first.
+
+A real lane server on a unix socket in this process, with a servicer of one
+method that records how it was run; frames are written by hand on a socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hixl_client._lane import HEADER, REPLY_OK
+from hixl_client._proto.hixl.v1 import peer_pb2
+from hixl_service.call_context import CallContext, Context
+from hixl_service.lane_server import Binding, LaneServer
+from hixl_service.load import TransferLoad
+
+KIND = 1
+METHODS = {"Probe": (KIND, peer_pb2.ReleaseKeyRequest, peer_pb2.ReleaseKeyReply)}
+
+
+class Recorder:
+    """A servicer whose one handler notes whether it ran in a task and the load."""
+
+    def __init__(self, load: TransferLoad) -> None:
+        self.load = load
+        self.runs: list[tuple[bool, int]] = []
+
+    async def Probe(self, request: Any, context: Context) -> peer_pb2.ReleaseKeyReply:
+        self.runs.append((asyncio.current_task() is not None, self.load.running))
+        return peer_pb2.ReleaseKeyReply()
+
+
+def _frame(call_id: int) -> bytes:
+    body = peer_pb2.ReleaseKeyRequest(link_token=call_id).SerializeToString()
+    return HEADER.pack(len(body), call_id, KIND, 5000, 0) + body
+
+
+def _replies(sock: socket.socket, count: int) -> list[tuple[int, int]]:
+    """(call id, reply kind) of the next ``count`` replies, read by hand."""
+    got: list[tuple[int, int]] = []
+    buffer = b""
+    while len(got) < count:
+        buffer += sock.recv(4096)
+        while len(buffer) >= HEADER.size:
+            size, call_id, kind, _, _ = HEADER.unpack_from(buffer)
+            if len(buffer) < HEADER.size + size:
+                break
+            got.append((call_id, kind))
+            buffer = buffer[HEADER.size + size:]
+    return got
+
+
+@pytest.mark.asyncio
+async def test_a_lone_call_runs_without_a_task_and_a_batch_is_counted_first(
+        tmp_path: Path) -> None:
+    load = TransferLoad()
+    servicer = Recorder(load)
+    server = LaneServer("test lane", METHODS, servicer,
+                        lambda _: Binding(CallContext().as_context()), needs_hello=False,
+                        load=load)
+    path = tmp_path / "lane.sock"
+    await server.start_unix(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(10.0)
+    try:
+        await asyncio.to_thread(sock.connect, str(path))
+        await asyncio.to_thread(sock.sendall, _frame(1))
+        assert await asyncio.to_thread(_replies, sock, 1) == [(1, REPLY_OK)]
+        # Two frames in one write arrive in one read: each gets its task, and
+        # both are under way before either runs.
+        await asyncio.to_thread(sock.sendall, _frame(2) + _frame(3))
+        assert sorted(await asyncio.to_thread(_replies, sock, 2)) == [(2, REPLY_OK),
+                                                                      (3, REPLY_OK)]
+    finally:
+        sock.close()
+        await server.stop(1.0)
+    lone, *batch = servicer.runs
+    # Python 3.12's eager tasks give the first step a task; the shim before it does not.
+    assert lone == (sys.version_info >= (3, 12), 1)
+    assert batch == [(True, 2), (True, 2)]
+    assert load.running == 0
