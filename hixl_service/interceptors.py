@@ -27,6 +27,8 @@ from typing import Any, TypeAlias
 import grpc
 import grpc.aio
 
+from .load import TransferLoad
+
 Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
 REQUEST_ID_METADATA_KEY = "x-request-id"
 request_id: contextvars.ContextVar[str] = contextvars.ContextVar("hixl_request_id", default="-")
@@ -95,24 +97,70 @@ def _wrap(handler: Handler) -> Handler:
     return handler
 
 
-class RequestIdInterceptor(grpc.aio.ServerInterceptor):
-    """Sets ``request_id`` around each unary-request handler (streams from clients pass)."""
+class _WrappingInterceptor(grpc.aio.ServerInterceptor):
+    """Wraps the handlers of the methods it applies to, each handler once."""
 
     def __init__(self) -> None:
         # Method handlers live as long as the server; each is wrapped once.
         self._wrapped: dict[int, tuple[Handler, Handler]] = {}
 
+    def applies(self, method: str, handler: Handler) -> bool:
+        raise NotImplementedError
+
+    def wrap(self, handler: Handler) -> Handler:
+        raise NotImplementedError
+
     async def intercept_service(
             self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
             handler_call_details: grpc.HandlerCallDetails) -> Any:
         handler = await continuation(handler_call_details)
-        if handler is None or handler.request_streaming:
+        if handler is None or not self.applies(handler_call_details.method, handler):
             return handler
         known = self._wrapped.get(id(handler))
         if known is None or known[0] is not handler:
-            known = (handler, _wrap(handler))
+            known = (handler, self.wrap(handler))
             self._wrapped[id(handler)] = known
         return known[1]
+
+
+class RequestIdInterceptor(_WrappingInterceptor):
+    """Sets ``request_id`` around each unary-request handler (streams from clients pass)."""
+
+    def applies(self, method: str, handler: Handler) -> bool:
+        return not handler.request_streaming
+
+    def wrap(self, handler: Handler) -> Handler:
+        return _wrap(handler)
+
+
+class LoadInterceptor(_WrappingInterceptor):
+    """Counts the calls of the named unary methods in ``load`` while their handler runs.
+
+    These are the transfer calls arriving over gRPC; the transfer lane counts
+    the same calls itself, from the moment it reads their frame (load.py).
+    """
+
+    def __init__(self, load: TransferLoad, methods: Iterable[str]) -> None:
+        super().__init__()
+        self._load = load
+        self._methods = frozenset(methods)  # full names: /package.Service/Method
+
+    def applies(self, method: str, handler: Handler) -> bool:
+        return method in self._methods and handler.unary_unary is not None
+
+    def wrap(self, handler: Handler) -> Handler:
+        behavior, load = handler.unary_unary, self._load
+        assert behavior is not None  # applies() admits unary-unary handlers only
+
+        async def counted(request: Any, context: Any) -> Any:
+            load.begin()
+            try:
+                return await behavior(request, context)
+            finally:
+                load.end()
+
+        return grpc.unary_unary_rpc_method_handler(
+            counted, handler.request_deserializer, handler.response_serializer)
 
 
 class _GenericOnly:

@@ -16,8 +16,10 @@ counted here, it moves 3,800-4,100. Local 1 MiB pulls, 16 in flight, went
 from 5,200-5,400 to 7,700-7,900 a second.
 
 A call counts from the moment the daemon accepts it: when the transfer lane
-reads its frame (its handler may start later), or when a gRPC transfer
-handler starts. Transfer calls are the lane's: pulls, pushes, copies, swaps
+reads its frame (its handler may start later; ``lane_server``), or when a
+gRPC transfer handler starts (``interceptors.LoadInterceptor``). Each
+transport counts its own calls; the handlers do not count. Transfer calls
+are the lane's (``CLIENT_METHODS``): pulls, pushes, copies, swaps
 and a layer-wise task's ``LayerReady``; a layer announced on the task's own
 gRPC stream (no lane) is not counted.
 """

@@ -25,6 +25,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from hixl_client._defaults import default_runtime_dir
+from hixl_client._lane import CLIENT_METHODS
 from hixl_client._proto.hixl.v1 import (
     admin_pb2,
     admin_pb2_grpc,
@@ -40,7 +41,12 @@ from .config import DaemonConfig
 from .copier import Copier
 from .engine import Engine, EngineDeps
 from .fd_server import FdServer
-from .interceptors import RequestIdInterceptor, generic_only, install_log_record_factory
+from .interceptors import (
+    LoadInterceptor,
+    RequestIdInterceptor,
+    generic_only,
+    install_log_record_factory,
+)
 from .lane_server import LaneServer
 from .links import CompletionDispatcher
 from .load import TransferLoad
@@ -153,8 +159,10 @@ class Daemon:
         _add_common(peer_server, engine, health_servicer, SERVICE_NAMES["peer"],
                     cfg.pool.backend, peer_address)
 
-        client_server = grpc.aio.server(interceptors=[RequestIdInterceptor()],
-                                        maximum_concurrent_rpcs=cfg.server.max_concurrent_rpcs)
+        transfers = [f"/{SERVICE_NAMES['client'][0]}/{name}" for name in CLIENT_METHODS]
+        client_server = grpc.aio.server(
+            interceptors=[LoadInterceptor(load, transfers), RequestIdInterceptor()],
+            maximum_concurrent_rpcs=cfg.server.max_concurrent_rpcs)
         lane_socket = str(self.lane_path) if cfg.server.transfer_lane else ""
         client_servicer = ClientServicer(engine, __version__, str(self.fd_path), lane_socket)
         lane_server: LaneServer | None = None

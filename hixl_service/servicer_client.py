@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TypeVar
+from collections.abc import AsyncIterator
 
 import grpc.aio
 
@@ -18,7 +16,7 @@ from hixl_client.status import LLMException, LLMStatusCode
 from hixl_client.types import DataType, LLMRole, Placement, bytes_per_element
 
 from . import copies
-from .call_context import CallContext, Context
+from .call_context import Context
 from .engine import Engine, NewCache, Session
 from .layerwise import LayerwiseTask
 from .peer_api import KeyRef
@@ -28,9 +26,6 @@ from .pools import Pool
 from .registry import KeySpec
 from .rpc_errors import abort_with, handles_errors
 from .transfers import Outcome, PullSpec, PushSpec, pull, push
-
-Request = TypeVar("Request")
-Reply = TypeVar("Reply")
 
 logger = logging.getLogger(__name__)
 
@@ -105,24 +100,6 @@ class LaneTasks:
             if not slot.done():
                 self._slots.pop(key, None)
             return None
-
-
-def _transfer_call(handler: Callable[[ClientServicer, Request, Context], Awaitable[Reply]]
-                   ) -> Callable[[ClientServicer, Request, Context], Awaitable[Reply]]:
-    """A transfer handler, counted in the daemon's load while it runs (see load.py)."""
-
-    @functools.wraps(handler)
-    async def wrapper(self: ClientServicer, request: Request, context: Context) -> Reply:
-        if isinstance(context, CallContext):  # the lane counted it when it read the frame
-            return await handler(self, request, context)
-        load = self._engine.deps.load
-        load.begin()
-        try:
-            return await handler(self, request, context)
-        finally:
-            load.end()
-
-    return wrapper
 
 
 class ClientServicer(client_pb2_grpc.ClientServicer):
@@ -338,7 +315,6 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
                         dst_blocks=block_list(request.dst_blocks))
 
     @handles_errors
-    @_transfer_call
     async def PullCache(self, request: client_pb2.PullCacheRequest,
                         context: Context) -> client_pb2.PullCacheReply:
         started = time.perf_counter()
@@ -348,7 +324,6 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
                                          **_timing(started, outcome))
 
     @handles_errors
-    @_transfer_call
     async def PullBlocks(self, request: client_pb2.PullCacheRequest,
                          context: Context) -> client_pb2.PullCacheReply:
         started = time.perf_counter()
@@ -377,19 +352,16 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
                                     **_timing(started, outcome))
 
     @handles_errors
-    @_transfer_call
     async def PushCache(self, request: client_pb2.PushRequest,
                         context: Context) -> client_pb2.PushReply:
         return await self._push(request, context, blocks=False)
 
     @handles_errors
-    @_transfer_call
     async def PushBlocks(self, request: client_pb2.PushRequest,
                          context: Context) -> client_pb2.PushReply:
         return await self._push(request, context, blocks=True)
 
     @handles_errors
-    @_transfer_call
     async def CopyCache(self, request: client_pb2.CopyCacheRequest,
                         context: Context) -> client_pb2.CopyReply:
         cluster = self._engine.cluster_of(self._session(context))
@@ -401,7 +373,6 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         return client_pb2.CopyReply(bytes=moved)
 
     @handles_errors
-    @_transfer_call
     async def CopyBlocks(self, request: client_pb2.CopyBlocksRequest,
                          context: Context) -> client_pb2.CopyReply:
         cluster = self._engine.cluster_of(self._session(context))
@@ -411,7 +382,6 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         return client_pb2.CopyReply(bytes=moved)
 
     @handles_errors
-    @_transfer_call
     async def SwapBlocks(self, request: client_pb2.SwapBlocksRequest,
                          context: Context) -> client_pb2.CopyReply:
         cluster = self._engine.cluster_of(self._session(context))
@@ -452,7 +422,6 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
                 self._lane_tasks.end(lane_key)
 
     @handles_errors
-    @_transfer_call
     async def LayerReady(self, request: client_pb2.LayerReadyRequest,
                          context: Context) -> client_pb2.LayerReadyReply:
         session = self._session(context)
