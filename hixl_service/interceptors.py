@@ -8,6 +8,8 @@ factory copies it onto each record as ``request_id``.
 The interceptor runs on every call, so it is kept cheap: each method's
 handler is wrapped once (the wrapper reads the id from the call's own
 metadata when it runs), and fresh ids come from a PRNG, not the kernel.
+:class:`LoadInterceptor` wraps handlers the same way to count the transfer
+calls that arrive over gRPC (``load.py``).
 
 :func:`generic_only` lets generated ``add_*Servicer_to_server`` functions
 register their methods as generic handlers only: grpc.aio's server keeps one
