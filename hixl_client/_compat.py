@@ -9,8 +9,8 @@ from __future__ import annotations
 import sys
 
 if sys.version_info >= (3, 11):
-    from asyncio import timeout, timeout_at
+    from asyncio import timeout
 else:  # pragma: no cover - exercised on 3.10 only
-    from async_timeout import timeout, timeout_at
+    from async_timeout import timeout
 
-__all__ = ["timeout", "timeout_at"]
+__all__ = ["timeout"]
