@@ -32,15 +32,19 @@ if TYPE_CHECKING:
     from .ascend.backend import AscendBackend
 
 
-# A host copy up to this size runs on the event loop's own thread when it is
-# the daemon's only transfer: the hop to a copy thread and back costs more
-# here (100-300 us with wakeups) than copying 1 MiB, and the loop is held no
-# longer than an inline TCP wait.
+# A host copy the daemon runs alone (no other transfer under way) holds the
+# event loop's thread up to these sizes: the hop to a copy thread and back
+# through the completion queue costs more here (100-300 us with wakeups)
+# than copying 1 MiB. From HELPED_COPY_BYTES the loop's thread shares the
+# copy with one copy thread and waits for it natively (CopyPool.copy_helped):
+# the thread wakes in some 15 us, and two threads copy 1 MiB here in 80-90 us
+# against 140-150 for one, 4 MiB in 340 against 540 (memory bandwidth grows
+# with cores). Below it the wakeup eats the gain (128 KiB: 29 us against
+# 24). Up to LOOP_COPY_MAX_BYTES the loop is held about as long as its own
+# share took when it copied one beside posted shares, before copy_helped.
 INLINE_COPY_BYTES = 1 << 20
-# A larger copy is shared among threads: memory bandwidth grows with cores
-# (8 MiB of 64 KiB blocks moves 1.7x faster on two). Up to this size the
-# loop's thread copies one of the shares itself, which spares a wakeup.
-LOOP_SHARE_MAX_BYTES = 4 << 20
+HELPED_COPY_BYTES = 256 << 10
+LOOP_COPY_MAX_BYTES = 4 << 20
 _SHARE_ALIGN = 4096
 # Column order turning planned (src, dst, length) ranges into the native
 # calls' (dst, src, length) triples; ``take`` gives a C-contiguous copy.
@@ -101,21 +105,22 @@ class Copier:
             await asyncio.shield(job)
             return
         total = total_bytes(ranges)
-        alone = self._dispatcher.idle
-        if total <= INLINE_COPY_BYTES and alone:
-            hixl_native.copy_ranges(dst.native, src.native, triples.ravel())
+        # Ranges within one memory may overlap one another (copy_blocks inside
+        # a cache), so one thread copies them, in order; apart, threads share.
+        shareable = dst is not src
+        if self._dispatcher.idle and total <= (LOOP_COPY_MAX_BYTES if shareable
+                                               else INLINE_COPY_BYTES):
+            if shareable and total >= HELPED_COPY_BYTES:
+                self._pool.copy_helped(dst.native, src.native, triples.ravel())
+            else:
+                hixl_native.copy_ranges(dst.native, src.native, triples.ravel())
             return
-        # With its own share the loop's thread stands in for one copy thread.
-        loop_share = alone and total <= LOOP_SHARE_MAX_BYTES
-        parts = max(self._threads, 2 if loop_share else 1) if total > INLINE_COPY_BYTES else 1
+        parts = self._threads if shareable and total > INLINE_COPY_BYTES else 1
         shares = split_triples(triples, parts) if parts > 1 else [triples]
-        own = shares.pop() if loop_share else None
         posted: list[asyncio.Future[int]] = []
         try:
             for share in shares:
                 posted.append(self._post(dst, src, share, total))
-            if own is not None:
-                hixl_native.copy_ranges(dst.native, src.native, own.ravel(), total)
         finally:  # every posted share ends, whatever happened here
             statuses = await self._finish(dst, src, posted)
         failed = [status for status in statuses if status != hixl_native.OK]

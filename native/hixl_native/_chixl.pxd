@@ -93,6 +93,9 @@ cdef extern from "copy_pool.h" nogil:
     int hixl_copy_pool_submit(hixl_copy_pool *p, uint64_t request_id, hixl_mapping *dst,
                               hixl_mapping *src, const uint8_t *triples, size_t n,
                               uint64_t request_bytes)
+    void hixl_copy_pool_hold(hixl_copy_pool *p)
+    int hixl_copy_pool_copy_helped(hixl_copy_pool *p, hixl_mapping *dst, hixl_mapping *src,
+                                   uint8_t *triples, size_t n)
     void hixl_copy_pool_close(hixl_copy_pool *p)
 
 

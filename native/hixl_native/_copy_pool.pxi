@@ -68,6 +68,52 @@ cdef class CopyPool:
         if rc != HIXL_OK:
             _raise(rc, f"cannot queue copy {request_id}")
 
+    def copy_helped(self, Mapping dst not None, Mapping src not None, ranges):
+        """Copy now, on the calling thread and one worker at once (GIL released).
+
+        The ranges are cut into two shares of about equal bytes; a worker
+        copies one while the caller copies the other, and the call returns
+        when both are done: no completion is posted. If no worker has taken
+        its share by the time the caller is done with its own, the caller
+        copies that too. Ranges must not overlap each other, since the
+        shares are copied at the same time.
+
+        Args:
+            dst, src, ranges: As ``copy_ranges``.
+
+        Raises:
+            As ``copy_ranges`` for bad ranges (nothing is copied);
+            ``NativeError`` (``E_CLOSED``) once the pool is closed.
+        """
+        cdef size_t n = 0
+        cdef int rc
+        cdef hixl_copy_pool *p = NULL
+        if self._p == NULL:
+            _raise(HIXL_E_CLOSED, "the copy pool is closed")
+        dst._check_open()
+        src._check_open()
+        cdef uint8_t *triples = _snapshot_u64(ranges, 3, "ranges", &n)
+        try:
+            _check_triples(triples, n, dst, src)
+            # Read again: taking the buffer may have run Python, and another
+            # thread's close() with it. From here to the hold nothing can, so
+            # the hold (taken with the GIL, like close) keeps the pool alive.
+            p = self._p
+            if p == NULL:
+                _raise(HIXL_E_CLOSED, "the copy pool is closed")
+            # Pinned, so a close() from another thread cannot unmap mid-copy.
+            hixl_mapping_pin(dst._m)
+            hixl_mapping_pin(src._m)
+            hixl_copy_pool_hold(p)
+            with nogil:
+                rc = hixl_copy_pool_copy_helped(p, dst._m, src._m, triples, n)
+            hixl_mapping_unpin(src._m)
+            hixl_mapping_unpin(dst._m)
+        finally:
+            free(triples)
+        if rc != HIXL_OK:
+            _raise(rc, "cannot share the copy")
+
     def close(self):
         """Cancel queued copies, wait for running ones, stop the threads. Idempotent."""
         cdef hixl_copy_pool *p = self._p

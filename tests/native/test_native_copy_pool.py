@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -84,3 +85,88 @@ def test_close_cancels_queued_copies_and_refuses_new_ones(
     with pytest.raises(hn.NativeError):
         pool.submit(copies + 1, dst, src, whole)
     pool.close()  # idempotent; the fixture closes it once more
+
+
+def _random_triples(rng: np.random.Generator, size: int, count: int) -> np.ndarray:
+    """``count`` (dst, src, length) triples with disjoint destinations inside ``size`` bytes;
+    lengths vary (zero included), so the cut falls inside some range."""
+    lengths = rng.integers(0, size // (2 * count), count)
+    lengths[0] += 1
+    slot = size // count
+    dst = np.arange(count) * slot
+    src = rng.integers(0, size - lengths)
+    return np.stack([dst, src, lengths], axis=1).astype(np.uint64)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("pool", [1, 2], indirect=True)
+def test_a_helped_copy_copies_every_range_exactly(
+        copy_pair: tuple[SharedPool, SharedPool], cq: CompletionQueue, pool: CopyPool,
+        seed: int) -> None:
+    dst, src = copy_pair
+    rng = np.random.default_rng(seed)
+    triples = _random_triples(rng, dst.size, int(rng.integers(1, 24)))
+    np.frombuffer(dst, np.uint8)[:] = 0
+    pool.copy_helped(dst, src, triples)
+    expected = np.zeros(dst.size, np.uint8)
+    source = np.frombuffer(src, np.uint8)
+    for d, s, length in triples.tolist():
+        expected[d:d + length] = source[s:s + length]
+    assert np.array_equal(np.frombuffer(dst, np.uint8), expected)
+    assert cq.drain() == []  # the caller waited: nothing to deliver
+
+
+def test_a_helped_copy_with_every_worker_busy_is_finished_by_its_caller(
+        copy_pair: tuple[SharedPool, SharedPool], cq: CompletionQueue, pool: CopyPool) -> None:
+    dst, src = copy_pair
+    half = dst.size // 2
+    # The only worker is kept busy by copies queued ahead of the helped share.
+    busy = 32
+    for request_id in range(1, busy + 1):
+        pool.submit(request_id, dst, src, np.array([half, half, half], dtype=np.uint64))
+    pool.copy_helped(dst, src, np.array([0, 0, half], dtype=np.uint64))
+    assert bytes(dst.view(0, half)) == bytes(src.view(0, half))
+    # The share the caller took back is no longer queued; the others all complete.
+    assert sorted(wait_completions(cq, busy)) == [(i, hn.OK) for i in range(1, busy + 1)]
+    assert cq.drain() == []
+
+
+def test_a_helped_copy_refuses_bad_ranges_and_a_closed_pool(
+        copy_pair: tuple[SharedPool, SharedPool], cq: CompletionQueue, pool: CopyPool) -> None:
+    dst, src = copy_pair
+    np.frombuffer(dst, np.uint8)[:] = 0
+    with pytest.raises(ValueError, match="range 1"):
+        pool.copy_helped(dst, src, np.array([[0, 0, 1 << 20], [dst.size, 0, 1]], dtype=np.uint64))
+    assert not np.frombuffer(dst, np.uint8).any()  # nothing copied
+    pool.close()
+    with pytest.raises(hn.NativeError):
+        pool.copy_helped(dst, src, np.array([0, 0, 4096], dtype=np.uint64))
+
+
+def test_close_waits_for_a_helped_copy_under_way(
+        copy_pair: tuple[SharedPool, SharedPool], cq: CompletionQueue, pool: CopyPool) -> None:
+    dst, src = copy_pair
+    half = dst.size // 2
+    for request_id in range(1, 65):  # the worker is busy: the helped share stays queued
+        pool.submit(request_id, dst, src, np.array([half, half, half], dtype=np.uint64))
+    outcome: list[BaseException | None] = []
+
+    def helped() -> None:
+        try:
+            pool.copy_helped(dst, src, np.array([0, 0, half], dtype=np.uint64))
+            outcome.append(None)
+        except BaseException as exc:  # reported to the test's thread
+            outcome.append(exc)
+
+    thread = threading.Thread(target=helped)
+    thread.start()
+    pool.close()  # queued copies cancelled; a helped share goes back to its caller
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    # Closed first, the call is refused; closed while it ran, it finished every byte.
+    if outcome[0] is None:
+        assert bytes(dst.view(0, half)) == bytes(src.view(0, half))
+    else:
+        assert isinstance(outcome[0], hn.NativeError)
+    statuses = dict(wait_completions(cq, 64))
+    assert set(statuses.values()) <= {hn.OK, hn.E_CANCELLED}

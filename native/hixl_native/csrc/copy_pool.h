@@ -34,6 +34,26 @@ int hixl_copy_pool_open(int threads, hixl_cq *cq, hixl_copy_pool **out);
 int hixl_copy_pool_submit(hixl_copy_pool *p, uint64_t request_id, hixl_mapping *dst,
                           hixl_mapping *src, const uint8_t *triples, size_t n,
                           uint64_t request_bytes);
+/*
+ * Copies `n` checked triples now, on the calling thread and one worker at
+ * once, and returns when every byte is copied: the triples are cut in two
+ * shares of about equal bytes (on a 4 KiB boundary of the request's byte
+ * stream), the second handed to a worker. A worker wakes in some 15 us
+ * here, far less than copying half of a 1 MiB request, so the request
+ * takes about half the time of one thread's copy without any completion
+ * to deliver. Should no worker have taken the second share by the time
+ * the caller has copied the first (all busy, or the pool closing), the
+ * caller copies it too: never much slower than copying alone. The caller
+ * keeps both mappings pinned for the duration; no completion is posted.
+ * `triples` may be modified. Errors: HIXL_E_NOMEM (nothing copied).
+ *
+ * The caller first takes a hold on the pool (hixl_copy_pool_hold), where
+ * whatever serializes it with hixl_copy_pool_close (the GIL) covers both;
+ * this call gives the hold back, and close waits for every hold to end.
+ */
+void hixl_copy_pool_hold(hixl_copy_pool *p);
+int hixl_copy_pool_copy_helped(hixl_copy_pool *p, hixl_mapping *dst, hixl_mapping *src,
+                               uint8_t *triples, size_t n);
 /* Cancels queued copies, lets running ones finish, joins the workers and
  * frees the pool. */
 void hixl_copy_pool_close(hixl_copy_pool *p);
