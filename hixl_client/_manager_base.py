@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ._memory import upload_buffer
 from ._proto.hixl.v1 import client_pb2, common_pb2
@@ -58,6 +58,9 @@ class ManagerBase:
         self._daemon_tgid = daemon_tgid  # hccl backend: for exporting device buffers to it
         self._initialized = True
         self._is_call_linked = False
+        # pull_cache shapes -> the daemon's handle for repeating them (RepeatPull):
+        # at most as many as the daemon hands out for one cluster.
+        self._repeat_handles: dict[tuple[Any, ...], int] = {}
         self._enabled_mem_pool = bool(options.get("llm.MemPoolConfig"))
         self._enable_host_mem_pool = bool(options.get("llm.HostMemPoolConfig"))
         self._enable_remote_cache_accessible = (

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import timing
+from ._lane import Lane, RepeatPullRequest
 from ._layerwise import CacheTask, build_start, drive
 from ._manager_base import PULL_KWARGS, PULL_RPC_MARGIN_S, ManagerBase, ref_to_proto
 from ._proto.hixl.v1 import client_pb2
@@ -28,6 +29,9 @@ from .types import LayerSynchronizer, Placement
 # The daemon method behind each transfer of the CacheManager.
 _RPC_OF = {"pull_cache": "PullCache", "pull_blocks": "PullBlocks", "push_cache": "PushCache",
            "push_blocks": "PushBlocks"}
+# A pull_cache request less its batch indices: source cluster and cache,
+# destination cache, size, tensors per layer, source and destination tensors.
+PullShape = tuple[int, int, int, int, int, tuple[int, ...], tuple[int, ...]]
 _UINT32_MAX = 2**32 - 1
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
@@ -88,11 +92,19 @@ class TransferOps(ManagerBase):
             kwargs.get("src_layer_range"), kwargs.get("dst_layer_range"), per_layer)
         return per_layer, src_indices, dst_indices
 
-    async def _call_transfer(self, operation: str, request: Any) -> None:
+    async def _call_transfer(self, operation: str, request: Any) -> Any:
         started = time.perf_counter()
         reply = await self._connection.transfer(_RPC_OF[operation], request,
                                                 timeout=self._sync_timeout_s + PULL_RPC_MARGIN_S)
         timing.record(operation, time.perf_counter() - started, reply)
+        return reply
+
+    async def _repeat_pull(self, lane: Lane, handle: int, src_batch: int, dst_batch: int) -> None:
+        """A pull_cache of a shape the daemon gave a handle for (see pull_cache)."""
+        started = time.perf_counter()
+        reply = await lane.call("RepeatPull", RepeatPullRequest(handle, src_batch, dst_batch),
+                                self._sync_timeout_s + PULL_RPC_MARGIN_S)
+        timing.record("pull_cache", time.perf_counter() - started, reply)
 
     async def pull_cache(self, cache_key: CacheKey | CacheKeyByIdAndIndex, cache: Cache,
                          batch_index: int = 0, size: int = -1, **kwargs: Any) -> None:
@@ -130,10 +142,23 @@ class TransferOps(ManagerBase):
         per_layer, src_indices, dst_indices = self._pull_args(kwargs)
         if isinstance(cache_key, CacheKey):
             check_cache_key(cache_key)
-        await self._call_transfer("pull_cache", client_pb2.PullCacheRequest(
+        # A pull by cache id of a shape pulled before goes by the handle the
+        # daemon gave for it: a 16-byte lane frame, answered as the full call.
+        shape: PullShape | None = None
+        if isinstance(cache_key, CacheKeyByIdAndIndex):
+            shape = (cache_key.cluster_id, cache_key.cache_id, cache.cache_id, size, per_layer,
+                     tuple(src_indices), tuple(dst_indices))
+            handle = self._repeat_handles.get(shape)
+            lane = self._connection.lane
+            if handle and lane is not None and self._connection.has_lane:
+                await self._repeat_pull(lane, handle, cache_key.batch_index, batch_index)
+                return
+        reply = await self._call_transfer("pull_cache", client_pb2.PullCacheRequest(
             src=ref_to_proto(cache_key), dst_cache_id=cache.cache_id, batch_index=batch_index,
             size=size, src_tensor_indices=src_indices, dst_tensor_indices=dst_indices,
             tensor_num_per_layer=per_layer))
+        if shape is not None and reply.repeat_handle:
+            self._repeat_handles[shape] = reply.repeat_handle
 
     def _check_source_key(self, name: str, key: Any, blocks_ok: bool) -> None:
         if self._enable_remote_cache_accessible:

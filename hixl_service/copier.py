@@ -1,13 +1,14 @@
 """Copies inside the daemon: native memcpy between host memories, ACL copies
 (the Ascend backend) when device memory is involved.
 
-A small host copy runs on the event loop's own thread when nothing else is
-under way (``CompletionDispatcher.idle``), and on the native copy threads
-otherwise, so that the loop serves the other calls meanwhile; a larger one
-is cut into equal shares that the copy threads (and, up to a size and when
-alone, the loop's thread) copy at once, since memory bandwidth grows with
-cores here. The copy threads are native (``hixl_native.CopyPool``) and
-finish through the dispatcher's completion queue: a Python thread pool
+A host copy up to 4 MiB runs on the event loop's own thread when nothing else
+is under way (``CompletionDispatcher.idle``), from 256 KiB helped by one copy
+thread that the loop's thread waits for natively, since memory bandwidth
+grows with cores here. Otherwise it goes to the native copy threads, so that
+the loop serves the other calls meanwhile, cut into equal shares above 1 MiB.
+Ranges within one memory may overlap, so only one thread copies those. The
+copy threads are native (``hixl_native.CopyPool``) and finish a posted copy
+through the dispatcher's completion queue: a Python thread pool
 needed the GIL to start and to end each copy, and waited for it while the
 loop ran other calls' Python (16 local 1 MiB pulls in flight moved fewer
 bytes that way than on the loop's thread alone).

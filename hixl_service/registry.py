@@ -130,6 +130,11 @@ class CacheRegistry:
                                status_code=LLMStatusCode.LLM_KV_CACHE_NOT_EXIST)
         return entry
 
+    def live(self, cache_id: int) -> CacheEntry | None:
+        """:meth:`get` without the error: the live cache, or None."""
+        entry = self._caches.get(cache_id)
+        return None if entry is None or entry.released else entry
+
     def lookup_key(self, key: KeySpec) -> Binding:
         """Find the slot bound to a CacheKey, or raise LLM_KV_CACHE_NOT_EXIST."""
         table = self._prefix_keys if key.is_prefix else self._req_keys

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 import grpc.aio
 
+from hixl_client._lane import RepeatPullRequest
 from hixl_client._proto.hixl.v1 import client_pb2, client_pb2_grpc, common_pb2
 from hixl_client._transport import SESSION_METADATA_KEY
 from hixl_client.status import LLMException, LLMStatusCode
@@ -25,7 +26,7 @@ from .planning import block_list
 from .pools import Pool
 from .registry import KeySpec
 from .rpc_errors import abort_with, handles_errors
-from .transfers import Outcome, PullSpec, PushSpec, pull, push
+from .transfers import Outcome, PullSpec, PushSpec, pull, pull_again, push, repeat_handle
 
 logger = logging.getLogger(__name__)
 
@@ -319,8 +320,23 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
                         context: Context) -> client_pb2.PullCacheReply:
         started = time.perf_counter()
         cluster = self._engine.cluster_of(self._session(context))
-        outcome = await pull(self._engine, cluster, self._pull_spec(request, False))
+        spec = self._pull_spec(request, False)
+        outcome = await pull(self._engine, cluster, spec)
         return client_pb2.PullCacheReply(bytes=outcome.bytes, transport=outcome.transport,
+                                         repeat_handle=repeat_handle(self._engine, cluster, spec),
+                                         **_timing(started, outcome))
+
+    @handles_errors
+    async def RepeatPull(self, request: RepeatPullRequest,
+                         context: Context) -> client_pb2.PullCacheReply:
+        """A PullCache of a shape pulled before, by handle (transfer lane only)."""
+        started = time.perf_counter()
+        cluster = self._engine.cluster_of(self._session(context))
+        repeat = cluster.pull_shapes.get(request.handle)
+        outcome = await pull_again(self._engine, cluster, repeat, request.src_batch_index,
+                                   request.dst_batch_index)
+        return client_pb2.PullCacheReply(bytes=outcome.bytes, transport=outcome.transport,
+                                         repeat_handle=repeat.handle,
                                          **_timing(started, outcome))
 
     @handles_errors

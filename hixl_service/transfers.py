@@ -3,6 +3,10 @@
 One deadline per call (the cluster's ``sync_kv_timeout``) covers resolving
 the remote cache and moving its bytes; the native transport receives what is
 left of it, so every transfer ends by then whatever the peer does.
+
+A pull by cache id can be repeated by handle (``pull_shapes``): ``pull_again``
+reuses what the last pull of the same shape found, once it has checked that
+each part is still the one in use, and otherwise runs the full ``pull``.
 """
 
 from __future__ import annotations
@@ -13,12 +17,14 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from hixl_client.status import LLMException, LLMStatusCode
 
 from .cluster import Cluster
 from .engine import Engine
 from .links import OutboundLink, RegionRefused
-from .peer_api import BlocksRef, CacheRefSpec, IdRef, KeyRef
+from .peer_api import BlocksRef, CacheRefSpec, IdRef, KeyRef, ResolvedCache
 from .planning import (
     Blocks,
     Layout,
@@ -30,6 +36,7 @@ from .planning import (
     total_bytes,
 )
 from .pools import Memory
+from .pull_shapes import PullShape, Repeat
 from .registry import CacheEntry
 
 logger = logging.getLogger(__name__)
@@ -219,6 +226,16 @@ def plan_pull(source: Peer, dst: CacheEntry, spec: PullSpec) -> Ranges:
     return ranges
 
 
+async def _pull_ranges(engine: Engine, cluster: Cluster, link: OutboundLink, dst: CacheEntry,
+                      source: Peer, ranges: Ranges, deadline: float) -> None:
+    """Move a pull's planned ranges from ``source`` into ``dst``."""
+    if source.memory is not None:
+        await engine.deps.copier.copy(dst.memory, source.memory, ranges)
+    else:
+        await link.read(engine.deps.dispatcher, dst.memory, source.region_id, ranges,
+                        _remaining_ms(cluster, deadline))
+
+
 async def pull(engine: Engine, cluster: Cluster, spec: PullSpec) -> Outcome:
     """Run one pull."""
     dst = cluster.registry.get(spec.dst_cache_id)
@@ -228,11 +245,7 @@ async def pull(engine: Engine, cluster: Cluster, spec: PullSpec) -> Outcome:
     deadline = asyncio.get_running_loop().time() + cluster.settings.sync_timeout_s
 
     async def move(source: Peer, ranges: Ranges) -> None:
-        if source.memory is not None:
-            await engine.deps.copier.copy(dst.memory, source.memory, ranges)
-        else:
-            await link.read(engine.deps.dispatcher, dst.memory, source.region_id, ranges,
-                            _remaining_ms(cluster, deadline))
+        await _pull_ranges(engine, cluster, link, dst, source, ranges, deadline)
 
     outcome = Outcome(transport=link.transport)
     ranges = await _retrying_stale(engine, cluster, link, spec.src, deadline,
@@ -241,6 +254,131 @@ async def pull(engine: Engine, cluster: Cluster, spec: PullSpec) -> Outcome:
     if isinstance(spec.src, KeyRef):
         await _release_key(engine, link, spec.src, spec.src_tensor_indices)
     outcome.bytes = total_bytes(ranges)
+    return outcome
+
+
+def repeat_handle(engine: Engine, cluster: Cluster, spec: PullSpec) -> int:
+    """After a pull succeeded: the handle its shape may be repeated by (0: none).
+
+    Only pull_cache by cache id repeats: a key names a different slot each
+    time, and blocks requests carry their block lists.
+    """
+    if spec.blocks or not isinstance(spec.src, IdRef):
+        return 0
+    shapes = cluster.pull_shapes
+    handle = shapes.offer(PullShape(spec.src.cluster_id, spec.src.cache_id, spec.dst_cache_id,
+                                    spec.size, tuple(spec.src_tensor_indices),
+                                    tuple(spec.dst_tensor_indices), spec.tensor_num_per_layer))
+    if handle:
+        repeat = shapes.get(handle)
+        if repeat.found is None:
+            repeat.found = _find(engine, cluster, repeat.shape)
+    return handle
+
+
+def _spec_of(shape: PullShape, src_batch: int, dst_batch: int) -> PullSpec:
+    return PullSpec(src=IdRef(shape.src_cluster_id, shape.src_cache_id, src_batch),
+                    dst_cache_id=shape.dst_cache_id, batch_index=dst_batch, size=shape.size,
+                    src_tensor_indices=list(shape.src_tensor_indices),
+                    dst_tensor_indices=list(shape.dst_tensor_indices),
+                    tensor_num_per_layer=shape.tensor_num_per_layer)
+
+
+@dataclass(slots=True)
+class Found:
+    """What a pull of a shape used, for repeats of it: each part is checked to be
+    the one still in use (``current``) before a repeat relies on it.
+
+    ``ranges`` are the shape's plan between slots 0 and 0. A plan between other
+    slots adds the two slots' offsets to every source and every destination
+    offset, which keeps contiguous ranges contiguous: the same merged ranges
+    ``plan_cache_pull`` gives, without planning again.
+    """
+
+    dst: CacheEntry
+    link: OutboundLink
+    source: Peer
+    ranges: Ranges
+    source_cluster: Cluster | None = None  # local links: the source cluster and cache
+    source_entry: CacheEntry | None = None
+    resolved: ResolvedCache | None = None  # remote links: the link's remembered resolve
+    bytes: int = 0
+
+    def current(self, engine: Engine, cluster: Cluster, shape: PullShape) -> bool:
+        link = self.link
+        if cluster.registry.live(shape.dst_cache_id) is not self.dst \
+                or cluster.links.get(shape.src_cluster_id) is not link or not link.alive:
+            return False
+        source_cluster = self.source_cluster
+        if source_cluster is None:
+            return link.resolved.get(("id", shape.src_cache_id)) is self.resolved
+        return (engine.clusters.get(link.remote_cluster_id) is source_cluster
+                and not source_cluster.closed and link.token in engine.inbound
+                and source_cluster.registry.live(shape.src_cache_id) is self.source_entry)
+
+    def plan(self, src_batch: int, dst_batch: int) -> Ranges | None:
+        """The ranges between two slots, or None for a slot out of range."""
+        if not (0 <= src_batch < self.source.layout.batch_size
+                and 0 <= dst_batch < self.dst.layout.batch_size):
+            return None
+        return self.ranges + np.array((src_batch * self.source.layout.stride,
+                                       dst_batch * self.dst.layout.stride, 0), dtype=np.uint64)
+
+
+def _find(engine: Engine, cluster: Cluster, shape: PullShape) -> Found | None:
+    """What a pull of ``shape`` that just succeeded used; None where it cannot be reused."""
+    dst = cluster.registry.live(shape.dst_cache_id)
+    link = cluster.links.get(shape.src_cluster_id)
+    if dst is None or link is None or dst.blocks:
+        return None
+    if link.transport == "local":
+        try:
+            source_cluster, entry, _ = engine.lookup_local(
+                link, IdRef(shape.src_cluster_id, shape.src_cache_id, 0))
+        except LLMException:
+            return None
+        source = Peer(entry.layout, 0, entry.blocks, entry.writable, memory=entry.memory)
+        found = Found(dst, link, source, None, source_cluster=source_cluster,
+                      source_entry=entry)
+    else:
+        resolved = link.resolved.get(("id", shape.src_cache_id))
+        if resolved is None:
+            return None
+        source = Peer(resolved.layout, 0, resolved.blocks, resolved.writable,
+                      region_id=resolved.region_id, cached=True)
+        found = Found(dst, link, source, None, resolved=resolved)
+    if source.blocks:
+        return None
+    try:  # the full pull's own planning, checks included, between slots 0 and 0
+        found.ranges = plan_pull(source, dst, _spec_of(shape, 0, 0))
+    except LLMException:
+        return None
+    found.bytes = total_bytes(found.ranges)
+    return found
+
+
+async def pull_again(engine: Engine, cluster: Cluster, repeat: Repeat, src_batch: int,
+                     dst_batch: int) -> Outcome:
+    """Run a pull of a known shape: the same result and errors as ``pull`` of the
+    full request, which runs whenever what was found before no longer holds."""
+    shape, found = repeat.shape, repeat.found
+    if found is not None and found.current(engine, cluster, shape):
+        ranges = found.plan(src_batch, dst_batch)  # None: the full pull words the error
+        if ranges is not None:
+            link = found.link
+            deadline = asyncio.get_running_loop().time() + cluster.settings.sync_timeout_s
+            started = time.perf_counter()
+            try:
+                await _pull_ranges(engine, cluster, link, found.dst, found.source, ranges,
+                                   deadline)
+            except RegionRefused:  # the remote cache is gone or moved; nothing has moved
+                link.resolved.pop(("id", shape.src_cache_id), None)
+            else:
+                cluster.pull_shapes.repeated += 1
+                return Outcome(found.bytes, link.transport, time.perf_counter() - started)
+    repeat.found = None
+    outcome = await pull(engine, cluster, _spec_of(shape, src_batch, dst_batch))
+    repeat.found = _find(engine, cluster, shape)
     return outcome
 
 

@@ -1,0 +1,213 @@
+"""Repeated pulls: pull_cache by cache id of a shape pulled before goes by handle.
+
+Each test checks the bytes that land, the daemon's count of pulls that reused
+the remembered plan (Admin status), and that whatever changed since (an index
+out of range, a cache freed, a link replaced) gives exactly what the full
+PullCache call gives, over gRPC as over the lane.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import numpy as np
+import pytest
+import pytest_asyncio
+
+from hixl_client import (
+    CacheDesc,
+    CacheKeyByIdAndIndex,
+    DataType,
+    LLMDataDist,
+    LLMException,
+    LLMRole,
+    LLMStatusCode,
+)
+from hixl_client._lane import CLIENT_METHODS, KIND_HELLO, REPLY_OK, RepeatPullRequest
+from hixl_client.cache import Cache
+from hixl_service.testing import DaemonProcess
+from tests.clusters import cluster_info
+
+from .conftest import Pair, daemon_status, make_pair, options
+from .raw_lane import RawLane
+
+pytestmark = pytest.mark.asyncio
+
+SLOTS = 4
+DESC = CacheDesc(3, [SLOTS, 16 * 1024], DataType.DT_UINT8)
+SLOT_BYTES = DESC.shape[1]
+
+
+@pytest_asyncio.fixture(params=["tcp", "local"])
+async def linked(request: pytest.FixtureRequest, prefill_daemon: DaemonProcess,
+                 decode_daemon: DaemonProcess,
+                 next_cluster_id: Callable[[], int]) -> AsyncIterator[Pair]:
+    """A prompt/decoder pair linked over TCP (two daemons) or locally (one daemon)."""
+    decoder_daemon = decode_daemon if request.param == "tcp" else prefill_daemon
+    made = await make_pair(prefill_daemon, decoder_daemon, next_cluster_id)
+    yield made
+    await made.decoder.finalize()
+    await made.prompt.finalize()
+
+
+def _fill(cache: Cache, seed: int) -> list[np.ndarray]:
+    """Random bytes in every tensor of ``cache``; returns their (slots, bytes) copies."""
+    contents = []
+    for tensor in range(DESC.num_tensors):
+        array = np.frombuffer(cache.tensor_view(tensor), dtype=np.uint8)
+        array[:] = np.random.default_rng(seed + tensor).integers(0, 256, array.size, np.uint8)
+        contents.append(array.reshape(SLOTS, SLOT_BYTES).copy())
+    return contents
+
+
+def _slot(cache: Cache, tensor: int, slot: int) -> np.ndarray:
+    return np.frombuffer(cache.tensor_view(tensor), dtype=np.uint8).reshape(SLOTS, -1)[slot]
+
+
+async def _repeated(daemon: DaemonProcess, cluster_id: int) -> tuple[int, int]:
+    status = await daemon_status(daemon.client_target)
+    cluster = next(c for c in status.clusters if c.cluster_id == cluster_id)
+    return cluster.pull_shapes, cluster.repeated_pulls
+
+
+async def test_pulls_of_one_shape_repeat_by_handle(linked: Pair) -> None:
+    prompt, decoder = linked.prompt, linked.decoder
+    src = await prompt.cache_manager.allocate_cache(DESC)
+    expected = _fill(src, 1)
+    dst = await decoder.cache_manager.allocate_cache(DESC)
+    moves = [(0, 0), (1, 3), (3, 1), (2, 2), (1, 0)]  # (source slot, destination slot)
+    for src_slot, dst_slot in moves:
+        await decoder.cache_manager.pull_cache(
+            CacheKeyByIdAndIndex(prompt.cluster_id, src.cache_id, src_slot), dst,
+            batch_index=dst_slot)
+        for tensor in range(DESC.num_tensors):
+            np.testing.assert_array_equal(_slot(dst, tensor, dst_slot), expected[tensor][src_slot])
+    # One shape; every pull after the first went by its handle and reused the plan.
+    assert len(decoder.cache_manager._repeat_handles) == 1
+    assert await _repeated(linked.decoder_daemon, decoder.cluster_id) == (1, len(moves) - 1)
+
+    # A layer range and a size make other shapes, each repeated in turn.
+    for _ in range(2):
+        await decoder.cache_manager.pull_cache(
+            CacheKeyByIdAndIndex(prompt.cluster_id, src.cache_id, 2), dst, batch_index=1,
+            size=100, src_layer_range=range(1, 2), dst_layer_range=range(0, 1),
+            tensor_num_per_layer=1)
+    np.testing.assert_array_equal(_slot(dst, 0, 1)[:100], expected[1][2][:100])
+    assert await _repeated(linked.decoder_daemon, decoder.cluster_id) == (2, len(moves))
+
+
+async def test_a_repeat_fails_exactly_as_the_full_call(linked: Pair,
+                                                       next_cluster_id: Callable[[], int]) -> None:
+    prompt, decoder = linked.prompt, linked.decoder
+    plain = LLMDataDist(LLMRole.DECODER, next_cluster_id(),
+                        daemon=linked.decoder_daemon.client_target, transfer_lane=False)
+    await plain.init(options())
+    try:
+        status, _ = await plain.link_clusters(
+            [cluster_info(prompt.cluster_id, linked.prompt_daemon.peer_address)], timeout=5000)
+        assert status == LLMStatusCode.LLM_SUCCESS
+        src = await prompt.cache_manager.allocate_cache(DESC)
+        failures: list[list[tuple[LLMStatusCode, str]]] = []
+        for llm in (decoder, plain):
+            dst = await llm.cache_manager.allocate_cache(DESC)
+            key = CacheKeyByIdAndIndex(prompt.cluster_id, src.cache_id, 0)
+            await llm.cache_manager.pull_cache(key, dst)  # the shape gets its handle
+            seen = []
+            for bad in (CacheKeyByIdAndIndex(prompt.cluster_id, src.cache_id, SLOTS), None):
+                with pytest.raises(LLMException) as failed:
+                    if bad is None:  # the destination slot out of range
+                        await llm.cache_manager.pull_cache(key, dst, batch_index=SLOTS)
+                    else:
+                        await llm.cache_manager.pull_cache(bad, dst)
+                seen.append((failed.value.status_code, str(failed.value)))
+            failures.append(seen)
+        over_lane, over_grpc = failures
+        assert over_lane == over_grpc
+        assert {code for code, _ in over_lane} == {LLMStatusCode.LLM_PARAM_INVALID}
+        assert decoder.cache_manager._repeat_handles  # the lane's pulls went by handle
+    finally:
+        await plain.finalize()
+
+
+async def test_a_freed_source_or_destination_fails_the_repeat_as_the_full_call(
+        linked: Pair) -> None:
+    prompt, decoder = linked.prompt, linked.decoder
+    src = await prompt.cache_manager.allocate_cache(DESC)
+    dst = await decoder.cache_manager.allocate_cache(DESC)
+    key = CacheKeyByIdAndIndex(prompt.cluster_id, src.cache_id, 0)
+    await decoder.cache_manager.pull_cache(key, dst)
+    await decoder.cache_manager.pull_cache(key, dst, batch_index=1)
+    await prompt.cache_manager.deallocate_cache(src)
+    with pytest.raises(LLMException) as gone:
+        await decoder.cache_manager.pull_cache(key, dst, batch_index=2)
+    assert gone.value.status_code == LLMStatusCode.LLM_KV_CACHE_NOT_EXIST
+
+    # A new source cache is a new shape; freeing the destination then fails its repeat.
+    other = await prompt.cache_manager.allocate_cache(DESC)
+    expected = _fill(other, 7)
+    key = CacheKeyByIdAndIndex(prompt.cluster_id, other.cache_id, 3)
+    await decoder.cache_manager.pull_cache(key, dst, batch_index=3)
+    np.testing.assert_array_equal(_slot(dst, 2, 3), expected[2][3])
+    await decoder.cache_manager.deallocate_cache(dst)
+    with pytest.raises(LLMException) as freed:
+        await decoder.cache_manager.pull_cache(key, dst)
+    assert freed.value.status_code == LLMStatusCode.LLM_KV_CACHE_NOT_EXIST
+    assert await _repeated(linked.decoder_daemon, decoder.cluster_id) == (2, 1)
+
+
+async def test_a_repeat_after_the_link_was_replaced_moves_the_bytes(linked: Pair) -> None:
+    prompt, decoder = linked.prompt, linked.decoder
+    src = await prompt.cache_manager.allocate_cache(DESC)
+    expected = _fill(src, 3)
+    dst = await decoder.cache_manager.allocate_cache(DESC)
+    await decoder.cache_manager.pull_cache(
+        CacheKeyByIdAndIndex(prompt.cluster_id, src.cache_id, 0), dst)
+    info = [cluster_info(prompt.cluster_id, linked.prompt_daemon.peer_address)]
+    await decoder.unlink_clusters(info, timeout=5000)
+    with pytest.raises(LLMException) as unlinked:
+        await decoder.cache_manager.pull_cache(
+            CacheKeyByIdAndIndex(prompt.cluster_id, src.cache_id, 1), dst, batch_index=1)
+    assert unlinked.value.status_code == LLMStatusCode.LLM_NOT_YET_LINK
+    status, _ = await decoder.link_clusters(info, timeout=5000)
+    assert status == LLMStatusCode.LLM_SUCCESS
+    for slot in (1, 2):  # the first finds the new link, the second reuses it
+        await decoder.cache_manager.pull_cache(
+            CacheKeyByIdAndIndex(prompt.cluster_id, src.cache_id, slot), dst, batch_index=slot)
+        np.testing.assert_array_equal(_slot(dst, 0, slot), expected[0][slot])
+    assert await _repeated(linked.decoder_daemon, decoder.cluster_id) == (1, 1)
+
+
+async def test_repeats_in_flight_at_once_each_land(linked: Pair) -> None:
+    prompt, decoder = linked.prompt, linked.decoder
+    src = await prompt.cache_manager.allocate_cache(DESC)
+    expected = _fill(src, 5)
+    dst = await decoder.cache_manager.allocate_cache(DESC)
+    await decoder.cache_manager.pull_cache(
+        CacheKeyByIdAndIndex(prompt.cluster_id, src.cache_id, 0), dst)
+    await asyncio.gather(*(decoder.cache_manager.pull_cache(
+        CacheKeyByIdAndIndex(prompt.cluster_id, src.cache_id, slot), dst,
+        batch_index=SLOTS - 1 - slot) for slot in range(SLOTS)))
+    for slot in range(SLOTS):
+        for tensor in range(DESC.num_tensors):
+            np.testing.assert_array_equal(_slot(dst, tensor, SLOTS - 1 - slot),
+                                          expected[tensor][slot])
+
+
+async def test_the_lane_refuses_unknown_handles_and_malformed_repeats(linked: Pair) -> None:
+    decoder = linked.decoder
+    assert decoder._connection is not None and decoder._connection.lane_socket
+    kind = CLIENT_METHODS["RepeatPull"][0]
+    lane = await asyncio.to_thread(RawLane.unix, decoder._connection.lane_socket)
+    try:
+        lane.send(1, KIND_HELLO, decoder._connection.session_id.encode())
+        assert await asyncio.to_thread(lane.receive) == (1, REPLY_OK, b"")
+        lane.send(2, kind, RepeatPullRequest(2**63, 0, 0).SerializeToString())
+        call_id, error = await asyncio.to_thread(lane.error)
+        assert call_id == 2 and error.llm_status == LLMStatusCode.LLM_PARAM_INVALID
+        assert "unknown" in error.message
+        lane.send(3, kind, b"\x01" * 15)  # one byte short
+        call_id, error = await asyncio.to_thread(lane.error)
+        assert call_id == 3 and error.llm_status == LLMStatusCode.LLM_PARAM_INVALID
+    finally:
+        lane.close()
