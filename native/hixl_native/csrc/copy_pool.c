@@ -13,8 +13,9 @@
 #define SHARE_ALIGN 4096u
 /* How long a helped copy's caller polls for the worker's share before it
  * sleeps: the two shares are of equal size, so the worker usually ends
- * within its wake-up time (some 15 us) of the caller. */
-#define HELPED_SPIN_ROUNDS 20000
+ * within its wake-up time (some 15 us) of the caller, and sleeping would
+ * add a wake-up of the caller's own. */
+#define HELPED_SPIN_NS 50000u
 
 /* Where a helped share stands; changed under the pool's mutex. */
 enum { SHARE_QUEUED, SHARE_RUNNING, SHARE_DONE, SHARE_RETURNED };
@@ -196,9 +197,12 @@ static int take_back(hixl_copy_pool *p, copy_job *j)
 /* Waits until a worker has copied the helped share j. */
 static void wait_share(hixl_copy_pool *p, copy_job *j)
 {
-    for (int i = 0; i < HELPED_SPIN_ROUNDS; i++) {
+    uint64_t until = hixl_now_ns() + HELPED_SPIN_NS;
+    for (unsigned i = 0;; i++) {
         if (__atomic_load_n(&j->state, __ATOMIC_ACQUIRE) == SHARE_DONE)
             return;
+        if (i % 64 == 63 && hixl_now_ns() >= until)
+            break;
 #if defined(__x86_64__) || defined(__i386__)
         __builtin_ia32_pause();
 #endif
