@@ -39,7 +39,6 @@ REPLY_OK = 0
 REPLY_ERROR = 1
 
 
-
 class RepeatPullRequest(NamedTuple):
     """The body of a RepeatPull frame: a pull of the shape ``handle`` names
     (``PullCacheReply.repeat_handle``), between two batch slots. Not a

@@ -41,8 +41,9 @@ if TYPE_CHECKING:
 # the thread wakes in some 15 us, and two threads copy 1 MiB here in 80-90 us
 # against 140-150 for one, 4 MiB in 340 against 540 (memory bandwidth grows
 # with cores). Below it the wakeup eats the gain (128 KiB: 29 us against
-# 24). Up to LOOP_COPY_MAX_BYTES the loop is held about as long as its own
-# share took when it copied one beside posted shares, before copy_helped.
+# 24). A helped copy of LOOP_COPY_MAX_BYTES holds the loop about as long as
+# the half the loop's thread copied itself, beside a half posted to a copy
+# thread, before copy_helped existed.
 INLINE_COPY_BYTES = 1 << 20
 HELPED_COPY_BYTES = 256 << 10
 LOOP_COPY_MAX_BYTES = 4 << 20
@@ -50,6 +51,11 @@ _SHARE_ALIGN = 4096
 # Column order turning planned (src, dst, length) ranges into the native
 # calls' (dst, src, length) triples; ``take`` gives a C-contiguous copy.
 _DST_SRC_LENGTH = np.array([1, 0, 2])
+
+
+def _stopping(status: int) -> LLMException:
+    return LLMException(f"a copy did not run ({hixl_native.status_name(status)}): "
+                        f"the daemon is stopping", status_code=LLMStatusCode.LLM_FAILED)
 
 
 def split_triples(triples: np.ndarray, parts: int) -> list[np.ndarray]:
@@ -112,7 +118,10 @@ class Copier:
         if self._dispatcher.idle and total <= (LOOP_COPY_MAX_BYTES if shareable
                                                else INLINE_COPY_BYTES):
             if shareable and total >= HELPED_COPY_BYTES:
-                self._pool.copy_helped(dst.native, src.native, triples.ravel())
+                try:
+                    self._pool.copy_helped(dst.native, src.native, triples.ravel())
+                except hixl_native.NativeError as exc:  # the pool closed: nothing copied
+                    raise _stopping(exc.code) from None
             else:
                 hixl_native.copy_ranges(dst.native, src.native, triples.ravel())
             return
@@ -126,14 +135,16 @@ class Copier:
             statuses = await self._finish(dst, src, posted)
         failed = [status for status in statuses if status != hixl_native.OK]
         if failed:
-            raise LLMException(f"a copy did not run ({hixl_native.status_name(failed[0])}): "
-                               f"the daemon is stopping", status_code=LLMStatusCode.LLM_FAILED)
+            raise _stopping(failed[0])
 
     def _post(self, dst: Memory, src: Memory, share: np.ndarray,
               total: int) -> asyncio.Future[int]:
         """Queue one share on the copy threads; the future gives its native status."""
         request_id = self._dispatcher.new_id()
-        self._pool.submit(request_id, dst.native, src.native, share.ravel(), total)
+        try:
+            self._pool.submit(request_id, dst.native, src.native, share.ravel(), total)
+        except hixl_native.NativeError as exc:  # the pool closed: nothing queued
+            raise _stopping(exc.code) from None
         return self._dispatcher.expect_id(request_id)
 
     @staticmethod

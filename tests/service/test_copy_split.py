@@ -11,6 +11,7 @@ import hixl_native
 import numpy as np
 import pytest
 
+from hixl_client.status import LLMException, LLMStatusCode
 from hixl_service.copier import (
     HELPED_COPY_BYTES,
     INLINE_COPY_BYTES,
@@ -163,3 +164,24 @@ async def test_overlapping_ranges_in_one_memory_copy_in_order(blocks: int, busy:
         copier.close()
         dispatcher.close()
     assert np.array_equal(memory.array(), expected)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("busy", [False, True], ids=["alone", "under-load"])
+async def test_a_copy_after_close_fails_as_the_daemon_stopping(busy: bool) -> None:
+    # Alone, 512 KiB is a helped copy; under load it is posted to the threads.
+    src, dst = _HostMemory(2**20), _HostMemory(2**20)
+    load = TransferLoad()
+    dispatcher = CompletionDispatcher(asyncio.get_running_loop(), load)
+    copier = Copier(2, dispatcher)
+    copier.close()
+    load.running = 2 if busy else 0
+    try:
+        with pytest.raises(LLMException) as stopped:
+            await copier.copy(dst, src, np.array([[0, 0, HELPED_COPY_BYTES * 2]],  # type: ignore[arg-type]
+                                                 dtype=np.uint64))
+    finally:
+        dispatcher.close()
+    assert stopped.value.status_code == LLMStatusCode.LLM_FAILED
+    assert "stopping" in str(stopped.value)
+    assert src.pins == dst.pins == 0
