@@ -211,3 +211,60 @@ async def test_the_lane_refuses_unknown_handles_and_malformed_repeats(linked: Pa
         assert call_id == 3 and error.llm_status == LLMStatusCode.LLM_PARAM_INVALID
     finally:
         lane.close()
+
+
+async def test_repeats_racing_frees_and_relinks_end_cleanly(linked: Pair) -> None:
+    """Pulls by handle in flight while their caches are freed and reallocated and
+    the link replaced: each pull lands its bytes or fails with an LLMException, and
+    the daemon serves on."""
+    prompt, decoder = linked.prompt, linked.decoder
+    info = [cluster_info(prompt.cluster_id, linked.prompt_daemon.peer_address)]
+    caches = {"src": await prompt.cache_manager.allocate_cache(DESC),
+              "dst": await decoder.cache_manager.allocate_cache(DESC)}
+    outcomes = {"landed": 0, "failed": 0}
+    churned = asyncio.Event()
+
+    async def pull_until_churned(slot: int) -> None:
+        while not churned.is_set():
+            src, dst = caches["src"], caches["dst"]
+            expected = bytes(_slot(src, 0, slot))
+            try:
+                await decoder.cache_manager.pull_cache(
+                    CacheKeyByIdAndIndex(prompt.cluster_id, src.cache_id, slot), dst,
+                    batch_index=slot)
+            except LLMException as exc:
+                assert exc.status_code in (LLMStatusCode.LLM_KV_CACHE_NOT_EXIST,
+                                           LLMStatusCode.LLM_NOT_YET_LINK,
+                                           LLMStatusCode.LLM_LINK_FAILED), exc
+                outcomes["failed"] += 1
+                continue
+            if caches["src"] is src and caches["dst"] is dst:  # nothing replaced meanwhile
+                assert bytes(_slot(dst, 0, slot)) == expected
+            outcomes["landed"] += 1
+
+    async def churn() -> None:
+        for round_ in range(9):
+            await asyncio.sleep(0.005)
+            if round_ % 3 == 2:
+                await decoder.unlink_clusters(info, timeout=5000)
+                status, _ = await decoder.link_clusters(info, timeout=5000)
+                assert status == LLMStatusCode.LLM_SUCCESS
+                continue
+            side, manager = (("src", prompt.cache_manager) if round_ % 2
+                             else ("dst", decoder.cache_manager))
+            old = caches[side]
+            caches[side] = await manager.allocate_cache(DESC)
+            _fill(caches[side], round_)
+            await manager.deallocate_cache(old)
+        churned.set()
+
+    _fill(caches["src"], 0)
+    await asyncio.gather(churn(), *(pull_until_churned(slot) for slot in range(SLOTS)))
+    assert outcomes["landed"] > 0
+    # Afterwards the current caches pull by handle again, byte for byte.
+    src, dst = caches["src"], caches["dst"]
+    expected = _fill(src, 99)
+    for slot in range(SLOTS):
+        await decoder.cache_manager.pull_cache(
+            CacheKeyByIdAndIndex(prompt.cluster_id, src.cache_id, slot), dst, batch_index=slot)
+        np.testing.assert_array_equal(_slot(dst, 1, slot), expected[1][slot])
