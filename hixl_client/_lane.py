@@ -39,25 +39,26 @@ REPLY_OK = 0
 REPLY_ERROR = 1
 
 
-class RepeatPullRequest(NamedTuple):
-    """The body of a RepeatPull frame: a pull of the shape ``handle`` names
-    (``PullCacheReply.repeat_handle``), between two batch slots. Not a
-    protobuf message: 16 bytes the daemon reads without decoding anything."""
+class RepeatRequest(NamedTuple):
+    """The body of a RepeatPull or RepeatPush frame: a transfer of the shape
+    ``handle`` names (``repeat_handle`` of a PullCacheReply or PushReply),
+    between two batch slots. Not a protobuf message: 16 bytes the daemon
+    reads without decoding anything."""
 
     handle: int
     src_batch_index: int
     dst_batch_index: int
 
     def SerializeToString(self) -> bytes:  # the protobuf message interface
-        return _REPEAT_PULL.pack(*self)
+        return _REPEAT.pack(*self)
 
     @classmethod
-    def FromString(cls, body: bytes) -> RepeatPullRequest:
+    def FromString(cls, body: bytes) -> RepeatRequest:
         """Raises struct.error for a body of any other length."""
-        return cls(*_REPEAT_PULL.unpack(body))
+        return cls(*_REPEAT.unpack(body))
 
 
-_REPEAT_PULL = struct.Struct("<QII")
+_REPEAT = struct.Struct("<QII")
 
 # Method name -> (kind, request type, reply type). The kinds are wire values.
 Methods = dict[str, tuple[int, type[Any], type[Any]]]
@@ -70,8 +71,9 @@ CLIENT_METHODS: Methods = {
     "CopyBlocks": (6, client_pb2.CopyBlocksRequest, client_pb2.CopyReply),
     "SwapBlocks": (7, client_pb2.SwapBlocksRequest, client_pb2.CopyReply),
     "LayerReady": (8, client_pb2.LayerReadyRequest, client_pb2.LayerReadyReply),
-    # Lane only: no gRPC method of this name (see RepeatPullRequest).
-    "RepeatPull": (9, RepeatPullRequest, client_pb2.PullCacheReply),
+    # Lane only: no gRPC methods of these names (see RepeatRequest).
+    "RepeatPull": (9, RepeatRequest, client_pb2.PullCacheReply),
+    "RepeatPush": (10, RepeatRequest, client_pb2.PushReply),
 }
 # The peer lane: the Peer calls a transfer may make.
 PEER_METHODS: Methods = {

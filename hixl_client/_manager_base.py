@@ -58,8 +58,9 @@ class ManagerBase:
         self._daemon_tgid = daemon_tgid  # hccl backend: for exporting device buffers to it
         self._initialized = True
         self._is_call_linked = False
-        # pull_cache shapes -> the daemon's handle for repeating them (RepeatPull):
-        # at most as many as the daemon hands out for one cluster.
+        # pull_cache / push_cache shapes -> the daemon's handle for repeating them
+        # (RepeatPull / RepeatPush): at most as many as the daemon hands out for
+        # one cluster.
         self._repeat_handles: dict[tuple[Any, ...], int] = {}
         self._enabled_mem_pool = bool(options.get("llm.MemPoolConfig"))
         self._enable_host_mem_pool = bool(options.get("llm.HostMemPoolConfig"))

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import timing
-from ._lane import Lane, RepeatPullRequest
+from ._lane import RepeatRequest
 from ._layerwise import CacheTask, build_start, drive
 from ._manager_base import PULL_KWARGS, PULL_RPC_MARGIN_S, ManagerBase, ref_to_proto
 from ._proto.hixl.v1 import client_pb2
@@ -29,9 +29,10 @@ from .types import LayerSynchronizer, Placement
 # The daemon method behind each transfer of the CacheManager.
 _RPC_OF = {"pull_cache": "PullCache", "pull_blocks": "PullBlocks", "push_cache": "PushCache",
            "push_blocks": "PushBlocks"}
-# A pull_cache request less its batch indices: source cluster and cache,
-# destination cache, size, tensors per layer, source and destination tensors.
-PullShape = tuple[int, int, int, int, int, tuple[int, ...], tuple[int, ...]]
+# A pull_cache or push_cache request less its batch indices: the operation,
+# remote cluster and cache, local cache, size, tensors per layer, source and
+# destination tensors. The key of the daemon's repeat handles.
+TransferShape = tuple[str, int, int, int, int, int, tuple[int, ...], tuple[int, ...]]
 _UINT32_MAX = 2**32 - 1
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
@@ -99,12 +100,21 @@ class TransferOps(ManagerBase):
         timing.record(operation, time.perf_counter() - started, reply)
         return reply
 
-    async def _repeat_pull(self, lane: Lane, handle: int, src_batch: int, dst_batch: int) -> None:
-        """A pull_cache of a shape the daemon gave a handle for (see pull_cache)."""
+    async def _repeated(self, operation: str, shape: TransferShape, src_batch: int,
+                        dst_batch: int) -> bool:
+        """Run a transfer of ``shape`` by the handle the daemon gave for it, if
+        there is one and the lane is open: a 16-byte lane frame, answered as
+        the full call. False: there is none; send the full call."""
+        handle = self._repeat_handles.get(shape)
+        lane = self._connection.lane
+        if not handle or lane is None or not self._connection.has_lane:
+            return False
         started = time.perf_counter()
-        reply = await lane.call("RepeatPull", RepeatPullRequest(handle, src_batch, dst_batch),
+        method = "RepeatPull" if operation == "pull_cache" else "RepeatPush"
+        reply = await lane.call(method, RepeatRequest(handle, src_batch, dst_batch),
                                 self._sync_timeout_s + PULL_RPC_MARGIN_S)
-        timing.record("pull_cache", time.perf_counter() - started, reply)
+        timing.record(operation, time.perf_counter() - started, reply)
+        return True
 
     async def pull_cache(self, cache_key: CacheKey | CacheKeyByIdAndIndex, cache: Cache,
                          batch_index: int = 0, size: int = -1, **kwargs: Any) -> None:
@@ -142,16 +152,12 @@ class TransferOps(ManagerBase):
         per_layer, src_indices, dst_indices = self._pull_args(kwargs)
         if isinstance(cache_key, CacheKey):
             check_cache_key(cache_key)
-        # A pull by cache id of a shape pulled before goes by the handle the
-        # daemon gave for it: a 16-byte lane frame, answered as the full call.
-        shape: PullShape | None = None
+        # A pull by cache id of a shape pulled before goes by its repeat handle.
+        shape: TransferShape | None = None
         if isinstance(cache_key, CacheKeyByIdAndIndex):
-            shape = (cache_key.cluster_id, cache_key.cache_id, cache.cache_id, size, per_layer,
-                     tuple(src_indices), tuple(dst_indices))
-            handle = self._repeat_handles.get(shape)
-            lane = self._connection.lane
-            if handle and lane is not None and self._connection.has_lane:
-                await self._repeat_pull(lane, handle, cache_key.batch_index, batch_index)
+            shape = ("pull_cache", cache_key.cluster_id, cache_key.cache_id, cache.cache_id,
+                     size, per_layer, tuple(src_indices), tuple(dst_indices))
+            if await self._repeated("pull_cache", shape, cache_key.batch_index, batch_index):
                 return
         reply = await self._call_transfer("pull_cache", client_pb2.PullCacheRequest(
             src=ref_to_proto(cache_key), dst_cache_id=cache.cache_id, batch_index=batch_index,
@@ -237,10 +243,17 @@ class TransferOps(ManagerBase):
         raise_if_false(size == -1, "push_cache only supports size == -1, but got {0}.", size)
         if not src_indices:
             return  # no whole layer to push (e.g. one tensor, two per layer)
-        await self._call_transfer("push_cache", client_pb2.PushRequest(
+        # A push of a shape pushed before goes by its repeat handle.
+        shape = ("push_cache", dst_cache_key.cluster_id, dst_cache_key.cache_id,
+                 src_cache.cache_id, -1, per_layer, tuple(src_indices), tuple(dst_indices))
+        if await self._repeated("push_cache", shape, src_batch_index, dst_cache_key.batch_index):
+            return
+        reply = await self._call_transfer("push_cache", client_pb2.PushRequest(
             dst=ref_to_proto(dst_cache_key), src_cache_id=src_cache.cache_id,
             src_batch_index=src_batch_index, src_tensor_indices=src_indices,
             dst_tensor_indices=dst_indices, tensor_num_per_layer=per_layer))
+        if reply.repeat_handle:
+            self._repeat_handles[shape] = reply.repeat_handle
 
     async def push_blocks(self, dst_cache_key: BlocksCacheKey, src_cache: Cache,
                           src_blocks: Sequence[int] = (), dst_blocks: Sequence[int] = (),

@@ -16,8 +16,8 @@ from hixl_client.status import LLMException, LLMStatusCode
 from hixl_client.types import LLMRole, Placement
 
 from .pools import Pool, PoolSpec, UserBuffer
-from .pull_shapes import PullShapes
 from .registry import CacheRegistry
+from .repeats import RepeatTable
 
 if TYPE_CHECKING:
     from .links import OutboundLink
@@ -91,8 +91,8 @@ class Cluster:
     registry: CacheRegistry = field(default_factory=CacheRegistry)
     links: dict[int, OutboundLink] = field(default_factory=dict)
     buffers: dict[int, UserBuffer] = field(default_factory=dict)
-    # Handles for pulls of a shape seen before (pull_shapes.py).
-    pull_shapes: PullShapes = field(default_factory=PullShapes)
+    # Handles for transfers of a shape seen before (repeats.py).
+    repeats: RepeatTable = field(default_factory=RepeatTable)
     upload_token: bytes = field(default_factory=lambda: secrets.token_bytes(16))
     closed: bool = False
 

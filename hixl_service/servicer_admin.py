@@ -34,8 +34,8 @@ def snapshot(engine: Engine, backend: str, peer_address: str) -> admin_pb2.Daemo
         status.clusters.add(cluster_id=cluster.cluster_id, role=cluster.role.name,
                             session_id=cluster.session_id, caches=len(cluster.registry),
                             keys=cluster.registry.key_count, options=cluster.options,
-                            pull_shapes=len(cluster.pull_shapes),
-                            repeated_pulls=cluster.pull_shapes.repeated)
+                            repeat_shapes=len(cluster.repeats),
+                            repeated_transfers=cluster.repeats.repeated)
         for link in cluster.links.values():
             status.links.add(local_cluster_id=link.local_cluster_id,
                              remote_cluster_id=link.remote_cluster_id,

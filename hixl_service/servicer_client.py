@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 
 import grpc.aio
 
-from hixl_client._lane import RepeatPullRequest
+from hixl_client._lane import RepeatRequest
 from hixl_client._proto.hixl.v1 import client_pb2, client_pb2_grpc, common_pb2
 from hixl_client._transport import SESSION_METADATA_KEY
 from hixl_client.status import LLMException, LLMStatusCode
@@ -26,7 +26,7 @@ from .planning import block_list
 from .pools import Pool
 from .registry import KeySpec
 from .rpc_errors import abort_with, handles_errors
-from .transfers import Outcome, PullSpec, PushSpec, pull, pull_again, push, repeat_handle
+from .transfers import Outcome, PullSpec, PushSpec, again, pull, push, repeat_handle
 
 logger = logging.getLogger(__name__)
 
@@ -327,14 +327,14 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
                                          **_timing(started, outcome))
 
     @handles_errors
-    async def RepeatPull(self, request: RepeatPullRequest,
+    async def RepeatPull(self, request: RepeatRequest,
                          context: Context) -> client_pb2.PullCacheReply:
         """A PullCache of a shape pulled before, by handle (transfer lane only)."""
         started = time.perf_counter()
         cluster = self._engine.cluster_of(self._session(context))
-        repeat = cluster.pull_shapes.get(request.handle)
-        outcome = await pull_again(self._engine, cluster, repeat, request.src_batch_index,
-                                   request.dst_batch_index)
+        repeat = cluster.repeats.get(request.handle, push=False)
+        outcome = await again(self._engine, cluster, repeat, request.src_batch_index,
+                              request.dst_batch_index)
         return client_pb2.PullCacheReply(bytes=outcome.bytes, transport=outcome.transport,
                                          repeat_handle=repeat.handle,
                                          **_timing(started, outcome))
@@ -365,12 +365,25 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
                         dst_blocks=block_list(request.dst_blocks))
         outcome = await push(self._engine, cluster, spec)
         return client_pb2.PushReply(bytes=outcome.bytes, transport=outcome.transport,
+                                    repeat_handle=repeat_handle(self._engine, cluster, spec),
                                     **_timing(started, outcome))
 
     @handles_errors
     async def PushCache(self, request: client_pb2.PushRequest,
                         context: Context) -> client_pb2.PushReply:
         return await self._push(request, context, blocks=False)
+
+    @handles_errors
+    async def RepeatPush(self, request: RepeatRequest,
+                         context: Context) -> client_pb2.PushReply:
+        """A PushCache of a shape pushed before, by handle (transfer lane only)."""
+        started = time.perf_counter()
+        cluster = self._engine.cluster_of(self._session(context))
+        repeat = cluster.repeats.get(request.handle, push=True)
+        outcome = await again(self._engine, cluster, repeat, request.src_batch_index,
+                              request.dst_batch_index)
+        return client_pb2.PushReply(bytes=outcome.bytes, transport=outcome.transport,
+                                    repeat_handle=repeat.handle, **_timing(started, outcome))
 
     @handles_errors
     async def PushBlocks(self, request: client_pb2.PushRequest,

@@ -59,6 +59,24 @@ _MAX_SOCKET_PATH = 100
 _SCRUBBED_ENV = ("NOTIFY_SOCKET", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES")
 
 
+def _all_threads_stopped(pid: int) -> bool:
+    """Whether every thread of ``pid`` is in the stopped state (Linux /proc)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return True  # nothing left to stop
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat", encoding="ascii") as stat:
+                # The state follows the command name, which is in parentheses.
+                state = stat.read().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, IndexError):
+            continue  # the thread ended meanwhile
+        if state not in ("T", "t"):
+            return False
+    return True
+
+
 class DaemonProcess:
     """One hixl daemon running as a child process.
 
@@ -252,10 +270,21 @@ class DaemonProcess:
         """
         return None if self._proc is None else self._kill_and_reap(self._proc)
 
-    def pause(self) -> None:
-        """Freeze the daemon (SIGSTOP), e.g. to make its peers time out."""
+    def pause(self, timeout_s: float = 5.0) -> None:
+        """Freeze the daemon (SIGSTOP), e.g. to make its peers time out.
+
+        Returns once every thread of the daemon has stopped: the signal takes
+        effect on a thread only when it next enters the kernel, so a busy
+        thread could otherwise still answer a request sent right after.
+        """
         self._signal(signal.SIGSTOP)
         self._paused = True
+        assert self._proc is not None
+        deadline = time.monotonic() + timeout_s
+        while not _all_threads_stopped(self._proc.pid):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the daemon did not stop within {timeout_s} s of SIGSTOP")
+            time.sleep(0.001)
 
     def resume(self) -> None:
         """Let a paused daemon continue (SIGCONT)."""

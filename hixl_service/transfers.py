@@ -4,9 +4,10 @@ One deadline per call (the cluster's ``sync_kv_timeout``) covers resolving
 the remote cache and moving its bytes; the native transport receives what is
 left of it, so every transfer ends by then whatever the peer does.
 
-A pull by cache id can be repeated by handle (``pull_shapes``): ``pull_again``
-reuses what the last pull of the same shape found, once it has checked that
-each part is still the one in use, and otherwise runs the full ``pull``.
+A pull_cache or push_cache by cache id can be repeated by handle
+(``repeats``): ``again`` reuses what the last transfer of the same shape
+found, once it has checked that each part is still the one in use, and
+otherwise runs the full ``pull`` or ``push``.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ from .planning import (
     total_bytes,
 )
 from .pools import Memory
-from .pull_shapes import PullShape, Repeat
 from .registry import CacheEntry
+from .repeats import Repeat, TransferShape
 
 logger = logging.getLogger(__name__)
 
@@ -257,28 +258,41 @@ async def pull(engine: Engine, cluster: Cluster, spec: PullSpec) -> Outcome:
     return outcome
 
 
-def repeat_handle(engine: Engine, cluster: Cluster, spec: PullSpec) -> int:
-    """After a pull succeeded: the handle its shape may be repeated by (0: none).
+def repeat_handle(engine: Engine, cluster: Cluster, spec: PullSpec | PushSpec) -> int:
+    """After a transfer succeeded: the handle its shape may be repeated by (0: none).
 
-    Only pull_cache by cache id repeats: a key names a different slot each
-    time, and blocks requests carry their block lists.
+    Only pull_cache and push_cache by cache id repeat: a key names a
+    different slot each time, and blocks requests carry their block lists.
     """
-    if spec.blocks or not isinstance(spec.src, IdRef):
+    ref = spec.src if isinstance(spec, PullSpec) else spec.dst
+    if spec.blocks or not isinstance(ref, IdRef):
         return 0
-    shapes = cluster.pull_shapes
-    handle = shapes.offer(PullShape(spec.src.cluster_id, spec.src.cache_id, spec.dst_cache_id,
-                                    spec.size, tuple(spec.src_tensor_indices),
-                                    tuple(spec.dst_tensor_indices), spec.tensor_num_per_layer))
+    if isinstance(spec, PullSpec):
+        shape = TransferShape(False, ref.cluster_id, ref.cache_id, spec.dst_cache_id, spec.size,
+                              tuple(spec.src_tensor_indices), tuple(spec.dst_tensor_indices),
+                              spec.tensor_num_per_layer)
+    else:
+        shape = TransferShape(True, ref.cluster_id, ref.cache_id, spec.src_cache_id, -1,
+                              tuple(spec.src_tensor_indices), tuple(spec.dst_tensor_indices),
+                              spec.tensor_num_per_layer)
+    handle = cluster.repeats.offer(shape)
     if handle:
-        repeat = shapes.get(handle)
+        repeat = cluster.repeats.get(handle, shape.push)
         if repeat.found is None:
-            repeat.found = _find(engine, cluster, repeat.shape)
+            repeat.found = _find(engine, cluster, shape)
     return handle
 
 
-def _spec_of(shape: PullShape, src_batch: int, dst_batch: int) -> PullSpec:
-    return PullSpec(src=IdRef(shape.src_cluster_id, shape.src_cache_id, src_batch),
-                    dst_cache_id=shape.dst_cache_id, batch_index=dst_batch, size=shape.size,
+def _spec_of(shape: TransferShape, src_batch: int, dst_batch: int) -> PullSpec | PushSpec:
+    """The full request of ``shape`` between two slots."""
+    if shape.push:
+        return PushSpec(dst=IdRef(shape.remote_cluster_id, shape.remote_cache_id, dst_batch),
+                        src_cache_id=shape.local_cache_id, src_batch_index=src_batch,
+                        src_tensor_indices=list(shape.src_tensor_indices),
+                        dst_tensor_indices=list(shape.dst_tensor_indices),
+                        tensor_num_per_layer=shape.tensor_num_per_layer)
+    return PullSpec(src=IdRef(shape.remote_cluster_id, shape.remote_cache_id, src_batch),
+                    dst_cache_id=shape.local_cache_id, batch_index=dst_batch, size=shape.size,
                     src_tensor_indices=list(shape.src_tensor_indices),
                     dst_tensor_indices=list(shape.dst_tensor_indices),
                     tensor_num_per_layer=shape.tensor_num_per_layer)
@@ -286,8 +300,8 @@ def _spec_of(shape: PullShape, src_batch: int, dst_batch: int) -> PullSpec:
 
 @dataclass(slots=True)
 class Found:
-    """What a pull of a shape used, for repeats of it: each part is checked to be
-    the one still in use (``current``) before a repeat relies on it.
+    """What a transfer of a shape used, for repeats of it: each part is checked to
+    be the one still in use (``current``) before a repeat relies on it.
 
     ``ranges`` are the shape's plan between slots 0 and 0. A plan between other
     slots adds the two slots' offsets to every source and every destination
@@ -295,89 +309,102 @@ class Found:
     ``plan_cache_pull`` gives, without planning again.
     """
 
-    dst: CacheEntry
+    local: CacheEntry  # the pull's destination, the push's source
     link: OutboundLink
-    source: Peer
+    remote: Peer  # the pull's source, the push's destination
     ranges: Ranges
-    source_cluster: Cluster | None = None  # local links: the source cluster and cache
-    source_entry: CacheEntry | None = None
+    remote_cluster: Cluster | None = None  # local links: the far cluster and cache
+    remote_entry: CacheEntry | None = None
     resolved: ResolvedCache | None = None  # remote links: the link's remembered resolve
     bytes: int = 0
+    source: Layout | None = None  # the layouts of the ranges' two columns
+    destination: Layout | None = None
 
-    def current(self, engine: Engine, cluster: Cluster, shape: PullShape) -> bool:
+    def current(self, engine: Engine, cluster: Cluster, shape: TransferShape) -> bool:
         link = self.link
-        if cluster.registry.live(shape.dst_cache_id) is not self.dst \
-                or cluster.links.get(shape.src_cluster_id) is not link or not link.alive:
+        if cluster.registry.live(shape.local_cache_id) is not self.local \
+                or cluster.links.get(shape.remote_cluster_id) is not link or not link.alive:
             return False
-        source_cluster = self.source_cluster
-        if source_cluster is None:
-            return link.resolved.get(("id", shape.src_cache_id)) is self.resolved
-        return (engine.clusters.get(link.remote_cluster_id) is source_cluster
-                and not source_cluster.closed and link.token in engine.inbound
-                and source_cluster.registry.live(shape.src_cache_id) is self.source_entry)
+        remote_cluster = self.remote_cluster
+        if remote_cluster is None:
+            return link.resolved.get(("id", shape.remote_cache_id)) is self.resolved
+        return (engine.clusters.get(link.remote_cluster_id) is remote_cluster
+                and not remote_cluster.closed and link.token in engine.inbound
+                and remote_cluster.registry.live(shape.remote_cache_id) is self.remote_entry)
 
     def plan(self, src_batch: int, dst_batch: int) -> Ranges | None:
         """The ranges between two slots, or None for a slot out of range."""
-        if not (0 <= src_batch < self.source.layout.batch_size
-                and 0 <= dst_batch < self.dst.layout.batch_size):
+        source, destination = self.source, self.destination
+        assert source is not None and destination is not None
+        if not (0 <= src_batch < source.batch_size and 0 <= dst_batch < destination.batch_size):
             return None
-        return self.ranges + np.array((src_batch * self.source.layout.stride,
-                                       dst_batch * self.dst.layout.stride, 0), dtype=np.uint64)
+        return self.ranges + np.array((src_batch * source.stride, dst_batch * destination.stride,
+                                       0), dtype=np.uint64)
 
 
-def _find(engine: Engine, cluster: Cluster, shape: PullShape) -> Found | None:
-    """What a pull of ``shape`` that just succeeded used; None where it cannot be reused."""
-    dst = cluster.registry.live(shape.dst_cache_id)
-    link = cluster.links.get(shape.src_cluster_id)
-    if dst is None or link is None or dst.blocks:
+def _find(engine: Engine, cluster: Cluster, shape: TransferShape) -> Found | None:
+    """What a transfer of ``shape`` that just succeeded used; None where it cannot
+    be reused."""
+    local = cluster.registry.live(shape.local_cache_id)
+    link = cluster.links.get(shape.remote_cluster_id)
+    if local is None or link is None:
         return None
     if link.transport == "local":
         try:
-            source_cluster, entry, _ = engine.lookup_local(
-                link, IdRef(shape.src_cluster_id, shape.src_cache_id, 0))
+            remote_cluster, entry, _ = engine.lookup_local(
+                link, IdRef(shape.remote_cluster_id, shape.remote_cache_id, 0))
         except LLMException:
             return None
-        source = Peer(entry.layout, 0, entry.blocks, entry.writable, memory=entry.memory)
-        found = Found(dst, link, source, None, source_cluster=source_cluster,
-                      source_entry=entry)
+        remote = Peer(entry.layout, 0, entry.blocks, entry.writable, memory=entry.memory)
+        found = Found(local, link, remote, None, remote_cluster=remote_cluster,
+                      remote_entry=entry)
     else:
-        resolved = link.resolved.get(("id", shape.src_cache_id))
+        resolved = link.resolved.get(("id", shape.remote_cache_id))
         if resolved is None:
             return None
-        source = Peer(resolved.layout, 0, resolved.blocks, resolved.writable,
+        remote = Peer(resolved.layout, 0, resolved.blocks, resolved.writable,
                       region_id=resolved.region_id, cached=True)
-        found = Found(dst, link, source, None, resolved=resolved)
-    if source.blocks:
-        return None
-    try:  # the full pull's own planning, checks included, between slots 0 and 0
-        found.ranges = plan_pull(source, dst, _spec_of(shape, 0, 0))
+        found = Found(local, link, remote, None, resolved=resolved)
+    spec = _spec_of(shape, 0, 0)
+    try:  # the full transfer's own planning, checks included, between slots 0 and 0
+        if isinstance(spec, PushSpec):
+            found.ranges = plan_push(local, remote, spec)
+            found.source, found.destination = local.layout, remote.layout
+        else:
+            if remote.blocks:
+                return None
+            found.ranges = plan_pull(remote, local, spec)
+            found.source, found.destination = remote.layout, local.layout
     except LLMException:
         return None
     found.bytes = total_bytes(found.ranges)
     return found
 
 
-async def pull_again(engine: Engine, cluster: Cluster, repeat: Repeat, src_batch: int,
-                     dst_batch: int) -> Outcome:
-    """Run a pull of a known shape: the same result and errors as ``pull`` of the
-    full request, which runs whenever what was found before no longer holds."""
+async def again(engine: Engine, cluster: Cluster, repeat: Repeat, src_batch: int,
+                dst_batch: int) -> Outcome:
+    """Run a transfer of a known shape: the same result and errors as ``pull`` or
+    ``push`` of the full request, which runs whenever what was found before no
+    longer holds."""
     shape, found = repeat.shape, repeat.found
     if found is not None and found.current(engine, cluster, shape):
-        ranges = found.plan(src_batch, dst_batch)  # None: the full pull words the error
+        ranges = found.plan(src_batch, dst_batch)  # None: the full call words the error
         if ranges is not None:
             link = found.link
             deadline = asyncio.get_running_loop().time() + cluster.settings.sync_timeout_s
+            move = _push_ranges if shape.push else _pull_ranges
             started = time.perf_counter()
             try:
-                await _pull_ranges(engine, cluster, link, found.dst, found.source, ranges,
-                                   deadline)
+                await move(engine, cluster, link, found.local, found.remote, ranges, deadline)
             except RegionRefused:  # the remote cache is gone or moved; nothing has moved
-                link.resolved.pop(("id", shape.src_cache_id), None)
+                link.resolved.pop(("id", shape.remote_cache_id), None)
             else:
-                cluster.pull_shapes.repeated += 1
+                cluster.repeats.repeated += 1
                 return Outcome(found.bytes, link.transport, time.perf_counter() - started)
     repeat.found = None
-    outcome = await pull(engine, cluster, _spec_of(shape, src_batch, dst_batch))
+    spec = _spec_of(shape, src_batch, dst_batch)
+    outcome = await (push(engine, cluster, spec) if isinstance(spec, PushSpec)
+                     else pull(engine, cluster, spec))
     repeat.found = _find(engine, cluster, shape)
     return outcome
 
@@ -415,6 +442,16 @@ def plan_push(src: CacheEntry, target: Peer, spec: PushSpec) -> Ranges:
     return ranges
 
 
+async def _push_ranges(engine: Engine, cluster: Cluster, link: OutboundLink, src: CacheEntry,
+                      target: Peer, ranges: Ranges, deadline: float) -> None:
+    """Move a push's planned ranges from ``src`` into ``target``."""
+    if target.memory is not None:
+        await engine.deps.copier.copy(target.memory, src.memory, ranges)
+    else:
+        await link.write(engine.deps.dispatcher, src.memory, target.region_id, ranges,
+                         _remaining_ms(cluster, deadline))
+
+
 async def push(engine: Engine, cluster: Cluster, spec: PushSpec) -> Outcome:
     """Run one push into a remote-accessible cache."""
     src = cluster.registry.get(spec.src_cache_id)
@@ -424,11 +461,7 @@ async def push(engine: Engine, cluster: Cluster, spec: PushSpec) -> Outcome:
     deadline = asyncio.get_running_loop().time() + cluster.settings.sync_timeout_s
 
     async def move(target: Peer, ranges: Ranges) -> None:
-        if target.memory is not None:
-            await engine.deps.copier.copy(target.memory, src.memory, ranges)
-        else:
-            await link.write(engine.deps.dispatcher, src.memory, target.region_id, ranges,
-                             _remaining_ms(cluster, deadline))
+        await _push_ranges(engine, cluster, link, src, target, ranges, deadline)
 
     outcome = Outcome(transport=link.transport)
     ranges = await _retrying_stale(engine, cluster, link, spec.dst, deadline,

@@ -24,7 +24,7 @@ import hixl_service
 from hixl_service import _systemd
 from hixl_service.__main__ import EXIT_CONFIG, EXIT_OK, configure_logging, main
 from hixl_service.config import LoggingConfig, load_config
-from hixl_service.testing import READY_FIELDS, DaemonProcess, start_daemon
+from hixl_service.testing import READY_FIELDS, DaemonProcess, _all_threads_stopped, start_daemon
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -440,6 +440,7 @@ def test_stop_falls_back_to_sigkill() -> None:
 def test_pause_resume_and_stop_while_paused() -> None:
     with DaemonProcess() as daemon:
         daemon.pause()
+        assert _all_threads_stopped(daemon.pid)  # returns once the freeze took effect
         daemon.resume()
         daemon.pause()
         assert daemon.stop() == 0

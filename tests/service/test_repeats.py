@@ -1,5 +1,6 @@
-"""Repeat handles: one per shape, bounded per cluster, never reused; and a
-repeat's plan (the slot-0 plan moved by two slot offsets) is the full planner's."""
+"""Repeat handles: one per shape and direction, bounded per cluster, never
+reused; and a repeat's plan (the slot-0 plan moved by two slot offsets) is the
+full planner's."""
 
 from __future__ import annotations
 
@@ -7,29 +8,35 @@ import numpy as np
 import pytest
 
 from hixl_client.status import LLMException, LLMStatusCode
-from hixl_service import pull_shapes
+from hixl_service import repeats
 from hixl_service.planning import Layout, plan_cache_pull, tensor_pairs
-from hixl_service.pull_shapes import PullShape, PullShapes
+from hixl_service.repeats import RepeatTable, TransferShape
 
 
-def _shape(src_cache_id: int, size: int = -1) -> PullShape:
-    return PullShape(2, src_cache_id, 7, size, (), (), 2)
+def _shape(remote_cache_id: int, size: int = -1, push: bool = False) -> TransferShape:
+    return TransferShape(push, 2, remote_cache_id, 7, size, (), (), 2)
 
 
 def test_one_handle_per_shape_and_none_once_full(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pull_shapes, "MAX_SHAPES", 3)
-    shapes, other = PullShapes(), PullShapes()
-    first = shapes.offer(_shape(1))
-    assert first and shapes.offer(_shape(1)) == first
-    assert shapes.get(first).shape == _shape(1)
-    handles = {first, shapes.offer(_shape(1, size=64)), shapes.offer(_shape(2))}
-    assert len(handles) == 3 and len(shapes) == 3
-    assert shapes.offer(_shape(3)) == 0  # full: that shape's pulls take the full path
-    assert shapes.offer(_shape(2)) in handles  # known shapes keep theirs
+    monkeypatch.setattr(repeats, "MAX_SHAPES", 4)
+    table, other = RepeatTable(), RepeatTable()
+    first = table.offer(_shape(1))
+    assert first and table.offer(_shape(1)) == first
+    assert table.get(first, push=False).shape == _shape(1)
+    handles = {first, table.offer(_shape(1, size=64)), table.offer(_shape(2)),
+               table.offer(_shape(1, push=True))}
+    assert len(handles) == 4 and len(table) == 4
+    assert table.offer(_shape(3)) == 0  # full: that shape's transfers take the full path
+    assert table.offer(_shape(2)) in handles  # known shapes keep theirs
+    # A pull's handle does not name a push, nor the other way round.
+    for handle, push in ((first, True), (table.offer(_shape(1, push=True)), False)):
+        with pytest.raises(LLMException) as crossed:
+            table.get(handle, push=push)
+        assert crossed.value.status_code == LLMStatusCode.LLM_PARAM_INVALID
     # Another cluster's handles are new numbers: a handle names one shape for good.
     assert other.offer(_shape(1)) not in handles
     with pytest.raises(LLMException) as unknown:
-        other.get(first)
+        other.get(first, push=False)
     assert unknown.value.status_code == LLMStatusCode.LLM_PARAM_INVALID
 
 

@@ -1,13 +1,14 @@
-"""Handles for repeated pulls: one per pull_cache shape a cluster has pulled.
+"""Handles for repeated transfers: one per pull_cache or push_cache shape.
 
-An inference engine pulls slot after slot between the same two caches: the
+An inference engine moves slot after slot between the same two caches: the
 same source cache, destination cache, size and tensors, only the two batch
-indices change. After a pull by ``CacheKeyByIdAndIndex`` the daemon gives
-the client a handle for that *shape* (``PullCacheReply.repeat_handle``); the
-client sends later pulls of the shape as a 16-byte lane frame naming the
-handle and the two indices (``RepeatPull``), which the daemon answers as it
-answers ``PullCache`` (``transfers.pull_again``) without decoding a request
-or looking up again what the last pull found.
+indices change. After a pull_cache or push_cache that names the remote slot
+by ``CacheKeyByIdAndIndex``, the daemon gives the client a handle for that
+*shape* (``repeat_handle`` in the reply); the client sends later transfers
+of the shape as a 16-byte lane frame naming the handle and the two indices
+(``RepeatPull`` / ``RepeatPush``), which the daemon answers as it answers
+the full call (``transfers.again``) without decoding a request or looking up
+again what the last transfer found.
 
 This module holds only the shapes and their handles, so that ``Cluster``
 can own a table without importing the transfer code.
@@ -22,8 +23,8 @@ from typing import Any
 from hixl_client.status import LLMException, LLMStatusCode
 
 # A cluster gives out handles for this many shapes at most; later shapes get
-# none (their pulls take the full path), so a client naming ever new caches
-# cannot grow the daemon's memory.
+# none (their transfers take the full path), so a client naming ever new
+# caches cannot grow the daemon's memory.
 MAX_SHAPES = 1024
 
 # Handles are unique in the daemon's lifetime (never reused by another
@@ -33,13 +34,14 @@ _handles = itertools.count(1)
 
 
 @dataclass(frozen=True, slots=True)
-class PullShape:
-    """A pull_cache request less its two batch indices."""
+class TransferShape:
+    """A pull_cache or push_cache request less its two batch indices."""
 
-    src_cluster_id: int
-    src_cache_id: int
-    dst_cache_id: int
-    size: int
+    push: bool
+    remote_cluster_id: int
+    remote_cache_id: int  # the pull's source, the push's destination
+    local_cache_id: int  # the pull's destination, the push's source
+    size: int  # -1 for every push
     src_tensor_indices: tuple[int, ...]
     dst_tensor_indices: tuple[int, ...]
     tensor_num_per_layer: int
@@ -50,24 +52,24 @@ class Repeat:
 
     __slots__ = ("found", "handle", "shape")
 
-    def __init__(self, handle: int, shape: PullShape) -> None:
+    def __init__(self, handle: int, shape: TransferShape) -> None:
         self.handle = handle
         self.shape = shape
-        self.found: Any = None  # transfers.Found, or None until a pull finds it again
+        self.found: Any = None  # transfers.Found, or None until a transfer finds it again
 
 
-class PullShapes:
+class RepeatTable:
     """One cluster's shapes and their handles."""
 
     def __init__(self) -> None:
-        self._by_shape: dict[PullShape, Repeat] = {}
+        self._by_shape: dict[TransferShape, Repeat] = {}
         self._by_handle: dict[int, Repeat] = {}
-        self.repeated = 0  # pulls by handle that found what the last one did (admin status)
+        self.repeated = 0  # transfers by handle that reused what the last one found
 
     def __len__(self) -> int:
         return len(self._by_handle)
 
-    def offer(self, shape: PullShape) -> int:
+    def offer(self, shape: TransferShape) -> int:
         """The handle of ``shape``, new if needed; 0 (none) once the table is full."""
         repeat = self._by_shape.get(shape)
         if repeat is None:
@@ -78,10 +80,11 @@ class PullShapes:
             self._by_handle[repeat.handle] = repeat
         return repeat.handle
 
-    def get(self, handle: int) -> Repeat:
-        """The shape behind ``handle``, or LLM_PARAM_INVALID for one this cluster never gave."""
+    def get(self, handle: int, push: bool) -> Repeat:
+        """The shape behind ``handle``; LLM_PARAM_INVALID for a handle this cluster
+        never gave, or gave for the other direction."""
         repeat = self._by_handle.get(handle)
-        if repeat is None:
+        if repeat is None or repeat.shape.push != push:
             raise LLMException(f"repeat handle {handle} is unknown to this cluster",
                                status_code=LLMStatusCode.LLM_PARAM_INVALID)
         return repeat

@@ -1,9 +1,10 @@
-"""Repeated pulls: pull_cache by cache id of a shape pulled before goes by handle.
+"""Repeated transfers: pull_cache and push_cache by cache id of a shape moved
+before go by handle.
 
-Each test checks the bytes that land, the daemon's count of pulls that reused
-the remembered plan (Admin status), and that whatever changed since (an index
-out of range, a cache freed, a link replaced) gives exactly what the full
-PullCache call gives, over gRPC as over the lane.
+Each test checks the bytes that land, the daemon's count of transfers that
+reused the remembered plan (Admin status), and that whatever changed since
+(an index out of range, a cache freed, a link replaced) gives exactly what
+the full call gives, over gRPC as over the lane.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from hixl_client import (
     LLMRole,
     LLMStatusCode,
 )
-from hixl_client._lane import CLIENT_METHODS, KIND_HELLO, REPLY_OK, RepeatPullRequest
+from hixl_client._lane import CLIENT_METHODS, KIND_HELLO, REPLY_OK, RepeatRequest
 from hixl_client.cache import Cache
 from hixl_service.testing import DaemonProcess
 from tests.clusters import cluster_info
@@ -68,21 +69,27 @@ def _slot(cache: Cache, tensor: int, slot: int) -> np.ndarray:
 async def _repeated(daemon: DaemonProcess, cluster_id: int) -> tuple[int, int]:
     status = await daemon_status(daemon.client_target)
     cluster = next(c for c in status.clusters if c.cluster_id == cluster_id)
-    return cluster.pull_shapes, cluster.repeated_pulls
+    return cluster.repeat_shapes, cluster.repeated_transfers
 
 
 async def test_pulls_of_one_shape_repeat_by_handle(linked: Pair) -> None:
     prompt, decoder = linked.prompt, linked.decoder
     src = await prompt.cache_manager.allocate_cache(DESC)
     expected = _fill(src, 1)
-    dst = await decoder.cache_manager.allocate_cache(DESC)
-    moves = [(0, 0), (1, 3), (3, 1), (2, 2), (1, 0)]  # (source slot, destination slot)
+    # More and smaller slots than the source: a pull takes the first half of a
+    # source slot, and both sides' slot sizes count.
+    dst_slots, half = SLOTS + 2, SLOT_BYTES // 2
+    dst = await decoder.cache_manager.allocate_cache(
+        CacheDesc(DESC.num_tensors, [dst_slots, half], DataType.DT_UINT8))
+    moves = [(0, 0), (1, 5), (3, 1), (2, 4), (1, 0)]  # (source slot, destination slot)
     for src_slot, dst_slot in moves:
         await decoder.cache_manager.pull_cache(
             CacheKeyByIdAndIndex(prompt.cluster_id, src.cache_id, src_slot), dst,
             batch_index=dst_slot)
         for tensor in range(DESC.num_tensors):
-            np.testing.assert_array_equal(_slot(dst, tensor, dst_slot), expected[tensor][src_slot])
+            landed = np.frombuffer(dst.tensor_view(tensor), dtype=np.uint8).reshape(
+                dst_slots, half)[dst_slot]
+            np.testing.assert_array_equal(landed, expected[tensor][src_slot][:half])
     # One shape; every pull after the first went by its handle and reused the plan.
     assert len(decoder.cache_manager._repeat_handles) == 1
     assert await _repeated(linked.decoder_daemon, decoder.cluster_id) == (1, len(moves) - 1)
@@ -93,7 +100,8 @@ async def test_pulls_of_one_shape_repeat_by_handle(linked: Pair) -> None:
             CacheKeyByIdAndIndex(prompt.cluster_id, src.cache_id, 2), dst, batch_index=1,
             size=100, src_layer_range=range(1, 2), dst_layer_range=range(0, 1),
             tensor_num_per_layer=1)
-    np.testing.assert_array_equal(_slot(dst, 0, 1)[:100], expected[1][2][:100])
+    landed = np.frombuffer(dst.tensor_view(0), dtype=np.uint8).reshape(dst_slots, half)[1]
+    np.testing.assert_array_equal(landed[:100], expected[1][2][:100])
     assert await _repeated(linked.decoder_daemon, decoder.cluster_id) == (2, len(moves))
 
 
@@ -202,7 +210,7 @@ async def test_the_lane_refuses_unknown_handles_and_malformed_repeats(linked: Pa
     try:
         lane.send(1, KIND_HELLO, decoder._connection.session_id.encode())
         assert await asyncio.to_thread(lane.receive) == (1, REPLY_OK, b"")
-        lane.send(2, kind, RepeatPullRequest(2**63, 0, 0).SerializeToString())
+        lane.send(2, kind, RepeatRequest(2**63, 0, 0).SerializeToString())
         call_id, error = await asyncio.to_thread(lane.error)
         assert call_id == 2 and error.llm_status == LLMStatusCode.LLM_PARAM_INVALID
         assert "unknown" in error.message
@@ -268,3 +276,63 @@ async def test_repeats_racing_frees_and_relinks_end_cleanly(linked: Pair) -> Non
         await decoder.cache_manager.pull_cache(
             CacheKeyByIdAndIndex(prompt.cluster_id, src.cache_id, slot), dst, batch_index=slot)
         np.testing.assert_array_equal(_slot(dst, 1, slot), expected[1][slot])
+
+
+@pytest_asyncio.fixture(params=["tcp", "local"])
+async def pushing(request: pytest.FixtureRequest, prefill_daemon: DaemonProcess,
+                  decode_daemon: DaemonProcess,
+                  next_cluster_id: Callable[[], int]) -> AsyncIterator[Pair]:
+    """A pair in remote-cache-accessible mode; ``decoder`` links to ``prompt`` and
+    pushes into it, over TCP (two daemons) or locally (one daemon)."""
+    receiver_daemon = prefill_daemon if request.param == "tcp" else decode_daemon
+    made = await make_pair(receiver_daemon, decode_daemon, next_cluster_id,
+                           remote_accessible=True)
+    yield made
+    await made.decoder.finalize()
+    await made.prompt.finalize()
+
+
+async def test_pushes_of_one_shape_repeat_by_handle(pushing: Pair) -> None:
+    receiver, pusher = pushing.prompt, pushing.decoder
+    # The target has more and larger slots than the source: a push fills the
+    # first SLOT_BYTES of a target slot, and both sides' slot sizes count.
+    target_slots = SLOTS + 2
+    target = await receiver.cache_manager.allocate_cache(
+        CacheDesc(DESC.num_tensors, [target_slots, 2 * SLOT_BYTES], DataType.DT_UINT8))
+    src = await pusher.cache_manager.allocate_cache(DESC)
+    expected = _fill(src, 11)
+    moves = [(0, 0), (1, 5), (3, 1), (2, 4)]  # (source slot, destination slot)
+    for src_slot, dst_slot in moves:
+        await pusher.cache_manager.push_cache(
+            CacheKeyByIdAndIndex(receiver.cluster_id, target.cache_id, dst_slot), src,
+            src_batch_index=src_slot, tensor_num_per_layer=1)
+        for tensor in range(DESC.num_tensors):
+            landed = np.frombuffer(target.tensor_view(tensor), dtype=np.uint8).reshape(
+                target_slots, -1)[dst_slot][:SLOT_BYTES]
+            np.testing.assert_array_equal(landed, expected[tensor][src_slot])
+    assert await _repeated(pushing.decoder_daemon, pusher.cluster_id) == (1, len(moves) - 1)
+
+    # Out of range, a repeat fails as the full call does; a freed target too.
+    key = CacheKeyByIdAndIndex(receiver.cluster_id, target.cache_id, target_slots)
+    with pytest.raises(LLMException) as out_of_range:
+        await pusher.cache_manager.push_cache(key, src, tensor_num_per_layer=1)
+    assert out_of_range.value.status_code == LLMStatusCode.LLM_PARAM_INVALID
+    await receiver.cache_manager.deallocate_cache(target)
+    with pytest.raises(LLMException) as gone:
+        await pusher.cache_manager.push_cache(
+            CacheKeyByIdAndIndex(receiver.cluster_id, target.cache_id, 0), src,
+            tensor_num_per_layer=1)
+    assert gone.value.status_code == LLMStatusCode.LLM_KV_CACHE_NOT_EXIST
+
+
+async def test_a_pull_handle_is_not_a_push_handle(linked: Pair) -> None:
+    decoder = linked.decoder
+    src = await linked.prompt.cache_manager.allocate_cache(DESC)
+    dst = await decoder.cache_manager.allocate_cache(DESC)
+    await decoder.cache_manager.pull_cache(
+        CacheKeyByIdAndIndex(linked.prompt.cluster_id, src.cache_id, 0), dst)
+    (handle,) = decoder.cache_manager._repeat_handles.values()
+    assert decoder._connection is not None and decoder._connection.lane is not None
+    with pytest.raises(LLMException) as crossed:
+        await decoder._connection.lane.call("RepeatPush", RepeatRequest(handle, 0, 0), 5.0)
+    assert crossed.value.status_code == LLMStatusCode.LLM_PARAM_INVALID
