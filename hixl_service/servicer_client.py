@@ -7,6 +7,7 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc.aio
 
@@ -330,14 +331,19 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
     async def RepeatPull(self, request: RepeatRequest,
                          context: Context) -> client_pb2.PullCacheReply:
         """A PullCache of a shape pulled before, by handle (transfer lane only)."""
+        reply: client_pb2.PullCacheReply = await self._again(request, context, push=False)
+        return reply
+
+    async def _again(self, request: RepeatRequest, context: Context, push: bool) -> Any:
+        """RepeatPull and RepeatPush: the reply of the PullCache or PushCache they repeat."""
         started = time.perf_counter()
         cluster = self._engine.cluster_of(self._session(context))
-        repeat = cluster.repeats.get(request.handle, push=False)
+        repeat = cluster.repeats.get(request.handle, push=push)
         outcome = await again(self._engine, cluster, repeat, request.src_batch_index,
                               request.dst_batch_index)
-        return client_pb2.PullCacheReply(bytes=outcome.bytes, transport=outcome.transport,
-                                         repeat_handle=repeat.handle,
-                                         **_timing(started, outcome))
+        reply_type = client_pb2.PushReply if push else client_pb2.PullCacheReply
+        return reply_type(bytes=outcome.bytes, transport=outcome.transport,
+                          repeat_handle=repeat.handle, **_timing(started, outcome))
 
     @handles_errors
     async def PullBlocks(self, request: client_pb2.PullCacheRequest,
@@ -377,13 +383,8 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
     async def RepeatPush(self, request: RepeatRequest,
                          context: Context) -> client_pb2.PushReply:
         """A PushCache of a shape pushed before, by handle (transfer lane only)."""
-        started = time.perf_counter()
-        cluster = self._engine.cluster_of(self._session(context))
-        repeat = cluster.repeats.get(request.handle, push=True)
-        outcome = await again(self._engine, cluster, repeat, request.src_batch_index,
-                              request.dst_batch_index)
-        return client_pb2.PushReply(bytes=outcome.bytes, transport=outcome.transport,
-                                    repeat_handle=repeat.handle, **_timing(started, outcome))
+        reply: client_pb2.PushReply = await self._again(request, context, push=True)
+        return reply
 
     @handles_errors
     async def PushBlocks(self, request: client_pb2.PushRequest,
