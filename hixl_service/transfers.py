@@ -227,14 +227,17 @@ def plan_pull(source: Peer, dst: CacheEntry, spec: PullSpec) -> Ranges:
     return ranges
 
 
-async def _pull_ranges(engine: Engine, cluster: Cluster, link: OutboundLink, dst: CacheEntry,
-                      source: Peer, ranges: Ranges, deadline: float) -> None:
-    """Move a pull's planned ranges from ``source`` into ``dst``."""
-    if source.memory is not None:
-        await engine.deps.copier.copy(dst.memory, source.memory, ranges)
+async def _move(engine: Engine, cluster: Cluster, link: OutboundLink, local: CacheEntry,
+                far: Peer, ranges: Ranges, deadline: float, push: bool) -> None:
+    """Move planned ranges between a local cache and the far end: into ``local``
+    for a pull, out of it for a push; a memcpy when the far end is in this daemon."""
+    if far.memory is not None:
+        dst, src = (far.memory, local.memory) if push else (local.memory, far.memory)
+        await engine.deps.copier.copy(dst, src, ranges)
     else:
-        await link.read(engine.deps.dispatcher, dst.memory, source.region_id, ranges,
-                        _remaining_ms(cluster, deadline))
+        transfer = link.write if push else link.read
+        await transfer(engine.deps.dispatcher, local.memory, far.region_id, ranges,
+                       _remaining_ms(cluster, deadline))
 
 
 async def pull(engine: Engine, cluster: Cluster, spec: PullSpec) -> Outcome:
@@ -246,7 +249,7 @@ async def pull(engine: Engine, cluster: Cluster, spec: PullSpec) -> Outcome:
     deadline = asyncio.get_running_loop().time() + cluster.settings.sync_timeout_s
 
     async def move(source: Peer, ranges: Ranges) -> None:
-        await _pull_ranges(engine, cluster, link, dst, source, ranges, deadline)
+        await _move(engine, cluster, link, dst, source, ranges, deadline, push=False)
 
     outcome = Outcome(transport=link.transport)
     ranges = await _retrying_stale(engine, cluster, link, spec.src, deadline,
@@ -392,10 +395,10 @@ async def again(engine: Engine, cluster: Cluster, repeat: Repeat, src_batch: int
         if ranges is not None:
             link = found.link
             deadline = asyncio.get_running_loop().time() + cluster.settings.sync_timeout_s
-            move = _push_ranges if shape.push else _pull_ranges
             started = time.perf_counter()
             try:
-                await move(engine, cluster, link, found.local, found.remote, ranges, deadline)
+                await _move(engine, cluster, link, found.local, found.remote, ranges, deadline,
+                            shape.push)
             except RegionRefused:  # the remote cache is gone or moved; nothing has moved
                 link.resolved.pop(("id", shape.remote_cache_id), None)
             else:
@@ -442,16 +445,6 @@ def plan_push(src: CacheEntry, target: Peer, spec: PushSpec) -> Ranges:
     return ranges
 
 
-async def _push_ranges(engine: Engine, cluster: Cluster, link: OutboundLink, src: CacheEntry,
-                      target: Peer, ranges: Ranges, deadline: float) -> None:
-    """Move a push's planned ranges from ``src`` into ``target``."""
-    if target.memory is not None:
-        await engine.deps.copier.copy(target.memory, src.memory, ranges)
-    else:
-        await link.write(engine.deps.dispatcher, src.memory, target.region_id, ranges,
-                         _remaining_ms(cluster, deadline))
-
-
 async def push(engine: Engine, cluster: Cluster, spec: PushSpec) -> Outcome:
     """Run one push into a remote-accessible cache."""
     src = cluster.registry.get(spec.src_cache_id)
@@ -461,7 +454,7 @@ async def push(engine: Engine, cluster: Cluster, spec: PushSpec) -> Outcome:
     deadline = asyncio.get_running_loop().time() + cluster.settings.sync_timeout_s
 
     async def move(target: Peer, ranges: Ranges) -> None:
-        await _push_ranges(engine, cluster, link, src, target, ranges, deadline)
+        await _move(engine, cluster, link, src, target, ranges, deadline, push=True)
 
     outcome = Outcome(transport=link.transport)
     ranges = await _retrying_stale(engine, cluster, link, spec.dst, deadline,
