@@ -10,7 +10,9 @@ the full call gives, over gRPC as over the lane.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -40,16 +42,27 @@ DESC = CacheDesc(3, [SLOTS, 16 * 1024], DataType.DT_UINT8)
 SLOT_BYTES = DESC.shape[1]
 
 
+@contextlib.asynccontextmanager
+async def _pair(path: str, prefill_daemon: DaemonProcess, decode_daemon: DaemonProcess,
+                next_cluster_id: Callable[[], int], **option_args: Any) -> AsyncIterator[Pair]:
+    """``decoder`` on the decode daemon linked to ``prompt``: on the prefill daemon
+    over TCP, or on the decode daemon itself (a local link)."""
+    prompt_daemon = prefill_daemon if path == "tcp" else decode_daemon
+    made = await make_pair(prompt_daemon, decode_daemon, next_cluster_id, **option_args)
+    try:
+        yield made
+    finally:
+        await made.decoder.finalize()
+        await made.prompt.finalize()
+
+
 @pytest_asyncio.fixture(params=["tcp", "local"])
 async def linked(request: pytest.FixtureRequest, prefill_daemon: DaemonProcess,
                  decode_daemon: DaemonProcess,
                  next_cluster_id: Callable[[], int]) -> AsyncIterator[Pair]:
-    """A prompt/decoder pair linked over TCP (two daemons) or locally (one daemon)."""
-    decoder_daemon = decode_daemon if request.param == "tcp" else prefill_daemon
-    made = await make_pair(prefill_daemon, decoder_daemon, next_cluster_id)
-    yield made
-    await made.decoder.finalize()
-    await made.prompt.finalize()
+    """A pair whose decoder pulls, over TCP or a local link."""
+    async with _pair(request.param, prefill_daemon, decode_daemon, next_cluster_id) as made:
+        yield made
 
 
 def _fill(cache: Cache, seed: int) -> list[np.ndarray]:
@@ -63,7 +76,9 @@ def _fill(cache: Cache, seed: int) -> list[np.ndarray]:
 
 
 def _slot(cache: Cache, tensor: int, slot: int) -> np.ndarray:
-    return np.frombuffer(cache.tensor_view(tensor), dtype=np.uint8).reshape(SLOTS, -1)[slot]
+    """The bytes of one batch slot of one tensor, whatever the cache's shape."""
+    slots = cache.cache_desc.shape[0]
+    return np.frombuffer(cache.tensor_view(tensor), dtype=np.uint8).reshape(slots, -1)[slot]
 
 
 async def _repeated(daemon: DaemonProcess, cluster_id: int) -> tuple[int, int]:
@@ -87,9 +102,8 @@ async def test_pulls_of_one_shape_repeat_by_handle(linked: Pair) -> None:
             CacheKeyByIdAndIndex(prompt.cluster_id, src.cache_id, src_slot), dst,
             batch_index=dst_slot)
         for tensor in range(DESC.num_tensors):
-            landed = np.frombuffer(dst.tensor_view(tensor), dtype=np.uint8).reshape(
-                dst_slots, half)[dst_slot]
-            np.testing.assert_array_equal(landed, expected[tensor][src_slot][:half])
+            np.testing.assert_array_equal(_slot(dst, tensor, dst_slot),
+                                          expected[tensor][src_slot][:half])
     # One shape; every pull after the first went by its handle and reused the plan.
     assert len(decoder.cache_manager._repeat_handles) == 1
     assert await _repeated(linked.decoder_daemon, decoder.cluster_id) == (1, len(moves) - 1)
@@ -100,8 +114,7 @@ async def test_pulls_of_one_shape_repeat_by_handle(linked: Pair) -> None:
             CacheKeyByIdAndIndex(prompt.cluster_id, src.cache_id, 2), dst, batch_index=1,
             size=100, src_layer_range=range(1, 2), dst_layer_range=range(0, 1),
             tensor_num_per_layer=1)
-    landed = np.frombuffer(dst.tensor_view(0), dtype=np.uint8).reshape(dst_slots, half)[1]
-    np.testing.assert_array_equal(landed[:100], expected[1][2][:100])
+    np.testing.assert_array_equal(_slot(dst, 0, 1)[:100], expected[1][2][:100])
     assert await _repeated(linked.decoder_daemon, decoder.cluster_id) == (2, len(moves))
 
 
@@ -282,14 +295,10 @@ async def test_repeats_racing_frees_and_relinks_end_cleanly(linked: Pair) -> Non
 async def pushing(request: pytest.FixtureRequest, prefill_daemon: DaemonProcess,
                   decode_daemon: DaemonProcess,
                   next_cluster_id: Callable[[], int]) -> AsyncIterator[Pair]:
-    """A pair in remote-cache-accessible mode; ``decoder`` links to ``prompt`` and
-    pushes into it, over TCP (two daemons) or locally (one daemon)."""
-    receiver_daemon = prefill_daemon if request.param == "tcp" else decode_daemon
-    made = await make_pair(receiver_daemon, decode_daemon, next_cluster_id,
-                           remote_accessible=True)
-    yield made
-    await made.decoder.finalize()
-    await made.prompt.finalize()
+    """A pair in remote-cache-accessible mode whose decoder pushes into prompt."""
+    async with _pair(request.param, prefill_daemon, decode_daemon, next_cluster_id,
+                     remote_accessible=True) as made:
+        yield made
 
 
 async def test_pushes_of_one_shape_repeat_by_handle(pushing: Pair) -> None:
@@ -307,9 +316,8 @@ async def test_pushes_of_one_shape_repeat_by_handle(pushing: Pair) -> None:
             CacheKeyByIdAndIndex(receiver.cluster_id, target.cache_id, dst_slot), src,
             src_batch_index=src_slot, tensor_num_per_layer=1)
         for tensor in range(DESC.num_tensors):
-            landed = np.frombuffer(target.tensor_view(tensor), dtype=np.uint8).reshape(
-                target_slots, -1)[dst_slot][:SLOT_BYTES]
-            np.testing.assert_array_equal(landed, expected[tensor][src_slot])
+            np.testing.assert_array_equal(_slot(target, tensor, dst_slot)[:SLOT_BYTES],
+                                          expected[tensor][src_slot])
     assert await _repeated(pushing.decoder_daemon, pusher.cluster_id) == (1, len(moves) - 1)
 
     # Out of range, a repeat fails as the full call does; a freed target too.
