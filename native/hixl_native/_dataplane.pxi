@@ -334,6 +334,11 @@ cdef class DataLink:
         """False once a stream saw the peer vanish, or after ``close()``."""
         return not self._closed and bool(hixl_link_alive(self._l))
 
+    def stream_pieces(self):
+        """Request pieces each stream was given so far, one count per stream:
+        how the link spread its traffic (counts remain readable after ``close()``)."""
+        return tuple(hixl_link_stream_pieces(self._l, i) for i in range(self._streams))
+
     cdef int _submit(self, int op, object request_id, Mapping local, object ranges,
                      object timeout_ms) except -1:
         cdef size_t n = 0, i

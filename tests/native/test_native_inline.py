@@ -108,6 +108,25 @@ def test_small_request_ends_inside_the_call(setup: Setup) -> None:
     assert local.exports == 0
 
 
+def test_requests_one_at_a_time_keep_to_one_stream(setup: Setup) -> None:
+    """A request alone goes out on the stream the last one used, not round robin;
+    requests of several pieces still spread over every stream."""
+    server, _, local, cq = setup
+    with open_link(server, cq, 4) as link:
+        for i in range(40):
+            result = link.read_from(i, local, REGION, triples([(0, 0, 64 * KIB)]), 5000,
+                                    WAIT_US)
+            assert finish(result, cq, i) == hn.OK
+        pieces = link.stream_pieces()
+        assert sum(pieces) == 40 and max(pieces) == 40, pieces
+        # 4 MiB is cut into one piece per stream (256 KiB at least each).
+        result = link.read_from(40, local, REGION, triples([(0, 0, 4 * MIB)]), 5000, 0)
+        assert finish(result, cq, 40) == hn.OK
+        after = link.stream_pieces()
+        assert [b - a for a, b in zip(pieces, after, strict=True)] == [1, 1, 1, 1], after
+    assert link.stream_pieces() == after  # still readable once closed
+
+
 def test_inline_refusal_keeps_the_stream(setup: Setup) -> None:
     server, _, local, cq = setup
     with open_link(server, cq, 1) as link:

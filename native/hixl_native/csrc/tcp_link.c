@@ -75,6 +75,7 @@ typedef struct hixl_stream {
     int claimed; /* a submitting thread uses the socket; nothing else may */
     int fd;      /* changed only by the worker (and by open before it starts) */
     int wake_fd; /* eventfd: the queue became non-empty */
+    atomic_ulong pieces; /* pieces this stream was given: how the load spread */
 } hixl_stream;
 
 struct hixl_link {
@@ -88,6 +89,11 @@ struct hixl_link {
     atomic_int closing;
     atomic_int dead;
     atomic_uint next_stream;
+    /* The stream the last inline request used. A request alone tries it
+     * first: one connection, and the one peer thread serving it, stay warm
+     * in cache instead of taking turns with the others (3-6% of a 512 KiB
+     * read, paired against round robin). */
+    atomic_uint recent_stream;
 };
 
 /* ---- completion ---- */
@@ -305,6 +311,7 @@ static void enqueue(hixl_stream *s, hixl_piece *p)
         piece_done(p, HIXL_E_CANCELLED);
         return;
     }
+    atomic_fetch_add(&s->pieces, 1);
     int was_empty = s->head == NULL;
     if (was_empty)
         s->head = p;
@@ -332,8 +339,10 @@ static hixl_stream *claim_idle(hixl_link *l, unsigned first)
         if (idle)
             s->claimed = 1;
         pthread_mutex_unlock(&s->mu);
-        if (idle)
+        if (idle) {
+            atomic_fetch_add(&s->pieces, 1);
             return s;
+        }
     }
     return NULL;
 }
@@ -439,8 +448,9 @@ static int submit(hixl_link *l, int op, uint64_t request_id, hixl_mapping *local
     hixl_piece *pieces = r->pieces;
     if (done != NULL && wait_us > 0 && r->npieces == 1 &&
         outgoing_bytes(&pieces[0]) <= DIRECT_MAX_BYTES && pieces[0].bytes <= INLINE_MAX_BYTES) {
-        hixl_stream *s = claim_idle(l, first);
+        hixl_stream *s = claim_idle(l, atomic_load(&l->recent_stream));
         if (s != NULL) {
+            atomic_store(&l->recent_stream, (unsigned)(s - l->streams));
             uint64_t wait_ns = (wait_us + pieces[0].bytes / INLINE_BYTES_PER_US) * 1000;
             rc = run_inline(s, &pieces[0], wait_ns);
             if (rc != PENDING) {
@@ -749,6 +759,13 @@ int hixl_link_open(const char *host, uint16_t port, uint64_t token, int nstreams
 int hixl_link_alive(hixl_link *l)
 {
     return !atomic_load(&l->closing) && !atomic_load(&l->dead);
+}
+
+uint64_t hixl_link_stream_pieces(hixl_link *l, int stream)
+{
+    if (stream < 0 || stream >= l->nstreams)
+        return 0;
+    return atomic_load(&l->streams[stream].pieces);
 }
 
 void hixl_link_close(hixl_link *l)

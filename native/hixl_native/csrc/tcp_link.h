@@ -9,7 +9,8 @@
  * parallel. A small piece is sent by the submitting thread itself when a
  * stream is idle (its worker, woken meanwhile, only receives the reply),
  * and hixl_link_submit_wait may even send a small request whole and receive
- * its reply there, sparing both thread handoffs of the round trip. The
+ * its reply there, sparing both thread handoffs of the round trip; it tries
+ * the stream that carried the last such request first. The
  * request, its pieces, their wire ranges and iovecs live in a single
  * allocation made at submit time; its first member is the completion node,
  * so finishing a request posts it to the completion queue without
@@ -30,6 +31,8 @@ typedef struct hixl_link hixl_link;
 int hixl_link_open(const char *host, uint16_t port, uint64_t token, int nstreams,
                    hixl_cq *cq, uint64_t connect_timeout_ms, hixl_link **out);
 int hixl_link_alive(hixl_link *l);
+/* How many request pieces `stream` was given so far (0 for no such stream). */
+uint64_t hixl_link_stream_pieces(hixl_link *l, int stream);
 /*
  * Queues a READ or WRITE (HIXL_OP_*) and returns at once. `quads` holds n
  * (remote_region, remote_offset, local_offset, length) uint64 quads in host
