@@ -100,6 +100,32 @@ class Copier:
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix="hixl-copy")
         self._ascend = ascend
 
+    def copy_now(self, dst: Memory, src: Memory, ranges: Ranges) -> bool:
+        """``copy`` on this thread, when the daemon has nothing else to do and the
+        copy is small enough to make here; False: nothing copied, ``copy`` it."""
+        if dst.on_device or src.on_device:
+            return False
+        return self._copy_here(dst, src, ranges.take(_DST_SRC_LENGTH, axis=1),
+                               total_bytes(ranges))
+
+    def _copy_here(self, dst: Memory, src: Memory, triples: np.ndarray, total: int) -> bool:
+        """Make a host copy on this thread when the daemon is idle and the copy is
+        small (from 256 KiB helped by a copy thread); False: nothing copied."""
+        # Ranges within one memory may overlap one another (copy_blocks inside
+        # a cache), so one thread copies them, in order; apart, threads share.
+        shareable = dst is not src
+        if not (self._dispatcher.idle
+                and total <= (LOOP_COPY_MAX_BYTES if shareable else INLINE_COPY_BYTES)):
+            return False
+        if shareable and total >= HELPED_COPY_BYTES:
+            try:
+                self._pool.copy_helped(dst.native, src.native, triples.ravel())
+            except hixl_native.NativeError as exc:  # the pool closed: nothing copied
+                raise _stopping(exc.code) from None
+        else:
+            hixl_native.copy_ranges(dst.native, src.native, triples.ravel())
+        return True
+
     async def copy(self, dst: Memory, src: Memory, ranges: Ranges) -> None:
         """Copy (src, dst, length) ranges from one memory into another."""
         triples = ranges.take(_DST_SRC_LENGTH, axis=1)
@@ -112,19 +138,9 @@ class Copier:
             await asyncio.shield(job)
             return
         total = total_bytes(ranges)
-        # Ranges within one memory may overlap one another (copy_blocks inside
-        # a cache), so one thread copies them, in order; apart, threads share.
-        shareable = dst is not src
-        if self._dispatcher.idle and total <= (LOOP_COPY_MAX_BYTES if shareable
-                                               else INLINE_COPY_BYTES):
-            if shareable and total >= HELPED_COPY_BYTES:
-                try:
-                    self._pool.copy_helped(dst.native, src.native, triples.ravel())
-                except hixl_native.NativeError as exc:  # the pool closed: nothing copied
-                    raise _stopping(exc.code) from None
-            else:
-                hixl_native.copy_ranges(dst.native, src.native, triples.ravel())
+        if self._copy_here(dst, src, triples, total):
             return
+        shareable = dst is not src
         parts = self._threads if shareable and total > INLINE_COPY_BYTES else 1
         shares = split_triples(triples, parts) if parts > 1 else [triples]
         posted: list[asyncio.Future[int]] = []

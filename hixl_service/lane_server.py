@@ -14,16 +14,19 @@ of its own beyond framing and the deadline. Two lanes exist:
 
 Each call runs in its own task, so calls of one connection overlap; a CANCEL
 frame, the call's deadline or the connection closing cancel its handler, as
-gRPC cancels a handler whose call ended.
+gRPC cancels a handler whose call ended. A call that arrives alone starts in
+the frame's own callback instead (eager.py), and a servicer may answer some
+calls there without any coroutine (``AtOnce``: repeated transfers).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import inspect
 import logging
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -58,6 +61,11 @@ logger = logging.getLogger(__name__)
 MAX_CALLS_IN_FLIGHT = 256
 
 Handler = Callable[[Any, Context], Awaitable[Any]]
+# A servicer's way to answer a call in the frame's callback: the reply, an
+# awaitable of it (the call then goes on as a task, like any other), or None
+# (the call runs its handler as usual). It may raise only before it did
+# anything; the handler then runs and answers with the error.
+AtOnce = Callable[[Any, Context], Any]
 
 
 class Binding:
@@ -225,6 +233,13 @@ class _Connection(asyncio.Protocol):
             self._refuse(call_id, LLMStatusCode.LLM_PARAM_INVALID, f"invalid request: {exc}")
             return
         binding.called()
+        if eager and kind in self._server.at_once:
+            answer = self._answer_at_once(self._server.at_once[kind], request, binding.context)
+            if answer is not None and not inspect.isawaitable(answer):
+                self._reply(call_id, REPLY_OK, answer.SerializeToString())
+                return
+            if answer is not None:
+                handler = _answered_by(answer)
         loop = asyncio.get_running_loop()
         load = self._server.load
         if load is not None:  # from now on, not when the task first runs (load.py)
@@ -248,6 +263,19 @@ class _Connection(asyncio.Protocol):
         if timeout_ms:
             timer = loop.call_at(deadline, self._expire, call_id, task)
             task.add_done_callback(lambda _: timer.cancel())
+
+    def _answer_at_once(self, at_once: AtOnce, request: Any, context: Context) -> Any:
+        load = self._server.load
+        if load is not None:  # under way while it runs, as a handler would be (load.py)
+            load.begin()
+        try:
+            return at_once(request, context)
+        except Exception:  # nothing was done: the call's handler answers with the error
+            logger.debug("answering a %s call at once failed", self._server.name, exc_info=True)
+            return None
+        finally:
+            if load is not None:
+                load.end()
 
     def _hello(self, call_id: int, body: bytes) -> None:
         try:
@@ -285,6 +313,15 @@ class _Connection(asyncio.Protocol):
             self._throttle()
 
 
+def _answered_by(answer: Awaitable[Any]) -> Handler:
+    """The handler of a call an ``AtOnce`` started: it awaits what that returned."""
+
+    def handler(_request: Any, _context: Context) -> Awaitable[Any]:
+        return answer
+
+    return handler
+
+
 class LaneServer:
     """A lane's listener and its connections; build with for_clients or for_peers."""
 
@@ -300,6 +337,10 @@ class LaneServer:
         self.handlers: dict[int, tuple[type[Any], Handler]] = {
             kind: (request_type, getattr(servicer, method))
             for method, (kind, request_type, _) in methods.items()}
+        at_once: Mapping[str, AtOnce] = getattr(servicer, "at_once", {})
+        self.at_once: dict[int, AtOnce] = {
+            kind: at_once[method] for method, (kind, _, _) in methods.items()
+            if method in at_once}
         self.bind = bind
         self._needs_hello = needs_hello
         self.connections: set[_Connection] = set()

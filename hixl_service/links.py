@@ -17,6 +17,7 @@ import asyncio
 import collections
 import itertools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -90,6 +91,15 @@ def _posted(dispatcher: CompletionDispatcher, request_id: int,
 def _check(status: int) -> None:
     if status != hixl_native.OK:
         raise native_status_error(status)
+
+
+async def landed(posted: asyncio.Future[int]) -> None:
+    """Wait for a posted request (``OutboundLink.start``) to end; raise if it failed.
+
+    The native side ends every request by its deadline, so this wait is bounded
+    even if nothing else is; the shield leaves the future (and the pin) to the
+    dispatcher if the caller is cancelled."""
+    _check(await asyncio.shield(posted))
 
 
 class CompletionDispatcher:
@@ -190,6 +200,30 @@ class OutboundLink:
             return
         await self._transfer(dispatcher, True, src, region_id, ranges, timeout_ms)
 
+    def start(self, dispatcher: CompletionDispatcher, writing: bool, local: Memory,
+              region_id: int, ranges: Ranges, timeout_ms: int) -> int | asyncio.Future[int]:
+        """Post one request of at most ``SLICE_RANGES`` ranges (as ``_transfer``) to
+        the data link: its native status when it ended inside the call (alone, a
+        small request may: see INLINE_WAIT_US), else the future of its completion,
+        ``local`` pinned until then. Raises, having posted nothing, when the link
+        is down or the data link refuses the request."""
+        submit = self._submit(writing)
+        request_id = dispatcher.new_id()
+        status = submit(request_id, local.native, region_id, ranges, max(1, timeout_ms),
+                        INLINE_WAIT_US if dispatcher.idle else 0)
+        return status if status is not None else _posted(dispatcher, request_id, local)
+
+    def _submit(self, writing: bool) -> Callable[..., int | None]:
+        """The data link's submit of one direction's requests of one region, after
+        checking that the link is up."""
+        data = self.data
+        assert data is not None
+        if not data.alive:
+            raise LLMException(
+                f"the link to cluster {self.remote_cluster_id} is down; unlink and link again",
+                status_code=LLMStatusCode.LLM_LINK_FAILED)
+        return data.write_to if writing else data.read_from
+
     async def _transfer(self, dispatcher: CompletionDispatcher, writing: bool, local: Memory,
                         region_id: int, ranges: Ranges, timeout_ms: int) -> None:
         """Post ranges of one remote region to the data link and wait for the completion.
@@ -200,25 +234,14 @@ class OutboundLink:
         at a time; the first failure stops further slices, and the call returns
         only once every slice it started has ended.
         """
-        data = self.data
-        assert data is not None
-        if not data.alive:
-            raise LLMException(
-                f"the link to cluster {self.remote_cluster_id} is down; unlink and link again",
-                status_code=LLMStatusCode.LLM_LINK_FAILED)
-        submit = data.write_to if writing else data.read_from
         if len(ranges) <= SLICE_RANGES:
-            request_id = dispatcher.new_id()
-            # Alone, a small request may end inside submit (see INLINE_WAIT_US).
-            status = submit(request_id, local.native, region_id, ranges, max(1, timeout_ms),
-                            INLINE_WAIT_US if dispatcher.idle else 0)
-            if status is None:
-                # The native side ends every request by its deadline, so this
-                # wait is bounded even if nothing else is; the shield leaves the
-                # future (and the pin) to the dispatcher if the caller is cancelled.
-                status = await asyncio.shield(_posted(dispatcher, request_id, local))
-            _check(status)
+            started = self.start(dispatcher, writing, local, region_id, ranges, timeout_ms)
+            if isinstance(started, int):
+                _check(started)
+            else:
+                await landed(started)
             return
+        submit = self._submit(writing)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_ms / 1000
         moving: collections.deque[asyncio.Future[int]] = collections.deque()

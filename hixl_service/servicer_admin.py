@@ -35,7 +35,8 @@ def snapshot(engine: Engine, backend: str, peer_address: str) -> admin_pb2.Daemo
                             session_id=cluster.session_id, caches=len(cluster.registry),
                             keys=cluster.registry.key_count, options=cluster.options,
                             repeat_shapes=len(cluster.repeats),
-                            repeated_transfers=cluster.repeats.repeated)
+                            repeated_transfers=cluster.repeats.repeated,
+                            repeats_answered_at_once=cluster.repeats.answered_at_once)
         for link in cluster.links.values():
             status.links.add(local_cluster_id=link.local_cluster_id,
                              remote_cluster_id=link.remote_cluster_id,

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc.aio
@@ -26,8 +28,18 @@ from .peer_client import ref_from_proto
 from .planning import block_list
 from .pools import Pool
 from .registry import KeySpec
+from .repeats import Repeat
 from .rpc_errors import abort_with, handles_errors
-from .transfers import Outcome, PullSpec, PushSpec, again, pull, push, repeat_handle
+from .transfers import (
+    Outcome,
+    PullSpec,
+    PushSpec,
+    again,
+    again_at_once,
+    pull,
+    push,
+    repeat_handle,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -116,6 +128,12 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         self._stopping = asyncio.Event()
         self._cleanups: set[asyncio.Task[None]] = set()
         self._lane_tasks = LaneTasks()
+        # Transfer lane calls answered in the frame's callback when they can be
+        # (lane_server.AtOnce): a repeat that ends there needs no coroutine.
+        self.at_once: dict[str, Callable[[Any, Context], Any]] = {
+            "RepeatPull": functools.partial(self._repeat_at_once, push=False),
+            "RepeatPush": functools.partial(self._repeat_at_once, push=True),
+        }
 
     def stop_sessions(self) -> None:
         """Make every Attach stream end (graceful daemon stop)."""
@@ -341,9 +359,31 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         repeat = cluster.repeats.get(request.handle, push=push)
         outcome = await again(self._engine, cluster, repeat, request.src_batch_index,
                               request.dst_batch_index)
-        reply_type = client_pb2.PushReply if push else client_pb2.PullCacheReply
-        return reply_type(bytes=outcome.bytes, transport=outcome.transport,
-                          repeat_handle=repeat.handle, **_timing(started, outcome))
+        return _repeat_reply(repeat, started, outcome)
+
+    def _repeat_at_once(self, request: RepeatRequest, context: Context, push: bool) -> Any:
+        """RepeatPull or RepeatPush answered in the transfer lane's frame callback
+        (``lane_server.AtOnce``): the reply when the transfer ended there, an
+        awaitable of it while bytes move, or None: the call runs as usual."""
+        started = time.perf_counter()
+        try:
+            cluster = self._engine.cluster_of(self._session(context))
+            repeat = cluster.repeats.get(request.handle, push=push)
+        except LLMException:
+            return None  # the call itself answers with the error
+        outcome = again_at_once(self._engine, cluster, repeat, request.src_batch_index,
+                                request.dst_batch_index)
+        if outcome is None:
+            return None
+        if isinstance(outcome, Outcome):
+            cluster.repeats.answered_at_once += 1
+            return _repeat_reply(repeat, started, outcome)
+        return self._repeat_landing(_Landing(repeat, started, outcome), context)
+
+    @handles_errors
+    async def _repeat_landing(self, landing: _Landing, context: Context) -> Any:
+        """The reply of a repeat whose bytes still moved when it was answered at once."""
+        return _repeat_reply(landing.repeat, landing.started, await landing.outcome)
 
     @handles_errors
     async def PullBlocks(self, request: client_pb2.PullCacheRequest,
@@ -464,6 +504,21 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
             if task.failed or task.ended:  # the stream reported why, or was cancelled
                 return client_pb2.LayerReadyReply()
             return client_pb2.LayerReadyReply(reports=await task.send_layer(request.layer))
+
+
+@dataclass(slots=True)
+class _Landing:
+    """A repeat under way: what its reply needs once its outcome arrives."""
+
+    repeat: Repeat
+    started: float
+    outcome: Awaitable[Outcome]
+
+
+def _repeat_reply(repeat: Repeat, started: float, outcome: Outcome) -> Any:
+    reply_type = client_pb2.PushReply if repeat.shape.push else client_pb2.PullCacheReply
+    return reply_type(bytes=outcome.bytes, transport=outcome.transport,
+                      repeat_handle=repeat.handle, **_timing(started, outcome))
 
 
 def _timing(started: float, outcome: Outcome) -> dict[str, int]:

@@ -18,13 +18,14 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+import hixl_native
 import numpy as np
 
 from hixl_client.status import LLMException, LLMStatusCode
 
 from .cluster import Cluster
 from .engine import Engine
-from .links import OutboundLink, RegionRefused
+from .links import SLICE_RANGES, OutboundLink, RegionRefused, landed, native_status_error
 from .peer_api import BlocksRef, CacheRefSpec, IdRef, KeyRef, ResolvedCache
 from .planning import (
     Blocks,
@@ -389,21 +390,80 @@ async def again(engine: Engine, cluster: Cluster, repeat: Repeat, src_batch: int
     """Run a transfer of a known shape: the same result and errors as ``pull`` or
     ``push`` of the full request, which runs whenever what was found before no
     longer holds."""
+    started = again_at_once(engine, cluster, repeat, src_batch, dst_batch)
+    if isinstance(started, Outcome):
+        return started
+    if started is not None:
+        return await started
+    return await _full(engine, cluster, repeat, src_batch, dst_batch)
+
+
+def again_at_once(engine: Engine, cluster: Cluster, repeat: Repeat, src_batch: int,
+                  dst_batch: int) -> Outcome | Awaitable[Outcome] | None:
+    """Start ``again`` without waiting, from what the last transfer found.
+
+    Returns the Outcome when the transfer ended right here (a small copy, or a
+    small TCP request, alone in the daemon), an awaitable of it while bytes
+    move, or None when what was found no longer holds: then nothing has moved,
+    and the full call must run (``again`` runs it). Raises only before
+    anything moved, with the full call's errors (a link gone down, the daemon
+    stopping).
+    """
     shape, found = repeat.shape, repeat.found
-    if found is not None and found.current(engine, cluster, shape):
-        ranges = found.plan(src_batch, dst_batch)  # None: the full call words the error
-        if ranges is not None:
-            link = found.link
-            deadline = asyncio.get_running_loop().time() + cluster.settings.sync_timeout_s
-            started = time.perf_counter()
-            try:
-                await _move(engine, cluster, link, found.local, found.remote, ranges, deadline,
-                            shape.push)
-            except RegionRefused:  # the remote cache is gone or moved; nothing has moved
-                link.resolved.pop(("id", shape.remote_cache_id), None)
-            else:
-                cluster.repeats.repeated += 1
-                return Outcome(found.bytes, link.transport, time.perf_counter() - started)
+    if found is None or not found.current(engine, cluster, shape):
+        return None
+    ranges = found.plan(src_batch, dst_batch)
+    if ranges is None:  # a slot out of range: the full call words the error
+        return None
+    started = time.perf_counter()
+    link, far, local = found.link, found.remote, found.local
+    moving: Awaitable[None]
+    if far.memory is not None:
+        dst, src = (far.memory, local.memory) if shape.push else (local.memory, far.memory)
+        if engine.deps.copier.copy_now(dst, src, ranges):
+            return _repeated(cluster, found, started)
+        moving = engine.deps.copier.copy(dst, src, ranges)
+    elif link.hccl is None and len(ranges) <= SLICE_RANGES:
+        posted = link.start(engine.deps.dispatcher, shape.push, local.memory, far.region_id,
+                            ranges, cluster.settings.sync_timeout_ms)
+        if not isinstance(posted, int):
+            moving = landed(posted)
+        elif posted == hixl_native.OK:
+            return _repeated(cluster, found, started)
+        elif posted == hixl_native.E_REFUSED:  # the remote cache is gone or moved
+            link.resolved.pop(("id", shape.remote_cache_id), None)
+            return None
+        else:
+            raise native_status_error(posted)
+    else:
+        deadline = asyncio.get_running_loop().time() + cluster.settings.sync_timeout_s
+        moving = _move(engine, cluster, link, local, far, ranges, deadline, shape.push)
+    return _finish(engine, cluster, repeat, src_batch, dst_batch, found, moving, started)
+
+
+async def _finish(engine: Engine, cluster: Cluster, repeat: Repeat, src_batch: int,
+                  dst_batch: int, found: Found, moving: Awaitable[None],
+                  started: float) -> Outcome:
+    """The rest of a transfer ``again_at_once`` started: its Outcome once the bytes
+    landed; the full call's if the peer refused the remembered region."""
+    try:
+        await moving
+    except RegionRefused:  # the remote cache is gone or moved; nothing has moved
+        found.link.resolved.pop(("id", repeat.shape.remote_cache_id), None)
+        return await _full(engine, cluster, repeat, src_batch, dst_batch)
+    return _repeated(cluster, found, started)
+
+
+def _repeated(cluster: Cluster, found: Found, started: float) -> Outcome:
+    cluster.repeats.repeated += 1
+    return Outcome(found.bytes, found.link.transport, time.perf_counter() - started)
+
+
+async def _full(engine: Engine, cluster: Cluster, repeat: Repeat, src_batch: int,
+                dst_batch: int) -> Outcome:
+    """The full pull or push of a repeat's shape, which finds what the next
+    repeats reuse."""
+    shape = repeat.shape
     repeat.found = None
     spec = _spec_of(shape, src_batch, dst_batch)
     outcome = await (push(engine, cluster, spec) if isinstance(spec, PushSpec)

@@ -81,10 +81,20 @@ def _slot(cache: Cache, tensor: int, slot: int) -> np.ndarray:
     return np.frombuffer(cache.tensor_view(tensor), dtype=np.uint8).reshape(slots, -1)[slot]
 
 
-async def _repeated(daemon: DaemonProcess, cluster_id: int) -> tuple[int, int]:
+async def _cluster_status(daemon: DaemonProcess, cluster_id: int) -> Any:
     status = await daemon_status(daemon.client_target)
-    cluster = next(c for c in status.clusters if c.cluster_id == cluster_id)
+    return next(c for c in status.clusters if c.cluster_id == cluster_id)
+
+
+async def _repeated(daemon: DaemonProcess, cluster_id: int) -> tuple[int, int]:
+    cluster = await _cluster_status(daemon, cluster_id)
     return cluster.repeat_shapes, cluster.repeated_transfers
+
+
+async def _counts(pair: Pair) -> tuple[int, int]:
+    """The decoder's transfers by handle, and those answered at once."""
+    cluster = await _cluster_status(pair.decoder_daemon, pair.decoder.cluster_id)
+    return cluster.repeated_transfers, cluster.repeats_answered_at_once
 
 
 async def test_pulls_of_one_shape_repeat_by_handle(linked: Pair) -> None:
@@ -344,3 +354,54 @@ async def test_a_pull_handle_is_not_a_push_handle(linked: Pair) -> None:
     with pytest.raises(LLMException) as crossed:
         await decoder._connection.lane.call("RepeatPush", RepeatRequest(handle, 0, 0), 5.0)
     assert crossed.value.status_code == LLMStatusCode.LLM_PARAM_INVALID
+
+
+async def _pull_and_push(pair: Pair, remote: Cache, local: Cache, slot: int) -> None:
+    """Pull ``remote``'s slot into ``local``'s, then push it back to the next slot."""
+    cm, target = pair.decoder.cache_manager, pair.prompt.cluster_id
+    await cm.pull_cache(CacheKeyByIdAndIndex(target, remote.cache_id, slot), local,
+                        batch_index=slot)
+    slots = remote.cache_desc.shape[0]
+    await cm.push_cache(CacheKeyByIdAndIndex(target, remote.cache_id, (slot + 1) % slots),
+                        local, src_batch_index=slot, tensor_num_per_layer=1)
+
+
+async def test_small_repeats_alone_are_answered_at_once(pushing: Pair) -> None:
+    """A small repeat with nothing else under way ends in the lane's frame
+    callback: a local copy always, a TCP transfer whenever its reply comes within
+    the inline wait, which some of 40 do even on a busy host."""
+    remote = await pushing.prompt.cache_manager.allocate_cache(DESC)
+    local = await pushing.decoder.cache_manager.allocate_cache(DESC)
+    expected = _fill(remote, 13)
+    await _pull_and_push(pushing, remote, local, 0)  # both shapes get their handles
+    rounds = 4 if pushing.prompt_daemon is pushing.decoder_daemon else 20
+    for round_ in range(rounds):
+        await _pull_and_push(pushing, remote, local, 1 + round_ % (SLOTS - 1))
+    # Each round pulled a slot and pushed it on: slot 0's bytes went round.
+    for tensor in range(DESC.num_tensors):
+        for slot in range(SLOTS):
+            np.testing.assert_array_equal(_slot(remote, tensor, slot), expected[tensor][0])
+    repeated, at_once = await _counts(pushing)
+    assert repeated == 2 * rounds
+    if pushing.prompt_daemon is pushing.decoder_daemon:
+        assert at_once == repeated
+    else:
+        assert 1 <= at_once <= repeated
+
+
+async def test_large_repeats_are_answered_once_their_bytes_land(pushing: Pair) -> None:
+    """Too large to end in the frame callback (6 MiB a slot: above the inline TCP
+    request and the copy the loop's thread makes), a repeat goes on as a task."""
+    desc = CacheDesc(DESC.num_tensors, [2, 2 << 20], DataType.DT_UINT8)
+    remote = await pushing.prompt.cache_manager.allocate_cache(desc)
+    local = await pushing.decoder.cache_manager.allocate_cache(desc)
+    first = np.frombuffer(remote.tensor_view(1), dtype=np.uint8).reshape(2, -1)[0]
+    first[:] = np.random.default_rng(17).integers(0, 256, first.size, np.uint8)
+    expected = first.copy()
+    for _ in range(3):  # 12 transfers: the first pull and push find the shapes
+        await _pull_and_push(pushing, remote, local, 0)
+        await _pull_and_push(pushing, remote, local, 1)
+    for slot in range(2):
+        np.testing.assert_array_equal(_slot(remote, 1, slot), expected)
+        np.testing.assert_array_equal(_slot(local, 1, slot), expected)
+    assert await _counts(pushing) == (10, 0)

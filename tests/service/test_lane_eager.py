@@ -85,3 +85,63 @@ async def test_a_lone_call_runs_without_a_task_and_a_batch_is_counted_first(
     assert lone == (sys.version_info >= (3, 12), 1)
     assert batch == [(True, 2), (True, 2)]
     assert load.running == 0
+
+
+class AnswersAtOnce(Recorder):
+    """A servicer that answers Probe at once by the request's token: 1 with the
+    reply, 2 with None (the handler runs), 3 with an awaitable of the reply,
+    4 by raising (the handler runs and answers)."""
+
+    def __init__(self, load: TransferLoad) -> None:
+        super().__init__(load)
+        self.at_once = {"Probe": self._probe_at_once}
+        self.answered: list[int] = []
+        self.loads_at_once: list[int] = []
+
+    def _probe_at_once(self, request: Any, context: Context) -> Any:
+        token = request.link_token
+        self.loads_at_once.append(self.load.running)
+        if token == 2:
+            return None
+        if token == 4:
+            raise RuntimeError("nothing done yet")
+        self.answered.append(token)
+        if token == 1:
+            return peer_pb2.ReleaseKeyReply()
+        return self._later(token)
+
+    async def _later(self, token: int) -> peer_pb2.ReleaseKeyReply:
+        await asyncio.sleep(0)
+        self.answered.append(-token)  # the awaitable ran to its end
+        return peer_pb2.ReleaseKeyReply()
+
+
+@pytest.mark.asyncio
+async def test_a_lone_call_may_be_answered_at_once(tmp_path: Path) -> None:
+    load = TransferLoad()
+    servicer = AnswersAtOnce(load)
+    server = LaneServer("test lane", METHODS, servicer,
+                        lambda _: Binding(CallContext().as_context()), needs_hello=False,
+                        load=load)
+    path = tmp_path / "lane.sock"
+    await server.start_unix(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(10.0)
+    try:
+        await asyncio.to_thread(sock.connect, str(path))
+        for token in (1, 2, 3, 4):
+            await asyncio.to_thread(sock.sendall, _frame(token))
+            assert await asyncio.to_thread(_replies, sock, 1) == [(token, REPLY_OK)]
+        assert servicer.answered == [1, 3, -3]
+        assert len(servicer.runs) == 2  # tokens 2 and 4 ran the handler
+        assert servicer.loads_at_once == [1, 1, 1, 1]  # each counted while it ran
+        # Frames that arrive together are not answered at once: each gets its task.
+        await asyncio.to_thread(sock.sendall, _frame(1) + _frame(3))
+        assert sorted(await asyncio.to_thread(_replies, sock, 2)) == [(1, REPLY_OK),
+                                                                      (3, REPLY_OK)]
+        assert servicer.answered == [1, 3, -3] and len(servicer.runs) == 4
+        assert len(servicer.loads_at_once) == 4
+    finally:
+        sock.close()
+        await server.stop(1.0)
+    assert load.running == 0
