@@ -165,6 +165,47 @@ async def test_layer_lags_are_captured_for_benchmarks(accessible: Pair) -> None:
     assert all(a.ready_s < b.ready_s for a, b in itertools.pairwise(lags))
 
 
+async def test_blocking_synchronizer_runs_on_one_thread_that_ends_with_the_task(
+        accessible: Pair) -> None:
+    """A blocking synchronizer is asked on one thread of the task's own, layer
+    after layer; the thread ends with the task, also when the synchronizer
+    raises (the task then fails, as any crash of its driver does)."""
+    sender, receiver = accessible.decoder, accessible.prompt
+    desc = CacheDesc(8, [1, 4096], DataType.DT_UINT8)  # 4 layers
+    src = await sender.cache_manager.allocate_cache(desc)
+    dst = await receiver.cache_manager.allocate_cache(desc)
+    key = CacheKeyByIdAndIndex(receiver.cluster_id, dst.cache_id)
+    config = TransferWithCacheKeyConfig(key, range(4), range(4))
+
+    class Recording(LayerSynchronizer):
+        def __init__(self, fail_at: int | None = None) -> None:
+            self.threads: list[str] = []
+            self.fail_at = fail_at
+
+        def synchronize_layer(self, layer_index: int, timeout_in_millis: int | None) -> bool:
+            self.threads.append(threading.current_thread().name)
+            if layer_index == self.fail_at:
+                raise RuntimeError("the model crashed computing this layer")
+            return True
+
+    def sync_threads() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name == "hixl-layer-sync"]
+
+    before = len(sync_threads())
+    fine = Recording()
+    assert await sender.cache_manager.transfer_cache_async(src, fine, [config]) == [OK]
+    assert fine.threads == ["hixl-layer-sync"] * 4
+    crashing = Recording(fail_at=2)
+    task = sender.cache_manager.transfer_cache_async(src, crashing, [config])
+    (result,) = await task
+    assert result not in (None, OK)
+    assert len(crashing.threads) == 3  # layers 0, 1 and the one that raised
+    deadline = time.monotonic() + 5
+    while len(sync_threads()) > before:
+        assert time.monotonic() < deadline, "a synchronizer thread outlived its task"
+        await asyncio.sleep(0.01)
+
+
 async def test_async_synchronizer_and_timing_contract(accessible: Pair) -> None:
     sender, receiver = accessible.decoder, accessible.prompt
     desc = CacheDesc(10, [1, 4096], DataType.DT_UINT8)
