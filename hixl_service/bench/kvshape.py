@@ -197,9 +197,10 @@ class _Prompt:
         None where push is not available.
 
         The layers take turns, so that each push finds its bytes as cold in cache
-        as a layer of a layer-wise transfer does: pushing one layer over and over
-        kept its 4-16 MiB in cache at both ends and moved it some 15% faster
-        than a layer-wise layer could ever move. Every layer is pushed once
+        as a layer of a layer-wise transfer does. Pushing one layer over and
+        over kept its bytes in cache at both ends (4 MiB at 1k tokens): 0.84-0.94
+        ms a push against 1.05-1.16 ms for layers in turn, faster than any
+        layer of a layer-wise transfer can move. Every layer is pushed once
         first, untimed, so that the timed pushes repeat a known shape by its
         handle, as a layer-wise task's layers reuse their planned ranges.
         """
