@@ -202,11 +202,12 @@ class OutboundLink:
 
     def start(self, dispatcher: CompletionDispatcher, writing: bool, local: Memory,
               region_id: int, ranges: Ranges, timeout_ms: int) -> int | asyncio.Future[int]:
-        """Post one request of at most ``SLICE_RANGES`` ranges (as ``_transfer``) to
-        the data link: its native status when it ended inside the call (alone, a
-        small request may: see INLINE_WAIT_US), else the future of its completion,
-        ``local`` pinned until then. Raises, having posted nothing, when the link
-        is down or the data link refuses the request."""
+        """Post ranges of one remote region (``_transfer``'s rows, at most
+        ``SLICE_RANGES``) to the data link as one request. Returns its native
+        status when it ended inside the call (alone, a small request may: see
+        INLINE_WAIT_US), else the future of its completion, ``local`` pinned
+        until then (``landed`` waits for it). Raises, having posted nothing,
+        when the link is down or the data link refuses the request."""
         submit = self._submit(writing)
         request_id = dispatcher.new_id()
         status = submit(request_id, local.native, region_id, ranges, max(1, timeout_ms),

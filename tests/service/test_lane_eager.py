@@ -7,8 +7,10 @@ method that records how it was run; frames are written by hand on a socket.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -56,11 +58,10 @@ def _replies(sock: socket.socket, count: int) -> list[tuple[int, int]]:
     return got
 
 
-@pytest.mark.asyncio
-async def test_a_lone_call_runs_without_a_task_and_a_batch_is_counted_first(
-        tmp_path: Path) -> None:
-    load = TransferLoad()
-    servicer = Recorder(load)
+@contextlib.asynccontextmanager
+async def _connected(servicer: Recorder, load: TransferLoad,
+                     tmp_path: Path) -> AsyncIterator[socket.socket]:
+    """A lane server of ``servicer`` on a unix socket, and a socket connected to it."""
     server = LaneServer("test lane", METHODS, servicer,
                         lambda _: Binding(CallContext().as_context()), needs_hello=False,
                         load=load)
@@ -70,6 +71,18 @@ async def test_a_lone_call_runs_without_a_task_and_a_batch_is_counted_first(
     sock.settimeout(10.0)
     try:
         await asyncio.to_thread(sock.connect, str(path))
+        yield sock
+    finally:
+        sock.close()
+        await server.stop(1.0)
+
+
+@pytest.mark.asyncio
+async def test_a_lone_call_runs_without_a_task_and_a_batch_is_counted_first(
+        tmp_path: Path) -> None:
+    load = TransferLoad()
+    servicer = Recorder(load)
+    async with _connected(servicer, load, tmp_path) as sock:
         await asyncio.to_thread(sock.sendall, _frame(1))
         assert await asyncio.to_thread(_replies, sock, 1) == [(1, REPLY_OK)]
         # Two frames in one write arrive in one read: each gets its task, and
@@ -77,9 +90,6 @@ async def test_a_lone_call_runs_without_a_task_and_a_batch_is_counted_first(
         await asyncio.to_thread(sock.sendall, _frame(2) + _frame(3))
         assert sorted(await asyncio.to_thread(_replies, sock, 2)) == [(2, REPLY_OK),
                                                                       (3, REPLY_OK)]
-    finally:
-        sock.close()
-        await server.stop(1.0)
     lone, *batch = servicer.runs
     # Python 3.12's eager tasks give the first step a task; the shim before it does not.
     assert lone == (sys.version_info >= (3, 12), 1)
@@ -120,15 +130,7 @@ class AnswersAtOnce(Recorder):
 async def test_a_lone_call_may_be_answered_at_once(tmp_path: Path) -> None:
     load = TransferLoad()
     servicer = AnswersAtOnce(load)
-    server = LaneServer("test lane", METHODS, servicer,
-                        lambda _: Binding(CallContext().as_context()), needs_hello=False,
-                        load=load)
-    path = tmp_path / "lane.sock"
-    await server.start_unix(path)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(10.0)
-    try:
-        await asyncio.to_thread(sock.connect, str(path))
+    async with _connected(servicer, load, tmp_path) as sock:
         for token in (1, 2, 3, 4):
             await asyncio.to_thread(sock.sendall, _frame(token))
             assert await asyncio.to_thread(_replies, sock, 1) == [(token, REPLY_OK)]
@@ -141,7 +143,4 @@ async def test_a_lone_call_may_be_answered_at_once(tmp_path: Path) -> None:
                                                                       (3, REPLY_OK)]
         assert servicer.answered == [1, 3, -3] and len(servicer.runs) == 4
         assert len(servicer.loads_at_once) == 4
-    finally:
-        sock.close()
-        await server.stop(1.0)
     assert load.running == 0
