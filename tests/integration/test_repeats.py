@@ -187,13 +187,20 @@ async def test_a_freed_source_or_destination_fails_the_repeat_as_the_full_call(
     assert await _repeated(linked.decoder_daemon, decoder.cluster_id) == (2, 1)
 
 
+async def _pulled_once(pair: Pair, seed: int) -> tuple[Cache, list[np.ndarray], Cache]:
+    """A filled source cache on the prompt, its contents, and a destination on the
+    decoder that pulled slot 0 of it once (so the shape has its handle)."""
+    src = await pair.prompt.cache_manager.allocate_cache(DESC)
+    expected = _fill(src, seed)
+    dst = await pair.decoder.cache_manager.allocate_cache(DESC)
+    await pair.decoder.cache_manager.pull_cache(
+        CacheKeyByIdAndIndex(pair.prompt.cluster_id, src.cache_id, 0), dst)
+    return src, expected, dst
+
+
 async def test_a_repeat_after_the_link_was_replaced_moves_the_bytes(linked: Pair) -> None:
     prompt, decoder = linked.prompt, linked.decoder
-    src = await prompt.cache_manager.allocate_cache(DESC)
-    expected = _fill(src, 3)
-    dst = await decoder.cache_manager.allocate_cache(DESC)
-    await decoder.cache_manager.pull_cache(
-        CacheKeyByIdAndIndex(prompt.cluster_id, src.cache_id, 0), dst)
+    src, expected, dst = await _pulled_once(linked, 3)
     info = [cluster_info(prompt.cluster_id, linked.prompt_daemon.peer_address)]
     await decoder.unlink_clusters(info, timeout=5000)
     with pytest.raises(LLMException) as unlinked:
@@ -211,11 +218,7 @@ async def test_a_repeat_after_the_link_was_replaced_moves_the_bytes(linked: Pair
 
 async def test_repeats_in_flight_at_once_each_land(linked: Pair) -> None:
     prompt, decoder = linked.prompt, linked.decoder
-    src = await prompt.cache_manager.allocate_cache(DESC)
-    expected = _fill(src, 5)
-    dst = await decoder.cache_manager.allocate_cache(DESC)
-    await decoder.cache_manager.pull_cache(
-        CacheKeyByIdAndIndex(prompt.cluster_id, src.cache_id, 0), dst)
+    src, expected, dst = await _pulled_once(linked, 5)
     await asyncio.gather(*(decoder.cache_manager.pull_cache(
         CacheKeyByIdAndIndex(prompt.cluster_id, src.cache_id, slot), dst,
         batch_index=SLOTS - 1 - slot) for slot in range(SLOTS)))
