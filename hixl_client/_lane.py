@@ -147,11 +147,98 @@ def error_from_call(error: common_pb2.CallError, what: str) -> LLMException:
     return LLMException(error.message or status.name, status_code=status)
 
 
-class _Posted(NamedTuple):
-    """A call whose frame is written: what waiting for its reply needs."""
+class Posted(NamedTuple):
+    """An open call: its id, and the future its reply settles."""
 
     call_id: int
     future: asyncio.Future[tuple[int, bytes]]
+
+
+class CallBook:
+    """The calls of one lane connection awaiting replies, by call id, and the
+    bound on waiting for a far side that stopped answering.
+
+    Runs on the event loop thread only.
+    """
+
+    def __init__(self, what: str, lost_status: LLMStatusCode) -> None:
+        self.what = what  # "hixl daemon at ...", for messages
+        self.lost_status = lost_status  # of calls in flight when the connection drops
+        self._pending: dict[int, asyncio.Future[tuple[int, bytes]]] = {}
+        # call id -> loop time past which the far side is deemed gone (see _watch)
+        self._give_up_at: dict[int, float] = {}
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._next_id = 0
+        self.closed_because: str | None = None
+
+    def open(self) -> Posted:
+        """A new call id and the future its reply settles; not yet bounded (see sent)."""
+        if self.closed_because is not None:
+            raise LLMException(f"{self.what}: {self.closed_because}",
+                               status_code=self.lost_status)
+        call_id = self._next_id
+        self._next_id = (call_id + 1) % _CALL_IDS
+        future: asyncio.Future[tuple[int, bytes]] = asyncio.get_running_loop().create_future()
+        self._pending[call_id] = future
+        return Posted(call_id, future)
+
+    def sent(self, call_id: int, timeout_s: float) -> None:
+        """The call's frame is out: bound the wait for its reply."""
+        # The far side answers a late call itself (LLM_TIMEOUT); the watchdog only
+        # bounds the wait for a far side that stopped answering altogether.
+        loop = asyncio.get_running_loop()
+        self._give_up_at[call_id] = loop.time() + timeout_s + DEADLINE_GRACE_S
+        if self._watchdog is None:
+            self._watchdog = loop.call_later(WATCHDOG_TICK_S, self._watch)
+
+    def forget(self, call_id: int) -> bool:
+        """Stop waiting for a call; whether it was still unanswered."""
+        self._give_up_at.pop(call_id, None)
+        return self._pending.pop(call_id, None) is not None
+
+    def answer(self, frames: list[Frame]) -> None:
+        """Settle the calls the reply frames answer (unknown ids: calls given up)."""
+        pending = self._pending
+        for call_id, kind, _, _, body in frames:
+            future = pending.pop(call_id, None)
+            if future is not None and not future.done():
+                future.set_result((kind, body))
+
+    def _watch(self) -> None:
+        """Fail the calls left unanswered past their bound; runs every
+        WATCHDOG_TICK_S while calls are in flight."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        for call_id in [c for c, at in self._give_up_at.items() if at <= now]:
+            del self._give_up_at[call_id]
+            future = self._pending.get(call_id)
+            if future is not None and not future.done():
+                future.set_exception(LLMException(
+                    f"{self.what} did not answer a lane call in time",
+                    status_code=LLMStatusCode.LLM_TIMEOUT))
+        self._watchdog = loop.call_later(WATCHDOG_TICK_S, self._watch) \
+            if self._give_up_at else None
+
+    def fail(self, reason: str) -> None:
+        """The connection is gone: fail every call in flight with ``reason``."""
+        if self.closed_because is None:
+            self.closed_because = reason
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+        self._give_up_at.clear()
+        pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(LLMException(f"{self.what}: {reason}",
+                                                  status_code=self.lost_status))
+
+
+def reply_of(kind: int, body: bytes, reply_type: Any, what: str) -> Any:
+    """A reply frame's message, or its error raised as LLMException."""
+    if kind != REPLY_OK:
+        raise error_from_reply(body, what)
+    return reply_type.FromString(body)
 
 
 class Lane(asyncio.Protocol):
@@ -161,15 +248,9 @@ class Lane(asyncio.Protocol):
                  lost_status: LLMStatusCode = LLMStatusCode.LLM_FAILED) -> None:
         self._methods = methods
         self._what = what  # "hixl daemon at ...", for messages
-        self._lost_status = lost_status  # of calls in flight when the connection drops
         self._transport: asyncio.Transport | None = None
         self._reader = FrameReader()
-        self._pending: dict[int, asyncio.Future[tuple[int, bytes]]] = {}
-        # call id -> loop time past which the daemon is deemed gone (see _watch)
-        self._give_up_at: dict[int, float] = {}
-        self._watchdog: asyncio.TimerHandle | None = None
-        self._next_id = 0
-        self.closed_because: str | None = None
+        self._calls = CallBook(what, lost_status)
 
     @classmethod
     async def connect_unix(cls, path: str, methods: Methods, what: str, timeout_s: float,
@@ -204,6 +285,11 @@ class Lane(asyncio.Protocol):
         return self
 
     @property
+    def closed_because(self) -> str | None:
+        """Why the lane closed (None while open)."""
+        return self._calls.closed_because
+
+    @property
     def is_open(self) -> bool:
         return self.closed_because is None and self._transport is not None
 
@@ -227,59 +313,32 @@ class Lane(asyncio.Protocol):
         posted = self._post(kind, request.SerializeToString(), timeout_s, tag)
         return self._reply(posted, reply_type)
 
-    async def _reply(self, posted: _Posted, reply_type: Any) -> Any:
+    async def _reply(self, posted: Posted, reply_type: Any) -> Any:
         kind, body = await self._wait(posted)
-        if kind != REPLY_OK:
-            raise error_from_reply(body, self._what)
-        return reply_type.FromString(body)
+        return reply_of(kind, body, reply_type, self._what)
 
     async def _exchange(self, kind: int, body: bytes, timeout_s: float,
                         tag: int = 0) -> tuple[int, bytes]:
         return await self._wait(self._post(kind, body, timeout_s, tag))
 
-    def _post(self, kind: int, body: bytes, timeout_s: float, tag: int) -> _Posted:
+    def _post(self, kind: int, body: bytes, timeout_s: float, tag: int) -> Posted:
         transport = self._transport
-        if transport is None or self.closed_because is not None:
+        if transport is None:
             raise LLMException(f"{self._what}: {self.closed_because or 'the lane is closed'}",
-                               status_code=self._lost_status)
-        call_id = self._next_id
-        self._next_id = (call_id + 1) % _CALL_IDS
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[tuple[int, bytes]] = loop.create_future()
-        self._pending[call_id] = future
-        transport.write(HEADER.pack(len(body), call_id, kind,
-                                    min(int(timeout_s * 1000), _CALL_IDS - 1), tag) + body)
-        # The far side answers a late call itself (LLM_TIMEOUT); the watchdog only
-        # bounds the wait for a daemon that stopped answering altogether.
-        self._give_up_at[call_id] = loop.time() + timeout_s + DEADLINE_GRACE_S
-        if self._watchdog is None:
-            self._watchdog = loop.call_later(WATCHDOG_TICK_S, self._watch)
-        return _Posted(call_id, future)
+                               status_code=self._calls.lost_status)
+        posted = self._calls.open()  # raises once the lane failed
+        transport.write(frame_of(posted.call_id, kind, timeout_s, tag, body))
+        self._calls.sent(posted.call_id, timeout_s)
+        return posted
 
-    async def _wait(self, posted: _Posted) -> tuple[int, bytes]:
+    async def _wait(self, posted: Posted) -> tuple[int, bytes]:
         call_id, future = posted
         try:
             return await future
         finally:
-            self._give_up_at.pop(call_id, None)
-            if self._pending.pop(call_id, None) is not None and self._transport is not None:
+            if self._calls.forget(call_id) and self._transport is not None:
                 # Cancelled or expired before the answer: stop the far handler too.
                 self._transport.write(HEADER.pack(0, call_id, KIND_CANCEL, 0, 0))
-
-    def _watch(self) -> None:
-        """Fail the calls the daemon left unanswered past their bound; runs every
-        WATCHDOG_TICK_S while calls are in flight."""
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        for call_id in [c for c, at in self._give_up_at.items() if at <= now]:
-            del self._give_up_at[call_id]
-            future = self._pending.get(call_id)
-            if future is not None and not future.done():
-                future.set_exception(LLMException(
-                    f"{self._what} did not answer a lane call in time",
-                    status_code=LLMStatusCode.LLM_TIMEOUT))
-        self._watchdog = loop.call_later(WATCHDOG_TICK_S, self._watch) \
-            if self._give_up_at else None
 
     # asyncio.Protocol
 
@@ -293,31 +352,22 @@ class Lane(asyncio.Protocol):
         except ValueError as exc:
             self._fail(f"the daemon sent a malformed frame: {exc}")
             return
-        pending = self._pending
-        for call_id, kind, _, _, body in frames:
-            future = pending.pop(call_id, None)
-            if future is not None and not future.done():
-                future.set_result((kind, body))
+        self._calls.answer(frames)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._fail("the daemon closed the lane")
         self._transport = None
 
     def _fail(self, reason: str) -> None:
-        if self.closed_because is None:
-            self.closed_because = reason
-        if self._watchdog is not None:
-            self._watchdog.cancel()
-            self._watchdog = None
-        self._give_up_at.clear()
-        pending, self._pending = self._pending, {}
-        for future in pending.values():
-            if not future.done():
-                future.set_exception(LLMException(f"{self._what}: {reason}",
-                                                  status_code=self._lost_status))
+        self._calls.fail(reason)
         if self._transport is not None:
             self._transport.close()
 
     def close(self) -> None:
         self._fail("the lane was closed")
 
+
+def frame_of(call_id: int, kind: int, timeout_s: float, tag: int, body: bytes) -> bytes:
+    """One call's frame: header and body."""
+    return HEADER.pack(len(body), call_id, kind, min(int(timeout_s * 1000), _CALL_IDS - 1),
+                       tag) + body

@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import logging
-import queue
 import secrets
 import threading
 import time
-from collections.abc import Coroutine, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 import grpc.aio
@@ -33,11 +33,16 @@ from .transfer_config import TransferConfig, TransferWithCacheKeyConfig
 from .types import LayerSynchronizer
 
 if TYPE_CHECKING:
+    from ._thread_lane import ThreadLane
     from ._transport import DaemonConnection
 
 logger = logging.getLogger(__name__)
 
 Config = TransferConfig | TransferWithCacheKeyConfig
+# How long a synchronizer's thread outlives its last layer at most, waiting
+# for its task to end (see _Synchronizer._serve): longer than a layer takes
+# to land.
+LINGER_S = 2.0
 
 
 @dataclass
@@ -188,54 +193,82 @@ def _check_timeout(timeout_in_millis: int | None) -> None:
 
 
 class _Synchronizer:
-    """Asks the synchronizer about one layer at a time: an ``async def`` method is
-    awaited; a blocking one runs on one thread of the task's own.
+    """Asks the synchronizer about a task's layers, in order: an ``async def``
+    method is awaited layer by layer; a blocking one runs on one thread of the
+    task's own, which goes through the layers by itself.
 
-    The blocking method's answer comes back to the event loop with
-    ``call_soon_threadsafe`` on a future the driver awaits. A layer's lag
-    counts that hop: from the method returning to the layer's frame going
-    out took 75-80 us through ``asyncio.to_thread`` (an executor and its
-    concurrent future on the way) and takes 18-36 us this way. The time is
-    taken in the thread, when the method returned.
+    The thread calls ``on_ready(index)`` the moment a layer is ready (on a
+    ThreadLane that sends the layer's LayerReady frame: ``_thread_lane``), then
+    hands the answer to the event loop with ``call_soon_threadsafe``. Sending
+    from the loop instead put that hop on every layer's path: 75-80 us
+    through ``asyncio.to_thread``, 18-36 us through call_soon_threadsafe. The
+    time is taken in the thread, when the method returned.
     """
 
-    def __init__(self, synchronizer: LayerSynchronizer) -> None:
+    def __init__(self, synchronizer: LayerSynchronizer, layers: list[int],
+                 on_ready: Callable[[int], None] | None = None) -> None:
         self._method = synchronizer.synchronize_layer
+        self.blocking = not inspect.iscoroutinefunction(self._method)
+        self._layers = layers
+        self._on_ready = on_ready
         self._loop = asyncio.get_running_loop()
-        self._asks: queue.SimpleQueue[tuple[int, asyncio.Future[tuple[bool, float]]] | None] = \
-            queue.SimpleQueue()
+        self._answers: list[asyncio.Future[tuple[bool, float]]] = []
+        self._next = 0
+        self._closed = threading.Event()
+        self._sending_over = False
         self._thread: threading.Thread | None = None
 
-    async def ask(self, layer: int) -> tuple[bool, float]:
-        """Whether the layer is ready, and ``time.perf_counter()`` when the
+    async def next(self) -> tuple[bool, float]:
+        """Whether the next layer is ready, and ``time.perf_counter()`` when the
         synchronizer returned."""
-        if inspect.iscoroutinefunction(self._method):
-            ready = bool(await self._method(layer, None))
-            return ready, time.perf_counter()
+        index = self._next
+        self._next += 1
+        if not self.blocking:
+            answer = cast(Awaitable[bool], self._method(self._layers[index], None))
+            return bool(await answer), time.perf_counter()
         if self._thread is None:
+            self._answers = [self._loop.create_future() for _ in self._layers]
             self._thread = threading.Thread(target=self._serve, name="hixl-layer-sync",
                                             daemon=True)
             self._thread.start()
-        answer: asyncio.Future[tuple[bool, float]] = self._loop.create_future()
-        self._asks.put((layer, answer))
-        return await answer
+        return await self._answers[index]
+
+    @property
+    def thread_done(self) -> bool:
+        """No thread, or it is past its last synchronizer call and sends nothing more."""
+        return self._thread is None or self._sending_over
 
     def close(self) -> None:
         """Let the thread end, after the layer it may still be waiting for."""
-        self._asks.put(None)
+        self._closed.set()
 
     def _serve(self) -> None:
-        while (ask := self._asks.get()) is not None:
-            layer, answer = ask
+        try:
+            self._ask_in_turn()
+        finally:
+            self._sending_over = True
+        # The thread ends with the task, not right after its last layer: ending
+        # a thread takes CPU that the last layer's bytes want on a small host
+        # (the last layer landed 70-100 us later than the layers before it).
+        self._closed.wait(LINGER_S)
+
+    def _ask_in_turn(self) -> None:
+        for index, layer in enumerate(self._layers):
+            if self._closed.is_set():
+                return
             outcome: tuple[bool, float] | BaseException
             try:
                 outcome = (bool(self._method(layer, None)), time.perf_counter())
+                if outcome[0] and self._on_ready is not None and not self._closed.is_set():
+                    self._on_ready(index)
             except BaseException as exc:  # raised where the driver awaits, as to_thread does
                 outcome = exc
             try:
-                self._loop.call_soon_threadsafe(_settle, answer, outcome)
+                self._loop.call_soon_threadsafe(_settle, self._answers[index], outcome)
             except RuntimeError:  # the loop is closed: nobody waits for the answer
                 return
+            if isinstance(outcome, BaseException) or not outcome[0]:
+                return  # the task ends here
 
 
 def _settle(answer: asyncio.Future[tuple[bool, float]],
@@ -248,13 +281,53 @@ def _settle(answer: asyncio.Future[tuple[bool, float]],
         answer.set_result(outcome)
 
 
+class _ThreadFrames:
+    """A task's LayerReady calls on a ThreadLane: opened on the event loop up front,
+    each sent by the synchronizer's thread as its layer becomes ready."""
+
+    def __init__(self, lane: ThreadLane, task_id: str, layers: list[int],
+                 timeout_s: float) -> None:
+        self.lane = lane
+        self._calls = [lane.open_call("LayerReady",
+                                      client_pb2.LayerReadyRequest(task_id=task_id, layer=layer),
+                                      timeout_s)
+                       for layer in layers]
+
+    def send(self, index: int) -> None:
+        """The synchronizer's thread: layer ``index`` (of the task's layers) is ready."""
+        self.lane.send(self._calls[index])
+
+    def reply(self, index: int) -> Coroutine[Any, Any, Any]:
+        return self.lane.reply(self._calls[index])
+
+    def close(self) -> None:
+        """Stop waiting for any reply still out (the task is over)."""
+        for call in self._calls:
+            self.lane.drop(call)
+
+
+async def _thread_frames(connection: DaemonConnection, task_id: str, layers: list[int],
+                         timeout_s: float) -> _ThreadFrames | None:
+    """LayerReady calls for a blocking synchronizer's thread to send itself;
+    None where no thread lane opens (the event loop sends them then)."""
+    lane = await connection.take_thread_lane()
+    if lane is None:
+        return None
+    try:
+        return _ThreadFrames(lane, task_id, layers, timeout_s)
+    except LLMException:  # the lane failed meanwhile
+        connection.give_back_thread_lane(lane)
+        return None
+
+
 async def drive(task: CacheTask, connection: DaemonConnection, start: client_pb2.TransferStart,
                 synchronizer: LayerSynchronizer, num_layers: int, timeout_s: float) -> None:
     """Run one task: send the layers as they become ready, record progress.
 
     With the transfer lane open, each "layer ready" is a LayerReady call on
     the lane whose reply is that layer's progress (one lane round trip instead
-    of two stream messages); the stream carries the task's start and end.
+    of two stream messages); the stream carries the task's start and end. A
+    blocking synchronizer's thread sends those calls itself (``_ThreadFrames``).
     """
     call = connection.stub.TransferCache(
         metadata=((SESSION_METADATA_KEY, connection.session_id),))
@@ -266,20 +339,25 @@ async def drive(task: CacheTask, connection: DaemonConnection, start: client_pb2
     if captured is not None:
         progress.lags = {}
         captured.append([])
+    # The layers some target needs, each with those targets; the synchronizer
+    # is asked about these only.
+    plan = [(layer, needing) for layer in range(num_layers)
+            if (needing := [t for t in progress.targets
+                            if t.src_layer_start <= layer < t.src_layer_stop])]
+    layers = [layer for layer, _ in plan]
     layer_calls: list[asyncio.Task[None]] = []
-    asking = _Synchronizer(synchronizer)
+    frames = None
+    if on_lane and layers and not inspect.iscoroutinefunction(synchronizer.synchronize_layer):
+        frames = await _thread_frames(connection, start.lane_task_id, layers, timeout_s)
+    asking = _Synchronizer(synchronizer, layers, None if frames is None else frames.send)
     try:
         await call.write(client_pb2.TransferMessage(start=start))
         reader = asyncio.get_running_loop().create_task(_read_progress(progress, call))
         try:
-            for layer in range(num_layers):
-                needing = [t for t in progress.targets
-                           if t.src_layer_start <= layer < t.src_layer_stop]
-                if not needing:
-                    continue
+            for index, (layer, needing) in enumerate(plan):
                 if reader.done() or task._failed():
                     break  # the daemon ended the task; the reader has the reason
-                ready, ready_s = await asking.ask(layer)
+                ready, ready_s = await asking.next()
                 if not ready:
                     for target in needing:
                         task._record(target.dst_cluster_id, LLMStatusCode.LLM_PARAM_INVALID)
@@ -287,17 +365,27 @@ async def drive(task: CacheTask, connection: DaemonConnection, start: client_pb2
                 if progress.lags is not None and captured is not None:
                     progress.lags[layer] = LayerLag(layer, ready_s)
                     captured[-1].append(progress.lags[layer])
-                if on_lane:
+                reply: Coroutine[Any, Any, Any] | None
+                if frames is not None:
+                    reply = frames.reply(index)
+                elif on_lane:
                     reply = _layer_on_lane(progress, connection, start.lane_task_id, layer,
                                            needing, timeout_s)
-                    if reply is not None:
-                        layer_calls.append(asyncio.get_running_loop().create_task(reply))
                 elif not await _send(call, client_pb2.TransferMessage(layer_ready=layer)):
                     break
-            if layer_calls:
-                # Until every layer is answered, or the stream ended the task early.
-                await asyncio.wait((asyncio.gather(*layer_calls), reader), timeout=timeout_s,
-                                   return_when=asyncio.FIRST_COMPLETED)
+                else:
+                    reply = None
+                if reply is not None:
+                    layer_call = asyncio.get_running_loop().create_task(reply)
+                    layer_call.add_done_callback(
+                        functools.partial(_layer_answered, progress, layer, needing))
+                    layer_calls.append(layer_call)
+            # Until every layer is answered, or the stream ended the task early.
+            # Only the calls still out: gathering the answered ones too schedules a
+            # callback for each, which took CPU from the last layer's bytes.
+            if out := [layer_call for layer_call in layer_calls if not layer_call.done()]:
+                await asyncio.wait((asyncio.gather(*out, return_exceptions=True), reader),
+                                   timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
             await _send(call, None)
             await asyncio.wait_for(reader, timeout_s)
         finally:
@@ -308,34 +396,46 @@ async def drive(task: CacheTask, connection: DaemonConnection, start: client_pb2
         asking.close()
         for layer_call in layer_calls:
             layer_call.cancel()
+        if frames is not None:
+            frames.close()
+            if asking.thread_done:
+                connection.give_back_thread_lane(frames.lane)
+            else:  # it may still send a layer of this task: not for the next task's lane
+                frames.lane.close()
         call.cancel()
 
 
 def _layer_on_lane(progress: _Progress, connection: DaemonConnection, task_id: str,
                    layer: int, needing: list[client_pb2.TransferTarget],
-                   timeout_s: float) -> Coroutine[Any, Any, None] | None:
+                   timeout_s: float) -> Coroutine[Any, Any, Any] | None:
     """Send one LayerReady call now, so a layer's lag does not include waiting
-    for a new task's first step; return a coroutine applying its reply (None
-    when the call could not be sent: the failure is recorded)."""
+    for a new task's first step; return the coroutine of its reply (None when
+    the call could not be sent: the failure is recorded)."""
     try:
-        reply = connection.begin_transfer(
+        return connection.begin_transfer(
             "LayerReady", client_pb2.LayerReadyRequest(task_id=task_id, layer=layer), timeout_s)
     except LLMException as exc:
         _layer_failed(progress, layer, needing, exc)
         return None
-    return _apply_layer_reply(progress, layer, needing, reply)
 
 
-async def _apply_layer_reply(progress: _Progress, layer: int,
-                             needing: list[client_pb2.TransferTarget],
-                             reply: Coroutine[Any, Any, Any]) -> None:
-    try:
-        answer = await reply
-    except LLMException as exc:
-        _layer_failed(progress, layer, needing, exc)
+def _layer_answered(progress: _Progress, layer: int, needing: list[client_pb2.TransferTarget],
+                    call: asyncio.Task[Any]) -> None:
+    """Apply a LayerReady reply, or its failure, to the task (the call's done callback:
+    the reply's coroutine is the call's own, so a call cancelled before its first
+    step leaves no coroutine unawaited)."""
+    if call.cancelled():
         return
-    for report in answer.reports:
-        progress.apply(report)
+    failure = call.exception()
+    if failure is None:
+        for report in call.result().reports:
+            progress.apply(report)
+        return
+    if not isinstance(failure, LLMException):
+        logger.error("layer %d of a layer-wise transfer: unexpected failure", layer,
+                     exc_info=failure)
+        failure = LLMException(f"layer {layer}: {failure!r}", status_code=LLMStatusCode.LLM_FAILED)
+    _layer_failed(progress, layer, needing, failure)
 
 
 def _layer_failed(progress: _Progress, layer: int, needing: list[client_pb2.TransferTarget],

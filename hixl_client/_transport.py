@@ -21,6 +21,7 @@ import grpc.aio
 from ._defaults import transfer_lane_enabled
 from ._lane import CLIENT_METHODS, MAX_BODY, Lane
 from ._proto.hixl.v1 import client_pb2, client_pb2_grpc
+from ._thread_lane import ThreadLane
 from .status import STATUS_METADATA_KEY, LLMException, LLMStatusCode
 
 logger = logging.getLogger(__name__)
@@ -29,6 +30,8 @@ SESSION_METADATA_KEY = "hixl-session"
 # Daemon calls that do only control work; transfers pass their own deadline.
 CONTROL_TIMEOUT_S = 30.0
 ATTACH_TIMEOUT_S = 10.0
+# Idle thread lanes kept for the next layer-wise tasks (one per task in flight).
+IDLE_THREAD_LANES = 4
 
 _FALLBACK = {
     grpc.StatusCode.DEADLINE_EXCEEDED: LLMStatusCode.LLM_TIMEOUT,
@@ -73,6 +76,7 @@ class DaemonConnection:
         self.target = target
         self._use_lane = transfer_lane_enabled() if transfer_lane is None else transfer_lane
         self.lane: Lane | None = None
+        self._idle_thread_lanes: list[ThreadLane] = []
         self._client_name = client_name or os.path.basename(sys.argv[0] or "python")
         self._channel: grpc.aio.Channel | None = None
         self._stub: client_pb2_grpc.ClientStub | None = None
@@ -180,8 +184,37 @@ class DaemonConnection:
             return self.lane.begin(name, request, timeout)
         return self.call(self.method(name), request, timeout)
 
+    async def take_thread_lane(self) -> ThreadLane | None:
+        """A lane connection of the session for one worker thread to write
+        (``_thread_lane``): an idle one, else a new one; None without the
+        transfer lane, or when the daemon refuses another connection (logged)."""
+        while self._idle_thread_lanes:
+            lane = self._idle_thread_lanes.pop()
+            if lane.is_open:
+                return lane
+        if not self.has_lane:
+            return None
+        try:
+            return await ThreadLane.connect_unix(self.lane_socket, CLIENT_METHODS,
+                                                 f"hixl daemon at {self.target}",
+                                                 ATTACH_TIMEOUT_S, self.session_id.encode())
+        except (OSError, asyncio.TimeoutError, LLMException) as exc:
+            logger.warning("hixl daemon at %s: no thread lane, layers are sent from the "
+                           "event loop: %s", self.target, exc or type(exc).__name__)
+            return None
+
+    def give_back_thread_lane(self, lane: ThreadLane) -> None:
+        """Keep a thread lane for the next task (or close it: broken, or enough idle)."""
+        if lane.is_open and self.has_lane and len(self._idle_thread_lanes) < IDLE_THREAD_LANES:
+            self._idle_thread_lanes.append(lane)
+        else:
+            lane.close()
+
     async def close(self) -> None:
         """End the session: the daemon frees what it allocated for us."""
+        for idle in self._idle_thread_lanes:
+            idle.close()
+        self._idle_thread_lanes.clear()
         if self.lane is not None:
             self.lane.close()
             self.lane = None

@@ -283,6 +283,55 @@ async def test_a_stopped_daemon_fails_lane_calls_by_their_bound(
         await pair.prompt.finalize()
 
 
+async def test_thread_lane_calls_are_bounded_and_fail_once_it_closes(
+        next_cluster_id: Callable[[], int]) -> None:
+    """A call a worker thread sends on a ThreadLane: answered; unanswered by a
+    stopped daemon, failed by its bound; sent after the lane closed, failed at once."""
+    async with start_daemon(pool__max_bytes="512MiB") as prefill, \
+            start_daemon(pool__max_bytes="512MiB") as decode:
+        pair = await make_pair(prefill, decode, next_cluster_id)
+        src = await pair.prompt.cache_manager.allocate_cache(DESC)
+        dst = await pair.decoder.cache_manager.allocate_cache(DESC)
+        connection = pair.decoder._connection
+        assert connection is not None
+        lane = await connection.take_thread_lane()
+        assert lane is not None
+        request = client_pb2.PullCacheRequest(
+            src=ref_to_proto(CacheKeyByIdAndIndex(pair.prompt.cluster_id, src.cache_id, 0)),
+            dst_cache_id=dst.cache_id, size=-1, tensor_num_per_layer=2)
+
+        async def from_a_thread(timeout_s: float) -> client_pb2.PullCacheReply:
+            call = lane.open_call("PullCache", request, timeout_s)
+            await asyncio.to_thread(lane.send, call)
+            return await asyncio.wait_for(lane.reply(call), 10)
+
+        assert (await from_a_thread(5.0)).bytes == 2 * DESC.shape[1] * 2
+        decode.pause()
+        try:
+            started = time.monotonic()
+            with pytest.raises(LLMException) as info:
+                await from_a_thread(0.2)
+            elapsed = time.monotonic() - started
+        finally:
+            decode.resume()
+        assert info.value.status_code == LLMStatusCode.LLM_TIMEOUT
+        assert 0.2 + DEADLINE_GRACE_S <= elapsed < 0.2 + DEADLINE_GRACE_S + WATCHDOG_TICK_S + 2
+        connection.give_back_thread_lane(lane)
+        assert await connection.take_thread_lane() is lane  # kept for the next task
+        late = lane.open_call("PullCache", request, 5.0)
+        lane.close()
+        lane.send(late)
+        with pytest.raises(LLMException) as info:
+            await lane.reply(late)
+        assert info.value.status_code == LLMStatusCode.LLM_FAILED
+        assert "closed" in str(info.value)
+        lane.drop(late)
+        with pytest.raises(LLMException):
+            lane.open_call("PullCache", request, 5.0)
+        await pair.decoder.finalize()
+        await pair.prompt.finalize()
+
+
 async def test_a_flood_of_calls_is_flow_controlled(decode_daemon: DaemonProcess,
                                                    next_cluster_id: Callable[[], int]) -> None:
     # LayerReady for a task that never starts waits sync_kv_timeout (1 s), then fails:

@@ -27,7 +27,7 @@ from hixl_client import (
     TransferConfig,
     TransferWithCacheKeyConfig,
 )
-from hixl_service.testing import DaemonProcess
+from hixl_service.testing import DaemonProcess, start_daemon
 
 from .conftest import Pair, cluster_info, daemon_status, make_pair, options
 
@@ -65,7 +65,8 @@ def raw(cache: Cache, tensor: int) -> np.ndarray:
 @pytest_asyncio.fixture
 async def accessible(prefill_daemon: DaemonProcess, decode_daemon: DaemonProcess,
                      next_cluster_id: Callable[[], int]) -> AsyncIterator[Pair]:
-    """decoder (the sender, on the decode daemon) linked to prompt (the receiver)."""
+    """decoder (the sender, on the prefill daemon) linked to prompt (the receiver, on the
+    decode daemon)."""
     made = await make_pair(decode_daemon, prefill_daemon, next_cluster_id,
                            remote_accessible=True)
     yield made
@@ -140,6 +141,71 @@ async def test_each_layer_leaves_before_the_next_is_computed(accessible: Pair) -
     task = sender.cache_manager.transfer_cache_async(
         src, WaitForLayer0(), [TransferWithCacheKeyConfig(key, range(2), range(2))])
     assert await task == [OK] and landed.is_set()
+
+
+async def test_a_blocking_synchronizer_sends_its_layers_while_the_event_loop_is_busy(
+        accessible: Pair) -> None:
+    """The synchronizer's thread sends each layer's LayerReady itself: a layer
+    leaves and lands while the event loop that started the task is blocked."""
+    sender, receiver = accessible.decoder, accessible.prompt
+    desc = CacheDesc(4, [1, 1 << 20], DataType.DT_UINT8)  # 2 layers of 2 MiB
+    src = await sender.cache_manager.allocate_cache(desc)
+    fill(src)
+    dst = await receiver.cache_manager.allocate_cache(desc)
+    asked, loop_blocked = threading.Event(), threading.Event()
+
+    class ReadyOnceTheLoopIsBlocked(LayerSynchronizer):
+        def synchronize_layer(self, layer_index: int, timeout_in_millis: int | None) -> bool:
+            asked.set()
+            return loop_blocked.wait(10)
+
+    key = CacheKeyByIdAndIndex(receiver.cluster_id, dst.cache_id)
+    task = sender.cache_manager.transfer_cache_async(
+        src, ReadyOnceTheLoopIsBlocked(), [TransferWithCacheKeyConfig(key, range(2), range(2))])
+    deadline = time.monotonic() + 10
+    while not asked.is_set():
+        assert time.monotonic() < deadline, "the synchronizer was never asked"
+        await asyncio.sleep(0.001)
+    # Block the loop (no await) until both layers are at the receiver.
+    loop_blocked.set()
+    while not all(np.array_equal(raw(dst, t), raw(src, t)) for t in range(4)):
+        assert time.monotonic() < deadline, "layers did not leave while the loop was busy"
+        time.sleep(0.002)
+    assert await task == [OK]
+
+
+async def test_a_task_whose_daemon_dies_ends_promptly(next_cluster_id: Callable[[], int]) -> None:
+    """The local daemon dies while a blocking synchronizer computes layer 2: its
+    thread's frame finds the lane gone, and the task ends failed, not hung."""
+    async with start_daemon(pool__max_bytes="512MiB") as prefill, \
+            start_daemon(pool__max_bytes="512MiB") as decode:
+        pair = await make_pair(prefill, decode, next_cluster_id, remote_accessible=True)
+        sender, receiver = pair.decoder, pair.prompt
+        desc = CacheDesc(8, [1, 4096], DataType.DT_UINT8)  # 4 layers
+        src = await sender.cache_manager.allocate_cache(desc)
+        dst = await receiver.cache_manager.allocate_cache(desc)
+        reached, killed = threading.Event(), threading.Event()
+
+        class ComputingWhileTheDaemonDies(LayerSynchronizer):
+            def synchronize_layer(self, layer_index: int, timeout_in_millis: int | None) -> bool:
+                if layer_index == 2:
+                    reached.set()
+                    killed.wait(10)
+                return True
+
+        key = CacheKeyByIdAndIndex(receiver.cluster_id, dst.cache_id)
+        task = sender.cache_manager.transfer_cache_async(
+            src, ComputingWhileTheDaemonDies(), [TransferWithCacheKeyConfig(key, range(4),
+                                                                              range(4))])
+        while not reached.is_set():
+            await asyncio.sleep(0.005)
+        decode.kill()
+        killed.set()
+        started = time.monotonic()
+        (result,) = await asyncio.wait_for(task, 10)
+        assert result not in (None, OK)
+        assert time.monotonic() - started < 5
+        await receiver.finalize()
 
 
 async def test_layer_lags_are_captured_for_benchmarks(accessible: Pair) -> None:
@@ -496,6 +562,39 @@ async def test_layers_go_as_lane_calls_or_stream_messages(
         await receiver.finalize()
 
 
-async def _lane_calls(daemon: DaemonProcess, cluster_id: int) -> int:
+async def test_thread_lanes_are_reused_and_async_synchronizers_send_from_the_loop(
+        accessible: Pair) -> None:
+    """A blocking synchronizer's task takes one more lane connection of the session
+    (its thread writes there), handed on to the next task; an ``async def``
+    synchronizer's layers go on the session's lane itself."""
+    sender, receiver = accessible.decoder, accessible.prompt
+    desc = CacheDesc(8, [1, 4096], DataType.DT_UINT8)  # 4 layers
+    src = await sender.cache_manager.allocate_cache(desc)
+    dst = await receiver.cache_manager.allocate_cache(desc)
+    config = TransferWithCacheKeyConfig(CacheKeyByIdAndIndex(receiver.cluster_id, dst.cache_id),
+                                        range(4), range(4))
+
+    class AsyncReady(LayerSynchronizer):
+        async def synchronize_layer(self, layer_index: int,  # type: ignore[override]
+                                    timeout_in_millis: int | None) -> bool:
+            return True
+
+    assert await sender.cache_manager.transfer_cache_async(src, AsyncReady(), [config]) == [OK]
+    assert (await _lane_use(accessible.decoder_daemon, sender.cluster_id))[0] == 1
+    for _ in range(3):
+        assert await sender.cache_manager.transfer_cache_async(src, Ready(), [config]) == [OK]
+    connections, calls = await _lane_use(accessible.decoder_daemon, sender.cluster_id)
+    assert connections == 2
+    assert await sender.cache_manager.transfer_cache_async(src, AsyncReady(), [config]) == [OK]
+    assert await _lane_use(accessible.decoder_daemon, sender.cluster_id) == (2, calls + 4)
+
+
+async def _lane_use(daemon: DaemonProcess, cluster_id: int) -> tuple[int, int]:
+    """A session's lane connections and the calls they carried."""
     status = await daemon_status(daemon.client_target)
-    return next(s.lane_calls for s in status.sessions if s.cluster_id == cluster_id)
+    session = next(s for s in status.sessions if s.cluster_id == cluster_id)
+    return session.lane_connections, session.lane_calls
+
+
+async def _lane_calls(daemon: DaemonProcess, cluster_id: int) -> int:
+    return (await _lane_use(daemon, cluster_id))[1]

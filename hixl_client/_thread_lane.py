@@ -1,0 +1,198 @@
+"""A transfer lane connection whose call frames one worker thread writes itself.
+
+A layer-wise task's blocking synchronizer runs on a thread of the task's own
+(``_layerwise``). Handing each "layer ready" to the event loop before the
+layer's LayerReady frame could go out cost 18-36 us a layer: a wake-up of the
+loop and the driver's next step, all between the layer being computed and
+its bytes starting to move. On a ThreadLane the thread writes the frame the
+moment the synchronizer returns.
+
+The event loop owns everything else: it opens each call beforehand (its id
+and reply future, :class:`~hixl_client._lane.CallBook`), reads the replies,
+and bounds the wait for one once the thread has sent it. Only the thread
+writes to the connection after HELLO, so frames never interleave; a lock
+covers writes against closing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from ._lane import (
+    KIND_HELLO,
+    REPLY_OK,
+    CallBook,
+    FrameReader,
+    Methods,
+    Posted,
+    error_from_reply,
+    frame_of,
+    reply_of,
+)
+from .status import LLMException, LLMStatusCode
+
+# A frame is tens of bytes and the daemon reads its lane at once: a write that
+# blocks this long means the daemon stopped reading, and the thread gives up.
+SEND_TIMEOUT_S = 5.0
+_READ_BYTES = 256 * 1024
+
+
+@dataclass
+class ThreadCall:
+    """A call opened on the loop, to be sent from the worker thread."""
+
+    posted: Posted
+    frame: bytes
+    reply_type: Any
+    timeout_s: float
+    sent: bool = False  # set by the thread once the whole frame is written
+    failure: LLMException | None = None  # set by the thread when it could not be
+
+
+class ThreadLane:
+    """One lane connection: frames written by a worker thread, replies read by the loop."""
+
+    def __init__(self, sock: socket.socket, methods: Methods, what: str) -> None:
+        self._sock = sock
+        self._fd = sock.fileno()
+        self._methods = methods
+        self._what = what
+        self._loop = asyncio.get_running_loop()
+        self._calls = CallBook(what, LLMStatusCode.LLM_FAILED)
+        self._reader = FrameReader()
+        self._writing = threading.Lock()
+        self._closing = False
+        self._loop.add_reader(self._fd, self._readable)
+
+    @classmethod
+    async def connect_unix(cls, path: str, methods: Methods, what: str, timeout_s: float,
+                           hello: bytes) -> ThreadLane:
+        """Connect to the transfer lane's unix socket and bind it with ``hello``."""
+        loop = asyncio.get_running_loop()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.setblocking(False)
+            await asyncio.wait_for(loop.sock_connect(sock, path), timeout_s)
+            lane = cls(sock, methods, what)
+        except BaseException:
+            sock.close()
+            raise
+        try:
+            posted = lane._calls.open()
+            await asyncio.wait_for(
+                loop.sock_sendall(sock, frame_of(posted.call_id, KIND_HELLO, timeout_s, 0, hello)),
+                timeout_s)
+            lane._calls.sent(posted.call_id, timeout_s)
+            kind, body = await posted.future
+            if kind != REPLY_OK:
+                raise error_from_reply(body, what)
+            # From here on only the worker thread writes, blocking but bounded;
+            # the descriptor stays non-blocking for the loop's reads.
+            sock.settimeout(SEND_TIMEOUT_S)
+        except BaseException:
+            lane.close()
+            raise
+        return lane
+
+    @property
+    def is_open(self) -> bool:
+        return self._calls.closed_because is None
+
+    def open_call(self, method: str, request: Any, timeout_s: float) -> ThreadCall:
+        """Open a call of ``method`` for the thread to send (event loop only)."""
+        kind, _, reply_type = self._methods[method]
+        posted = self._calls.open()
+        frame = frame_of(posted.call_id, kind, timeout_s, 0, request.SerializeToString())
+        return ThreadCall(posted, frame, reply_type, timeout_s)
+
+    def send(self, call: ThreadCall) -> None:
+        """Write the call's frame (any thread; blocks at most SEND_TIMEOUT_S).
+
+        Never raises: a failure is left on ``call.failure``, and the lane is
+        failed, since part of the frame may be out.
+        """
+        with self._writing:
+            if self._closing:
+                call.failure = LLMException(f"{self._what}: the lane was closed",
+                                            status_code=LLMStatusCode.LLM_FAILED)
+                return
+            try:
+                self._sock.sendall(call.frame)
+            except OSError as exc:
+                error: OSError = exc
+            else:
+                call.sent = True
+                return
+        reason = f"writing to the lane failed: {error or type(error).__name__}"
+        call.failure = LLMException(f"{self._what}: {reason}", status_code=LLMStatusCode.LLM_FAILED)
+        try:
+            self._loop.call_soon_threadsafe(self._fail, reason)
+        except RuntimeError:  # the loop is closed: nobody is left to tell
+            pass
+
+    async def reply(self, call: ThreadCall) -> Any:
+        """The reply of a call the thread handled; raises LLMException as a lane call does."""
+        call_id = call.posted.call_id
+        try:
+            if not call.sent:
+                raise call.failure or LLMException(f"{self._what}: the call was not sent",
+                                                   status_code=LLMStatusCode.LLM_FAILED)
+            self._calls.sent(call_id, call.timeout_s)
+            kind, body = await call.posted.future
+        finally:
+            self._calls.forget(call_id)
+        return reply_of(kind, body, call.reply_type, self._what)
+
+    def drop(self, call: ThreadCall) -> None:
+        """Stop waiting for a call nobody will await. Sent already, its handler runs
+        on in the daemon: only the thread writes here, so no CANCEL follows."""
+        self._calls.forget(call.posted.call_id)
+        future = call.posted.future
+        if not future.done():
+            future.cancel()
+        elif not future.cancelled():
+            future.exception()  # a failure nobody awaits: not "never retrieved"
+
+    def _readable(self) -> None:
+        try:
+            # os.read: the descriptor is non-blocking, and socket.recv on a socket
+            # with a timeout would first poll.
+            data = os.read(self._fd, _READ_BYTES)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            self._fail(f"reading the lane failed: {exc}")
+            return
+        if not data:
+            self._fail("the daemon closed the lane")
+            return
+        try:
+            frames = self._reader.feed(data)
+        except ValueError as exc:
+            self._fail(f"the daemon sent a malformed frame: {exc}")
+            return
+        self._calls.answer(frames)
+
+    def _fail(self, reason: str) -> None:
+        self._calls.fail(reason)
+        if self._closing:
+            return
+        self._closing = True
+        self._loop.remove_reader(self._fd)
+        try:
+            # A thread blocked in sendall returns at once, so the lock below is
+            # never held for long.
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        with self._writing:
+            self._sock.close()
+
+    def close(self) -> None:
+        self._fail("the lane was closed")
+
