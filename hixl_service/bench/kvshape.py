@@ -24,11 +24,12 @@ fp16. Modes:
   is measured on its own: the median of ``push_cache`` calls each moving
   one layer (K and V) alone over the same link, the layers in turn (cold in
   cache, as a layer-wise transfer's layers are), each after the same idle
-  time as a paced layer (``layer_alone_ms``). The unpaced prompt time over the
-  layers (``layer_ms``) is kept as a second reference (``lag_ratio_avg``);
-  it is not the target's, since it shrinks whenever the daemon overlaps
-  more of one layer's fixed cost with the next one's bytes, which makes a
-  faster pipeline look worse.
+  time as a paced layer (``layer_alone_ms``), a few after each paced prompt
+  so that both halves of the ratio see the same moments of a noisy host.
+  The unpaced prompt time over the layers (``layer_ms``) is kept as a
+  second reference (``lag_ratio_avg``); it is not the target's, since it
+  shrinks whenever the daemon overlaps more of one layer's fixed cost with
+  the next one's bytes, which makes a faster pipeline look worse.
 
 A mode this build's CacheManager lacks is reported as skipped.
 """
@@ -61,9 +62,14 @@ _MODEL_ID = 7
 # Paced layer-wise prompts: a layer's compute takes this many times its transfer.
 PACE_FACTOR = 1.5
 # Paced prompts per layer-wise row (their median lag is reported), and the
-# standalone pushes of one layer that give its transfer time.
-LAG_PROMPTS = 5
-LAYER_ALONE_PUSHES = 16
+# pushes of one layer alone after each of them, whose median is one layer's
+# transfer time.
+LAG_PROMPTS = 7
+ALONE_PUSHES_PER_PROMPT = 4
+# Small prompts take more paced prompts, up to this many or the row's time
+# budget: their lag is a fraction of a millisecond, which a busy moment of
+# the host moves.
+LAG_PROMPTS_MAX = 25
 
 
 class _Ready(LayerSynchronizer):
@@ -190,52 +196,25 @@ class _Prompt:
             task = await task
         await _wait_task(task)
 
-    async def layer_alone_s(self, gap_s: float) -> float | None:
-        """One layer's transfer time: the median of ``push_cache`` calls each moving
-        one layer alone (same bytes, link and direction as a layer-wise layer),
-        each after ``gap_s`` idle, as a paced layer comes after its compute;
-        None where push is not available.
-
-        The layers take turns, so that each push finds its bytes as cold in cache
-        as a layer of a layer-wise transfer does. Pushing one layer over and
-        over kept its bytes in cache at both ends (4 MiB at 1k tokens): 0.84-0.94
-        ms a push against 1.05-1.16 ms for layers in turn, faster than any
-        layer of a layer-wise transfer can move. Every layer is pushed once
-        first, untimed, so that the timed pushes repeat a known shape by its
-        handle, as a layer-wise task's layers reuse their planned ranges.
-        """
-        if not remote_accessible():
-            return None
-        assert self.local is not None
-        cm: Any = self.env.cm
-        layers = self.kv.model.layers
-
-        async def push(layer: int) -> None:
-            one = range(layer, layer + 1)
-            await cm.push_cache(self._key(), self.local, src_layer_range=one,
-                                dst_layer_range=one)
-
-        for layer in range(layers):
-            await push(layer)
-        times = []
-        for index in range(LAYER_ALONE_PUSHES):
-            await asyncio.sleep(gap_s)
-            started = time.perf_counter()
-            await push(index % layers)  # the least recently pushed layer
-            times.append(time.perf_counter() - started)
-        return statistics.median(times)
-
-    async def layer_lags(self, layer_s: float, prompts: int) -> dict[str, float] | None:
-        """Paced prompts (see the module docstring): the median lag of the last
-        layer and of every layer, against one layer's transfer time measured
-        alone (and against the unpaced average ``layer_s``)."""
+    async def layer_lags(self, layer_s: float, prompts: int,
+                         seconds: float) -> dict[str, float] | None:
+        """Paced prompts (see the module docstring), at least ``prompts`` of them
+        and more while ``seconds`` last:
+        the median lag of the last layer and of every layer, against one layer's
+        transfer time measured alone (and against the unpaced average ``layer_s``)."""
         try:
             from hixl_client._layerwise import capture_layer_lags
         except ImportError:  # a build without the layer-wise hooks
             return None
         pacer = _Paced(PACE_FACTOR * layer_s)
-        last, every = [], []
-        for index in range(prompts):
+        alone = _LayerAlone(self)
+        await alone.warm()
+        last, every, alone_times = [], [], []
+        started = time.perf_counter()
+        index = 0
+        while index < prompts or (index < LAG_PROMPTS_MAX and
+                                  time.perf_counter() - started < seconds):
+            index += 1
             with capture_layer_lags() as tasks:
                 pacer.start()
                 await self._transfer(index, pacer)
@@ -244,15 +223,66 @@ class _Prompt:
                 return None  # some layer never reported landing
             last.append(lags[-1])
             every.extend(lags)
+            # Right after each prompt, so that the host's drift enters both sides alike.
+            alone_times += await alone.timed(ALONE_PUSHES_PER_PROMPT, pacer.pace_s)
         last_s = statistics.median(last)
         result = {"layer_ms": layer_s * 1e3, "pace_ms": pacer.pace_s * 1e3,
                   "last_lag_ms": last_s * 1e3, "median_lag_ms": statistics.median(every) * 1e3,
-                  "max_lag_ms": max(every) * 1e3, "lag_ratio_avg": last_s / layer_s}
-        alone_s = await self.layer_alone_s(pacer.pace_s)
+                  "max_lag_ms": max(every) * 1e3, "lag_ratio_avg": last_s / layer_s,
+                  "lag_prompts": index}
+        alone_s = statistics.median(alone_times) if alone_times else None
         if alone_s is not None:
             result["layer_alone_ms"] = alone_s * 1e3
         result["lag_ratio"] = last_s / (alone_s or layer_s)
         return result
+
+
+class _LayerAlone:
+    """One layer's transfer time on its own: ``push_cache`` calls each moving one
+    layer (K and V) alone, with the same bytes, link and direction as a layer of
+    a layer-wise transfer, each after the idle time a paced layer has (its
+    compute). Nothing where push is not available.
+
+    The layers take turns, so that each push finds its bytes as cold in cache
+    as a layer of a layer-wise transfer does. Pushing one layer over and over
+    kept its bytes in cache at both ends (4 MiB at 1k tokens): 0.84-0.94 ms a
+    push against 1.05-1.16 ms for layers in turn, faster than any layer of a
+    layer-wise transfer can move. Every layer is pushed once first, untimed
+    (:meth:`warm`), so that the timed pushes repeat a known shape by its
+    handle, as a layer-wise task's layers reuse their planned ranges.
+    """
+
+    def __init__(self, prompt: _Prompt) -> None:
+        self._prompt = prompt
+        self._next = 0
+        self._available = remote_accessible()
+
+    async def _push(self, layer: int) -> None:
+        prompt = self._prompt
+        assert prompt.local is not None
+        cm: Any = prompt.env.cm  # push_cache is not in every build
+        one = range(layer, layer + 1)
+        await cm.push_cache(prompt._key(), prompt.local, src_layer_range=one,
+                            dst_layer_range=one)
+
+    async def warm(self) -> None:
+        if self._available:
+            for layer in range(self._prompt.kv.model.layers):
+                await self._push(layer)
+
+    async def timed(self, count: int, gap_s: float) -> list[float]:
+        """The times of ``count`` pushes, each of the least recently pushed layer."""
+        if not self._available:
+            return []
+        times = []
+        for _ in range(count):
+            await asyncio.sleep(gap_s)
+            layer = self._next % self._prompt.kv.model.layers
+            self._next += 1
+            started = time.perf_counter()
+            await self._push(layer)
+            times.append(time.perf_counter() - started)
+        return times
 
 
 async def run_kv(env: Clusters, kv: KvCase, budget: Budget) -> Row:
@@ -270,7 +300,8 @@ async def run_kv(env: Clusters, kv: KvCase, budget: Budget) -> Row:
         row.extra["prompt_ms"] = None if row.p50_us is None else row.p50_us / 1e3
         if kv.mode == "transfer_cache_async" and row.p50_us is not None:
             lags = await prompt.layer_lags(row.p50_us / 1e6 / kv.model.layers,
-                                           max(LAG_PROMPTS, budget.min_requests))
+                                           max(LAG_PROMPTS, budget.min_requests),
+                                           budget.seconds)
             if lags is not None:
                 row.extra.update(lags)
     except Exception as exc:  # reported in the row; the run goes on
