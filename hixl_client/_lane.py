@@ -101,7 +101,11 @@ class FrameReader:
         """Frames completed by ``data``; raises ValueError on an oversized body."""
         frames: list[Frame] = []
         if not self._buffer and len(data) >= HEADER.size:
-            # The usual case: whole frames in one read, parsed without copying the stream.
+            size, call_id, kind, timeout_ms, tag = HEADER.unpack_from(data)
+            if size <= MAX_BODY and HEADER.size + size == len(data):
+                # The most usual case by far: one read, one whole frame.
+                return [(call_id, kind, timeout_ms, tag, data[HEADER.size:])]
+            # Whole frames in one read, parsed without copying the stream.
             view, start = memoryview(data), 0
             while len(data) - start >= HEADER.size:
                 size, call_id, kind, timeout_ms, tag = HEADER.unpack_from(data, start)

@@ -201,17 +201,20 @@ class OutboundLink:
         await self._transfer(dispatcher, True, src, region_id, ranges, timeout_ms)
 
     def start(self, dispatcher: CompletionDispatcher, writing: bool, local: Memory,
-              region_id: int, ranges: Ranges, timeout_ms: int) -> int | asyncio.Future[int]:
+              region_id: int, ranges: Ranges, timeout_ms: int, remote_shift: int = 0,
+              local_shift: int = 0) -> int | asyncio.Future[int]:
         """Post ranges of one remote region (``_transfer``'s rows, at most
-        ``SLICE_RANGES``) to the data link as one request. Returns its native
-        status when it ended inside the call (alone, a small request may: see
-        INLINE_WAIT_US), else the future of its completion, ``local`` pinned
-        until then (``landed`` waits for it). Raises, having posted nothing,
-        when the link is down or the data link refuses the request."""
+        ``SLICE_RANGES``) to the data link as one request, every remote and
+        local offset shifted by ``remote_shift`` and ``local_shift`` (natively:
+        no new array). Returns its native status when it ended inside the call
+        (alone, a small request may: see INLINE_WAIT_US), else the future of
+        its completion, ``local`` pinned until then (``landed`` waits for it).
+        Raises, having posted nothing, when the link is down or the data link
+        refuses the request."""
         submit = self._submit(writing)
         request_id = dispatcher.new_id()
         status = submit(request_id, local.native, region_id, ranges, max(1, timeout_ms),
-                        INLINE_WAIT_US if dispatcher.idle else 0)
+                        INLINE_WAIT_US if dispatcher.idle else 0, remote_shift, local_shift)
         return status if status is not None else _posted(dispatcher, request_id, local)
 
     def _submit(self, writing: bool) -> Callable[..., int | None]:

@@ -24,6 +24,7 @@ import numpy as np
 from hixl_client.status import LLMException, LLMStatusCode
 
 from .cluster import Cluster
+from .copier import triples_of
 from .engine import Engine
 from .links import SLICE_RANGES, OutboundLink, RegionRefused, landed, native_status_error
 from .peer_api import BlocksRef, CacheRefSpec, IdRef, KeyRef, ResolvedCache
@@ -310,7 +311,9 @@ class Found:
     ``ranges`` are the shape's plan between slots 0 and 0. A plan between other
     slots adds the two slots' offsets to every source and every destination
     offset, which keeps contiguous ranges contiguous: the same merged ranges
-    ``plan_cache_pull`` gives, without planning again.
+    ``plan_cache_pull`` gives, without planning again. A copy inside the
+    daemon, or a TCP request of one region, does not even build that plan: the
+    native copy or data link adds the offsets as it checks the ranges.
     """
 
     local: CacheEntry  # the pull's destination, the push's source
@@ -323,6 +326,7 @@ class Found:
     bytes: int = 0
     source: Layout | None = None  # the layouts of the ranges' two columns
     destination: Layout | None = None
+    triples: np.ndarray | None = None  # local links: the ranges as native copies take them
 
     def current(self, engine: Engine, cluster: Cluster, shape: TransferShape) -> bool:
         link = self.link
@@ -336,14 +340,18 @@ class Found:
                 and not remote_cluster.closed and link.token in engine.inbound
                 and remote_cluster.registry.live(shape.remote_cache_id) is self.remote_entry)
 
-    def plan(self, src_batch: int, dst_batch: int) -> Ranges | None:
-        """The ranges between two slots, or None for a slot out of range."""
+    def shifts(self, src_batch: int, dst_batch: int) -> tuple[int, int] | None:
+        """What a plan between two slots adds to every source and every destination
+        offset, or None for a slot out of range."""
         source, destination = self.source, self.destination
         assert source is not None and destination is not None
         if not (0 <= src_batch < source.batch_size and 0 <= dst_batch < destination.batch_size):
             return None
-        return self.ranges + np.array((src_batch * source.stride, dst_batch * destination.stride,
-                                       0), dtype=np.uint64)
+        return src_batch * source.stride, dst_batch * destination.stride
+
+    def shifted(self, shifts: tuple[int, int]) -> Ranges:
+        """The ranges between the two slots ``shifts`` (of :meth:`shifts`) stand for."""
+        return self.ranges + np.array((*shifts, 0), dtype=np.uint64)
 
 
 def _find(engine: Engine, cluster: Cluster, shape: TransferShape) -> Found | None:
@@ -382,6 +390,8 @@ def _find(engine: Engine, cluster: Cluster, shape: TransferShape) -> Found | Non
     except LLMException:
         return None
     found.bytes = total_bytes(found.ranges)
+    if remote.memory is not None:
+        found.triples = triples_of(found.ranges)
     return found
 
 
@@ -412,20 +422,26 @@ def again_at_once(engine: Engine, cluster: Cluster, repeat: Repeat, src_batch: i
     shape, found = repeat.shape, repeat.found
     if found is None or not found.current(engine, cluster, shape):
         return None
-    ranges = found.plan(src_batch, dst_batch)
-    if ranges is None:  # a slot out of range: the full call words the error
+    shifts = found.shifts(src_batch, dst_batch)
+    if shifts is None:  # a slot out of range: the full call words the error
         return None
     started = time.perf_counter()
     link, far, local = found.link, found.remote, found.local
     moving: Awaitable[None]
     if far.memory is not None:
         dst, src = (far.memory, local.memory) if shape.push else (local.memory, far.memory)
-        if engine.deps.copier.copy_now(dst, src, ranges):
+        assert found.triples is not None
+        src_shift, dst_shift = shifts
+        if engine.deps.copier.copy_now(dst, src, found.triples, found.bytes, dst_shift,
+                                       src_shift):
             return _repeated(cluster, found, started)
-        moving = engine.deps.copier.copy(dst, src, ranges)
-    elif link.hccl is None and len(ranges) <= SLICE_RANGES:
+        moving = engine.deps.copier.copy(dst, src, found.shifted(shifts))
+    elif link.hccl is None and len(found.ranges) <= SLICE_RANGES:
+        src_shift, dst_shift = shifts
+        remote_shift, local_shift = (dst_shift, src_shift) if shape.push else shifts
         posted = link.start(engine.deps.dispatcher, shape.push, local.memory, far.region_id,
-                            ranges, cluster.settings.sync_timeout_ms)
+                            found.ranges, cluster.settings.sync_timeout_ms, remote_shift,
+                            local_shift)
         if not isinstance(posted, int):
             moving = landed(posted)
         elif posted == hixl_native.OK:
@@ -437,7 +453,8 @@ def again_at_once(engine: Engine, cluster: Cluster, repeat: Repeat, src_batch: i
             raise native_status_error(posted)
     else:
         deadline = asyncio.get_running_loop().time() + cluster.settings.sync_timeout_s
-        moving = _move(engine, cluster, link, local, far, ranges, deadline, shape.push)
+        moving = _move(engine, cluster, link, local, far, found.shifted(shifts), deadline,
+                       shape.push)
     return _finish(engine, cluster, repeat, src_batch, dst_batch, found, moving, started)
 
 

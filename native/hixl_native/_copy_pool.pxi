@@ -68,7 +68,8 @@ cdef class CopyPool:
         if rc != HIXL_OK:
             _raise(rc, f"cannot queue copy {request_id}")
 
-    def copy_helped(self, Mapping dst not None, Mapping src not None, ranges):
+    def copy_helped(self, Mapping dst not None, Mapping src not None, ranges,
+                    uint64_t dst_shift=0, uint64_t src_shift=0):
         """Copy now, on the calling thread and one worker at once (GIL released).
 
         The ranges are cut into two shares of about equal bytes; a worker
@@ -79,7 +80,7 @@ cdef class CopyPool:
         shares are copied at the same time.
 
         Args:
-            dst, src, ranges: As ``copy_ranges``.
+            dst, src, ranges, dst_shift, src_shift: As ``copy_ranges``.
 
         Raises:
             As ``copy_ranges`` for bad ranges (nothing is copied);
@@ -94,6 +95,7 @@ cdef class CopyPool:
         src._check_open()
         cdef uint8_t *triples = _snapshot_u64(ranges, 3, "ranges", &n)
         try:
+            _shift_triples(triples, n, dst_shift, src_shift)
             _check_triples(triples, n, dst, src)
             # Read again: taking the buffer may have run Python, and another
             # thread's close() with it. From here to the hold nothing can, so

@@ -211,9 +211,11 @@ _MAX_WAIT_US = 100_000
 
 cdef object _submit_region(DataLink link, int op, object request_id, Mapping local,
                            object region_id, object ranges, int remote_col, int local_col,
-                           object timeout_ms, object wait_us):
+                           object timeout_ms, object wait_us, uint64_t remote_shift,
+                           uint64_t local_shift):
     """DataLink._submit with ranges as (offset, offset, length) triples in one
-    region; returns the final status when the request ended here, else None."""
+    region, each offset shifted; returns the final status when the request
+    ended here, else None."""
     cdef size_t n = 0, i
     cdef uint64_t size, roff, loff, length
     cdef const uint8_t *triples
@@ -244,9 +246,12 @@ cdef object _submit_region(DataLink link, int op, object request_id, Mapping loc
         # which for 200k ranges would be 4.6 MiB more at once).
         triples = <const uint8_t *>view.buf  # raw bytes may be unaligned: load each word
         for i in range(n):
-            roff = hixl_load_u64(triples, 3 * i + remote_col)
-            loff = hixl_load_u64(triples, 3 * i + local_col)
+            roff = hixl_load_u64(triples, 3 * i + remote_col) + remote_shift
+            loff = hixl_load_u64(triples, 3 * i + local_col) + local_shift
             length = hixl_load_u64(triples, 3 * i + 2)
+            if roff < remote_shift or loff < local_shift:
+                raise ValueError(f"range {i} shifted by ({remote_shift}, {local_shift}) "
+                                 f"overflows")
             if not hixl_in_bounds(loff, length, size):
                 raise ValueError(
                     f"range {i}: local [{loff}, {loff}+{length}) is outside "
@@ -366,7 +371,7 @@ cdef class DataLink:
         return 0
 
     def read_from(self, request_id, Mapping dst not None, region_id, ranges, timeout_ms,
-                  wait_us=0):
+                  wait_us=0, uint64_t remote_shift=0, uint64_t local_shift=0):
         """``read`` of ranges that all lie in one remote region, maybe finished here.
 
         With ``wait_us`` > 0, a request of at most 512 KiB may be sent whole
@@ -383,6 +388,9 @@ cdef class DataLink:
             timeout_ms: Deadline for the whole request, > 0.
             wait_us: How long this thread may wait for the reply, 0..100000
                 (plus the allowance for the bytes moved); 0 never waits.
+            remote_shift, local_shift: Added to every range's remote and
+                local offset before it is checked: one list of ranges serves
+                every pair of batch slots without a new list per request.
 
         Returns:
             The request's status when it ended here (then nothing is posted),
@@ -392,10 +400,10 @@ cdef class DataLink:
             As ``read``.
         """
         return _submit_region(self, HIXL_OP_READ, request_id, dst, region_id, ranges, 0, 1,
-                              timeout_ms, wait_us)
+                              timeout_ms, wait_us, remote_shift, local_shift)
 
     def write_to(self, request_id, Mapping src not None, region_id, ranges, timeout_ms,
-                 wait_us=0):
+                 wait_us=0, uint64_t remote_shift=0, uint64_t local_shift=0):
         """``write`` of ranges that all lie in one remote region, maybe finished here.
 
         Args:
@@ -405,7 +413,7 @@ cdef class DataLink:
             ranges: Buffer of uint64 triples (local_src_offset, remote_offset,
                 length), e.g. an ``(n, 3)`` uint64 array.
             timeout_ms: Deadline for the whole request, > 0.
-            wait_us: As for ``read_from``.
+            wait_us, remote_shift, local_shift: As for ``read_from``.
 
         Returns:
             As ``read_from``.
@@ -414,7 +422,7 @@ cdef class DataLink:
             As ``write``.
         """
         return _submit_region(self, HIXL_OP_WRITE, request_id, src, region_id, ranges, 1, 0,
-                              timeout_ms, wait_us)
+                              timeout_ms, wait_us, remote_shift, local_shift)
 
     def read(self, request_id, Mapping dst not None, ranges, timeout_ms):
         """Start reading remote ranges into ``dst``; returns at once.

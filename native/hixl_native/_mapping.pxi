@@ -438,8 +438,28 @@ cdef int _check_triples(const uint8_t *triples, size_t n, Mapping dst,
     return 0
 
 
+cdef int _shift_triples(uint8_t *triples, size_t n, uint64_t dst_shift,
+                        uint64_t src_shift) except -1:
+    """Adds the shifts to every (dst, src, length) triple's offsets, in place;
+    raises ValueError where an offset would wrap around."""
+    cdef size_t i
+    cdef uint64_t d, s
+    if dst_shift == 0 and src_shift == 0:
+        return 0
+    for i in range(n):
+        d = hixl_load_u64(triples, 3 * i)
+        s = hixl_load_u64(triples, 3 * i + 1)
+        if d + dst_shift < d or s + src_shift < s:
+            raise ValueError(f"range {i} shifted by ({dst_shift}, {src_shift}) overflows")
+        d += dst_shift
+        s += src_shift
+        memcpy(triples + 24 * i, &d, 8)
+        memcpy(triples + 24 * i + 8, &s, 8)
+    return 0
+
+
 def copy_ranges(Mapping dst not None, Mapping src not None, ranges,
-                uint64_t request_bytes=0):
+                uint64_t request_bytes=0, uint64_t dst_shift=0, uint64_t src_shift=0):
     """Copy many byte ranges between two mappings with the GIL released.
 
     Args:
@@ -450,17 +470,21 @@ def copy_ranges(Mapping dst not None, Mapping src not None, ranges,
         request_bytes: The size of the whole request when ``ranges`` is one
             share of it (copied by several threads): large requests use
             streaming stores. 0: the total of ``ranges``.
+        dst_shift, src_shift: Added to every triple's destination and source
+            offset before anything is checked: one list of ranges serves
+            every pair of batch slots without a new list per copy.
 
     Raises:
         TypeError: ``ranges`` is not a buffer of uint64.
-        ValueError: A triple lies outside a mapping (the message names its
-            index), or a mapping is closed. Nothing is copied then.
+        ValueError: A shifted triple lies outside a mapping (the message names
+            its index), or a mapping is closed. Nothing is copied then.
     """
     cdef size_t n = 0
     dst._check_open()
     src._check_open()
     cdef uint8_t *triples = _snapshot_u64(ranges, 3, "ranges", &n)
     try:
+        _shift_triples(triples, n, dst_shift, src_shift)
         _check_triples(triples, n, dst, src)
         # Pinned, so a close() from another thread cannot unmap mid-copy.
         hixl_mapping_pin(dst._m)

@@ -94,6 +94,24 @@ def test_bad_triple_is_named_and_nothing_copied(copy_pair: tuple[SharedPool, Sha
         hn.copy_ranges(dst, src, array.array("Q", [0, 2**64 - 1, 2]))
 
 
+def test_shifted_ranges_copy_between_other_places(
+        copy_pair: tuple[SharedPool, SharedPool]) -> None:
+    """Shifts move every triple's offsets before the check, as the caller would
+    have with a new list; a shifted triple outside a mapping, or an offset that
+    would wrap around, is refused with nothing copied."""
+    dst, src = copy_pair
+    ranges = np.array([[0, 0, 100], [300, 1000, 50]], dtype=np.uint64)
+    hn.copy_ranges(dst, src, ranges, 0, 4096, 8192)
+    assert bytes(dst.view(4096, 100)) == bytes(src.view(8192, 100))
+    assert bytes(dst.view(4396, 50)) == bytes(src.view(9192, 50))
+    before = bytes(dst.view(0, 100))
+    with pytest.raises(ValueError, match="range 1"):
+        hn.copy_ranges(dst, src, ranges, 0, dst.size - 320, 0)
+    with pytest.raises(ValueError, match="overflows"):
+        hn.copy_ranges(dst, src, ranges, 0, 0, 2**64 - 500)
+    assert bytes(dst.view(0, 100)) == before
+
+
 def test_rejects_wrong_buffers(copy_pair: tuple[SharedPool, SharedPool]) -> None:
     dst, src = copy_pair
     with pytest.raises(TypeError):

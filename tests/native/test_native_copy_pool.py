@@ -116,6 +116,17 @@ def test_a_helped_copy_copies_every_range_exactly(
     assert cq.drain() == []  # the caller waited: nothing to deliver
 
 
+def test_a_helped_copy_takes_shifts(
+        copy_pair: tuple[SharedPool, SharedPool], cq: CompletionQueue, pool: CopyPool) -> None:
+    dst, src = copy_pair
+    size = 1 << 20
+    pool.copy_helped(dst, src, np.array([0, 0, size], dtype=np.uint64), 3 * size, size)
+    assert bytes(dst.view(3 * size, size)) == bytes(src.view(size, size))
+    with pytest.raises(ValueError, match="range 0"):
+        pool.copy_helped(dst, src, np.array([0, 0, size], dtype=np.uint64), dst.size, 0)
+    assert cq.drain() == []
+
+
 def test_a_helped_copy_with_every_worker_busy_is_finished_by_its_caller(
         copy_pair: tuple[SharedPool, SharedPool], cq: CompletionQueue, pool: CopyPool) -> None:
     dst, src = copy_pair

@@ -95,6 +95,36 @@ def test_region_requests_are_byte_exact(setup: Setup, wait_us: int, streams: int
                                   local_arr[local_off:local_off + size])
 
 
+@pytest.mark.parametrize("op", ["read", "write"])
+def test_region_requests_take_shifts(setup: Setup, op: str) -> None:
+    """Shifts move every range's remote and local offset, as a new list would;
+    a shifted local range outside the mapping, or an offset that would wrap
+    around, is refused before anything is sent."""
+    server, remote, local, cq = setup
+    fill_random(remote, 5)
+    fill_random(local, 6)
+    rows = triples([(0, 0, 8 * KIB), (64 * KIB, 16 * KIB, 4 * KIB)])
+    with open_link(server, cq, 2) as link:
+        if op == "read":
+            result = link.read_from(1, local, REGION, rows, 5000, WAIT_US, MIB, 2 * MIB)
+            assert finish(result, cq, 1) == hn.OK
+            assert bytes(local.view(2 * MIB, 8 * KIB)) == bytes(remote.view(MIB, 8 * KIB))
+            assert bytes(local.view(2 * MIB + 16 * KIB, 4 * KIB)) == \
+                bytes(remote.view(MIB + 64 * KIB, 4 * KIB))
+        else:  # write_to's rows are (local, remote, length)
+            result = link.write_to(1, local, REGION, rows, 5000, WAIT_US, 3 * MIB, MIB)
+            assert finish(result, cq, 1) == hn.OK
+            assert bytes(remote.view(3 * MIB, 8 * KIB)) == bytes(local.view(MIB, 8 * KIB))
+            assert bytes(remote.view(3 * MIB + 16 * KIB, 4 * KIB)) == \
+                bytes(local.view(MIB + 64 * KIB, 4 * KIB))
+        submit = link.read_from if op == "read" else link.write_to
+        with pytest.raises(ValueError, match="outside"):
+            submit(2, local, REGION, rows, 5000, 0, 0, local.size - 10 * KIB)
+        with pytest.raises(ValueError, match="overflows"):
+            submit(3, local, REGION, rows, 5000, 0, 2**64 - KIB, 0)
+        assert_no_more(cq, 0.05)
+
+
 def test_small_request_ends_inside_the_call(setup: Setup) -> None:
     server, _, local, cq = setup
     with open_link(server, cq, 2) as link:
