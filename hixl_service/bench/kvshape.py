@@ -38,10 +38,11 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
 import random
 import statistics
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from hixl_client import (
@@ -70,6 +71,10 @@ ALONE_PUSHES_PER_PROMPT = 4
 # budget: their lag is a fraction of a millisecond, which a busy moment of
 # the host moves.
 LAG_PROMPTS_MAX = 25
+# The step between two layers pushed alone, as a fraction of the model (see
+# _LayerAlone): about 1 / golden ratio^2, which spreads any number of steps
+# evenly.
+SPREAD_FRACTION = 0.382
 
 
 class _Ready(LayerSynchronizer):
@@ -244,7 +249,12 @@ class _LayerAlone:
     compute). Nothing where push is not available.
 
     The layers take turns, so that each push finds its bytes as cold in cache
-    as a layer of a layer-wise transfer does. Pushing one layer over and over
+    as a layer of a layer-wise transfer does: a fixed order that visits every
+    layer once per round, the last layer first, each step a good part of the
+    model away (a stride coprime to the layer count). The pushes a row has
+    time for so spread over the whole model; in turn from layer 0, 28 pushes
+    of an 80-layer model never reached the layers the lag is taken on.
+    Pushing one layer over and over
     kept its bytes in cache at both ends (4 MiB at 1k tokens): 0.84-0.94 ms a
     push against 1.05-1.16 ms for layers in turn, faster than any layer of a
     layer-wise transfer can move. Every layer is pushed once first, untimed
@@ -254,7 +264,7 @@ class _LayerAlone:
 
     def __init__(self, prompt: _Prompt) -> None:
         self._prompt = prompt
-        self._next = 0
+        self._order = alone_order(prompt.kv.model.layers)
         self._available = remote_accessible()
 
     async def _push(self, layer: int) -> None:
@@ -271,18 +281,29 @@ class _LayerAlone:
                 await self._push(layer)
 
     async def timed(self, count: int, gap_s: float) -> list[float]:
-        """The times of ``count`` pushes, each of the least recently pushed layer."""
+        """The times of ``count`` more pushes, each of the least recently pushed layer."""
         if not self._available:
             return []
         times = []
         for _ in range(count):
             await asyncio.sleep(gap_s)
-            layer = self._next % self._prompt.kv.model.layers
-            self._next += 1
+            layer = next(self._order)
             started = time.perf_counter()
             await self._push(layer)
             times.append(time.perf_counter() - started)
         return times
+
+
+def alone_order(layers: int) -> Iterator[int]:
+    """The layers ``_LayerAlone`` pushes, without end: every layer once per round,
+    the last one first, each a stride coprime to ``layers`` from the one before."""
+    stride = max(1, round(layers * SPREAD_FRACTION))
+    while math.gcd(stride, layers) != 1:
+        stride += 1
+    index = 0
+    while True:
+        yield (layers - 1 - index * stride) % layers
+        index += 1
 
 
 async def run_kv(env: Clusters, kv: KvCase, budget: Budget) -> Row:
