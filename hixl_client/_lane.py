@@ -238,6 +238,17 @@ class CallBook:
                                                   status_code=self.lost_status))
 
 
+def answer_read(reader: FrameReader, calls: CallBook, data: bytes) -> str | None:
+    """Settle the calls that the reply frames ``data`` completes answer; the reason
+    to close the connection when it holds a malformed frame, else None."""
+    try:
+        frames = reader.feed(data)
+    except ValueError as exc:
+        return f"the daemon sent a malformed frame: {exc}"
+    calls.answer(frames)
+    return None
+
+
 def reply_of(kind: int, body: bytes, reply_type: Any, what: str) -> Any:
     """A reply frame's message, or its error raised as LLMException."""
     if kind != REPLY_OK:
@@ -351,12 +362,9 @@ class Lane(asyncio.Protocol):
         self._transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
-        try:
-            frames = self._reader.feed(data)
-        except ValueError as exc:
-            self._fail(f"the daemon sent a malformed frame: {exc}")
-            return
-        self._calls.answer(frames)
+        malformed = answer_read(self._reader, self._calls, data)
+        if malformed is not None:
+            self._fail(malformed)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._fail("the daemon closed the lane")

@@ -30,6 +30,7 @@ from ._lane import (
     FrameReader,
     Methods,
     Posted,
+    answer_read,
     error_from_reply,
     frame_of,
     reply_of,
@@ -171,12 +172,9 @@ class ThreadLane:
         if not data:
             self._fail("the daemon closed the lane")
             return
-        try:
-            frames = self._reader.feed(data)
-        except ValueError as exc:
-            self._fail(f"the daemon sent a malformed frame: {exc}")
-            return
-        self._calls.answer(frames)
+        malformed = answer_read(self._reader, self._calls, data)
+        if malformed is not None:
+            self._fail(malformed)
 
     def _fail(self, reason: str) -> None:
         self._calls.fail(reason)

@@ -9,13 +9,16 @@ closed lane for a broken stream, and a daemon that keeps serving.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import numpy as np
 import pytest
 
 from hixl_client import (
+    Cache,
     CacheDesc,
     CacheKey,
     CacheKeyByIdAndIndex,
@@ -223,12 +226,36 @@ async def test_lane_deadline_and_cancel(next_cluster_id: Callable[[], int]) -> N
         await pair.prompt.finalize()
 
 
-async def test_lost_daemon_fails_lane_calls_promptly(next_cluster_id: Callable[[], int]) -> None:
+@contextlib.asynccontextmanager
+async def _own_pair(next_cluster_id: Callable[[], int], **option_args: Any
+                    ) -> AsyncIterator[tuple[DaemonProcess, DaemonProcess, Pair, Cache, Cache]]:
+    """Two daemons of the test's own (it stops or kills them), a pair linked across
+    them, and a source cache on the prompt's side and a destination on the decoder's."""
     async with start_daemon(pool__max_bytes="512MiB") as prefill, \
             start_daemon(pool__max_bytes="512MiB") as decode:
-        pair = await make_pair(prefill, decode, next_cluster_id, sync_kv_timeout=20000)
+        pair = await make_pair(prefill, decode, next_cluster_id, **option_args)
         src = await pair.prompt.cache_manager.allocate_cache(DESC)
         dst = await pair.decoder.cache_manager.allocate_cache(DESC)
+        yield prefill, decode, pair, src, dst
+
+
+def _pull_request(pair: Pair, src: Cache, dst: Cache) -> client_pb2.PullCacheRequest:
+    """The PullCache request of ``src``'s slot 0 into ``dst``."""
+    return client_pb2.PullCacheRequest(
+        src=ref_to_proto(CacheKeyByIdAndIndex(pair.prompt.cluster_id, src.cache_id, 0)),
+        dst_cache_id=dst.cache_id, size=-1, tensor_num_per_layer=2)
+
+
+def _assert_bounded(elapsed_s: float, timeout_s: float) -> None:
+    """The call's deadline, the grace, at most one watchdog tick late, and a loaded
+    host's slack."""
+    assert timeout_s + DEADLINE_GRACE_S <= elapsed_s < \
+        timeout_s + DEADLINE_GRACE_S + WATCHDOG_TICK_S + 2
+
+
+async def test_lost_daemon_fails_lane_calls_promptly(next_cluster_id: Callable[[], int]) -> None:
+    async with _own_pair(next_cluster_id, sync_kv_timeout=20000) as (prefill, decode, pair,
+                                                                      src, dst):
         prefill.pause()
         try:
             pending = asyncio.ensure_future(pair.decoder.cache_manager.pull_cache(
@@ -251,16 +278,10 @@ async def test_a_stopped_daemon_fails_lane_calls_by_their_bound(
         next_cluster_id: Callable[[], int]) -> None:
     # The daemon answers a late call itself; the client's watchdog covers a daemon
     # that answers nothing at all (here: stopped with SIGSTOP).
-    async with start_daemon(pool__max_bytes="512MiB") as prefill, \
-            start_daemon(pool__max_bytes="512MiB") as decode:
-        pair = await make_pair(prefill, decode, next_cluster_id)
-        src = await pair.prompt.cache_manager.allocate_cache(DESC)
-        dst = await pair.decoder.cache_manager.allocate_cache(DESC)
+    async with _own_pair(next_cluster_id) as (_, decode, pair, src, dst):
         connection = pair.decoder._connection
         assert connection is not None and connection.lane is not None
-        request = client_pb2.PullCacheRequest(
-            src=ref_to_proto(CacheKeyByIdAndIndex(pair.prompt.cluster_id, src.cache_id, 0)),
-            dst_cache_id=dst.cache_id, size=-1, tensor_num_per_layer=2)
+        request = _pull_request(pair, src, dst)
         decode.pause()
         try:
             started = time.monotonic()
@@ -273,8 +294,7 @@ async def test_a_stopped_daemon_fails_lane_calls_by_their_bound(
             decode.resume()
         assert info.value.status_code == LLMStatusCode.LLM_TIMEOUT
         assert "did not answer a lane call in time" in str(info.value)
-        # 0.2 s, the grace, at most one watchdog tick late, and a loaded host's slack
-        assert 0.2 + DEADLINE_GRACE_S <= elapsed < 0.2 + DEADLINE_GRACE_S + WATCHDOG_TICK_S + 2
+        _assert_bounded(elapsed, 0.2)
         # The lane stays usable: the stopped call was cancelled on the daemon's side.
         await pair.decoder.cache_manager.pull_cache(
             CacheKeyByIdAndIndex(pair.prompt.cluster_id, src.cache_id, 0), dst)
@@ -287,18 +307,12 @@ async def test_thread_lane_calls_are_bounded_and_fail_once_it_closes(
         next_cluster_id: Callable[[], int]) -> None:
     """A call a worker thread sends on a ThreadLane: answered; unanswered by a
     stopped daemon, failed by its bound; sent after the lane closed, failed at once."""
-    async with start_daemon(pool__max_bytes="512MiB") as prefill, \
-            start_daemon(pool__max_bytes="512MiB") as decode:
-        pair = await make_pair(prefill, decode, next_cluster_id)
-        src = await pair.prompt.cache_manager.allocate_cache(DESC)
-        dst = await pair.decoder.cache_manager.allocate_cache(DESC)
+    async with _own_pair(next_cluster_id) as (_, decode, pair, src, dst):
         connection = pair.decoder._connection
         assert connection is not None
         lane = await connection.take_thread_lane()
         assert lane is not None
-        request = client_pb2.PullCacheRequest(
-            src=ref_to_proto(CacheKeyByIdAndIndex(pair.prompt.cluster_id, src.cache_id, 0)),
-            dst_cache_id=dst.cache_id, size=-1, tensor_num_per_layer=2)
+        request = _pull_request(pair, src, dst)
 
         async def from_a_thread(timeout_s: float) -> client_pb2.PullCacheReply:
             call = lane.open_call("PullCache", request, timeout_s)
@@ -315,7 +329,7 @@ async def test_thread_lane_calls_are_bounded_and_fail_once_it_closes(
         finally:
             decode.resume()
         assert info.value.status_code == LLMStatusCode.LLM_TIMEOUT
-        assert 0.2 + DEADLINE_GRACE_S <= elapsed < 0.2 + DEADLINE_GRACE_S + WATCHDOG_TICK_S + 2
+        _assert_bounded(elapsed, 0.2)
         connection.give_back_thread_lane(lane)
         assert await connection.take_thread_lane() is lane  # kept for the next task
         late = lane.open_call("PullCache", request, 5.0)
