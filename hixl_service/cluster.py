@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING
 from hixl_client.status import LLMException, LLMStatusCode
 from hixl_client.types import LLMRole, Placement
 
-from .pools import Pool, PoolSpec, UserBuffer
-from .registry import CacheRegistry
+from .memory.base import Pool, PoolSpec, UserBuffer
+from .peer_api import CacheRefSpec, IdRef, KeyRef
+from .registry import CacheEntry, CacheRegistry
 from .repeats import RepeatTable
 
 if TYPE_CHECKING:
@@ -112,3 +113,25 @@ class Cluster:
                 f"cluster {self.cluster_id} is not linked to cluster {remote_cluster_id}",
                 status_code=LLMStatusCode.LLM_NOT_YET_LINK)
         return link
+
+    def lookup(self, ref: CacheRefSpec) -> tuple[CacheEntry, int]:
+        """The cache a reference names and the batch slot it means."""
+        if isinstance(ref, KeyRef):
+            binding = self.registry.lookup_key(ref.key)
+            return binding.cache, binding.batch_index
+        if isinstance(ref, IdRef):
+            return self.registry.get(ref.cache_id), ref.batch_index
+        return self.registry.lookup_blocks(ref.model_id), 0
+
+    def find_address(self, address: int, length: int) -> tuple[CacheEntry, int]:
+        """The cache whose memory holds [address, address + length) in the client's
+        address space, and the offset inside its region."""
+        for entry in self.registry.caches():
+            base = entry.memory.client_base
+            if base is None:
+                continue
+            start = base + entry.extent_offset
+            if start <= address and address + length <= start + entry.extent_size:
+                return entry, address - start
+        raise LLMException(f"[{address:#x}, +{length}) is not inside a cache of cluster "
+                           f"{self.cluster_id}", status_code=LLMStatusCode.LLM_PARAM_INVALID)

@@ -23,11 +23,10 @@ from typing import TYPE_CHECKING, Any
 import hixl_native
 import numpy as np
 
-from hixl_client.status import LLMException, LLMStatusCode
-
-from .links import CompletionDispatcher
+from .completions import CompletionDispatcher
+from .memory.base import Memory
+from .native_errors import copy_error
 from .planning import Ranges, total_bytes
-from .pools import Memory
 
 if TYPE_CHECKING:
     from .ascend.backend import AscendBackend
@@ -58,11 +57,6 @@ def triples_of(ranges: Ranges) -> np.ndarray:
     (src, dst, length) ranges."""
     triples: np.ndarray = ranges.take(_DST_SRC_LENGTH, axis=1)
     return triples
-
-
-def _stopping(status: int) -> LLMException:
-    return LLMException(f"a copy did not run ({hixl_native.status_name(status)}): "
-                        f"the daemon is stopping", status_code=LLMStatusCode.LLM_FAILED)
 
 
 def split_triples(triples: np.ndarray, parts: int) -> list[np.ndarray]:
@@ -135,7 +129,7 @@ class Copier:
             try:
                 self._pool.copy_helped(dst.native, src.native, triples, dst_shift, src_shift)
             except hixl_native.NativeError as exc:  # the pool closed: nothing copied
-                raise _stopping(exc.code) from None
+                raise copy_error(exc.code) from None
         else:
             hixl_native.copy_ranges(dst.native, src.native, triples, 0, dst_shift, src_shift)
         return True
@@ -165,7 +159,7 @@ class Copier:
             statuses = await self._finish(dst, src, posted)
         failed = [status for status in statuses if status != hixl_native.OK]
         if failed:
-            raise _stopping(failed[0])
+            raise copy_error(failed[0])
 
     def _post(self, dst: Memory, src: Memory, share: np.ndarray,
               total: int) -> asyncio.Future[int]:
@@ -174,7 +168,7 @@ class Copier:
         try:
             self._pool.submit(request_id, dst.native, src.native, share.ravel(), total)
         except hixl_native.NativeError as exc:  # the pool closed: nothing queued
-            raise _stopping(exc.code) from None
+            raise copy_error(exc.code) from None
         return self._dispatcher.expect_id(request_id)
 
     @staticmethod

@@ -13,8 +13,8 @@ from hixl_client.status import LLMException, LLMStatusCode
 
 from .cluster import Cluster
 from .engine import Engine
+from .memory.base import Memory
 from .planning import Blocks, Layout, plan_blocks, plan_slot_copy, total_bytes
-from .pools import Memory
 
 
 def _invalid(message: str) -> LLMException:

@@ -24,29 +24,25 @@ from hixl_client._compat import timeout
 from hixl_client.status import LLMException, LLMStatusCode
 from hixl_client.types import LLMRole, Placement
 
-from .ascend.hccl_link import HcclInbound, HcclLink, region_pairs
 from .cluster import Cluster, ClusterSettings
+from .completions import CompletionDispatcher
 from .copier import Copier
-from .links import (
-    TRANSPORT_HCCL,
-    TRANSPORT_LOCAL,
-    TRANSPORT_TCP,
-    CompletionDispatcher,
-    InboundLink,
-    OutboundLink,
-)
+from .far_caches import DaemonCaches, FarCaches, PeerCaches
+from .links import InboundLink, OutboundLink
 from .load import TransferLoad
+from .memory.base import Memory, Pool, UserBuffer
 from .peer_api import (
     PROTOCOL_VERSION,
     CacheRefSpec,
-    IdRef,
-    KeyRef,
     PeerApi,
     PeerHello,
     ResolvedCache,
 )
-from .pools import Memory, Pool, PoolManager, UserBuffer
+from .pools import PoolManager
 from .registry import CacheEntry, KeySpec
+from .transports.base import PlainInbound
+from .transports.factory import LinkEnds, TransportKit, inbound_side, open_transport
+from .transports.hccl import hccl_side, region_pairs
 
 if TYPE_CHECKING:
     from .ascend.backend import AscendBackend
@@ -137,6 +133,8 @@ class Engine:
         self._closing = False
         self.device_regions: dict[int, DeviceRegion] = {}
         self._background: set[asyncio.Task[None]] = set()
+        self.kit = TransportKit(deps.copier, deps.dispatcher, deps.ascend,
+                                deps.streams_per_link, deps.connect_timeout_s)
 
     # -- sessions and clusters --------------------------------------------
 
@@ -219,7 +217,7 @@ class Engine:
         cluster.links.clear()
         await asyncio.gather(*(self._close_link(link, notify=True) for link in links))
         for token in [t for t, i in self.inbound.items() if i.dst_cluster_id == cluster.cluster_id]:
-            self._drop_inbound(token)
+            self.drop_inbound(token)
         for entry in cluster.registry.drain():
             await self._unregister_region(entry.region_id)
         for pool in cluster.pools.values():
@@ -236,7 +234,7 @@ class Engine:
         for session in list(self.sessions.values()):
             await self.detach(session)
         for token in list(self.inbound):
-            self._drop_inbound(token)
+            self.drop_inbound(token)
         await asyncio.gather(*self._background, return_exceptions=True)
         self.deps.copier.close()  # its threads post to the dispatcher's queue: first
         self.deps.dispatcher.close()
@@ -396,10 +394,9 @@ class Engine:
             raise LLMException(f"cluster {dst_cluster_id} is not initialized on daemon "
                                f"{self.daemon_id}", status_code=LLMStatusCode.LLM_LINK_FAILED)
         token = secrets.randbits(64) or 1
-        inbound = InboundLink(token, src_daemon_id, src_cluster_id, dst_cluster_id)
-        if self.deps.ascend is not None and src_daemon_id != self.daemon_id:
-            inbound.hccl = HcclInbound(self.deps.ascend.device(cluster.settings.device_id))
-        self.inbound[token] = inbound
+        side = inbound_side(self.kit, src_daemon_id == self.daemon_id, cluster.settings.device_id)
+        self.inbound[token] = InboundLink(token, src_daemon_id, src_cluster_id, dst_cluster_id,
+                                          side)
         self.deps.data_server.authorize(token, dst_cluster_id)
         logger.info("cluster %d of daemon %s linked to cluster %d", src_cluster_id,
                     src_daemon_id, dst_cluster_id)
@@ -410,14 +407,18 @@ class Engine:
     def drop_inbound_link(self, token: int) -> None:
         if token not in self.inbound:
             raise LLMException("unknown link", status_code=LLMStatusCode.LLM_NOT_YET_LINK)
-        self._drop_inbound(token)
+        self.drop_inbound(token)
 
-    def _drop_inbound(self, token: int) -> None:
+    def has_inbound(self, token: int) -> bool:
+        return token in self.inbound
+
+    def drop_inbound(self, token: int) -> None:
+        """Revoke an inbound link's token and close what its transport kept here."""
         inbound = self.inbound.pop(token, None)
         self.deps.data_server.revoke(token)
-        if inbound is not None and inbound.hccl is not None:
+        if inbound is not None and not isinstance(inbound.side, PlainInbound):
             # Waits for a running batch (bounded by its deadline): in the background.
-            self._in_background(inbound.hccl.close())
+            self._in_background(inbound.side.close())
 
     def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(work)
@@ -446,65 +447,26 @@ class Engine:
                                status_code=LLMStatusCode.LLM_ALREADY_LINK)
         cluster.links[remote_cluster_id] = link
         logger.info("cluster %d linked to cluster %d at %s over %s", cluster.cluster_id,
-                    remote_cluster_id, address, link.transport)
+                    remote_cluster_id, address, link.transport.name)
         return link
 
     async def _open_link(self, cluster: Cluster, remote_cluster_id: int, peer: PeerApi,
                          timeout_s: float) -> OutboundLink:
         hello = await peer.hello(self.daemon_id, cluster.cluster_id, remote_cluster_id,
                                  self.deps.connect_timeout_s, self.deps.backend)
-        link = OutboundLink(cluster.cluster_id, remote_cluster_id, peer.address,
-                            hello.daemon_id, hello.token, TRANSPORT_LOCAL, peer)
-        if hello.daemon_id == self.daemon_id:  # the address is ours: copy pool to pool
-            try:
-                self._check_local_devices(cluster, remote_cluster_id)
-            except LLMException:
-                await self._notify_unlink(link)
-                raise
-            return link
-        if self.deps.ascend is not None:
-            return await self._open_hccl_link(cluster, link, peer, timeout_s)
-        link.transport = TRANSPORT_TCP
+        same_daemon = hello.daemon_id == self.daemon_id  # the address is ours
+        far: FarCaches = (DaemonCaches(self, remote_cluster_id, hello.token) if same_daemon
+                          else PeerCaches(peer, hello.token))
+        remote = self.clusters.get(remote_cluster_id) if same_daemon else None
+        ends = LinkEnds(cluster.cluster_id, cluster.settings.device_id, remote_cluster_id,
+                        remote.settings.device_id if remote is not None else None)
         try:
-            link.data = await asyncio.to_thread(
-                hixl_native.DataLink, hello.data_host, hello.data_port, hello.token,
-                self.deps.streams_per_link, self.deps.dispatcher.queue,
-                int(self.deps.connect_timeout_s * 1000))
-        except hixl_native.NativeError as exc:
-            await self._notify_unlink(link)
-            raise LLMException(f"cannot open the data plane to {hello.data_host}:"
-                               f"{hello.data_port}: {exc}",
-                               status_code=LLMStatusCode.LLM_LINK_FAILED) from exc
+            transport = await open_transport(self.kit, ends, hello, peer, same_daemon, timeout_s)
         except BaseException:
-            await self._notify_unlink(link)
+            await far.tell_unlinked(self.deps.connect_timeout_s)
             raise
-        return link
-
-    def _check_local_devices(self, cluster: Cluster, remote_cluster_id: int) -> None:
-        """Device memory is copied with ACL inside one daemon, which stays on one device."""
-        remote = self.clusters.get(remote_cluster_id)
-        if self.deps.ascend is None or remote is None:
-            return
-        mine, theirs = cluster.settings.device_id, remote.settings.device_id
-        if mine != theirs:
-            raise LLMException(f"clusters {cluster.cluster_id} (device {mine}) and "
-                               f"{remote_cluster_id} (device {theirs}) share a daemon but not a "
-                               f"device; ACL copies inside a daemon stay on one device",
-                               status_code=LLMStatusCode.LLM_LINK_FAILED)
-
-    async def _open_hccl_link(self, cluster: Cluster, link: OutboundLink, peer: PeerApi,
-                              timeout_s: float) -> OutboundLink:
-        assert self.deps.ascend is not None
-        link.transport = TRANSPORT_HCCL
-        link.hccl = HcclLink(self.deps.ascend.device(cluster.settings.device_id), peer,
-                             link.token)
-        try:
-            await link.hccl.connect(timeout_s)
-        except BaseException:
-            await link.hccl.close()
-            await self._notify_unlink(link)
-            raise
-        return link
+        return OutboundLink(cluster.cluster_id, remote_cluster_id, peer.address,
+                            hello.daemon_id, hello.token, transport, far)
 
     async def unlink(self, cluster: Cluster, remote_cluster_id: int, force: bool) -> None:
         link = cluster.links.pop(remote_cluster_id, None)
@@ -517,36 +479,10 @@ class Engine:
                                status_code=LLMStatusCode.LLM_NOTIFY_PROMPT_UNLINK_FAILED)
 
     async def _close_link(self, link: OutboundLink, notify: bool) -> bool:
-        if link.data is not None:
-            await asyncio.to_thread(link.close)
-        if link.hccl is not None:
-            await link.hccl.close()
-        return await self._notify_unlink(link) if notify else True
-
-    async def _notify_unlink(self, link: OutboundLink) -> bool:
-        if link.remote_daemon_id == self.daemon_id:
-            self._drop_inbound(link.token)
-            return True
-        if link.peer is None:
-            return True
-        try:
-            await link.peer.unlink(link.token, self.deps.connect_timeout_s)
-            return True
-        except LLMException as exc:
-            logger.warning("could not tell %s about an unlink: %s", link.remote_peer_address, exc)
-            return False
+        await link.transport.close()
+        return await link.far.tell_unlinked(self.deps.connect_timeout_s) if notify else True
 
     # -- resolving caches for pulls ----------------------------------------------
-
-    @staticmethod
-    def _lookup(cluster: Cluster, ref: CacheRefSpec) -> tuple[CacheEntry, int]:
-        if isinstance(ref, KeyRef):
-            binding = cluster.registry.lookup_key(ref.key)
-            return binding.cache, binding.batch_index
-        if isinstance(ref, IdRef):
-            entry = cluster.registry.get(ref.cache_id)
-            return entry, ref.batch_index
-        return cluster.registry.lookup_blocks(ref.model_id), 0
 
     def _inbound_cluster(self, token: int) -> Cluster:
         inbound = self.inbound.get(token)
@@ -563,7 +499,7 @@ class Engine:
             raise LLMException(f"the link reaches cluster {cluster.cluster_id}, "
                                f"not {ref.cluster_id}",
                                status_code=LLMStatusCode.LLM_PARAM_INVALID)
-        entry, batch_index = self._lookup(cluster, ref)
+        entry, batch_index = cluster.lookup(ref)
         return ResolvedCache(entry.cache_id, entry.region_id,
                              tuple(o - entry.extent_offset for o in entry.tensor_offsets),
                              entry.tensor_size, entry.batch_size, batch_index, entry.blocks,
@@ -575,43 +511,25 @@ class Engine:
         cluster = self._inbound_cluster(token)
         await self._free(cluster.registry.record_pull(key, tensor_indices))
 
-    @staticmethod
-    def translate(cluster: Cluster, address: int, length: int) -> tuple[CacheEntry, int]:
-        """Find the cache whose memory holds [address, address + length) in the client's
-        address space; return it and the offset inside its region."""
-        for entry in cluster.registry.caches():
-            base = entry.memory.client_base
-            if base is None:
-                continue
-            start = base + entry.extent_offset
-            if start <= address and address + length <= start + entry.extent_size:
-                return entry, address - start
-        raise LLMException(f"[{address:#x}, +{length}) is not inside a cache of cluster "
-                           f"{cluster.cluster_id}", status_code=LLMStatusCode.LLM_PARAM_INVALID)
-
     def resolve_addresses_for_peer(self, token: int, addresses: list[int],
                                    length: int) -> list[tuple[int, int, bool]]:
         """Peer side of a TransferConfig: (region, offset, writable) per address."""
         cluster = self._inbound_cluster(token)
-        found = [self.translate(cluster, a, length) for a in addresses]
+        found = [cluster.find_address(a, length) for a in addresses]
         return [(entry.region_id, offset, self._peer_writable(cluster, entry.writable))
                 for entry, offset in found]
 
     async def hccl_connect_for_peer(self, token: int, root_info: bytes) -> None:
         """Peer side of an HCCL link: join the communicator the linking daemon created."""
         inbound = self.inbound.get(token)
-        if inbound is None or inbound.hccl is None:
-            raise LLMException("the link is gone or not an HCCL link; link again",
-                               status_code=LLMStatusCode.LLM_NOT_YET_LINK)
-        await inbound.hccl.connect(root_info)
+        await hccl_side(inbound.side if inbound is not None else None).connect(root_info)
 
     async def hccl_post_for_peer(self, token: int, send: bool, region_id: int, ranges: bytes,
                                  timeout_ms: int) -> None:
         """Peer side of an HCCL transfer: check the ranges, queue our half of the batch."""
         inbound = self.inbound.get(token)
-        if inbound is None or inbound.hccl is None:
-            raise LLMException("the link is gone or not an HCCL link; link again",
-                               status_code=LLMStatusCode.LLM_NOT_YET_LINK)
+        side = hccl_side(inbound.side if inbound is not None else None)
+        assert inbound is not None
         region = self.device_regions.get(region_id)
         if region is None or region.cluster_id != inbound.dst_cluster_id:
             raise LLMException(f"region {region_id} is not a device cache of cluster "
@@ -622,7 +540,7 @@ class Engine:
                                f"writable by linked peers",
                                status_code=LLMStatusCode.LLM_PARAM_INVALID)
         pairs = region_pairs(ranges, region_id, region.offset, region.size)
-        await inbound.hccl.post(send, region.memory, pairs, timeout_ms)
+        await side.post(send, region.memory, pairs, timeout_ms)
 
     async def share_device_pools(self, cluster: Cluster, tgid: int) -> list[tuple[int, str]]:
         """Let a client process import the cluster's device pools; (pool id, key) each."""
@@ -643,18 +561,9 @@ class Engine:
         """
         return remote_accessible or not cluster.settings.remote_cache_accessible
 
-    def lookup_local(self, link: OutboundLink,
-                     ref: CacheRefSpec) -> tuple[Cluster, CacheEntry, int]:
-        """Find the source of a pull over a local link."""
-        source = self.clusters.get(link.remote_cluster_id)
-        if source is None or link.token not in self.inbound:
-            raise LLMException(f"cluster {link.remote_cluster_id} is gone; link again",
-                               status_code=LLMStatusCode.LLM_NOT_YET_LINK)
-        entry, batch_index = self._lookup(source, ref)
-        return source, entry, batch_index
-
-    async def record_local_pull(self, source: Cluster, key: KeySpec,
-                                tensor_indices: list[int]) -> None:
+    async def record_pull(self, source: Cluster, key: KeySpec,
+                          tensor_indices: list[int]) -> None:
+        """A pull by key of ``source``'s slot moved ``tensor_indices``: account it."""
         await self._free(source.registry.record_pull(key, tensor_indices))
 
 

@@ -15,7 +15,7 @@ from hixl_client._proto.hixl.v1 import client_pb2
 from hixl_client.status import LLMException, LLMStatusCode
 
 from .cluster import Cluster
-from .engine import Engine
+from .far_caches import FarCache
 from .links import OutboundLink
 from .peer_client import ref_from_proto
 from .planning import (
@@ -27,9 +27,9 @@ from .planning import (
     plan_cache_pull,
     plan_slot_to_blocks,
 )
-from .pools import Memory
 from .registry import CacheEntry
-from .transfers import Peer, find_target
+from .transfers import find_target
+from .transports.base import Place
 
 TENSORS_PER_LAYER = 2  # transfer_cache_async moves K and V of each layer
 
@@ -39,12 +39,11 @@ def _invalid(message: str) -> LLMException:
 
 
 @dataclass(frozen=True)
-class Place:
+class TensorStart:
     """Where one destination tensor of a TransferConfig starts."""
 
+    place: Place
     offset: int  # inside the region (remote) or the memory (local)
-    region_id: int = 0
-    memory: Memory | None = None
 
 
 @dataclass
@@ -54,8 +53,8 @@ class Target:
     index: int
     spec: client_pb2.TransferTarget
     link: OutboundLink
-    peer: Peer | None = None
-    places: list[Place] | None = None  # TransferConfig: K and V of each destination layer
+    peer: FarCache | None = None
+    places: list[TensorStart] | None = None  # TransferConfig: K and V of each destination layer
 
     def dst_layer(self, layer: int) -> int:
         return self.spec.dst_layer_start + (layer - self.spec.src_layer_start)
@@ -67,8 +66,7 @@ class Target:
 class LayerwiseTask:
     """The daemon's half of one transfer_cache_async call."""
 
-    def __init__(self, engine: Engine, cluster: Cluster, start: client_pb2.TransferStart) -> None:
-        self._engine = engine
+    def __init__(self, cluster: Cluster, start: client_pb2.TransferStart) -> None:
         self._cluster = cluster
         self._start = start
         # Converted once, not at every layer (see planning.block_list).
@@ -102,8 +100,7 @@ class LayerwiseTask:
                 if ref is None:
                     raise _invalid("the transfer config names no destination cache")
                 link = self._cluster.link_to(ref.cluster_id)
-                peer = await find_target(self._engine, self._cluster, link, ref, deadline,
-                                         fresh=True)
+                peer = await find_target(self._cluster, link, ref, deadline, fresh=True)
                 if not peer.writable:
                     raise _invalid("the destination cache is not remote-accessible")
                 self.targets.append(Target(index, spec, link, peer))
@@ -131,23 +128,12 @@ class LayerwiseTask:
             raise _invalid(f"expect {TENSORS_PER_LAYER * layers} dst_addrs, "
                            f"got {len(addresses)}")
         span = self._span()
-        if link.transport == "local":
-            owner = self._engine.clusters.get(link.remote_cluster_id)
-            if owner is None:
-                raise LLMException(f"cluster {link.remote_cluster_id} is gone; link again",
-                                   status_code=LLMStatusCode.LLM_NOT_YET_LINK)
-            found = [self._engine.translate(owner, a, span) for a in addresses]
-            places = [Place(entry.extent_offset + offset, memory=entry.memory)
-                      for entry, offset in found]
-        else:
-            assert link.peer is not None
-            remaining = deadline - asyncio.get_running_loop().time()
-            resolved = await link.peer.resolve_addresses(link.token, addresses, span,
-                                                         max(remaining, 0.001))
-            if not all(writable for _, _, writable in resolved):
-                raise _invalid("a destination address lies in a cache that is not open to "
-                               "remote writes")
-            places = [Place(offset, region_id=region) for region, offset, _ in resolved]
+        remaining = deadline - asyncio.get_running_loop().time()
+        found = await link.far.find_addresses(addresses, span, remaining)
+        if not all(writable for _, _, writable in found):
+            raise _invalid("a destination address lies in a cache that is not open to "
+                           "remote writes")
+        places = [TensorStart(place, offset) for place, offset, _ in found]
         return Target(index, spec, link, places=places)
 
     def _address_ranges(self, target: Target, layer: int) -> list[tuple[Place, Ranges]]:
@@ -156,14 +142,14 @@ class LayerwiseTask:
         first = (layer - target.spec.src_layer_start) * TENSORS_PER_LAYER
         groups = []
         for k in range(TENSORS_PER_LAYER):
-            place = target.places[first + k]
+            start = target.places[first + k]
             tensor_start = src.tensor_offsets[layer * TENSORS_PER_LAYER + k]
-            # The destination is one tensor at `place`: describe it as a
+            # The destination is one tensor at `start`: describe it as a
             # one-tensor layout so the same planners apply.
             if self.source.blocks:
                 block = src.stride
                 count = self._dst_block_count
-                dst = Layout([place.offset], block * count, count)
+                dst = Layout([start.offset], block * count, count)
                 ranges = plan_blocks(Layout([tensor_start], src.tensor_size, src.batch_size),
                                      dst, [(0, 0)], self._src_blocks, self._dst_blocks)
             elif self._dst_block_count:
@@ -172,12 +158,12 @@ class LayerwiseTask:
                 ranges = plan_slot_to_blocks(Layout([tensor_start], src.tensor_size,
                                                     src.batch_size),
                                              target.spec.src_batch_index,
-                                             Layout([place.offset], size * count, count),
+                                             Layout([start.offset], size * count, count),
                                              [(0, 0)], self._dst_blocks)
             else:
                 ranges = as_ranges([(tensor_start + target.spec.src_batch_index * src.stride,
-                                     place.offset, src.stride)])
-            groups.append((place, ranges))
+                                     start.offset, src.stride)])
+            groups.append((start.place, ranges))
         return groups
 
     def _ranges(self, target: Target, layer: int) -> Ranges:
@@ -205,23 +191,14 @@ class LayerwiseTask:
 
     async def _send(self, target: Target, layer: int) -> None:
         source = self.source.memory
+        timeout_ms = self._cluster.settings.sync_timeout_ms
+        write = target.link.transport.write
         if target.places is not None:
             for place, ranges in self._address_ranges(target, layer):
-                if place.memory is not None:
-                    await self._engine.deps.copier.copy(place.memory, source, ranges)
-                else:
-                    await target.link.write(self._engine.deps.dispatcher, source,
-                                            place.region_id, ranges,
-                                            self._cluster.settings.sync_timeout_ms)
+                await write(source, place, ranges, timeout_ms)
             return
         assert target.peer is not None
-        ranges = self._ranges(target, layer)
-        if target.peer.memory is not None:
-            await self._engine.deps.copier.copy(target.peer.memory, source, ranges)
-            return
-        timeout_ms = self._cluster.settings.sync_timeout_ms
-        await target.link.write(self._engine.deps.dispatcher, source, target.peer.region_id,
-                                ranges, timeout_ms)
+        await write(source, target.peer.place, self._ranges(target, layer), timeout_ms)
 
     async def send_layer(self, layer: int) -> list[client_pb2.TransferProgress]:
         """Send one source layer to every target that needs it; report per target."""

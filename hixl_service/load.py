@@ -1,7 +1,7 @@
 """How many transfer calls the daemon has under way: whether one may hold the loop.
 
 A transfer alone in the daemon moves a small request on the event loop's own
-thread: a TCP transfer waits for its reply there (``links.INLINE_WAIT_US``)
+thread: a TCP transfer waits for its reply there (``transports.tcp.INLINE_WAIT_US``)
 and a local copy up to 1 MiB is made there (``copier.INLINE_COPY_BYTES``),
 since the hop to another thread and back costs more than the bytes. While
 other transfer calls are under way the loop's thread is theirs to run, so

@@ -1,228 +1,45 @@
-"""Host memory pools: creation within the daemon's budget, fd hand-out, freeing.
+"""The daemon's pools: each made by the memory backend of its placement.
 
 Each initialized cluster gets its pools from LLM-DataDist's ``mem_pool_cfg``
-(placement DEVICE) and ``host_mem_pool_cfg`` (placement HOST). On the host
-backend both are memfd mappings owned by the daemon; clients map the same
-memory through a file descriptor passed over the fd socket, never through a
-name in a filesystem.
+(placement DEVICE) and ``host_mem_pool_cfg`` (placement HOST). HOST pools,
+and DEVICE pools on the host backend, are memfd mappings (``memory.host``);
+on the hccl backend DEVICE pools are device memory (``memory.ascend``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import itertools
-import json
 import logging
 import secrets
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
 
-import hixl_native
-
-from hixl_client.status import LLMException, LLMStatusCode
 from hixl_client.types import Placement
 
-if TYPE_CHECKING:
-    from hixl_native._ascend import DeviceBuffer, DeviceMemory
-
-    from .ascend.backend import AscendBackend
+from .memory.base import MemoryBackend, Pool, PoolSpec
+from .memory.host import HostMemory
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_PAGE_SHIFT = 16
-MIN_PAGE_SHIFT = 10
-MAX_PAGE_SHIFT = 31  # exclusive
-# Tensors inside a cache start on a cache line so that views are aligned.
-TENSOR_ALIGN = 64
-
-
-@dataclass(frozen=True)
-class PoolSpec:
-    """A parsed ``mem_pool_cfg`` JSON."""
-
-    memory_size: int
-    page_shift: int = DEFAULT_PAGE_SHIFT
-
-    @classmethod
-    def parse(cls, option: str, text: str) -> PoolSpec:
-        """Parse and check a pool JSON, raising LLM_PARAM_INVALID as LLM-DataDist's init does."""
-
-        def invalid(why: str) -> LLMException:
-            return LLMException(f"{option} is invalid: {why}; got {text!r}",
-                                status_code=LLMStatusCode.LLM_PARAM_INVALID)
-
-        try:
-            cfg = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise invalid(f"not JSON ({exc.msg})") from None
-        if not isinstance(cfg, dict):
-            raise invalid("expected a JSON object")
-        unknown = set(cfg) - {"memory_size", "page_shift"}
-        if unknown:
-            raise invalid(f"unknown field(s) {sorted(unknown)}")
-        size = cfg.get("memory_size")
-        shift = cfg.get("page_shift", DEFAULT_PAGE_SHIFT)
-        for name, value in (("memory_size", size), ("page_shift", shift)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise invalid(f"{name} must be an unsigned integer")
-        assert isinstance(size, int) and isinstance(shift, int)
-        if size == 0:
-            raise invalid("memory_size must be > 0")
-        if not MIN_PAGE_SHIFT <= shift < MAX_PAGE_SHIFT:
-            raise invalid(f"page_shift must be in [{MIN_PAGE_SHIFT}, {MAX_PAGE_SHIFT})")
-        if (size >> shift) >= 2**32 - 1:
-            raise invalid("memory_size >> page_shift must be below 2**32-1")
-        return cls(size, shift)
-
-
-class Memory:
-    """Memory the daemon moves bytes in and out of: a pool, or a client's buffer.
-
-    Host memory is a native ``Mapping`` (memcpy, TCP); device memory (the
-    hccl backend) is an ACL ``DeviceMemory`` (ACL copies, HCCL). Native
-    transfers in flight pin it: a native job cannot be interrupted, so the
-    memory must outlive it even when its awaiter was cancelled, and pins are
-    released from the job's completion.
-    """
-
-    def __init__(self, cluster_id: int, placement: Placement, size: int, *,
-                 mapping: hixl_native.Mapping | None = None,
-                 device: DeviceMemory | None = None) -> None:
-        assert (mapping is None) != (device is None), "host or device memory, exactly one"
-        self.cluster_id = cluster_id
-        self.placement = placement
-        self.size = size
-        self.device = device
-        self._mapping = mapping
-        self.closed = False
-        # Where the client mapped this memory (for addresses in TransferConfig).
-        self.client_base: int | None = None
-        self._pins = 0
-        self._unpinned: asyncio.Event | None = None
-
-    @property
-    def on_device(self) -> bool:
-        return self.device is not None
-
-    @property
-    def native(self) -> hixl_native.Mapping:
-        """The host mapping; device memory has none (native TCP and memcpy cannot reach it)."""
-        if self._mapping is None:
-            raise LLMException("this memory is on an Ascend device; host transports "
-                               "cannot reach it", status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
-        return self._mapping
-
-    def pin_until(self, job: asyncio.Future[Any]) -> None:
-        """Keep the memory alive until ``job`` completes, however it ends."""
-        self._pins += 1
-        job.add_done_callback(self._unpin)
-
-    def _unpin(self, _job: asyncio.Future[Any]) -> None:
-        self._pins -= 1
-        if self._pins == 0 and self._unpinned is not None:
-            self._unpinned.set()
-
-    async def wait_unpinned(self) -> None:
-        """Return once no native job uses the memory (jobs are bounded by their deadlines)."""
-        while self._pins:
-            self._unpinned = asyncio.Event()
-            await self._unpinned.wait()
-
-    def release(self) -> None:
-        """Unmap host memory, or free/close device memory (blocking; call off the loop)."""
-        if self._mapping is not None:
-            self._mapping.close()
-        if self.device is not None:
-            self.device.close()
-
-
-class UserBuffer(Memory):
-    """A client's buffer, mapped by the daemon for registered caches: a
-    shareable host buffer (its fd), or device memory imported with ACL IPC.
-
-    The memory is the user's: hixl unmaps (or closes its import) when the
-    cluster ends, never frees it.
-    """
-
-    def __init__(self, buffer_id: int, cluster_id: int, native: hixl_native.Mapping | None = None,
-                 device: DeviceMemory | None = None) -> None:
-        placement = Placement.DEVICE if device is not None else Placement.HOST
-        size = native.size if native is not None else device.size if device is not None else 0
-        super().__init__(cluster_id, placement, size, mapping=native, device=device)
-        self.buffer_id = buffer_id
-
-
-class Allocator(Protocol):
-    """Extents of a pool: ``SharedPool`` (host) or ``ExtentAllocator`` (device)."""
-
-    @property
-    def page_size(self) -> int: ...
-    @property
-    def page_shift(self) -> int: ...
-    @property
-    def used_bytes(self) -> int: ...
-    @property
-    def free_bytes(self) -> int: ...
-    def alloc(self, nbytes: int) -> int: ...
-    def free(self, offset: int) -> None: ...
-    def allocation_size(self, offset: int) -> int: ...
-
-
-class Pool(Memory):
-    """One cluster's pool for one placement."""
-
-    def __init__(self, pool_id: int, cluster_id: int, placement: Placement,
-                 allocator: Allocator, *, mapping: hixl_native.Mapping | None = None,
-                 device: DeviceBuffer | None = None, size: int = 0) -> None:
-        super().__init__(cluster_id, placement, mapping.size if mapping is not None else size,
-                         mapping=mapping, device=device)
-        self.pool_id = pool_id
-        self.allocator = allocator
-        self.device_buffer = device
-        self.fd_token = secrets.token_bytes(16)
-
-    @property
-    def fd(self) -> int | None:
-        """The memfd clients map (host pools only)."""
-        return self.allocator.fd if isinstance(self.allocator, hixl_native.SharedPool) else None
-
-    def alloc_cache(self, num_tensors: int, tensor_size: int) -> tuple[int, int, list[int]]:
-        """Take one extent for all tensors; return (offset, size, tensor offsets)."""
-        pitch = -(-tensor_size // TENSOR_ALIGN) * TENSOR_ALIGN
-        try:
-            offset = self.allocator.alloc(pitch * num_tensors)
-        except hixl_native.PoolExhausted:
-            status = (LLMStatusCode.LLM_DEVICE_OUT_OF_MEMORY if self.on_device
-                      else LLMStatusCode.LLM_OUT_OF_MEMORY)
-            raise LLMException(
-                f"{self.placement.name} pool of cluster {self.cluster_id} cannot fit "
-                f"{num_tensors} x {tensor_size} bytes ({self.allocator.free_bytes} bytes free)",
-                status_code=status) from None
-        size = self.allocator.allocation_size(offset)
-        return offset, size, [offset + i * pitch for i in range(num_tensors)]
-
 
 class PoolManager:
-    """Creates pools within the daemon's budgets and hands out their fds.
+    """Creates pools through their backends and hands out their fds."""
 
-    HOST pools (and DEVICE pools on the host backend) are memfd mappings
-    within ``pool.max_bytes``; with an Ascend backend, DEVICE pools are
-    device memory on the cluster's device, within that device's budget.
-    """
-
-    def __init__(self, budget_bytes: int, populate: bool,
-                 ascend: AscendBackend | None = None) -> None:
-        self.budget_bytes = budget_bytes
-        self._populate = populate
-        self._ascend = ascend
+    def __init__(self, host: HostMemory, device: MemoryBackend | None = None) -> None:
+        self._host = host
+        # DEVICE pools: device memory on the hccl backend, else host memory too.
+        self._backends: dict[Placement, MemoryBackend] = {
+            Placement.HOST: host, Placement.DEVICE: device if device is not None else host}
         self._ids = itertools.count(1)
         self._pools: dict[int, Pool] = {}
-        self._pending = 0  # bytes of host pools being created, already counted against the budget
+        self._backend_of: dict[int, MemoryBackend] = {}
+
+    @property
+    def budget_bytes(self) -> int:
+        return self._host.budget_bytes
 
     @property
     def reserved_bytes(self) -> int:
         """Host memory held by pools (device pools count against their device's budget)."""
-        return sum(p.size for p in self._pools.values() if not p.on_device) + self._pending
+        return self._host.reserved_bytes
 
     def pools(self) -> list[Pool]:
         return list(self._pools.values())
@@ -230,37 +47,13 @@ class PoolManager:
     async def create(self, cluster_id: int, placement: Placement, spec: PoolSpec,
                      device_id: int = 0) -> Pool:
         """Create a pool, or raise LLM_OUT_OF_MEMORY when the budget cannot hold it."""
-        if placement is Placement.DEVICE and self._ascend is not None:
-            buffer, allocator = await self._ascend.create_pool(device_id, spec.memory_size,
-                                                               spec.page_shift)
-            pool = Pool(next(self._ids), cluster_id, placement, allocator, device=buffer,
-                        size=buffer.size)
-        else:
-            pool = await self._create_host(cluster_id, placement, spec)
+        backend = self._backends[placement]
+        pool = await backend.create(next(self._ids), cluster_id, placement, spec, device_id)
         self._pools[pool.pool_id] = pool
+        self._backend_of[pool.pool_id] = backend
         logger.info("pool %d for cluster %d: %s%s, %d bytes, page %d", pool.pool_id, cluster_id,
-                    placement.name, f" on device {device_id}" if pool.on_device else "",
-                    pool.size, pool.allocator.page_size)
+                    placement.name, backend.describe(pool), pool.size, pool.allocator.page_size)
         return pool
-
-    async def _create_host(self, cluster_id: int, placement: Placement, spec: PoolSpec) -> Pool:
-        page = 1 << spec.page_shift
-        size = -(-spec.memory_size // page) * page
-        if self.reserved_bytes + size > self.budget_bytes:
-            raise LLMException(
-                f"a {size}-byte pool exceeds the daemon's pool budget "
-                f"({self.budget_bytes - self.reserved_bytes} of {self.budget_bytes} bytes left; "
-                f"see pool.max_bytes)", status_code=LLMStatusCode.LLM_OUT_OF_MEMORY)
-        # Pre-faulting a large pool takes a while: do it off the event loop,
-        # with its bytes held against the budget meanwhile.
-        self._pending += size
-        try:
-            shared = await asyncio.to_thread(
-                hixl_native.SharedPool, f"c{cluster_id}-{placement.name.lower()}", size,
-                spec.page_shift, self._populate)
-        finally:
-            self._pending -= size
-        return Pool(next(self._ids), cluster_id, placement, shared, mapping=shared)
 
     def get(self, pool_id: int) -> Pool:
         return self._pools[pool_id]
@@ -279,10 +72,9 @@ class PoolManager:
     async def destroy(self, pool: Pool) -> None:
         """Free a pool once no transfer uses it; clients keep their own mapping of host pools."""
         self._pools.pop(pool.pool_id, None)
+        backend = self._backend_of.pop(pool.pool_id, None)
         pool.closed = True
         await pool.wait_unpinned()
-        if pool.on_device and self._ascend is not None:
-            await self._ascend.release_pool(pool)
-        else:
-            await asyncio.to_thread(pool.release)  # unmapping a large pool takes a while
+        if backend is not None:
+            await backend.release(pool)
         logger.info("pool %d of cluster %d freed", pool.pool_id, pool.cluster_id)

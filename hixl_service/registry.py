@@ -28,7 +28,7 @@ from hixl_client.status import LLMException, LLMStatusCode
 from .planning import Layout
 
 if TYPE_CHECKING:
-    from .pools import Memory
+    from .memory.base import Memory
 
 KeyIndex = tuple[int, int]  # (req_id or prefix_id, model_id)
 

@@ -7,7 +7,7 @@ by ``CacheKeyByIdAndIndex``, the daemon gives the client a handle for that
 *shape* (``repeat_handle`` in the reply); the client sends later transfers
 of the shape as a 16-byte lane frame naming the handle and the two indices
 (``RepeatPull`` / ``RepeatPush``), which the daemon answers as it answers
-the full call (``transfers.again``) without decoding a request or looking up
+the full call (``prepared.again``) without decoding a request or looking up
 again what the last transfer found.
 
 This module holds only the shapes and their handles, so that ``Cluster``
@@ -55,7 +55,7 @@ class Repeat:
     def __init__(self, handle: int, shape: TransferShape) -> None:
         self.handle = handle
         self.shape = shape
-        self.found: Any = None  # transfers.Found, or None until a transfer finds it again
+        self.found: Any = None  # prepared.PreparedTransfer, or None until a transfer finds it again
 
 
 class RepeatTable:

@@ -37,6 +37,7 @@ from hixl_client._proto.hixl.v1 import (
 
 from . import __version__, _systemd
 from .ascend.backend import AscendBackend
+from .completions import CompletionDispatcher
 from .config import DaemonConfig
 from .copier import Copier
 from .engine import Engine, EngineDeps
@@ -48,8 +49,9 @@ from .interceptors import (
     install_log_record_factory,
 )
 from .lane_server import LaneServer
-from .links import CompletionDispatcher
 from .load import TransferLoad
+from .memory.ascend import AscendMemory
+from .memory.host import HostMemory
 from .peer_api import PeerApi
 from .peer_client import PeerClient
 from .pools import PoolManager
@@ -128,7 +130,8 @@ class Daemon:
             ascend = await asyncio.to_thread(AscendBackend.open, cfg.ascend)
         data_server = await asyncio.to_thread(hixl_native.DataServer, cfg.server.peer_host,
                                               cfg.server.data_port)
-        pools = PoolManager(int(cfg.pool.max_bytes), cfg.pool.populate, ascend)
+        pools = PoolManager(HostMemory(int(cfg.pool.max_bytes), cfg.pool.populate),
+                            AscendMemory(ascend) if ascend is not None else None)
         load = TransferLoad()
         dispatcher = CompletionDispatcher(loop, load)
         self.engine = engine = Engine(EngineDeps(

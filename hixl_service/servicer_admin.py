@@ -38,12 +38,13 @@ def snapshot(engine: Engine, backend: str, peer_address: str) -> admin_pb2.Daemo
                             repeated_transfers=cluster.repeats.repeated,
                             repeats_answered_at_once=cluster.repeats.answered_at_once)
         for link in cluster.links.values():
+            info = link.info()
             status.links.add(local_cluster_id=link.local_cluster_id,
                              remote_cluster_id=link.remote_cluster_id,
                              remote_daemon_id=link.remote_daemon_id,
                              remote_peer_address=link.remote_peer_address,
-                             transport=link.transport, streams=link.streams,
-                             alive=link.alive, direction="outbound")
+                             transport=info.name, streams=info.streams,
+                             alive=info.alive, direction="outbound")
         for entry in cluster.registry.caches():
             status.caches.add(cluster_id=cluster.cluster_id, cache_id=entry.cache_id,
                               kind="blocks" if entry.blocks else "cache",
@@ -51,13 +52,10 @@ def snapshot(engine: Engine, backend: str, peer_address: str) -> admin_pb2.Daemo
                               keys=len(entry.keys) + len(entry.prefix_keys),
                               released=entry.released)
     for inbound in engine.inbound.values():
-        local = inbound.src_daemon_id == engine.daemon_id
-        transport = "local" if local else "hccl" if inbound.hccl is not None else "tcp"
         status.links.add(local_cluster_id=inbound.dst_cluster_id,
                          remote_cluster_id=inbound.src_cluster_id,
                          remote_daemon_id=inbound.src_daemon_id, direction="inbound",
-                         transport=transport,
-                         alive=inbound.hccl.alive if inbound.hccl is not None else True)
+                         transport=inbound.side.name, alive=inbound.side.alive)
     for pool in engine.pools.pools():
         status.pools.add(pool_id=pool.pool_id, cluster_id=pool.cluster_id,
                          placement=pool.placement.name, size=pool.size,

@@ -23,23 +23,15 @@ from . import copies
 from .call_context import Context
 from .engine import Engine, NewCache, Session
 from .layerwise import LayerwiseTask
+from .memory.base import Pool
 from .peer_api import KeyRef
 from .peer_client import ref_from_proto
 from .planning import block_list
-from .pools import Pool
+from .prepared import again, again_at_once, repeat_handle
 from .registry import KeySpec
 from .repeats import Repeat
 from .rpc_errors import abort_with, handles_errors
-from .transfers import (
-    Outcome,
-    PullSpec,
-    PushSpec,
-    again,
-    again_at_once,
-    pull,
-    push,
-    repeat_handle,
-)
+from .transfers import Outcome, PullSpec, PushSpec, pull, push
 
 logger = logging.getLogger(__name__)
 
@@ -243,7 +235,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
                         cluster, target.remote_cluster_id,
                         f"{target.remote_host}:{target.remote_port}", timeout_s)
                     return client_pb2.LinkResult(status=LLMStatusCode.LLM_SUCCESS,
-                                                 transport=link.transport)
+                                                 transport=link.transport.name)
                 except LLMException as exc:
                     logger.warning("%s cluster %d %s cluster %d: %s",
                                    "unlinking" if unlink else "linking", cluster.cluster_id,
@@ -340,9 +332,9 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         started = time.perf_counter()
         cluster = self._engine.cluster_of(self._session(context))
         spec = self._pull_spec(request, False)
-        outcome = await pull(self._engine, cluster, spec)
+        outcome = await pull(cluster, spec)
         return client_pb2.PullCacheReply(bytes=outcome.bytes, transport=outcome.transport,
-                                         repeat_handle=repeat_handle(self._engine, cluster, spec),
+                                         repeat_handle=repeat_handle(cluster, spec, outcome),
                                          **_timing(started, outcome))
 
     @handles_errors
@@ -357,7 +349,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         started = time.perf_counter()
         cluster = self._engine.cluster_of(self._session(context))
         repeat = cluster.repeats.get(request.handle, push=push)
-        outcome = await again(self._engine, cluster, repeat, request.src_batch_index,
+        outcome = await again(cluster, repeat, request.src_batch_index,
                               request.dst_batch_index)
         return _repeat_reply(repeat, started, outcome)
 
@@ -371,7 +363,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
             repeat = cluster.repeats.get(request.handle, push=push)
         except LLMException:
             return None  # the call itself answers with the error
-        outcome = again_at_once(self._engine, cluster, repeat, request.src_batch_index,
+        outcome = again_at_once(cluster, repeat, request.src_batch_index,
                                 request.dst_batch_index)
         if outcome is None:
             return None
@@ -390,7 +382,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
                          context: Context) -> client_pb2.PullCacheReply:
         started = time.perf_counter()
         cluster = self._engine.cluster_of(self._session(context))
-        outcome = await pull(self._engine, cluster, self._pull_spec(request, True))
+        outcome = await pull(cluster, self._pull_spec(request, True))
         return client_pb2.PullCacheReply(bytes=outcome.bytes, transport=outcome.transport,
                                          **_timing(started, outcome))
 
@@ -409,9 +401,9 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
                         tensor_num_per_layer=request.tensor_num_per_layer or 2, blocks=blocks,
                         src_blocks=block_list(request.src_blocks),
                         dst_blocks=block_list(request.dst_blocks))
-        outcome = await push(self._engine, cluster, spec)
+        outcome = await push(cluster, spec)
         return client_pb2.PushReply(bytes=outcome.bytes, transport=outcome.transport,
-                                    repeat_handle=repeat_handle(self._engine, cluster, spec),
+                                    repeat_handle=repeat_handle(cluster, spec, outcome),
                                     **_timing(started, outcome))
 
     @handles_errors
@@ -472,7 +464,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
                 raise _invalid("a transfer stream starts with its task")
             if first.start.lane_task_id:
                 lane_key = (session.session_id, first.start.lane_task_id)
-            task = LayerwiseTask(self._engine, cluster, first.start)
+            task = LayerwiseTask(cluster, first.start)
             for report in await task.prepare():
                 await context.write(report)
             if lane_key is not None:

@@ -24,12 +24,12 @@ from hixl_native._ascend import AscendError, AscendUnavailable
 
 from hixl_client.status import LLMException, LLMStatusCode
 
-from .errors import to_llm_exception
+from ..native_errors import to_llm_exception
 
 if TYPE_CHECKING:
     from ..config import AscendConfig
+    from ..memory.base import Memory, Pool
     from ..planning import Ranges
-    from ..pools import Memory, Pool
 
 logger = logging.getLogger(__name__)
 

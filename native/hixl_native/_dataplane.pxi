@@ -263,9 +263,17 @@ cdef object _submit_region(DataLink link, int op, object request_id, Mapping loc
         PyBuffer_Release(&view)
         viewing = False
         if wait:
+            # Pinned before the GIL goes: submit reads the mapping's address
+            # before it takes its own pin, and an unmap from another thread
+            # (which needs the GIL, as pins do) must not slip in between.
+            # Nothing since the view was released ran Python, so the mapping
+            # is still the one checked above.
+            local._check_open()
+            hixl_mapping_pin(local._m)
             with nogil:
                 rc = hixl_link_submit_wait(link._l, op, rid, local._m, <uint8_t *>quads, n,
                                            tmo, wait, &status)
+            hixl_mapping_unpin(local._m)
         else:
             rc = hixl_link_submit(link._l, op, rid, local._m, <uint8_t *>quads, n, tmo)
         if rc != HIXL_OK:

@@ -1,5 +1,5 @@
 """The mapping of every ACL and HCCL code to an LLMStatusCode, and the
-messages of hixl_service.ascend.errors.to_llm_exception."""
+messages of hixl_service.native_errors.to_llm_exception."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from hixl_service.ascend import errors
 else:
     ascend = pytest.importorskip("hixl_native._ascend")
-    errors = pytest.importorskip("hixl_service.ascend.errors")
+    errors = pytest.importorskip("hixl_service.native_errors")
 
 
 S = LLMStatusCode

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from hixl_service.ascend import errors
 else:
     ascend = pytest.importorskip("hixl_native._ascend")
-    errors = pytest.importorskip("hixl_service.ascend.errors")
+    errors = pytest.importorskip("hixl_service.native_errors")
 
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hixl_client import LLMException, LLMStatusCode
-from hixl_service.ascend.hccl_link import region_pairs
+from hixl_service.transports.hccl import region_pairs
 
 
 def encode(*pairs: tuple[int, int]) -> bytes:

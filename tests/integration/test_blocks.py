@@ -18,8 +18,8 @@ from hixl_client import (
     LLMException,
     LLMStatusCode,
 )
-from hixl_service.links import SLICE_RANGES
 from hixl_service.testing import DaemonProcess
+from hixl_service.transports.tcp import SLICE_RANGES
 
 from .conftest import Pair, daemon_status, make_pair
 
@@ -82,7 +82,7 @@ async def test_pull_blocks_with_gaps_and_runs(pair: Pair, local_pair: Pair, wher
 
 async def test_pull_blocks_of_more_ranges_than_one_slice(pair: Pair) -> None:
     # 2 tensors x 20k shuffled blocks: about 40k ranges, which reach the data
-    # link as three slices (links.SLICE_RANGES); every block must land.
+    # link as three slices (transports.tcp.SLICE_RANGES); every block must land.
     count = 20_000
     assert 2 * count > 2 * SLICE_RANGES
     desc = CacheDesc(2, [count, 64], DataType.DT_UINT8)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from hixl_client.status import LLMException, LLMStatusCode
+from hixl_service.completions import CompletionDispatcher
 from hixl_service.copier import (
     HELPED_COPY_BYTES,
     INLINE_COPY_BYTES,
@@ -21,7 +22,6 @@ from hixl_service.copier import (
     Copier,
     split_triples,
 )
-from hixl_service.links import CompletionDispatcher
 from hixl_service.load import TransferLoad
 
 KIB = 1024

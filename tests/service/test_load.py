@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from hixl_service.links import CompletionDispatcher
+from hixl_service.completions import CompletionDispatcher
 from hixl_service.load import TransferLoad
 
 

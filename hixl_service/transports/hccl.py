@@ -30,12 +30,15 @@ from hixl_native._ascend import AscendError
 
 from hixl_client.status import LLMException, LLMStatusCode
 
-from ..links import RegionRefused
-from .errors import to_llm_exception
+from ..native_errors import RegionRefused, to_llm_exception
+from .base import InboundSide, Place, Prepared, TransportInfo
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable
+
+    from ..memory.base import Memory
     from ..peer_api import PeerApi
-    from ..pools import Memory
+    from ..planning import Ranges
 
 logger = logging.getLogger(__name__)
 
@@ -269,6 +272,8 @@ class HcclLink(_Side):
 class HcclInbound(_Side):
     """The linked daemon's side of one link (rank 1)."""
 
+    name = "hccl"
+
     def __init__(self, device: _ascend.Device) -> None:
         super().__init__(device)
         self._batches: set[asyncio.Task[None]] = set()
@@ -326,3 +331,83 @@ class HcclInbound(_Side):
                 logger.warning("an HCCL batch failed; the communicator will be rebuilt: %s",
                                to_llm_exception(exc))
                 await self._drop()
+
+
+def hccl_side(side: InboundSide | None) -> HcclInbound:
+    """The HCCL half of an inbound link, for the Peer calls that drive it."""
+    if not isinstance(side, HcclInbound):
+        raise LLMException("the link is gone or not an HCCL link; link again",
+                           status_code=LLMStatusCode.LLM_NOT_YET_LINK)
+    return side
+
+
+class HcclTransport:
+    """The Transport of an HCCL link: device memory to device memory."""
+
+    name = "hccl"
+
+    def __init__(self, side: HcclLink) -> None:
+        self._side = side
+
+    @classmethod
+    async def open(cls, device: _ascend.Device, peer: PeerApi, token: int,
+                   timeout_s: float) -> HcclTransport:
+        """Build the link's communicator with the far daemon, within ``timeout_s``."""
+        side = HcclLink(device, peer, token)
+        try:
+            await side.connect(timeout_s)
+        except BaseException:
+            await side.close()
+            raise
+        return cls(side)
+
+    @property
+    def alive(self) -> bool:
+        return self._side.alive
+
+    def info(self) -> TransportInfo:
+        return TransportInfo(self.name, 0, self.alive)
+
+    async def read(self, local: Memory, far: Place, ranges: Ranges, timeout_ms: int) -> None:
+        await self._batch(False, local, ranges[:, [1, 2]], far.region_id, ranges[:, [0, 2]],
+                          timeout_ms)
+
+    async def write(self, local: Memory, far: Place, ranges: Ranges, timeout_ms: int) -> None:
+        await self._batch(True, local, ranges[:, [0, 2]], far.region_id, ranges[:, [1, 2]],
+                          timeout_ms)
+
+    def prepare(self, writing: bool, local: Memory, far: Place, ranges: Ranges,
+                nbytes: int) -> Prepared:
+        return _PreparedBatch(self, writing, local, far, ranges)
+
+    async def _batch(self, sending: bool, local: Memory, local_pairs: Ranges, region_id: int,
+                     remote_pairs: Ranges, timeout_ms: int) -> None:
+        if not local.on_device:
+            raise LLMException("the hccl transport moves device memory: use DEVICE caches "
+                               "on both ends", status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
+        await self._side.transfer(sending, local, np.ascontiguousarray(local_pairs).ravel(),
+                                  region_id, np.ascontiguousarray(remote_pairs).ravel(),
+                                  max(1, timeout_ms))
+
+    async def close(self) -> None:
+        await self._side.close()
+
+
+class _PreparedBatch:
+    """An HCCL batch between other slots: the shifted ranges, sent as one batch."""
+
+    __slots__ = ("_far", "_local", "_ranges", "_transport", "_writing")
+
+    def __init__(self, transport: HcclTransport, writing: bool, local: Memory, far: Place,
+                 ranges: Ranges) -> None:
+        self._transport = transport
+        self._writing = writing
+        self._local = local
+        self._far = far
+        self._ranges = ranges
+
+    def start(self, src_shift: int, dst_shift: int,
+              timeout_ms: int) -> Awaitable[None] | None:
+        shifted = self._ranges + np.array((src_shift, dst_shift, 0), dtype=np.uint64)
+        move = self._transport.write if self._writing else self._transport.read
+        return move(self._local, self._far, shifted, timeout_ms)

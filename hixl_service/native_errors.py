@@ -1,13 +1,19 @@
-"""ACL runtime and HCCL error codes as LLM-DataDist status codes.
+"""Native failures as LLM-DataDist status codes: the one translation.
 
-`to_llm_exception` is the one place where a failure of the shim
-(``hixl_native._ascend``) becomes the `LLMException` a client sees: the
-status from the tables below, and a message naming the entry point, the
-native code (with its symbolic name when known) and CANN's own text
-(``aclGetRecentErrMsg`` / ``HcclGetErrorString``, carried by the shim's
-exception). Codes absent from the tables map to ``LLM_FAILED``.
+Two native sources fail with codes of their own, and this module is where
+each becomes the `LLMException` a client sees:
 
-Codes and names are those of CANN's public headers (acl_base_rt.h and
+* hixl's own native core (``hixl_native``: the TCP data plane and the copy
+  threads) ends a request with a status integer: `link_error` and
+  `copy_error`;
+* the ACL/HCCL shim (``hixl_native._ascend``) raises `AscendError` with
+  CANN's code: `to_llm_exception`, with the status from the tables below
+  and a message naming the entry point, the native code (with its symbolic
+  name when known) and CANN's own text (``aclGetRecentErrMsg`` /
+  ``HcclGetErrorString``, carried by the shim's exception). Codes absent
+  from the tables map to ``LLM_FAILED``.
+
+CANN's codes and names are those of its public headers (acl_base_rt.h and
 rt_error_codes.h of the runtime, hccl_types.h of HCCL).
 """
 
@@ -17,11 +23,13 @@ import types
 from collections.abc import Mapping
 from typing import Literal
 
+import hixl_native
 from hixl_native._ascend import AscendError, AscendUnavailable
 
 from hixl_client.status import LLMException, LLMStatusCode
 
-__all__ = ["ACL_CODES", "HCCL_CODES", "Library", "code_name", "status_for", "to_llm_exception"]
+__all__ = ["ACL_CODES", "HCCL_CODES", "Library", "RegionRefused", "code_name", "copy_error",
+           "link_error", "status_for", "to_llm_exception"]
 
 Library = Literal["acl", "hccl"]
 
@@ -173,3 +181,37 @@ def to_llm_exception(
     if error.detail:
         text = f"{text}: {error.detail}"
     return LLMException(text, status_code=status)
+
+
+# -- hixl's own native core -------------------------------------------------------
+
+_LINK_STATUS: Mapping[int, tuple[LLMStatusCode, str]] = types.MappingProxyType({
+    hixl_native.E_TIMEOUT: (LLMStatusCode.LLM_TIMEOUT, "the transfer timed out"),
+    hixl_native.E_CLOSED: (LLMStatusCode.LLM_LINK_FAILED, "the peer daemon closed the link"),
+    hixl_native.E_REFUSED: (LLMStatusCode.LLM_PARAM_INVALID,
+                            "the peer refused a range outside the memory the cluster registered"),
+    hixl_native.E_IO: (LLMStatusCode.LLM_LINK_FAILED, "a data-plane socket failed"),
+    hixl_native.E_PROTO: (LLMStatusCode.LLM_LINK_FAILED, "the data-plane protocol broke"),
+    hixl_native.E_CANCELLED: (LLMStatusCode.LLM_LINK_FAILED, "the link was closed"),
+})
+
+
+class RegionRefused(LLMException):
+    """The far end refused a range (a region gone, or outside it); nothing moved.
+
+    A transfer that used a remembered resolve of the far cache resolves it
+    afresh and tries once more."""
+
+
+def link_error(status: int) -> LLMException:
+    """The exception for a data-link request that ended with native ``status``."""
+    code, text = _LINK_STATUS.get(status, (LLMStatusCode.LLM_FAILED, "the transfer failed"))
+    kind = RegionRefused if status == hixl_native.E_REFUSED else LLMException
+    return kind(f"{text} (native status {status})", status_code=code)
+
+
+def copy_error(status: int) -> LLMException:
+    """The exception for a copy the native copy threads did not run: they only
+    refuse work once they are closing, so the daemon is stopping."""
+    return LLMException(f"a copy did not run ({hixl_native.status_name(status)}): "
+                        f"the daemon is stopping", status_code=LLMStatusCode.LLM_FAILED)

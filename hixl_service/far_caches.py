@@ -1,0 +1,207 @@
+"""Where a link finds the caches of the cluster it reaches.
+
+A link's far cluster lives in another daemon (``PeerCaches``: asked over
+the Peer API, its answers remembered) or in this one (``DaemonCaches``:
+read from this daemon's own registry). The link factory picks one with the
+link's transport; transfers ask the link's ``FarCaches`` and never which
+kind it holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from hixl_client.status import LLMException, LLMStatusCode
+
+from .peer_api import BlocksRef, CacheRefSpec, IdRef, KeyRef, ResolvedCache
+from .transports.base import Place
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from .cluster import Cluster
+    from .peer_api import PeerApi
+    from .planning import Layout
+    from .registry import CacheEntry, KeySpec
+
+logger = logging.getLogger(__name__)
+
+# Telling the owner that a keyed slot was pulled is bounded on its own: the
+# data already arrived, so a slow owner must not turn success into failure.
+RELEASE_TIMEOUT_S = 2.0
+
+
+@dataclass(slots=True)
+class FarCache:
+    """The far end of a transfer, wherever it lives."""
+
+    layout: Layout
+    batch_index: int
+    blocks: bool
+    writable: bool
+    place: Place
+    cached: bool = False  # from the link's memory of an earlier resolve (may be stale)
+    # What was found (the remote daemon's answer, or this daemon's cache
+    # entry): a repeat relies on it only while it is still the one in use.
+    origin: ResolvedCache | CacheEntry | None = None
+
+
+class FarCaches(Protocol):
+    """The caches of a link's far cluster."""
+
+    async def find(self, ref: CacheRefSpec, wait_s: float, call_timeout_s: float,
+                   fresh: bool = False) -> FarCache:
+        """Locate the cache ``ref`` names; ``fresh`` skips remembered answers.
+
+        Raises:
+            asyncio.TimeoutError: no answer within ``wait_s``.
+            LLMException: the far cluster has no such cache, or is gone.
+        """
+
+    def forget(self, ref: CacheRefSpec) -> None:
+        """Drop a remembered answer for ``ref`` (it proved stale)."""
+
+    def still_current(self, cache_id: int, found: FarCache) -> bool:
+        """Whether ``found`` (a cache by id) is still the one a find would give."""
+
+    async def find_addresses(self, addresses: Sequence[int], span: int,
+                             wait_s: float) -> list[tuple[Place, int, bool]]:
+        """(place, offset, writable) of each far-client address of ``span`` bytes."""
+
+    async def release_key(self, ref: KeyRef, tensor_indices: list[int]) -> None:
+        """Tell the owner that a pull by key moved ``tensor_indices`` of its slot."""
+
+    async def tell_unlinked(self, timeout_s: float) -> bool:
+        """Tell the far daemon that the link is gone; False if it could not be told."""
+
+
+def _remembered_as(ref: CacheRefSpec) -> tuple[str, int] | None:
+    """Refs whose resolution may be reused: by cache id and by blocks key, not by key."""
+    if isinstance(ref, IdRef):
+        return ("id", ref.cache_id)
+    if isinstance(ref, BlocksRef):
+        return ("blocks", ref.model_id)
+    return None
+
+
+class PeerCaches:
+    """Caches of a cluster in another daemon, asked for over the Peer API.
+
+    Like LLM-DataDist's copy of the peer's cache index, answers for caches
+    named by id or blocks key are remembered, which saves the peer call on
+    later transfers; region ids are never reused, so a stale answer can only
+    be refused by the far data server, never misdirect bytes.
+    """
+
+    def __init__(self, peer: PeerApi, token: int) -> None:
+        self.peer = peer
+        self._token = token
+        self._resolved: dict[tuple[str, int], ResolvedCache] = {}
+
+    async def find(self, ref: CacheRefSpec, wait_s: float, call_timeout_s: float,
+                   fresh: bool = False) -> FarCache:
+        key = _remembered_as(ref)
+        found = self._resolved.get(key) if key is not None and not fresh else None
+        cached = found is not None
+        if found is None:
+            # wait_for, not asyncio.timeout: a lane call may get here in its eager
+            # first step, before it has a task (eager.py).
+            found = await asyncio.wait_for(
+                self.peer.resolve(self._token, ref, call_timeout_s), wait_s)
+            if key is not None:
+                self._resolved[key] = found
+        batch_index = ref.batch_index if isinstance(ref, IdRef) else found.batch_index
+        return FarCache(found.layout, batch_index, found.blocks, found.writable,
+                        Place(region_id=found.region_id), cached, found)
+
+    def forget(self, ref: CacheRefSpec) -> None:
+        key = _remembered_as(ref)
+        if key is not None:
+            self._resolved.pop(key, None)
+
+    def still_current(self, cache_id: int, found: FarCache) -> bool:
+        return self._resolved.get(("id", cache_id)) is found.origin
+
+    async def find_addresses(self, addresses: Sequence[int], span: int,
+                             wait_s: float) -> list[tuple[Place, int, bool]]:
+        resolved = await self.peer.resolve_addresses(self._token, addresses, span,
+                                                     max(wait_s, 0.001))
+        return [(Place(region_id=region), offset, writable)
+                for region, offset, writable in resolved]
+
+    async def release_key(self, ref: KeyRef, tensor_indices: list[int]) -> None:
+        try:
+            await self.peer.release_key(self._token, ref.key, tensor_indices, RELEASE_TIMEOUT_S)
+        except LLMException as exc:
+            logger.warning("pulled %s but could not release it on cluster %d: %s",
+                           ref.key, ref.cluster_id, exc)
+
+    async def tell_unlinked(self, timeout_s: float) -> bool:
+        try:
+            await self.peer.unlink(self._token, timeout_s)
+            return True
+        except LLMException as exc:
+            logger.warning("could not tell %s about an unlink: %s", self.peer.address, exc)
+            return False
+
+
+class Daemon(Protocol):
+    """What ``DaemonCaches`` reads of this daemon (the engine provides it)."""
+
+    @property
+    def clusters(self) -> Mapping[int, Cluster]: ...
+
+    def has_inbound(self, token: int) -> bool: ...
+
+    def drop_inbound(self, token: int) -> None: ...
+
+    async def record_pull(self, source: Cluster, key: KeySpec,
+                          tensor_indices: list[int]) -> None: ...
+
+
+class DaemonCaches:
+    """Caches of another cluster of this daemon, read from its registry."""
+
+    def __init__(self, daemon: Daemon, remote_cluster_id: int, token: int) -> None:
+        self._daemon = daemon
+        self._remote_cluster_id = remote_cluster_id
+        self._token = token
+
+    def _owner(self) -> Cluster:
+        owner = self._daemon.clusters.get(self._remote_cluster_id)
+        if owner is None or not self._daemon.has_inbound(self._token):
+            raise LLMException(f"cluster {self._remote_cluster_id} is gone; link again",
+                               status_code=LLMStatusCode.LLM_NOT_YET_LINK)
+        return owner
+
+    async def find(self, ref: CacheRefSpec, wait_s: float, call_timeout_s: float,
+                   fresh: bool = False) -> FarCache:
+        entry, batch_index = self._owner().lookup(ref)
+        return FarCache(entry.layout, batch_index, entry.blocks, entry.writable,
+                        Place(memory=entry.memory), origin=entry)
+
+    def forget(self, ref: CacheRefSpec) -> None:
+        return None
+
+    def still_current(self, cache_id: int, found: FarCache) -> bool:
+        owner = self._daemon.clusters.get(self._remote_cluster_id)
+        return (owner is not None and not owner.closed and self._daemon.has_inbound(self._token)
+                and owner.registry.live(cache_id) is found.origin)
+
+    async def find_addresses(self, addresses: Sequence[int], span: int,
+                             wait_s: float) -> list[tuple[Place, int, bool]]:
+        owner = self._owner()
+        found = [owner.find_address(a, span) for a in addresses]
+        return [(Place(memory=entry.memory), entry.extent_offset + offset, True)
+                for entry, offset in found]
+
+    async def release_key(self, ref: KeyRef, tensor_indices: list[int]) -> None:
+        await self._daemon.record_pull(self._owner(), ref.key, tensor_indices)
+
+    async def tell_unlinked(self, timeout_s: float) -> bool:
+        self._daemon.drop_inbound(self._token)
+        return True

@@ -1,0 +1,121 @@
+"""What a link needs from a transport: the one seam every data path fits.
+
+A transport moves planned byte ranges between memory of a local cluster and
+the far end of one link. Three exist, each in a module of its own, and one
+factory (``factory.open_transport``) picks one when the link is made:
+
+* ``local.LocalTransport``: both clusters live in this daemon (memcpy);
+* ``tcp.TcpTransport``: the far cluster lives in another daemon (the native
+  multi-stream data plane);
+* ``hccl.HcclTransport``: the far cluster lives in another daemon on an
+  Ascend host (HCCL batches between device memories).
+
+``fault.FaultTransport`` wraps any of them in tests. Nothing outside the
+factory asks which transport a link has: the engine, the transfers and the
+copier hold a ``Transport`` and call it. Each transport translates its own
+failures into ``LLMException`` with LLM-DataDist's status codes (through
+``native_errors``); a range the far end refused raises ``RegionRefused``,
+with nothing moved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from ..memory.base import Memory
+    from ..planning import Ranges
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    """Where the far end's bytes are: a region of the far daemon's data server,
+    or, for an end in this daemon, its memory."""
+
+    region_id: int = 0
+    memory: Memory | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TransportInfo:
+    """A transport as the admin status shows it."""
+
+    name: str
+    streams: int = 0
+    alive: bool = True
+
+
+class Prepared(Protocol):
+    """One planned transfer, ready to be started again between other slots.
+
+    ``prepare`` does once what every start of the same ranges would repeat
+    (NIXL's prepared request handles, in the same spirit): a repeat adds the
+    two slots' offsets, natively where the transport can.
+    """
+
+    def start(self, src_shift: int, dst_shift: int,
+              timeout_ms: int) -> Awaitable[None] | None:
+        """Start the ranges with every source offset shifted by ``src_shift`` and
+        every destination offset by ``dst_shift``.
+
+        Returns None when the bytes already landed (a small transfer alone in
+        the daemon ends inside the call), else an awaitable that ends when
+        they land. Raises, with nothing moved, when the link is down or the
+        far end refused the ranges (``RegionRefused``).
+        """
+
+
+class Transport(Protocol):
+    """Moves bytes between local memory and one far end."""
+
+    @property
+    def name(self) -> str:
+        """``local``, ``tcp`` or ``hccl``: reported to the user, never switched on."""
+
+    @property
+    def alive(self) -> bool:
+        """False once the transport knows the far end is unreachable."""
+
+    def info(self) -> TransportInfo:
+        """The transport as the admin status shows it."""
+
+    async def read(self, local: Memory, far: Place, ranges: Ranges, timeout_ms: int) -> None:
+        """Move (far offset, local offset, length) ranges into ``local``."""
+
+    async def write(self, local: Memory, far: Place, ranges: Ranges, timeout_ms: int) -> None:
+        """Move (local offset, far offset, length) ranges out of ``local``."""
+
+    def prepare(self, writing: bool, local: Memory, far: Place, ranges: Ranges,
+                nbytes: int) -> Prepared:
+        """Make ``read`` (or ``write``) of ``ranges`` repeatable between slots."""
+
+    async def close(self) -> None:
+        """Release the transport's connections; transfers in flight fail."""
+
+
+class InboundSide(Protocol):
+    """What a transport keeps on the linked daemon for one inbound link (HCCL
+    keeps its half of the communicator); the other transports keep nothing."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def alive(self) -> bool: ...
+
+    async def close(self) -> None: ...
+
+
+class PlainInbound:
+    """The linked side of a link whose transport keeps nothing there (local, TCP:
+    the data server checks each request against the link's token)."""
+
+    alive = True
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    async def close(self) -> None:
+        return None

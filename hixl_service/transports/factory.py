@@ -1,0 +1,95 @@
+"""The one place that chooses a link's transport.
+
+The choice follows from where the far cluster lives and from the daemon's
+backend, both known once the far daemon answered Hello:
+
+* the far cluster is in this daemon: ``LocalTransport``;
+* another daemon, on the hccl backend: ``HcclTransport``;
+* another daemon, on the host backend: ``TcpTransport``.
+
+The linked daemon makes the matching inbound side (``inbound_side``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from hixl_client.status import LLMException, LLMStatusCode
+
+from .base import InboundSide, PlainInbound, Transport
+from .hccl import HcclInbound, HcclTransport
+from .local import LocalTransport
+from .tcp import TcpTransport
+
+if TYPE_CHECKING:
+    from ..ascend.backend import AscendBackend
+    from ..completions import CompletionDispatcher
+    from ..copier import Copier
+    from ..peer_api import PeerApi, PeerHello
+
+
+@dataclass(frozen=True)
+class TransportKit:
+    """What transports are built from (the server wires the real ones)."""
+
+    copier: Copier
+    dispatcher: CompletionDispatcher
+    ascend: AscendBackend | None = None  # the hccl backend's devices
+    streams_per_link: int = 4
+    connect_timeout_s: float = 3.0
+    # Tests put a FaultTransport around every transport a link opens.
+    wrap: Callable[[Transport], Transport] | None = None
+
+
+@dataclass(frozen=True)
+class LinkEnds:
+    """The two clusters a link joins, as the factory needs them."""
+
+    local_cluster_id: int
+    local_device_id: int
+    remote_cluster_id: int
+    # The far cluster's device when it lives in this daemon, else None.
+    remote_device_id: int | None
+
+
+async def open_transport(kit: TransportKit, ends: LinkEnds, hello: PeerHello, peer: PeerApi,
+                         same_daemon: bool, timeout_s: float) -> Transport:
+    """Open the transport of a new link (raises LLM_LINK_FAILED when it cannot)."""
+    transport = await _open(kit, ends, hello, peer, same_daemon, timeout_s)
+    return kit.wrap(transport) if kit.wrap is not None else transport
+
+
+async def _open(kit: TransportKit, ends: LinkEnds, hello: PeerHello, peer: PeerApi,
+                same_daemon: bool, timeout_s: float) -> Transport:
+    if same_daemon:
+        _check_one_device(kit, ends)
+        return LocalTransport(kit.copier)
+    if kit.ascend is not None:
+        return await HcclTransport.open(kit.ascend.device(ends.local_device_id), peer,
+                                        hello.token, timeout_s)
+    return await TcpTransport.open(hello.data_host, hello.data_port, hello.token,
+                                   kit.streams_per_link, kit.dispatcher, kit.connect_timeout_s,
+                                   ends.remote_cluster_id)
+
+
+def inbound_side(kit: TransportKit, same_daemon: bool, device_id: int) -> InboundSide:
+    """What the linked daemon keeps for an inbound link of the same transport."""
+    if same_daemon:
+        return PlainInbound(LocalTransport.name)
+    if kit.ascend is not None:
+        return HcclInbound(kit.ascend.device(device_id))
+    return PlainInbound(TcpTransport.name)
+
+
+def _check_one_device(kit: TransportKit, ends: LinkEnds) -> None:
+    """Device memory is copied with ACL inside one daemon, which stays on one device."""
+    if kit.ascend is None or ends.remote_device_id is None:
+        return
+    mine, theirs = ends.local_device_id, ends.remote_device_id
+    if mine != theirs:
+        raise LLMException(f"clusters {ends.local_cluster_id} (device {mine}) and "
+                           f"{ends.remote_cluster_id} (device {theirs}) share a daemon but not a "
+                           f"device; ACL copies inside a daemon stay on one device",
+                           status_code=LLMStatusCode.LLM_LINK_FAILED)
