@@ -1,0 +1,1 @@
+"""Transports: the one seam a link moves its bytes through (see ``base``)."""
