@@ -29,8 +29,6 @@ extensions = [
                                "copy_pool.c"]),
     # the ACL/HCCL shim: loads CANN with dlopen at run time, so it builds anywhere
     native_extension("_ascend", ["acl_shim.c"], libraries=("dl",)),
-    # ceilings measured by hixl-bench next to hixl's own figures
-    native_extension("_bench", ["bench_ceiling.c"]),
 ]
 
 setup(

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv (if needed) and install hixl with its test extras, building the
-# native extension. Safe to run again: it only reinstalls hixl itself.
+# native extension, then hixl-bench (bench/, its own distribution, with its
+# native ceilings). Safe to run again: it only reinstalls hixl and hixl-bench.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -9,3 +10,5 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet -e '.[test]'
+# after hixl, so that its dependency on hixl is this checkout, not an index
+.venv/bin/python -m pip install --quiet -e ./bench

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ["hixl_client", "hixl_service", "native/hixl_native"]
+# bench/hixl_bench is the hixl-bench distribution's package, checked with the same gates
+PACKAGES = ["hixl_client", "hixl_service", "native/hixl_native", "bench/hixl_bench"]
 
 
 def tool(name: str) -> str:
@@ -32,3 +33,12 @@ def test_ruff() -> None:
 
 def test_mypy_strict() -> None:
     run(tool("mypy"), *PACKAGES)
+
+
+def test_the_daemon_distribution_carries_no_benchmark() -> None:
+    """hixl-bench is its own distribution (bench/): hixl's packages never import it."""
+    daemon = [ROOT / p for p in PACKAGES if not p.startswith("bench/")]
+    importers = [str(f.relative_to(ROOT)) for d in daemon for f in sorted(d.rglob("*.py*"))
+                 if "hixl_bench" in f.read_text(encoding="utf-8", errors="replace")]
+    assert importers == []
+    assert "bench" not in (ROOT / "setup.py").read_text(encoding="utf-8")

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from hixl_service.bench.model import JSON_KEYS
+from hixl_bench.model import JSON_KEYS
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_native_ceilings_move_bytes() -> None:
-    from hixl_native._bench import MemcpyCeiling, TcpCeiling
+    from hixl_bench._ceiling import MemcpyCeiling, TcpCeiling
 
     with MemcpyCeiling(8 << 20) as memcpy:
         times = memcpy.run(4096, 4, 10)
@@ -41,7 +41,7 @@ def test_native_ceilings_move_bytes() -> None:
 @pytest.mark.timeout(180)
 def test_quick_run_prints_ratios_and_writes_json_lines(tmp_path: Path) -> None:
     out = tmp_path / "bench.jsonl"
-    command = [sys.executable, "-m", "hixl_service.bench", "--quick", "--json-out", str(out),
+    command = [sys.executable, "-m", "hixl_bench", "--quick", "--json-out", str(out),
                "--budget-scale", "0.3", "--models", "tiny", "--tokens", "256",
                "--page-tokens", "64", "--quiet"]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=170,
@@ -85,6 +85,6 @@ def test_quick_run_prints_ratios_and_writes_json_lines(tmp_path: Path) -> None:
 
 
 def test_bad_arguments_exit_2() -> None:
-    done = subprocess.run([sys.executable, "-m", "hixl_service.bench", "--suites", "nope"],
+    done = subprocess.run([sys.executable, "-m", "hixl_bench", "--suites", "nope"],
                           cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2 and "unknown" in done.stderr

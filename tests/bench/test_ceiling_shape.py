@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from hixl_service.bench.cli import _ceilings_of
-from hixl_service.bench.model import CEILING, HIXL, KIB, MIB, Case, Row, ceiling_shape
-from hixl_service.bench.plan import cold_bytes_for, full_plan
-from hixl_service.bench.report import add_ratios
+from hixl_bench.cli import _ceilings_of
+from hixl_bench.model import CEILING, HIXL, KIB, MIB, Case, Row, ceiling_shape
+from hixl_bench.plan import cold_bytes_for, full_plan
+from hixl_bench.report import add_ratios
 
 
 def test_requests_in_flight_compare_with_their_bytes_moved_at_once() -> None:

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from hixl_service.bench.kvshape import alone_order
+from hixl_bench.kvshape import alone_order
 
 
 @pytest.mark.parametrize("layers", [1, 2, 32, 80, 126])

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from hixl_service.bench.memory import FAST_SAMPLE_S, SAMPLE_S, Sampler, beside_pools_bytes, watch
+from hixl_bench.memory import FAST_SAMPLE_S, SAMPLE_S, Sampler, beside_pools_bytes, watch
 
 
 def test_reads_this_process_and_nothing_for_a_gone_one() -> None:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from hixl_service.bench.model import CEILING, HIXL, Row
-from hixl_service.bench.repeat import median_of_runs
+from hixl_bench.model import CEILING, HIXL, Row
+from hixl_bench.repeat import median_of_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,6 +47,6 @@ def test_one_run_is_returned_as_is() -> None:
 
 @pytest.mark.parametrize("bad", ["0", "21"])
 def test_repeat_out_of_range_exits_2(bad: str) -> None:
-    done = subprocess.run([sys.executable, "-m", "hixl_service.bench", "--repeat", bad],
+    done = subprocess.run([sys.executable, "-m", "hixl_bench", "--repeat", bad],
                           cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2 and "--repeat" in done.stderr

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hixl_service.bench.model import PEER, Budget, Case, Row, Timing
+from hixl_bench.model import PEER, Budget, Case, Row, Timing
 
 _WORKER = str(Path(__file__).with_name("peer_worker.py"))
 # A case's line carries every latency it measured.

@@ -1,4 +1,4 @@
-"""Typed interface of the compiled ``hixl_native._bench`` extension (hixl-bench ceilings)."""
+"""Typed interface of the compiled ``hixl_bench._ceiling`` extension (hixl-bench ceilings)."""
 
 from types import TracebackType
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import random
 
+from hixl_bench.env import Clusters
+from hixl_bench.model import HIXL, Budget, Row, drive
+from hixl_bench.runner import measured_split
 from hixl_client import BlocksCacheKey, CacheDesc, DataType, capture_timings
-from hixl_service.bench.env import Clusters
-from hixl_service.bench.model import HIXL, Budget, Row, drive
-from hixl_service.bench.runner import measured_split
 
 BLOCK = 64
 TENSORS = 2

@@ -1,6 +1,6 @@
 """Ceilings measured in the same run as hixl: cold memcpy, raw loopback TCP, a bare gRPC call.
 
-memcpy and TCP are the native pair in ``hixl_native._bench`` (C, GIL
+memcpy and TCP are the native pair in ``hixl_bench._ceiling`` (C, GIL
 released, buffers rotating through ``cold_bytes``). The gRPC ceiling is a
 unary call with an empty message to a tiny grpc.aio server in another process
 over a unix socket: what one client-to-daemon call costs at the least.
@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Protocol
 
-from hixl_service.bench.model import CEILING, Budget, Row, Timing, drive, drive_sync
+from hixl_bench.model import CEILING, Budget, Row, Timing, drive, drive_sync
 
 MEMCPY, TCP_C, GRPC_RTT = "memcpy", "tcp-c", "grpc-rtt"
 _ECHO_METHOD = "/hixl.bench.Echo/Ping"
@@ -89,7 +89,7 @@ class NativeCeilings:
         self._broken: dict[str, str] = {}
 
     async def open(self) -> None:
-        from hixl_native._bench import MemcpyCeiling, TcpCeiling
+        from hixl_bench._ceiling import MemcpyCeiling, TcpCeiling
 
         if self._want_memcpy:
             self._open[MEMCPY] = ("local", await asyncio.to_thread(MemcpyCeiling, self._cold))
@@ -137,7 +137,7 @@ async def echo_server() -> AsyncIterator[str]:
         # before it listens (rarely; exit status in the message): try again.
         for attempt in range(1, ECHO_START_ATTEMPTS + 1):
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "hixl_service.bench.grpc_echo", socket_path,
+                sys.executable, "-m", "hixl_bench.grpc_echo", socket_path,
                 stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL)
             assert proc.stdout is not None
             line = await asyncio.wait_for(proc.stdout.readline(), 20)

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hixl_service.bench import (
+from hixl_bench import (
     ceilings,
     env,
     kvshape,
@@ -24,7 +24,7 @@ from hixl_service.bench import (
     runner,
     scale,
 )
-from hixl_service.bench.model import GIB, MIB, Case, Row
+from hixl_bench.model import GIB, MIB, Case, Row
 
 SUITES = ("block", "batch", "conc", "scale", "kv")
 
@@ -234,7 +234,7 @@ async def run(args: argparse.Namespace) -> int:
         report.write_json(args.json_out, rows, meta)
         print(f"\nJSON lines: {args.json_out}")
     if args.plot:
-        from hixl_service.bench.plot import plot
+        from hixl_bench.plot import plot
 
         problem = plot([{"kind": "meta", **meta}, *(r.to_json() for r in rows)], args.plot)
         print(f"plot: {problem or args.plot}")

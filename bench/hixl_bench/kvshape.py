@@ -45,6 +45,9 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
+from hixl_bench.env import Clusters, remote_accessible, supports
+from hixl_bench.model import HIXL, Budget, Row, drive
+from hixl_bench.plan import KvCase
 from hixl_client import (
     BlocksCacheKey,
     Cache,
@@ -53,9 +56,6 @@ from hixl_client import (
     DataType,
     LayerSynchronizer,
 )
-from hixl_service.bench.env import Clusters, remote_accessible, supports
-from hixl_service.bench.model import HIXL, Budget, Row, drive
-from hixl_service.bench.plan import KvCase
 
 _METHODS = {"pull_cache": "pull_cache", "pull_cache_layers": "pull_cache",
             "pull_blocks": "pull_blocks", "transfer_cache_async": "transfer_cache_async"}

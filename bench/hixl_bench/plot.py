@@ -1,8 +1,8 @@
 """Throughput against block size (one block per request) for hixl, the ceilings and the peers.
 
-``python -m hixl_service.bench.plot RESULTS.jsonl OUT.png`` replots a saved run;
+``python -m hixl_bench.plot RESULTS.jsonl OUT.png`` replots a saved run;
 hixl-bench calls :func:`plot` itself with ``--plot``. Needs matplotlib (the
-``bench`` extra).
+``plot`` extra of hixl-bench).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def plot(records: list[dict[str, Any]], path: Path, title: str = "") -> str | No
         matplotlib.use("Agg")
         plt: Any = importlib.import_module("matplotlib.pyplot")
     except ImportError:
-        return "matplotlib is not installed (pip install -e '.[bench]')"
+        return "matplotlib is not installed (pip install 'hixl-bench[plot]', or -e './bench[plot]')"
     series = _series(records)
     if not series:
         return "no block-size rows to plot"

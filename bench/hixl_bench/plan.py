@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from hixl_service.bench.model import KIB, MIB, Budget, Case
+from hixl_bench.model import KIB, MIB, Budget, Case
 
 OPS = ("pull", "push")
 PATHS = ("local", "tcp")

@@ -21,6 +21,8 @@ import statistics
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from hixl_bench.env import Clusters, Daemons, clusters, slot_desc, slots_for, supports
+from hixl_bench.model import HIXL, MIB, PROBE, Budget, Case, Row, Timing, drive
 from hixl_client import (
     Cache,
     CacheDesc,
@@ -30,8 +32,6 @@ from hixl_client import (
     TransferTiming,
     capture_timings,
 )
-from hixl_service.bench.env import Clusters, Daemons, clusters, slot_desc, slots_for, supports
-from hixl_service.bench.model import HIXL, MIB, PROBE, Budget, Case, Row, Timing, drive
 
 NOOP, TINY, KEYED = "hixl-noop", "hixl-tiny", "hixl-keyed"
 # Keyed caches bound ahead of the keyed probe's pulls, per refill, in pools

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from hixl_bench.model import MIB
 from hixl_client import (
     CacheDesc,
     CacheManager,
@@ -24,7 +25,6 @@ from hixl_client import (
     LLMRole,
     LLMStatusCode,
 )
-from hixl_service.bench.model import MIB
 from hixl_service.testing import DaemonProcess, cluster_info, start_daemon
 
 INITIATOR, TCP_TARGET, LOCAL_TARGET = 2, 1, 3

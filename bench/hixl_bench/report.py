@@ -9,8 +9,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TextIO
 
-from hixl_service.bench.ceilings import GRPC_RTT, MEMCPY, tcp_name
-from hixl_service.bench.model import (
+from hixl_bench.ceilings import GRPC_RTT, MEMCPY, tcp_name
+from hixl_bench.model import (
     CEILING,
     GIB,
     HIXL,
@@ -21,7 +21,7 @@ from hixl_service.bench.model import (
     Row,
     ceiling_shape,
 )
-from hixl_service.bench.runner import NOOP, TINY, split
+from hixl_bench.runner import NOOP, TINY, split
 
 _ORDER = {CEILING: 0, PROBE: 1, HIXL: 2, PEER: 3}
 

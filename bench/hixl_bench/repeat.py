@@ -13,7 +13,7 @@ import dataclasses
 import statistics
 from typing import Any
 
-from hixl_service.bench.model import Row
+from hixl_bench.model import Row
 
 # The figures of a row that are folded into their median.
 _FIGURES = ("gbps", "rps", "p50_us", "p99_us", "client_us", "control_us", "data_us", "ratio",
