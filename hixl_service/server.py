@@ -66,6 +66,10 @@ SERVICE_NAMES = {
     "peer": (peer_pb2.DESCRIPTOR.services_by_name["Peer"].full_name,),
 }
 ADMIN_NAME = admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name
+# gRPC turns SO_REUSEPORT on by default: a second daemon could then bind a
+# port already served, and a port-0 bind could even be handed one, so peers
+# would be split between two daemons at random.
+SERVER_OPTIONS = (("grpc.so_reuseport", 0),)
 
 
 def _prepare_socket(path: Path) -> None:
@@ -114,6 +118,9 @@ class Daemon:
         self.advertise_host = server_cfg.effective_advertise_host
         self._peers: dict[str, PeerClient] = {}
         self._stop = asyncio.Event()
+        # Set once every listener serves; ``peer_address`` is known from then on.
+        self.ready = asyncio.Event()
+        self.peer_address = ""
 
     def _peer(self, address: str) -> PeerApi:
         client = self._peers.get(address)
@@ -121,7 +128,13 @@ class Daemon:
             client = self._peers[address] = PeerClient(address, __version__)
         return client
 
-    async def run(self) -> None:
+    def stop(self) -> None:
+        """Begin the graceful stop that SIGTERM begins."""
+        self._stop.set()
+
+    async def run(self, handle_signals: bool = True) -> None:
+        """Serve until stopped; ``handle_signals=False`` leaves SIGTERM and SIGINT
+        to the caller (a daemon run inside a test process)."""
         cfg = self.config
         loop = asyncio.get_running_loop()
         ascend: AscendBackend | None = None
@@ -149,6 +162,7 @@ class Daemon:
 
         install_log_record_factory()
         peer_server = grpc.aio.server(interceptors=[RequestIdInterceptor()],
+                                      options=SERVER_OPTIONS,
                                       maximum_concurrent_rpcs=cfg.server.max_concurrent_rpcs)
         peer_port = peer_server.add_insecure_port(f"{cfg.server.peer_host}:{cfg.server.peer_port}")
         peer_address = f"{self.advertise_host}:{peer_port}"
@@ -165,6 +179,7 @@ class Daemon:
         transfers = [f"/{SERVICE_NAMES['client'][0]}/{name}" for name in CLIENT_METHODS]
         client_server = grpc.aio.server(
             interceptors=[LoadInterceptor(load, transfers), RequestIdInterceptor()],
+            options=SERVER_OPTIONS,
             maximum_concurrent_rpcs=cfg.server.max_concurrent_rpcs)
         lane_socket = str(self.lane_path) if cfg.server.transfer_lane else ""
         client_servicer = ClientServicer(engine, __version__, str(self.fd_path), lane_socket)
@@ -190,8 +205,9 @@ class Daemon:
             os.chmod(self.socket_path, 0o660)
         for name in ("", *SERVICE_NAMES["client"], *SERVICE_NAMES["peer"], ADMIN_NAME):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._stop.set)
+        if handle_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self._stop.set)
         record = {"pid": os.getpid(), "client_target": client_target,
                   "peer_address": peer_address,
                   "data_address": f"{self.advertise_host}:{data_server.port}",
@@ -201,6 +217,8 @@ class Daemon:
         _systemd.notify("READY=1\nSTATUS=serving")
         logger.info("hixl-serviced %s ready: clients %s, peers %s, data %s", __version__,
                     client_target, peer_address, record["data_address"])
+        self.peer_address = peer_address
+        self.ready.set()
 
         await self._stop.wait()
 
