@@ -11,6 +11,7 @@ the pools before the process exits.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -141,66 +142,83 @@ class Daemon:
         if cfg.pool.backend == "hccl":
             # Raises BackendUnavailable (the process exits 2): never a silent fallback.
             ascend = await asyncio.to_thread(AscendBackend.open, cfg.ascend)
-        data_server = await asyncio.to_thread(hixl_native.DataServer, cfg.server.peer_host,
-                                              cfg.server.data_port)
-        pools = PoolManager(HostMemory(int(cfg.pool.max_bytes), cfg.pool.populate),
-                            AscendMemory(ascend) if ascend is not None else None)
-        load = TransferLoad()
-        dispatcher = CompletionDispatcher(loop, load)
-        self.engine = engine = Engine(EngineDeps(
-            daemon_id=self.daemon_id, version=__version__, pools=pools,
-            data_server=data_server, data_host=self.advertise_host,
-            peer_factory=self._peer,
-            copier=Copier(cfg.transfer.copy_threads, dispatcher, ascend),
-            dispatcher=dispatcher, load=load,
-            streams_per_link=cfg.transfer.streams_per_link,
-            connect_timeout_s=cfg.transfer.connect_timeout_s,
-            backend=cfg.pool.backend, ascend=ascend))
-        health_servicer = health.aio.HealthServicer()
-        fd_server = FdServer(self.fd_path, pools.take_fd, engine.add_user_buffer)
-        await fd_server.start()
+        # A start that fails part way releases what it had taken (sockets,
+        # listeners, the data server) before the error ends the process.
+        unwind = contextlib.AsyncExitStack()
+        try:
+            data_server = await asyncio.to_thread(hixl_native.DataServer, cfg.server.peer_host,
+                                                  cfg.server.data_port)
+            unwind.callback(data_server.close)
+            pools = PoolManager(HostMemory(int(cfg.pool.max_bytes), cfg.pool.populate),
+                                AscendMemory(ascend) if ascend is not None else None)
+            load = TransferLoad()
+            dispatcher = CompletionDispatcher(loop, load)
+            self.engine = engine = Engine(EngineDeps(
+                daemon_id=self.daemon_id, version=__version__, pools=pools,
+                data_server=data_server, data_host=self.advertise_host,
+                peer_factory=self._peer,
+                copier=Copier(cfg.transfer.copy_threads, dispatcher, ascend),
+                dispatcher=dispatcher, load=load,
+                streams_per_link=cfg.transfer.streams_per_link,
+                connect_timeout_s=cfg.transfer.connect_timeout_s,
+                backend=cfg.pool.backend, ascend=ascend))
+            unwind.callback(dispatcher.close)
+            unwind.callback(engine.deps.copier.close)  # its threads post to the dispatcher
+            health_servicer = health.aio.HealthServicer()
+            fd_server = FdServer(self.fd_path, pools.take_fd, engine.add_user_buffer)
+            await fd_server.start()
+            unwind.push_async_callback(fd_server.close)
 
-        install_log_record_factory()
-        peer_server = grpc.aio.server(interceptors=[RequestIdInterceptor()],
-                                      options=SERVER_OPTIONS,
-                                      maximum_concurrent_rpcs=cfg.server.max_concurrent_rpcs)
-        peer_port = peer_server.add_insecure_port(f"{cfg.server.peer_host}:{cfg.server.peer_port}")
-        peer_address = f"{self.advertise_host}:{peer_port}"
-        peer_servicer = PeerServicer(engine)
-        peer_pb2_grpc.add_PeerServicer_to_server(peer_servicer, generic_only(peer_server))
-        peer_lane: LaneServer | None = None
-        if cfg.server.peer_lane:
-            peer_lane = LaneServer.for_peers(peer_servicer, engine.deps.peer_lane)
-            engine.deps.peer_lane.port = await peer_lane.start_tcp(cfg.server.peer_host,
-                                                                   cfg.server.peer_lane_port)
-        _add_common(peer_server, engine, health_servicer, SERVICE_NAMES["peer"],
-                    cfg.pool.backend, peer_address)
+            install_log_record_factory()
+            peer_server = grpc.aio.server(interceptors=[RequestIdInterceptor()],
+                                          options=SERVER_OPTIONS,
+                                          maximum_concurrent_rpcs=cfg.server.max_concurrent_rpcs)
+            peer_port = peer_server.add_insecure_port(
+                f"{cfg.server.peer_host}:{cfg.server.peer_port}")
+            peer_address = f"{self.advertise_host}:{peer_port}"
+            peer_servicer = PeerServicer(engine)
+            peer_pb2_grpc.add_PeerServicer_to_server(peer_servicer, generic_only(peer_server))
+            peer_lane: LaneServer | None = None
+            if cfg.server.peer_lane:
+                peer_lane = LaneServer.for_peers(peer_servicer, engine.deps.peer_lane)
+                engine.deps.peer_lane.port = await peer_lane.start_tcp(cfg.server.peer_host,
+                                                                       cfg.server.peer_lane_port)
+                unwind.push_async_callback(peer_lane.stop, 0)
+            _add_common(peer_server, engine, health_servicer, SERVICE_NAMES["peer"],
+                        cfg.pool.backend, peer_address)
 
-        transfers = [f"/{SERVICE_NAMES['client'][0]}/{name}" for name in CLIENT_METHODS]
-        client_server = grpc.aio.server(
-            interceptors=[LoadInterceptor(load, transfers), RequestIdInterceptor()],
-            options=SERVER_OPTIONS,
-            maximum_concurrent_rpcs=cfg.server.max_concurrent_rpcs)
-        lane_socket = str(self.lane_path) if cfg.server.transfer_lane else ""
-        client_servicer = ClientServicer(engine, __version__, str(self.fd_path), lane_socket)
-        lane_server: LaneServer | None = None
-        if lane_socket:
-            lane_server = LaneServer.for_clients(engine, client_servicer)
-            await lane_server.start_unix(self.lane_path)
-        client_pb2_grpc.add_ClientServicer_to_server(client_servicer, generic_only(client_server))
-        _add_common(client_server, engine, health_servicer, SERVICE_NAMES["client"],
-                    cfg.pool.backend, peer_address)
-        client_target = ""
-        if self.socket_path is not None:
-            _prepare_socket(self.socket_path)
-            client_server.add_insecure_port(f"unix:{self.socket_path}")
-            client_target = f"unix:{self.socket_path}"
-        if cfg.server.client_tcp:
-            port = client_server.add_insecure_port(cfg.server.client_tcp)
-            client_target = client_target or f"{cfg.server.client_tcp.rsplit(':', 1)[0]}:{port}"
+            transfers = [f"/{SERVICE_NAMES['client'][0]}/{name}" for name in CLIENT_METHODS]
+            client_server = grpc.aio.server(
+                interceptors=[LoadInterceptor(load, transfers), RequestIdInterceptor()],
+                options=SERVER_OPTIONS,
+                maximum_concurrent_rpcs=cfg.server.max_concurrent_rpcs)
+            lane_socket = str(self.lane_path) if cfg.server.transfer_lane else ""
+            client_servicer = ClientServicer(engine, __version__, str(self.fd_path), lane_socket)
+            lane_server: LaneServer | None = None
+            if lane_socket:
+                lane_server = LaneServer.for_clients(engine, client_servicer)
+                await lane_server.start_unix(self.lane_path)
+                unwind.push_async_callback(lane_server.stop, 0)
+            client_pb2_grpc.add_ClientServicer_to_server(client_servicer,
+                                                         generic_only(client_server))
+            _add_common(client_server, engine, health_servicer, SERVICE_NAMES["client"],
+                        cfg.pool.backend, peer_address)
+            client_target = ""
+            if self.socket_path is not None:
+                _prepare_socket(self.socket_path)
+                client_server.add_insecure_port(f"unix:{self.socket_path}")
+                client_target = f"unix:{self.socket_path}"
+            if cfg.server.client_tcp:
+                port = client_server.add_insecure_port(cfg.server.client_tcp)
+                host = cfg.server.client_tcp.rsplit(':', 1)[0]
+                client_target = client_target or f"{host}:{port}"
 
-        await peer_server.start()
-        await client_server.start()
+            await peer_server.start()
+            unwind.push_async_callback(peer_server.stop, 0)
+            await client_server.start()
+        except BaseException:
+            await unwind.aclose()
+            raise
         if self.socket_path is not None:
             os.chmod(self.socket_path, 0o660)
         for name in ("", *SERVICE_NAMES["client"], *SERVICE_NAMES["peer"], ADMIN_NAME):
