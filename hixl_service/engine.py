@@ -1,86 +1,50 @@
-"""The daemon's state and rules: sessions, clusters, caches, links, pulls.
+"""The daemon's state, composed: sessions, clusters, caches, links, regions.
 
-Plain asyncio, no gRPC: the servicers translate messages into these calls and
-``peer_client`` implements the calls this engine makes on other daemons.
-State changes happen in synchronous steps; slow work (native copies, socket
-setup, unregistering regions) happens afterwards, off the event loop.
+Plain asyncio, no gRPC: the servicers translate messages into calls on the
+parts below, and ``peer_client`` implements the calls the daemon makes on
+other daemons. Each part owns one concern:
+
+* ``sessions.Sessions``: attached clients;
+* ``caches.Caches``: caches and registered memory of every cluster;
+* ``regions.Regions``: what linked peers may reach;
+* ``outbound.OutboundLinks`` / ``inbound.InboundLinks``: the two sides of links.
+
+``Engine`` itself owns the cluster table and a cluster's life (init,
+finalize) and the daemon's stop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
-import os
-import secrets
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import hixl_native
 
-from hixl_client._compat import timeout
 from hixl_client.status import LLMException, LLMStatusCode
 from hixl_client.types import LLMRole, Placement
 
+from .caches import Caches, NewCache
 from .cluster import Cluster, ClusterSettings
 from .completions import CompletionDispatcher
 from .copier import Copier
-from .far_caches import DaemonCaches, FarCaches, PeerCaches
-from .links import InboundLink, OutboundLink
+from .inbound import DaemonFacts, InboundLinks, PeerLaneInfo
 from .load import TransferLoad
-from .memory.base import Memory, Pool, UserBuffer
-from .peer_api import (
-    PROTOCOL_VERSION,
-    CacheRefSpec,
-    PeerApi,
-    PeerHello,
-    ResolvedCache,
-)
+from .outbound import OutboundLinks
+from .peer_api import PeerApi
 from .pools import PoolManager
-from .registry import CacheEntry, KeySpec
-from .transports.base import PlainInbound
-from .transports.factory import LinkEnds, TransportKit, inbound_side, open_transport
-from .transports.hccl import hccl_side, region_pairs
+from .regions import Regions
+from .registry import KeySpec
+from .sessions import Session, Sessions
+from .transports.factory import TransportKit
 
 if TYPE_CHECKING:
     from .ascend.backend import AscendBackend
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class Session:
-    """One attached client connection; owns at most one cluster."""
-
-    session_id: str
-    client_pid: int
-    client_name: str
-    cluster: Cluster | None = None
-    # The transfer lane's use, for the admin status.
-    lane_connections: int = 0
-    lane_calls: int = 0
-
-
-@dataclass(frozen=True)
-class NewCache:
-    """The layout of a cache to allocate, checked by the servicer."""
-
-    num_tensors: int
-    tensor_size: int
-    batch_size: int
-    placement: Placement
-    blocks: bool = False
-    blocks_model_id: int | None = None
-
-
-@dataclass
-class PeerLaneInfo:
-    """The peer lane as the admin status shows it."""
-
-    port: int = 0  # set once it listens; 0: no peer lane
-    calls: int = 0  # calls it accepted
 
 
 @dataclass
@@ -105,59 +69,44 @@ class EngineDeps:
     load: TransferLoad = field(default_factory=TransferLoad)
 
 
-@dataclass(frozen=True)
-class DeviceRegion:
-    """Device memory linked peers may reach over HCCL (the TCP data server's
-    region table, for memory it cannot see)."""
-
-    memory: Memory
-    offset: int
-    size: int
-    cluster_id: int
-    writable: bool
-
-
 class Engine:
-    """Owns every session, cluster, cache and link of the daemon."""
+    """Composes the daemon's parts; owns the cluster table."""
 
     def __init__(self, deps: EngineDeps) -> None:
         self.deps = deps
         self.daemon_id = deps.daemon_id
         self.pools = deps.pools
-        self.sessions: dict[str, Session] = {}
         self.clusters: dict[int, Cluster] = {}
-        self.inbound: dict[int, InboundLink] = {}
-        self._region_ids = itertools.count(1)
-        self._buffer_ids = itertools.count(1)
         self._initializing: set[int] = set()
-        self._closing = False
-        self.device_regions: dict[int, DeviceRegion] = {}
-        self._background: set[asyncio.Task[None]] = set()
+        self.sessions = Sessions()
         self.kit = TransportKit(deps.copier, deps.dispatcher, deps.ascend,
                                 deps.streams_per_link, deps.connect_timeout_s)
+        self.regions = Regions(deps.data_server)
+        self.caches = Caches(self.clusters, self.regions, deps.ascend)
+        facts = DaemonFacts(deps.daemon_id, deps.version, deps.data_host, deps.backend,
+                            deps.peer_lane)
+        self.inbound = InboundLinks(facts, self.clusters, deps.data_server, self.regions,
+                                    self.caches, self.kit)
+        self.outbound = OutboundLinks(deps.daemon_id, deps.backend, self, self.kit,
+                                      deps.peer_factory, deps.connect_timeout_s)
+
+    # -- what far_caches.DaemonCaches reads of this daemon ------------------------
+
+    def has_inbound(self, token: int) -> bool:
+        return self.inbound.has_inbound(token)
+
+    def drop_inbound(self, token: int) -> None:
+        self.inbound.drop_inbound(token)
+
+    async def record_pull(self, source: Cluster, key: KeySpec,
+                          tensor_indices: list[int]) -> None:
+        await self.caches.record_pull(source, key, tensor_indices)
 
     # -- sessions and clusters --------------------------------------------
 
-    def attach(self, client_pid: int, client_name: str) -> Session:
-        if self._closing:
-            raise LLMException("the daemon is shutting down",
-                               status_code=LLMStatusCode.LLM_FAILED)
-        session = Session(secrets.token_hex(16), client_pid, client_name)
-        self.sessions[session.session_id] = session
-        logger.info("session %s attached (pid %d, %s)", session.session_id, client_pid,
-                    client_name or "unnamed")
-        return session
-
-    def session(self, session_id: str) -> Session:
-        session = self.sessions.get(session_id)
-        if session is None:
-            raise LLMException("unknown or expired session; attach again",
-                               status_code=LLMStatusCode.LLM_FAILED)
-        return session
-
     async def detach(self, session: Session) -> None:
         """End a session (client gone): free everything it owned."""
-        if self.sessions.pop(session.session_id, None) is None:
+        if not self.sessions.pop(session):
             return
         if session.cluster is not None:
             await self.finalize(session)
@@ -215,11 +164,11 @@ class Engine:
         self.clusters.pop(cluster.cluster_id, None)
         links = list(cluster.links.values())
         cluster.links.clear()
-        await asyncio.gather(*(self._close_link(link, notify=True) for link in links))
-        for token in [t for t, i in self.inbound.items() if i.dst_cluster_id == cluster.cluster_id]:
-            self.drop_inbound(token)
+        await asyncio.gather(*(self.outbound.close(link, notify=True) for link in links))
+        for inbound in self.inbound.to_cluster(cluster.cluster_id):
+            self.inbound.drop_inbound(inbound.token)
         for entry in cluster.registry.drain():
-            await self._unregister_region(entry.region_id)
+            await self.regions.remove(entry.region_id)
         for pool in cluster.pools.values():
             await self.pools.destroy(pool)
         for buffer in cluster.buffers.values():  # unmapped here, never freed: the user's
@@ -228,343 +177,21 @@ class Engine:
             await asyncio.to_thread(buffer.release)
         logger.info("cluster %d finalized", cluster.cluster_id)
 
-    async def close(self) -> None:
-        """Drain: end every session, then release native resources."""
-        self._closing = True
-        for session in list(self.sessions.values()):
-            await self.detach(session)
-        for token in list(self.inbound):
-            self.drop_inbound(token)
-        await asyncio.gather(*self._background, return_exceptions=True)
-        self.deps.copier.close()  # its threads post to the dispatcher's queue: first
-        self.deps.dispatcher.close()
-
-    # -- caches ---------------------------------------------------------------
-
-    def allocate(self, cluster: Cluster, spec: NewCache, keys: list[KeySpec]) -> CacheEntry:
-        pool = cluster.pool_for(spec.placement)
-        registry = cluster.registry
-        if spec.blocks_model_id is not None:
-            registry.check_blocks_key(spec.blocks_model_id)
-        if not spec.blocks:
-            registry.check_keys(keys, spec.batch_size)
-        cache_id = registry.reserve_id()
-        offset, size, tensor_offsets = pool.alloc_cache(spec.num_tensors, spec.tensor_size)
-        region_id = next(self._region_ids)
-        writable = cluster.settings.remote_cache_accessible
-        try:
-            self._register_region(region_id, pool, offset, size, cluster,
-                                  self._peer_writable(cluster, writable))
-        except BaseException:
-            pool.allocator.free(offset)
-            raise
-        entry = CacheEntry(cache_id=cache_id, blocks=spec.blocks, num_tensors=spec.num_tensors,
-                           tensor_size=spec.tensor_size, batch_size=spec.batch_size,
-                           memory=pool, extent_offset=offset, extent_size=size,
-                           tensor_offsets=tensor_offsets, region_id=region_id,
-                           blocks_model_id=spec.blocks_model_id, writable=writable)
-        registry.add(entry, keys)
-        return entry
-
-    async def deallocate(self, cluster: Cluster, cache_id: int, blocks: bool) -> None:
-        await self._free(cluster.registry.release(cache_id, blocks))
-
-    async def remove_key(self, cluster: Cluster, key: KeySpec) -> None:
-        await self._free(cluster.registry.remove_key(key))
-
-    async def _free(self, entry: CacheEntry | None) -> None:
-        if entry is None:
-            return
-        await self._unregister_region(entry.region_id)
-        if entry.registered or entry.memory.closed:
-            return  # the user's memory, or the whole pool went away with its cluster
-        assert isinstance(entry.memory, Pool)
-        entry.memory.allocator.free(entry.extent_offset)
-
-    def _register_region(self, region_id: int, memory: Memory, offset: int, size: int,
-                         cluster: Cluster, writable: bool) -> None:
-        """Make [offset, offset + size) of ``memory`` reachable by linked peers."""
-        if memory.on_device:
-            self.device_regions[region_id] = DeviceRegion(memory, offset, size,
-                                                          cluster.cluster_id, writable)
-        else:
-            self.deps.data_server.register_region(region_id, memory.native, offset, size,
-                                                  cluster.cluster_id, writable)
-
-    async def _unregister_region(self, region_id: int) -> None:
-        if self.device_regions.pop(region_id, None) is not None:
-            return  # HCCL batches in flight pin the memory itself
-        # Waits for data-plane reads of the region that already started.
-        await asyncio.to_thread(self.deps.data_server.unregister_region, region_id)
-
-    # -- registered memory ------------------------------------------------------
-
-    def add_user_buffer(self, upload_token: bytes, fd: int) -> int:
-        """Map a client's shareable buffer (fd from the fd socket); return its id."""
-        cluster = next((c for c in self.clusters.values()
-                        if secrets.compare_digest(c.upload_token, upload_token)), None)
-        if cluster is None:
-            raise LLMException("unknown upload token", status_code=LLMStatusCode.LLM_FAILED)
-        size = os.fstat(fd).st_size
-        if size <= 0:
-            raise LLMException("the uploaded buffer is empty",
-                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
-        buffer_id = next(self._buffer_ids)
-        cluster.buffers[buffer_id] = UserBuffer(buffer_id, cluster.cluster_id,
-                                                hixl_native.Mapping(fd, size))
-        return buffer_id
-
-    async def import_device_buffer(self, cluster: Cluster, key: str, size: int,
-                                   device_id: int) -> int:
-        """Import a client's exported device memory (hccl backend); return its buffer id."""
-        if self.deps.ascend is None:
-            raise LLMException("device buffers need the daemon's hccl backend",
-                               status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
-        if device_id != cluster.settings.device_id:
-            raise LLMException(f"the buffer is on device {device_id}, the cluster on "
-                               f"{cluster.settings.device_id}",
-                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
-        imported = await self.deps.ascend.import_buffer(device_id, key, size)
-        buffer_id = next(self._buffer_ids)
-        cluster.buffers[buffer_id] = UserBuffer(buffer_id, cluster.cluster_id, device=imported)
-        return buffer_id
-
-    def register(self, cluster: Cluster, spec: NewCache, buffer_id: int,
-                 tensor_offsets: list[int], keys: list[KeySpec], remote_accessible: bool,
-                 buffer_address: int = 0) -> tuple[CacheEntry, list[CacheEntry]]:
-        """Describe user memory as a cache; return it and caches its keys orphaned."""
-        buffer = cluster.buffers.get(buffer_id)
-        if buffer is None:
-            raise LLMException(f"buffer {buffer_id} was not uploaded by this cluster",
-                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
-        if len(tensor_offsets) != spec.num_tensors:
-            raise LLMException(f"{len(tensor_offsets)} addresses for {spec.num_tensors} tensors",
-                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
-        if buffer_address:
-            buffer.client_base = buffer_address
-        if any(o + spec.tensor_size > buffer.size for o in tensor_offsets):
-            raise LLMException("a tensor runs past the end of its shareable buffer",
-                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
-        if spec.blocks_model_id is not None:
-            cluster.registry.check_blocks_key(spec.blocks_model_id)
-        start = min(tensor_offsets)
-        span = max(tensor_offsets) + spec.tensor_size - start
-        region_id = next(self._region_ids)
-        self._register_region(region_id, buffer, start, span, cluster,
-                              self._peer_writable(cluster, remote_accessible))
-        entry = CacheEntry(cache_id=cluster.registry.reserve_id(), blocks=spec.blocks,
-                           num_tensors=spec.num_tensors, tensor_size=spec.tensor_size,
-                           batch_size=spec.batch_size, memory=buffer, extent_offset=start,
-                           extent_size=span, tensor_offsets=list(tensor_offsets),
-                           region_id=region_id, blocks_model_id=spec.blocks_model_id,
-                           writable=remote_accessible, registered=True)
-        return entry, cluster.registry.add_registered(entry, keys)
-
-    async def unregister(self, cluster: Cluster, cache_id: int) -> None:
-        entry = cluster.registry.unregister(cache_id)
-        if entry is not None:
-            await self._unregister_region(entry.region_id)
-
-    async def free_all(self, entries: list[CacheEntry]) -> None:
-        for entry in entries:
-            await self._free(entry)
-
     def switch_role(self, cluster: Cluster, role: LLMRole) -> None:
         """Relabel a cluster; refused while links exist, as LLM-DataDist does."""
-        inbound = any(i.dst_cluster_id == cluster.cluster_id for i in self.inbound.values())
-        if cluster.links or inbound:
+        if cluster.links or self.inbound.to_cluster(cluster.cluster_id):
             raise LLMException("unlink every cluster before switching roles",
                                status_code=LLMStatusCode.LLM_EXIST_LINK)
         cluster.role = role
 
-    # -- links ------------------------------------------------------------------
-
-    def accept_link(self, protocol_version: int, src_daemon_id: str, src_cluster_id: int,
-                    dst_cluster_id: int, backend: str = "host") -> PeerHello:
-        """Peer side of a link: authorize a token for one of our clusters."""
-        if protocol_version != PROTOCOL_VERSION:
-            raise LLMException(f"peer protocol {protocol_version} is not {PROTOCOL_VERSION}",
-                               status_code=LLMStatusCode.LLM_LINK_FAILED)
-        if backend != self.deps.backend:
-            raise LLMException(f"daemon {src_daemon_id} runs the {backend!r} backend and daemon "
-                               f"{self.daemon_id} the {self.deps.backend!r} one; link daemons "
-                               f"of one backend", status_code=LLMStatusCode.LLM_LINK_FAILED)
-        cluster = self.clusters.get(dst_cluster_id)
-        if cluster is None:
-            raise LLMException(f"cluster {dst_cluster_id} is not initialized on daemon "
-                               f"{self.daemon_id}", status_code=LLMStatusCode.LLM_LINK_FAILED)
-        token = secrets.randbits(64) or 1
-        side = inbound_side(self.kit, src_daemon_id == self.daemon_id, cluster.settings.device_id)
-        self.inbound[token] = InboundLink(token, src_daemon_id, src_cluster_id, dst_cluster_id,
-                                          side)
-        self.deps.data_server.authorize(token, dst_cluster_id)
-        logger.info("cluster %d of daemon %s linked to cluster %d", src_cluster_id,
-                    src_daemon_id, dst_cluster_id)
-        return PeerHello(self.daemon_id, self.deps.version, self.deps.data_host,
-                         self.deps.data_server.port, token, self.deps.backend,
-                         self.deps.peer_lane.port)
-
-    def drop_inbound_link(self, token: int) -> None:
-        if token not in self.inbound:
-            raise LLMException("unknown link", status_code=LLMStatusCode.LLM_NOT_YET_LINK)
-        self.drop_inbound(token)
-
-    def has_inbound(self, token: int) -> bool:
-        return token in self.inbound
-
-    def drop_inbound(self, token: int) -> None:
-        """Revoke an inbound link's token and close what its transport kept here."""
-        inbound = self.inbound.pop(token, None)
-        self.deps.data_server.revoke(token)
-        if inbound is not None and not isinstance(inbound.side, PlainInbound):
-            # Waits for a running batch (bounded by its deadline): in the background.
-            self._in_background(inbound.side.close())
-
-    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.ensure_future(work)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    async def link(self, cluster: Cluster, remote_cluster_id: int, address: str,
-                   timeout_s: float) -> OutboundLink:
-        """Open a link from ``cluster`` to a cluster of the daemon at ``address``."""
-        if remote_cluster_id == cluster.cluster_id:
-            raise LLMException("a cluster cannot link to itself",
-                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
-        if remote_cluster_id in cluster.links:
-            raise LLMException(f"already linked to cluster {remote_cluster_id}",
-                               status_code=LLMStatusCode.LLM_ALREADY_LINK)
-        peer = self.deps.peer_factory(address)
-        try:
-            async with timeout(timeout_s):
-                link = await self._open_link(cluster, remote_cluster_id, peer, timeout_s)
-        except asyncio.TimeoutError:
-            raise LLMException(f"linking to {address} timed out after {timeout_s:.3f} s",
-                               status_code=LLMStatusCode.LLM_LINK_FAILED) from None
-        if cluster.closed or remote_cluster_id in cluster.links:
-            await self._close_link(link, notify=True)
-            raise LLMException(f"already linked to cluster {remote_cluster_id}",
-                               status_code=LLMStatusCode.LLM_ALREADY_LINK)
-        cluster.links[remote_cluster_id] = link
-        logger.info("cluster %d linked to cluster %d at %s over %s", cluster.cluster_id,
-                    remote_cluster_id, address, link.transport.name)
-        return link
-
-    async def _open_link(self, cluster: Cluster, remote_cluster_id: int, peer: PeerApi,
-                         timeout_s: float) -> OutboundLink:
-        hello = await peer.hello(self.daemon_id, cluster.cluster_id, remote_cluster_id,
-                                 self.deps.connect_timeout_s, self.deps.backend)
-        same_daemon = hello.daemon_id == self.daemon_id  # the address is ours
-        far: FarCaches = (DaemonCaches(self, remote_cluster_id, hello.token) if same_daemon
-                          else PeerCaches(peer, hello.token))
-        remote = self.clusters.get(remote_cluster_id) if same_daemon else None
-        ends = LinkEnds(cluster.cluster_id, cluster.settings.device_id, remote_cluster_id,
-                        remote.settings.device_id if remote is not None else None)
-        try:
-            transport = await open_transport(self.kit, ends, hello, peer, same_daemon, timeout_s)
-        except BaseException:
-            await far.tell_unlinked(self.deps.connect_timeout_s)
-            raise
-        return OutboundLink(cluster.cluster_id, remote_cluster_id, peer.address,
-                            hello.daemon_id, hello.token, transport, far)
-
-    async def unlink(self, cluster: Cluster, remote_cluster_id: int, force: bool) -> None:
-        link = cluster.links.pop(remote_cluster_id, None)
-        if link is None:
-            raise LLMException(f"not linked to cluster {remote_cluster_id}",
-                               status_code=LLMStatusCode.LLM_UNLINK_FAILED)
-        if not await self._close_link(link, notify=not force):
-            raise LLMException(f"cluster {remote_cluster_id} could not be told of the unlink; "
-                               f"unlink on its side too",
-                               status_code=LLMStatusCode.LLM_NOTIFY_PROMPT_UNLINK_FAILED)
-
-    async def _close_link(self, link: OutboundLink, notify: bool) -> bool:
-        await link.transport.close()
-        return await link.far.tell_unlinked(self.deps.connect_timeout_s) if notify else True
-
-    # -- resolving caches for pulls ----------------------------------------------
-
-    def _inbound_cluster(self, token: int) -> Cluster:
-        inbound = self.inbound.get(token)
-        cluster = self.clusters.get(inbound.dst_cluster_id) if inbound is not None else None
-        if cluster is None:
-            raise LLMException("the link is gone; link again",
-                               status_code=LLMStatusCode.LLM_NOT_YET_LINK)
-        return cluster
-
-    def resolve_for_peer(self, token: int, ref: CacheRefSpec) -> ResolvedCache:
-        """Peer side of a pull: describe the cache a linked cluster asks for."""
-        cluster = self._inbound_cluster(token)
-        if ref.cluster_id != cluster.cluster_id:
-            raise LLMException(f"the link reaches cluster {cluster.cluster_id}, "
-                               f"not {ref.cluster_id}",
-                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
-        entry, batch_index = cluster.lookup(ref)
-        return ResolvedCache(entry.cache_id, entry.region_id,
-                             tuple(o - entry.extent_offset for o in entry.tensor_offsets),
-                             entry.tensor_size, entry.batch_size, batch_index, entry.blocks,
-                             entry.writable)
-
-    async def release_for_peer(self, token: int, key: KeySpec,
-                               tensor_indices: list[int]) -> None:
-        """Peer side of a completed pull by key: account it, maybe free the cache."""
-        cluster = self._inbound_cluster(token)
-        await self._free(cluster.registry.record_pull(key, tensor_indices))
-
-    def resolve_addresses_for_peer(self, token: int, addresses: list[int],
-                                   length: int) -> list[tuple[int, int, bool]]:
-        """Peer side of a TransferConfig: (region, offset, writable) per address."""
-        cluster = self._inbound_cluster(token)
-        found = [cluster.find_address(a, length) for a in addresses]
-        return [(entry.region_id, offset, self._peer_writable(cluster, entry.writable))
-                for entry, offset in found]
-
-    async def hccl_connect_for_peer(self, token: int, root_info: bytes) -> None:
-        """Peer side of an HCCL link: join the communicator the linking daemon created."""
-        inbound = self.inbound.get(token)
-        await hccl_side(inbound.side if inbound is not None else None).connect(root_info)
-
-    async def hccl_post_for_peer(self, token: int, send: bool, region_id: int, ranges: bytes,
-                                 timeout_ms: int) -> None:
-        """Peer side of an HCCL transfer: check the ranges, queue our half of the batch."""
-        inbound = self.inbound.get(token)
-        side = hccl_side(inbound.side if inbound is not None else None)
-        assert inbound is not None
-        region = self.device_regions.get(region_id)
-        if region is None or region.cluster_id != inbound.dst_cluster_id:
-            raise LLMException(f"region {region_id} is not a device cache of cluster "
-                               f"{inbound.dst_cluster_id} (freed, or never there)",
-                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
-        if not send and not region.writable:
-            raise LLMException(f"region {region_id} of cluster {inbound.dst_cluster_id} is not "
-                               f"writable by linked peers",
-                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
-        pairs = region_pairs(ranges, region_id, region.offset, region.size)
-        await side.post(send, region.memory, pairs, timeout_ms)
-
-    async def share_device_pools(self, cluster: Cluster, tgid: int) -> list[tuple[int, str]]:
-        """Let a client process import the cluster's device pools; (pool id, key) each."""
-        ascend = self.deps.ascend
-        if ascend is None:
-            return []
-        return [(pool.pool_id, await asyncio.to_thread(ascend.share, pool, tgid))
-                for pool in cluster.pools.values() if pool.on_device]
-
-    @staticmethod
-    def _peer_writable(cluster: Cluster, remote_accessible: bool) -> bool:
-        """May linked peers write into a cache? (its region's data-plane permission)
-
-        In remote-cache-accessible mode, only caches marked remote-accessible.
-        Otherwise LLM-DataDist's contract is TransferConfig: a linked peer writes
-        to the addresses its user names, so every cache of the cluster is open
-        to it; a push by key or id still needs a remote-accessible cache.
-        """
-        return remote_accessible or not cluster.settings.remote_cache_accessible
-
-    async def record_pull(self, source: Cluster, key: KeySpec,
-                          tensor_indices: list[int]) -> None:
-        """A pull by key of ``source``'s slot moved ``tensor_indices``: account it."""
-        await self._free(source.registry.record_pull(key, tensor_indices))
+    async def close(self) -> None:
+        """Drain: end every session, then release native resources."""
+        self.sessions.closing = True
+        for session in self.sessions.values():
+            await self.detach(session)
+        await self.inbound.close()
+        self.deps.copier.close()  # its threads post to the dispatcher's queue: first
+        self.deps.dispatcher.close()
 
 
 __all__ = ["Engine", "EngineDeps", "NewCache", "Session"]

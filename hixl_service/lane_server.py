@@ -49,9 +49,11 @@ from hixl_client.status import LLMException, LLMStatusCode
 
 from .call_context import CallAborted, CallContext, Context, call_error, deadline_error
 from .eager import start_eagerly
-from .engine import Engine, PeerLaneInfo, Session
+from .engine import Engine
+from .inbound import PeerLaneInfo
 from .interceptors import new_request_id, request_id
 from .load import TransferLoad
+from .sessions import Session
 
 logger = logging.getLogger(__name__)
 
@@ -357,7 +359,7 @@ class LaneServer:
             except UnicodeDecodeError:
                 session_id = ""
             try:
-                return SessionBinding(engine.session(session_id))
+                return SessionBinding(engine.sessions.get(session_id))
             except LLMException as exc:
                 raise LLMException(f"no such session: {exc}",
                                    status_code=LLMStatusCode.LLM_FAILED) from None

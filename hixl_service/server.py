@@ -165,7 +165,7 @@ class Daemon:
             unwind.callback(dispatcher.close)
             unwind.callback(engine.deps.copier.close)  # its threads post to the dispatcher
             health_servicer = health.aio.HealthServicer()
-            fd_server = FdServer(self.fd_path, pools.take_fd, engine.add_user_buffer)
+            fd_server = FdServer(self.fd_path, pools.take_fd, engine.caches.add_user_buffer)
             await fd_server.start()
             unwind.push_async_callback(fd_server.close)
 

@@ -51,7 +51,7 @@ def snapshot(engine: Engine, backend: str, peer_address: str) -> admin_pb2.Daemo
                               bytes=entry.extent_size,
                               keys=len(entry.keys) + len(entry.prefix_keys),
                               released=entry.released)
-    for inbound in engine.inbound.values():
+    for inbound in engine.inbound.all():
         status.links.add(local_cluster_id=inbound.dst_cluster_id,
                          remote_cluster_id=inbound.src_cluster_id,
                          remote_daemon_id=inbound.src_daemon_id, direction="inbound",

@@ -137,13 +137,13 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
     def _session(self, context: Context) -> Session:
         for key, value in context.invocation_metadata() or ():
             if key == SESSION_METADATA_KEY:
-                return self._engine.session(str(value))
+                return self._engine.sessions.get(str(value))
         raise LLMException("the call carries no session; attach first",
                            status_code=LLMStatusCode.LLM_FAILED)
 
     async def Attach(self, request: client_pb2.AttachRequest, context: Context) -> None:
         try:
-            session = self._engine.attach(request.client_pid, request.client_name)
+            session = self._engine.sessions.attach(request.client_pid, request.client_name)
         except LLMException as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
             return
@@ -183,7 +183,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
     async def ImportDeviceBuffer(self, request: client_pb2.ImportDeviceBufferRequest,
                                  context: Context) -> client_pb2.ImportDeviceBufferReply:
         cluster = self._engine.cluster_of(self._session(context))
-        buffer_id = await self._engine.import_device_buffer(cluster, request.ipc_key,
+        buffer_id = await self._engine.caches.import_device_buffer(cluster, request.ipc_key,
                                                             request.size, request.device_id)
         return client_pb2.ImportDeviceBufferReply(buffer_id=buffer_id)
 
@@ -194,7 +194,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         if request.tgid <= 0:
             raise LLMException(f"tgid must be a process id, got {request.tgid}",
                                status_code=LLMStatusCode.LLM_PARAM_INVALID)
-        shared = await self._engine.share_device_pools(cluster, request.tgid)
+        shared = await self._engine.caches.share_device_pools(cluster, request.tgid)
         return client_pb2.ShareDevicePoolsReply(
             pools=[client_pb2.DevicePoolKey(pool_id=pool_id, ipc_key=key)
                    for pool_id, key in shared])
@@ -228,10 +228,10 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
             async with gate:
                 try:
                     if unlink:
-                        await self._engine.unlink(cluster, target.remote_cluster_id,
+                        await self._engine.outbound.unlink(cluster, target.remote_cluster_id,
                                                   request.force)
                         return client_pb2.LinkResult(status=LLMStatusCode.LLM_SUCCESS)
-                    link = await self._engine.link(
+                    link = await self._engine.outbound.link(
                         cluster, target.remote_cluster_id,
                         f"{target.remote_host}:{target.remote_port}", timeout_s)
                     return client_pb2.LinkResult(status=LLMStatusCode.LLM_SUCCESS,
@@ -271,7 +271,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         model_id = request.blocks_key.model_id if request.has_blocks_key else None
         spec = new_cache_from_proto(request.desc, request.blocks, model_id)
         keys = [key_from_proto(k) for k in request.keys]
-        entry = self._engine.allocate(cluster, spec, keys)
+        entry = self._engine.caches.allocate(cluster, spec, keys)
         assert isinstance(entry.memory, Pool)
         return client_pb2.AllocateCacheReply(cache_id=entry.cache_id,
                                              pool_id=entry.memory.pool_id,
@@ -283,11 +283,11 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         cluster = self._engine.cluster_of(self._session(context))
         model_id = request.blocks_key.model_id if request.has_blocks_key else None
         spec = new_cache_from_proto(request.desc, request.blocks, model_id)
-        entry, orphans = self._engine.register(
+        entry, orphans = self._engine.caches.register(
             cluster, spec, request.buffer_id, list(request.tensor_offsets),
             [key_from_proto(k) for k in request.keys], request.remote_accessible,
             request.buffer_address)
-        await self._engine.free_all(orphans)
+        await self._engine.caches.free_all(orphans)
         return client_pb2.AllocateCacheReply(cache_id=entry.cache_id,
                                              tensor_offsets=entry.tensor_offsets)
 
@@ -295,21 +295,21 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
     async def UnregisterCache(self, request: client_pb2.UnregisterCacheRequest,
                               context: Context) -> client_pb2.UnregisterCacheReply:
         cluster = self._engine.cluster_of(self._session(context))
-        await self._engine.unregister(cluster, request.cache_id)
+        await self._engine.caches.unregister(cluster, request.cache_id)
         return client_pb2.UnregisterCacheReply()
 
     @handles_errors
     async def DeallocateCache(self, request: client_pb2.DeallocateCacheRequest,
                               context: Context) -> client_pb2.DeallocateCacheReply:
         cluster = self._engine.cluster_of(self._session(context))
-        await self._engine.deallocate(cluster, request.cache_id, request.blocks)
+        await self._engine.caches.deallocate(cluster, request.cache_id, request.blocks)
         return client_pb2.DeallocateCacheReply()
 
     @handles_errors
     async def RemoveCacheKey(self, request: client_pb2.RemoveCacheKeyRequest,
                              context: Context) -> client_pb2.RemoveCacheKeyReply:
         cluster = self._engine.cluster_of(self._session(context))
-        await self._engine.remove_key(cluster, key_from_proto(request.key))
+        await self._engine.caches.remove_key(cluster, key_from_proto(request.key))
         return client_pb2.RemoveCacheKeyReply()
 
     def _pull_spec(self, request: client_pb2.PullCacheRequest, blocks: bool) -> PullSpec:

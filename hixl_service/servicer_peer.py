@@ -20,7 +20,7 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
 
     @handles_errors
     async def Hello(self, request: peer_pb2.HelloRequest, context: Context) -> peer_pb2.HelloReply:
-        hello = self._engine.accept_link(request.protocol_version, request.daemon_id,
+        hello = self._engine.inbound.accept_link(request.protocol_version, request.daemon_id,
                                          request.src_cluster_id, request.dst_cluster_id,
                                          request.backend or "host")
         return peer_pb2.HelloReply(protocol_version=request.protocol_version,
@@ -36,7 +36,7 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         if ref is None:
             raise LLMException("the request names no cache",
                                status_code=LLMStatusCode.LLM_PARAM_INVALID)
-        found = self._engine.resolve_for_peer(request.link_token, ref)
+        found = self._engine.inbound.resolve_for_peer(request.link_token, ref)
         return peer_pb2.ResolveCacheReply(
             cache_id=found.cache_id, region_id=found.region_id,
             tensor_offsets=found.tensor_offsets, tensor_size=found.tensor_size,
@@ -46,14 +46,14 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
     @handles_errors
     async def ReleaseKey(self, request: peer_pb2.ReleaseKeyRequest,
                          context: Context) -> peer_pb2.ReleaseKeyReply:
-        await self._engine.release_for_peer(request.link_token, key_from_proto(request.key),
+        await self._engine.inbound.release_for_peer(request.link_token, key_from_proto(request.key),
                                             list(request.tensor_indices))
         return peer_pb2.ReleaseKeyReply()
 
     @handles_errors
     async def ResolveAddresses(self, request: peer_pb2.ResolveAddressesRequest,
                                context: Context) -> peer_pb2.ResolveAddressesReply:
-        found = self._engine.resolve_addresses_for_peer(
+        found = self._engine.inbound.resolve_addresses_for_peer(
             request.link_token, list(request.addresses), request.length)
         return peer_pb2.ResolveAddressesReply(region_ids=[r for r, _, _ in found],
                                               offsets=[o for _, o, _ in found],
@@ -62,19 +62,19 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
     @handles_errors
     async def Unlink(self, request: peer_pb2.UnlinkRequest,
                      context: Context) -> peer_pb2.UnlinkReply:
-        self._engine.drop_inbound_link(request.link_token)
+        self._engine.inbound.drop_inbound_link(request.link_token)
         return peer_pb2.UnlinkReply()
 
     @handles_errors
     async def HcclConnect(self, request: peer_pb2.HcclConnectRequest,
                           context: Context) -> peer_pb2.HcclConnectReply:
-        await self._engine.hccl_connect_for_peer(request.link_token, request.root_info)
+        await self._engine.inbound.hccl_connect_for_peer(request.link_token, request.root_info)
         return peer_pb2.HcclConnectReply()
 
     @handles_errors
     async def HcclPost(self, request: peer_pb2.HcclPostRequest,
                        context: Context) -> peer_pb2.HcclPostReply:
-        await self._engine.hccl_post_for_peer(request.link_token, request.send,
+        await self._engine.inbound.hccl_post_for_peer(request.link_token, request.send,
                                               request.region_id, request.ranges,
                                               max(1, request.timeout_ms))
         return peer_pb2.HcclPostReply()

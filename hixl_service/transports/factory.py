@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from ..peer_api import PeerApi, PeerHello
 
 
-@dataclass(frozen=True)
+@dataclass
 class TransportKit:
     """What transports are built from (the server wires the real ones)."""
 

@@ -6,7 +6,6 @@ client process."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,7 +46,7 @@ class InProcessDaemon:
         return self.daemon.peer_address
 
     async def cluster(self, cluster_id: int, sync_timeout_ms: int = 1000) -> Cluster:
-        session = self.engine.attach(0, f"engine-test-{cluster_id}")
+        session = self.engine.sessions.attach(0, f"engine-test-{cluster_id}")
         pool = '{"memory_size": 4194304}'
         options = {OPT_MEM_POOL: pool, OPT_HOST_MEM_POOL: pool,
                    OPT_SYNC_TIMEOUT: str(sync_timeout_ms)}
@@ -79,8 +78,7 @@ async def start_daemon(tmp: Path) -> InProcessDaemon:
         running.faults.append(fault)
         return fault
 
-    engine = daemon.engine
-    engine.kit = dataclasses.replace(engine.kit, wrap=wrap)
+    daemon.engine.kit.wrap = wrap
     return running
 
 
@@ -103,7 +101,7 @@ async def daemons(tmp_path: Path) -> AsyncIterator[tuple[InProcessDaemon, InProc
 
 def cache(engine: Engine, cluster: Cluster, placement: Placement = Placement.DEVICE) -> CacheEntry:
     """A 2-tensor cache of BATCH slots."""
-    return engine.allocate(cluster, NewCache(2, TENSOR_BYTES * BATCH, BATCH, placement), [])
+    return engine.caches.allocate(cluster, NewCache(2, TENSOR_BYTES * BATCH, BATCH, placement), [])
 
 
 def view(entry: CacheEntry, tensor: int, slot: int) -> np.ndarray:

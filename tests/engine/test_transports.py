@@ -31,7 +31,7 @@ async def _linked(daemons: Pair, next_cluster_id, sync_timeout_ms: int = 1000): 
     source, target = next_cluster_id(), next_cluster_id()
     owner = await prefill.cluster(source)
     puller = await decode.cluster(target, sync_timeout_ms)
-    link = await decode.engine.link(puller, source, prefill.peer_address, 3.0)
+    link = await decode.engine.outbound.link(puller, source, prefill.peer_address, 3.0)
     src, dst = cache(prefill.engine, owner), cache(decode.engine, puller)
     fill(src, seed=source)
     return puller, link, src, dst, decode.faults[-1]
@@ -130,7 +130,7 @@ async def test_a_link_inside_one_daemon_copies(daemons: Pair, next_cluster_id) -
     prefill, _ = daemons
     source, target = next_cluster_id(), next_cluster_id()
     owner, puller = await prefill.cluster(source), await prefill.cluster(target)
-    link = await prefill.engine.link(puller, source, prefill.peer_address, 3.0)
+    link = await prefill.engine.outbound.link(puller, source, prefill.peer_address, 3.0)
     assert link.transport.name == "local"
     src, dst = cache(prefill.engine, owner), cache(prefill.engine, puller)
     fill(src, seed=source)

@@ -1,0 +1,181 @@
+"""Caches and registered memory of the daemon's clusters: allocation in pools,
+registration of user memory, keys, and the regions that make them reachable."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import hixl_native
+
+from hixl_client.status import LLMException, LLMStatusCode
+from hixl_client.types import Placement
+
+from .cluster import Cluster
+from .memory.base import Pool, UserBuffer
+from .regions import Regions
+from .registry import CacheEntry, KeySpec
+
+if TYPE_CHECKING:
+    from .ascend.backend import AscendBackend
+
+
+@dataclass(frozen=True)
+class NewCache:
+    """The layout of a cache to allocate, checked by the servicer."""
+
+    num_tensors: int
+    tensor_size: int
+    batch_size: int
+    placement: Placement
+    blocks: bool = False
+    blocks_model_id: int | None = None
+
+
+def peer_writable(cluster: Cluster, remote_accessible: bool) -> bool:
+    """May linked peers write into a cache? (its region's data-plane permission)
+
+    In remote-cache-accessible mode, only caches marked remote-accessible.
+    Otherwise LLM-DataDist's contract is TransferConfig: a linked peer writes
+    to the addresses its user names, so every cache of the cluster is open
+    to it; a push by key or id still needs a remote-accessible cache.
+    """
+    return remote_accessible or not cluster.settings.remote_cache_accessible
+
+
+class Caches:
+    """Allocates, registers and frees the caches of every cluster."""
+
+    def __init__(self, clusters: Mapping[int, Cluster], regions: Regions,
+                 ascend: AscendBackend | None) -> None:
+        self._clusters = clusters
+        self._regions = regions
+        self._ascend = ascend
+        self._buffer_ids = itertools.count(1)
+
+    def allocate(self, cluster: Cluster, spec: NewCache, keys: list[KeySpec]) -> CacheEntry:
+        pool = cluster.pool_for(spec.placement)
+        registry = cluster.registry
+        if spec.blocks_model_id is not None:
+            registry.check_blocks_key(spec.blocks_model_id)
+        if not spec.blocks:
+            registry.check_keys(keys, spec.batch_size)
+        cache_id = registry.reserve_id()
+        offset, size, tensor_offsets = pool.alloc_cache(spec.num_tensors, spec.tensor_size)
+        writable = cluster.settings.remote_cache_accessible
+        try:
+            region_id = self._regions.add(pool, offset, size, cluster.cluster_id,
+                                          peer_writable(cluster, writable))
+        except BaseException:
+            pool.allocator.free(offset)
+            raise
+        entry = CacheEntry(cache_id=cache_id, blocks=spec.blocks, num_tensors=spec.num_tensors,
+                           tensor_size=spec.tensor_size, batch_size=spec.batch_size,
+                           memory=pool, extent_offset=offset, extent_size=size,
+                           tensor_offsets=tensor_offsets, region_id=region_id,
+                           blocks_model_id=spec.blocks_model_id, writable=writable)
+        registry.add(entry, keys)
+        return entry
+
+    async def deallocate(self, cluster: Cluster, cache_id: int, blocks: bool) -> None:
+        await self.free(cluster.registry.release(cache_id, blocks))
+
+    async def remove_key(self, cluster: Cluster, key: KeySpec) -> None:
+        await self.free(cluster.registry.remove_key(key))
+
+    async def free(self, entry: CacheEntry | None) -> None:
+        """Unregister a cache's region and return its extent to its pool."""
+        if entry is None:
+            return
+        await self._regions.remove(entry.region_id)
+        if entry.registered or entry.memory.closed:
+            return  # the user's memory, or the whole pool went away with its cluster
+        assert isinstance(entry.memory, Pool)
+        entry.memory.allocator.free(entry.extent_offset)
+
+    def add_user_buffer(self, upload_token: bytes, fd: int) -> int:
+        """Map a client's shareable buffer (fd from the fd socket); return its id."""
+        cluster = next((c for c in self._clusters.values()
+                        if secrets.compare_digest(c.upload_token, upload_token)), None)
+        if cluster is None:
+            raise LLMException("unknown upload token", status_code=LLMStatusCode.LLM_FAILED)
+        size = os.fstat(fd).st_size
+        if size <= 0:
+            raise LLMException("the uploaded buffer is empty",
+                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
+        buffer_id = next(self._buffer_ids)
+        cluster.buffers[buffer_id] = UserBuffer(buffer_id, cluster.cluster_id,
+                                                hixl_native.Mapping(fd, size))
+        return buffer_id
+
+    async def import_device_buffer(self, cluster: Cluster, key: str, size: int,
+                                   device_id: int) -> int:
+        """Import a client's exported device memory (hccl backend); return its buffer id."""
+        if self._ascend is None:
+            raise LLMException("device buffers need the daemon's hccl backend",
+                               status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
+        if device_id != cluster.settings.device_id:
+            raise LLMException(f"the buffer is on device {device_id}, the cluster on "
+                               f"{cluster.settings.device_id}",
+                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
+        imported = await self._ascend.import_buffer(device_id, key, size)
+        buffer_id = next(self._buffer_ids)
+        cluster.buffers[buffer_id] = UserBuffer(buffer_id, cluster.cluster_id, device=imported)
+        return buffer_id
+
+    def register(self, cluster: Cluster, spec: NewCache, buffer_id: int,
+                 tensor_offsets: list[int], keys: list[KeySpec], remote_accessible: bool,
+                 buffer_address: int = 0) -> tuple[CacheEntry, list[CacheEntry]]:
+        """Describe user memory as a cache; return it and caches its keys orphaned."""
+        buffer = cluster.buffers.get(buffer_id)
+        if buffer is None:
+            raise LLMException(f"buffer {buffer_id} was not uploaded by this cluster",
+                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
+        if len(tensor_offsets) != spec.num_tensors:
+            raise LLMException(f"{len(tensor_offsets)} addresses for {spec.num_tensors} tensors",
+                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
+        if buffer_address:
+            buffer.client_base = buffer_address
+        if any(o + spec.tensor_size > buffer.size for o in tensor_offsets):
+            raise LLMException("a tensor runs past the end of its shareable buffer",
+                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
+        if spec.blocks_model_id is not None:
+            cluster.registry.check_blocks_key(spec.blocks_model_id)
+        start = min(tensor_offsets)
+        span = max(tensor_offsets) + spec.tensor_size - start
+        region_id = self._regions.add(buffer, start, span, cluster.cluster_id,
+                                      peer_writable(cluster, remote_accessible))
+        entry = CacheEntry(cache_id=cluster.registry.reserve_id(), blocks=spec.blocks,
+                           num_tensors=spec.num_tensors, tensor_size=spec.tensor_size,
+                           batch_size=spec.batch_size, memory=buffer, extent_offset=start,
+                           extent_size=span, tensor_offsets=list(tensor_offsets),
+                           region_id=region_id, blocks_model_id=spec.blocks_model_id,
+                           writable=remote_accessible, registered=True)
+        return entry, cluster.registry.add_registered(entry, keys)
+
+    async def unregister(self, cluster: Cluster, cache_id: int) -> None:
+        entry = cluster.registry.unregister(cache_id)
+        if entry is not None:
+            await self._regions.remove(entry.region_id)
+
+    async def free_all(self, entries: list[CacheEntry]) -> None:
+        for entry in entries:
+            await self.free(entry)
+
+    async def record_pull(self, source: Cluster, key: KeySpec,
+                          tensor_indices: list[int]) -> None:
+        """A pull by key of ``source``'s slot moved ``tensor_indices``: account it."""
+        await self.free(source.registry.record_pull(key, tensor_indices))
+
+    async def share_device_pools(self, cluster: Cluster, tgid: int) -> list[tuple[int, str]]:
+        """Let a client process import the cluster's device pools; (pool id, key) each."""
+        ascend = self._ascend
+        if ascend is None:
+            return []
+        return [(pool.pool_id, await asyncio.to_thread(ascend.share, pool, tgid))
+                for pool in cluster.pools.values() if pool.on_device]

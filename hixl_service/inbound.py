@@ -1,0 +1,186 @@
+"""Inbound links: the peer side of links other daemons (or this one) opened.
+
+A Hello authorizes a token for one of this daemon's clusters at the data
+server; the peer calls of a transfer (resolving caches and addresses,
+releasing keys, the HCCL halves of a batch) name their link by that token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections.abc import Coroutine, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import hixl_native
+
+from hixl_client.status import LLMException, LLMStatusCode
+
+from .caches import Caches, peer_writable
+from .cluster import Cluster
+from .links import InboundLink
+from .peer_api import PROTOCOL_VERSION, CacheRefSpec, PeerHello, ResolvedCache
+from .regions import Regions
+from .registry import KeySpec
+from .transports.base import PlainInbound
+from .transports.factory import TransportKit, inbound_side
+from .transports.hccl import hccl_side, region_pairs
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class PeerLaneInfo:
+    """The peer lane as the admin status shows it."""
+
+    port: int = 0  # set once it listens; 0: no peer lane
+    calls: int = 0  # calls it accepted
+
+
+@dataclass
+class DaemonFacts:
+    """What a Hello reply tells the linking daemon about this one."""
+
+    daemon_id: str
+    version: str
+    data_host: str
+    backend: str
+    peer_lane: PeerLaneInfo = field(default_factory=PeerLaneInfo)
+
+
+class InboundLinks:
+    """Every inbound link of the daemon, by token."""
+
+    def __init__(self, daemon: DaemonFacts, clusters: Mapping[int, Cluster],
+                 data_server: hixl_native.DataServer, regions: Regions, caches: Caches,
+                 kit: TransportKit) -> None:
+        self._daemon = daemon
+        self._clusters = clusters
+        self._data_server = data_server
+        self._regions = regions
+        self._caches = caches
+        self._kit = kit
+        self._links: dict[int, InboundLink] = {}
+        self._background: set[asyncio.Task[None]] = set()
+
+    def all(self) -> list[InboundLink]:
+        return list(self._links.values())
+
+    def to_cluster(self, cluster_id: int) -> list[InboundLink]:
+        return [link for link in self._links.values() if link.dst_cluster_id == cluster_id]
+
+    def accept_link(self, protocol_version: int, src_daemon_id: str, src_cluster_id: int,
+                    dst_cluster_id: int, backend: str = "host") -> PeerHello:
+        """Peer side of a link: authorize a token for one of our clusters."""
+        if protocol_version != PROTOCOL_VERSION:
+            raise LLMException(f"peer protocol {protocol_version} is not {PROTOCOL_VERSION}",
+                               status_code=LLMStatusCode.LLM_LINK_FAILED)
+        if backend != self._daemon.backend:
+            mine = self._daemon
+            raise LLMException(f"daemon {src_daemon_id} runs the {backend!r} backend and daemon "
+                               f"{mine.daemon_id} the {mine.backend!r} one; link daemons "
+                               f"of one backend", status_code=LLMStatusCode.LLM_LINK_FAILED)
+        cluster = self._clusters.get(dst_cluster_id)
+        if cluster is None:
+            raise LLMException(f"cluster {dst_cluster_id} is not initialized on daemon "
+                               f"{self._daemon.daemon_id}",
+                               status_code=LLMStatusCode.LLM_LINK_FAILED)
+        token = secrets.randbits(64) or 1
+        side = inbound_side(self._kit, src_daemon_id == self._daemon.daemon_id,
+                            cluster.settings.device_id)
+        self._links[token] = InboundLink(token, src_daemon_id, src_cluster_id, dst_cluster_id,
+                                          side)
+        self._data_server.authorize(token, dst_cluster_id)
+        logger.info("cluster %d of daemon %s linked to cluster %d", src_cluster_id,
+                    src_daemon_id, dst_cluster_id)
+        return PeerHello(self._daemon.daemon_id, self._daemon.version, self._daemon.data_host,
+                         self._data_server.port, token, self._daemon.backend,
+                         self._daemon.peer_lane.port)
+
+    def drop_inbound_link(self, token: int) -> None:
+        if token not in self._links:
+            raise LLMException("unknown link", status_code=LLMStatusCode.LLM_NOT_YET_LINK)
+        self.drop_inbound(token)
+
+    def has_inbound(self, token: int) -> bool:
+        return token in self._links
+
+    def drop_inbound(self, token: int) -> None:
+        """Revoke an inbound link's token and close what its transport kept here."""
+        inbound = self._links.pop(token, None)
+        self._data_server.revoke(token)
+        if inbound is not None and not isinstance(inbound.side, PlainInbound):
+            # Waits for a running batch (bounded by its deadline): in the background.
+            self._in_background(inbound.side.close())
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _cluster_of(self, token: int) -> Cluster:
+        inbound = self._links.get(token)
+        cluster = self._clusters.get(inbound.dst_cluster_id) if inbound is not None else None
+        if cluster is None:
+            raise LLMException("the link is gone; link again",
+                               status_code=LLMStatusCode.LLM_NOT_YET_LINK)
+        return cluster
+
+    def resolve_for_peer(self, token: int, ref: CacheRefSpec) -> ResolvedCache:
+        """Peer side of a pull: describe the cache a linked cluster asks for."""
+        cluster = self._cluster_of(token)
+        if ref.cluster_id != cluster.cluster_id:
+            raise LLMException(f"the link reaches cluster {cluster.cluster_id}, "
+                               f"not {ref.cluster_id}",
+                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
+        entry, batch_index = cluster.lookup(ref)
+        return ResolvedCache(entry.cache_id, entry.region_id,
+                             tuple(o - entry.extent_offset for o in entry.tensor_offsets),
+                             entry.tensor_size, entry.batch_size, batch_index, entry.blocks,
+                             entry.writable)
+
+    async def release_for_peer(self, token: int, key: KeySpec,
+                               tensor_indices: list[int]) -> None:
+        """Peer side of a completed pull by key: account it, maybe free the cache."""
+        cluster = self._cluster_of(token)
+        await self._caches.free(cluster.registry.record_pull(key, tensor_indices))
+
+    def resolve_addresses_for_peer(self, token: int, addresses: list[int],
+                                   length: int) -> list[tuple[int, int, bool]]:
+        """Peer side of a TransferConfig: (region, offset, writable) per address."""
+        cluster = self._cluster_of(token)
+        found = [cluster.find_address(a, length) for a in addresses]
+        return [(entry.region_id, offset, peer_writable(cluster, entry.writable))
+                for entry, offset in found]
+
+    async def hccl_connect_for_peer(self, token: int, root_info: bytes) -> None:
+        """Peer side of an HCCL link: join the communicator the linking daemon created."""
+        inbound = self._links.get(token)
+        await hccl_side(inbound.side if inbound is not None else None).connect(root_info)
+
+    async def hccl_post_for_peer(self, token: int, send: bool, region_id: int, ranges: bytes,
+                                 timeout_ms: int) -> None:
+        """Peer side of an HCCL transfer: check the ranges, queue our half of the batch."""
+        inbound = self._links.get(token)
+        side = hccl_side(inbound.side if inbound is not None else None)
+        assert inbound is not None
+        region = self._regions.device(region_id)
+        if region is None or region.cluster_id != inbound.dst_cluster_id:
+            raise LLMException(f"region {region_id} is not a device cache of cluster "
+                               f"{inbound.dst_cluster_id} (freed, or never there)",
+                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
+        if not send and not region.writable:
+            raise LLMException(f"region {region_id} of cluster {inbound.dst_cluster_id} is not "
+                               f"writable by linked peers",
+                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
+        pairs = region_pairs(ranges, region_id, region.offset, region.size)
+        await side.post(send, region.memory, pairs, timeout_ms)
+
+
+    async def close(self) -> None:
+        """Revoke every inbound link and wait for what their transports kept here."""
+        for token in list(self._links):
+            self.drop_inbound(token)
+        await asyncio.gather(*self._background, return_exceptions=True)

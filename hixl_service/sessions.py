@@ -1,0 +1,61 @@
+"""Sessions: one per attached client connection, each owning at most one cluster."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from dataclasses import dataclass
+
+from hixl_client.status import LLMException, LLMStatusCode
+
+from .cluster import Cluster
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Session:
+    """One attached client connection; owns at most one cluster."""
+
+    session_id: str
+    client_pid: int
+    client_name: str
+    cluster: Cluster | None = None
+    # The transfer lane's use, for the admin status.
+    lane_connections: int = 0
+    lane_calls: int = 0
+
+
+class Sessions:
+    """The attached sessions, by id."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[str, Session] = {}
+        self.closing = False  # the daemon is stopping: no new sessions
+
+    def __contains__(self, session_id: str) -> bool:
+        return session_id in self._by_id
+
+    def values(self) -> list[Session]:
+        return list(self._by_id.values())
+
+    def attach(self, client_pid: int, client_name: str) -> Session:
+        if self.closing:
+            raise LLMException("the daemon is shutting down",
+                               status_code=LLMStatusCode.LLM_FAILED)
+        session = Session(secrets.token_hex(16), client_pid, client_name)
+        self._by_id[session.session_id] = session
+        logger.info("session %s attached (pid %d, %s)", session.session_id, client_pid,
+                    client_name or "unnamed")
+        return session
+
+    def get(self, session_id: str) -> Session:
+        session = self._by_id.get(session_id)
+        if session is None:
+            raise LLMException("unknown or expired session; attach again",
+                               status_code=LLMStatusCode.LLM_FAILED)
+        return session
+
+    def pop(self, session: Session) -> bool:
+        """Forget a session; False if it was already gone."""
+        return self._by_id.pop(session.session_id, None) is not None
