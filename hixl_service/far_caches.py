@@ -1,4 +1,4 @@
-"""Where a link finds the caches of the cluster it reaches.
+"""Where a link finds the caches of the cluster it reaches (``links.FarCaches``).
 
 A link's far cluster lives in another daemon (``PeerCaches``: asked over
 the Peer API, its answers remembered) or in this one (``DaemonCaches``:
@@ -12,11 +12,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from hixl_client.status import LLMException, LLMStatusCode
 
+from .links import FarCache
 from .peer_api import BlocksRef, CacheRefSpec, IdRef, KeyRef, ResolvedCache
 from .transports.base import Place
 
@@ -25,58 +25,13 @@ if TYPE_CHECKING:
 
     from .cluster import Cluster
     from .peer_api import PeerApi
-    from .planning import Layout
-    from .registry import CacheEntry, KeySpec
+    from .registry import KeySpec
 
 logger = logging.getLogger(__name__)
 
 # Telling the owner that a keyed slot was pulled is bounded on its own: the
 # data already arrived, so a slow owner must not turn success into failure.
 RELEASE_TIMEOUT_S = 2.0
-
-
-@dataclass(slots=True)
-class FarCache:
-    """The far end of a transfer, wherever it lives."""
-
-    layout: Layout
-    batch_index: int
-    blocks: bool
-    writable: bool
-    place: Place
-    cached: bool = False  # from the link's memory of an earlier resolve (may be stale)
-    # What was found (the remote daemon's answer, or this daemon's cache
-    # entry): a repeat relies on it only while it is still the one in use.
-    origin: ResolvedCache | CacheEntry | None = None
-
-
-class FarCaches(Protocol):
-    """The caches of a link's far cluster."""
-
-    async def find(self, ref: CacheRefSpec, wait_s: float, call_timeout_s: float,
-                   fresh: bool = False) -> FarCache:
-        """Locate the cache ``ref`` names; ``fresh`` skips remembered answers.
-
-        Raises:
-            asyncio.TimeoutError: no answer within ``wait_s``.
-            LLMException: the far cluster has no such cache, or is gone.
-        """
-
-    def forget(self, ref: CacheRefSpec) -> None:
-        """Drop a remembered answer for ``ref`` (it proved stale)."""
-
-    def still_current(self, cache_id: int, found: FarCache) -> bool:
-        """Whether ``found`` (a cache by id) is still the one a find would give."""
-
-    async def find_addresses(self, addresses: Sequence[int], span: int,
-                             wait_s: float) -> list[tuple[Place, int, bool]]:
-        """(place, offset, writable) of each far-client address of ``span`` bytes."""
-
-    async def release_key(self, ref: KeyRef, tensor_indices: list[int]) -> None:
-        """Tell the owner that a pull by key moved ``tensor_indices`` of its slot."""
-
-    async def tell_unlinked(self, timeout_s: float) -> bool:
-        """Tell the far daemon that the link is gone; False if it could not be told."""
 
 
 def _remembered_as(ref: CacheRefSpec) -> tuple[str, int] | None:

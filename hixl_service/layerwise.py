@@ -15,8 +15,7 @@ from hixl_client._proto.hixl.v1 import client_pb2
 from hixl_client.status import LLMException, LLMStatusCode
 
 from .cluster import Cluster
-from .far_caches import FarCache
-from .links import OutboundLink
+from .links import FarCache, OutboundLink
 from .peer_client import ref_from_proto
 from .planning import (
     Layout,

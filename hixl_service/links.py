@@ -8,12 +8,61 @@ together by the factory when the far daemon answered Hello.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
+
+from .transports.base import Place
 
 if TYPE_CHECKING:
-    from .far_caches import FarCaches
+    from .peer_api import CacheRefSpec, KeyRef, ResolvedCache
+    from .planning import Layout
+    from .registry import CacheEntry
     from .transports.base import InboundSide, Transport, TransportInfo
+
+
+@dataclass(slots=True)
+class FarCache:
+    """The far end of a transfer, wherever it lives."""
+
+    layout: Layout
+    batch_index: int
+    blocks: bool
+    writable: bool
+    place: Place
+    cached: bool = False  # from the link's memory of an earlier resolve (may be stale)
+    # What was found (the remote daemon's answer, or this daemon's cache
+    # entry): a repeat relies on it only while it is still the one in use.
+    origin: ResolvedCache | CacheEntry | None = None
+
+
+class FarCaches(Protocol):
+    """The caches of a link's far cluster."""
+
+    async def find(self, ref: CacheRefSpec, wait_s: float, call_timeout_s: float,
+                   fresh: bool = False) -> FarCache:
+        """Locate the cache ``ref`` names; ``fresh`` skips remembered answers.
+
+        Raises:
+            asyncio.TimeoutError: no answer within ``wait_s``.
+            LLMException: the far cluster has no such cache, or is gone.
+        """
+
+    def forget(self, ref: CacheRefSpec) -> None:
+        """Drop a remembered answer for ``ref`` (it proved stale)."""
+
+    def still_current(self, cache_id: int, found: FarCache) -> bool:
+        """Whether ``found`` (a cache by id) is still the one a find would give."""
+
+    async def find_addresses(self, addresses: Sequence[int], span: int,
+                             wait_s: float) -> list[tuple[Place, int, bool]]:
+        """(place, offset, writable) of each far-client address of ``span`` bytes."""
+
+    async def release_key(self, ref: KeyRef, tensor_indices: list[int]) -> None:
+        """Tell the owner that a pull by key moved ``tensor_indices`` of its slot."""
+
+    async def tell_unlinked(self, timeout_s: float) -> bool:
+        """Tell the far daemon that the link is gone; False if it could not be told."""
 
 
 @dataclass

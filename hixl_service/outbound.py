@@ -15,8 +15,8 @@ from hixl_client._compat import timeout
 from hixl_client.status import LLMException, LLMStatusCode
 
 from .cluster import Cluster
-from .far_caches import Daemon, DaemonCaches, FarCaches, PeerCaches
-from .links import OutboundLink
+from .far_caches import Daemon, DaemonCaches, PeerCaches
+from .links import FarCaches, OutboundLink
 from .peer_api import PeerApi
 from .transports.factory import LinkEnds, TransportKit, open_transport
 

@@ -45,6 +45,10 @@ def key_to_proto(cluster_id: int, key: KeySpec) -> common_pb2.CacheKey:
                                model_id=key.model_id, prefix_id=key.prefix_id)
 
 
+def key_from_proto(key: common_pb2.CacheKey) -> KeySpec:
+    return KeySpec(key.req_id, key.model_id, key.prefix_id)
+
+
 def ref_to_proto(ref: CacheRefSpec) -> common_pb2.CacheRef:
     if isinstance(ref, KeyRef):
         return common_pb2.CacheRef(key=key_to_proto(ref.cluster_id, ref.key))
@@ -60,7 +64,7 @@ def ref_from_proto(ref: common_pb2.CacheRef) -> CacheRefSpec | None:
     kind = ref.WhichOneof("ref")
     if kind == "key":
         return KeyRef(ref.key.cluster_id,
-                      KeySpec(ref.key.req_id, ref.key.model_id, ref.key.prefix_id))
+                      key_from_proto(ref.key))
     if kind == "id_and_index":
         item = ref.id_and_index
         return IdRef(item.cluster_id, item.cache_id, item.batch_index)

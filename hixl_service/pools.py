@@ -3,7 +3,7 @@
 Each initialized cluster gets its pools from LLM-DataDist's ``mem_pool_cfg``
 (placement DEVICE) and ``host_mem_pool_cfg`` (placement HOST). HOST pools,
 and DEVICE pools on the host backend, are memfd mappings (``memory.host``);
-on the hccl backend DEVICE pools are device memory (``memory.ascend``).
+on the hccl backend DEVICE pools are device memory (``ascend.pools``).
 """
 
 from __future__ import annotations

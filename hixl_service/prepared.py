@@ -25,8 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .cluster import Cluster
-from .far_caches import FarCache
-from .links import OutboundLink
+from .links import FarCache, OutboundLink
 from .native_errors import RegionRefused
 from .peer_api import IdRef
 from .planning import Layout

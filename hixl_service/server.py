@@ -38,6 +38,7 @@ from hixl_client._proto.hixl.v1 import (
 
 from . import __version__, _systemd
 from .ascend.backend import AscendBackend
+from .ascend.pools import AscendMemory
 from .completions import CompletionDispatcher
 from .config import DaemonConfig
 from .copier import Copier
@@ -51,7 +52,6 @@ from .interceptors import (
 )
 from .lane_server import LaneServer
 from .load import TransferLoad
-from .memory.ascend import AscendMemory
 from .memory.host import HostMemory
 from .peer_api import PeerApi
 from .peer_client import PeerClient

@@ -25,10 +25,9 @@ from .engine import Engine, NewCache, Session
 from .layerwise import LayerwiseTask
 from .memory.base import Pool
 from .peer_api import KeyRef
-from .peer_client import ref_from_proto
+from .peer_client import key_from_proto, ref_from_proto
 from .planning import block_list
 from .prepared import again, again_at_once, repeat_handle
-from .registry import KeySpec
 from .repeats import Repeat
 from .rpc_errors import abort_with, handles_errors
 from .transfers import Outcome, PullSpec, PushSpec, pull, push
@@ -63,10 +62,6 @@ def new_cache_from_proto(desc: common_pb2.CacheDescriptor, blocks: bool,
     return NewCache(num_tensors=desc.num_tensors, tensor_size=tensor_size,
                     batch_size=shape[batch_dim], placement=Placement(desc.placement),
                     blocks=blocks, blocks_model_id=blocks_model_id)
-
-
-def key_from_proto(key: common_pb2.CacheKey) -> KeySpec:
-    return KeySpec(key.req_id, key.model_id, key.prefix_id)
 
 
 class LaneTasks:

@@ -7,9 +7,8 @@ from hixl_client.status import LLMException, LLMStatusCode
 
 from .call_context import Context
 from .engine import Engine
-from .peer_client import ref_from_proto
+from .peer_client import key_from_proto, ref_from_proto
 from .rpc_errors import handles_errors
-from .servicer_client import key_from_proto
 
 
 class PeerServicer(peer_pb2_grpc.PeerServicer):

@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from hixl_client.status import LLMException, LLMStatusCode
 
 from .cluster import Cluster
-from .far_caches import FarCache
-from .links import OutboundLink
+from .links import FarCache, OutboundLink
 from .native_errors import RegionRefused
 from .peer_api import CacheRefSpec, KeyRef
 from .planning import (

@@ -1,4 +1,4 @@
-"""Quality gates in the test suite, so CI runs them: ruff and mypy --strict."""
+"""Quality gates in the test suite, so CI runs them: ruff, mypy --strict, import rules."""
 
 from __future__ import annotations
 
@@ -42,3 +42,9 @@ def test_the_daemon_distribution_carries_no_benchmark() -> None:
                  if "hixl_bench" in f.read_text(encoding="utf-8", errors="replace")]
     assert importers == []
     assert "bench" not in (ROOT / "setup.py").read_text(encoding="utf-8")
+
+
+def test_import_rules() -> None:
+    """The import-linter contracts of pyproject.toml: layers, no circles, no
+    benchmark in the daemon."""
+    run(tool("lint-imports"), "--no-cache")

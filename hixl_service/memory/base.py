@@ -3,7 +3,7 @@
 ``Memory`` is a pool or a client's buffer; ``Pool`` adds the extent
 allocator of one cluster's pool. A ``MemoryBackend`` makes and frees pools
 of one kind: ``memory.host`` (memfd mappings clients map too) and
-``memory.ascend`` (device memory exported with ACL IPC). ``pools.PoolManager``
+``ascend.pools`` (device memory exported with ACL IPC). ``pools.PoolManager``
 picks the backend of each pool by its placement and the daemon's backend.
 """
 

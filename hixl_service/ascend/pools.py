@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING
 
 from hixl_client.types import Placement
 
-from .base import Pool, PoolSpec
+from ..memory.base import Pool, PoolSpec
 
 if TYPE_CHECKING:
-    from ..ascend.backend import AscendBackend
+    from .backend import AscendBackend
 
 
 class AscendMemory:
