@@ -10,8 +10,8 @@ Ranges within one memory may overlap, so only one thread copies those. The
 copy threads are native (``hixl_native.CopyPool``) and finish a posted copy
 through the dispatcher's completion queue: a Python thread pool
 needed the GIL to start and to end each copy, and waited for it while the
-loop ran other calls' Python (16 local 1 MiB pulls in flight moved fewer
-bytes that way than on the loop's thread alone).
+loop ran other calls' Python. The measurements behind these sizes are in
+docs/architecture.md and bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -34,15 +34,12 @@ if TYPE_CHECKING:
 
 # A host copy the daemon runs alone (no other transfer under way) holds the
 # event loop's thread up to these sizes: the hop to a copy thread and back
-# through the completion queue costs more here (100-300 us with wakeups)
-# than copying 1 MiB. From HELPED_COPY_BYTES the loop's thread shares the
-# copy with one copy thread and waits for it natively (CopyPool.copy_helped):
-# the thread wakes in some 15 us, and two threads copy 1 MiB here in 80-90 us
-# against 140-150 for one, 4 MiB in 340 against 540 (memory bandwidth grows
-# with cores). Below it the wakeup eats the gain (128 KiB: 29 us against
-# 24). A helped copy of LOOP_COPY_MAX_BYTES holds the loop about as long as
-# the half the loop's thread copied itself, beside a half posted to a copy
-# thread, before copy_helped existed.
+# through the completion queue costs more than copying 1 MiB. From
+# HELPED_COPY_BYTES the loop's thread shares the copy with one copy thread
+# and waits for it natively (CopyPool.copy_helped), since memory bandwidth
+# grows with cores; below it the thread's wake-up costs more than it saves.
+# A helped copy of LOOP_COPY_MAX_BYTES holds the loop about as long as one
+# thread copying half of it.
 INLINE_COPY_BYTES = 1 << 20
 HELPED_COPY_BYTES = 256 << 10
 LOOP_COPY_MAX_BYTES = 4 << 20
@@ -108,8 +105,8 @@ class Copier:
 
         Takes the ``triples_of`` some ranges, of ``total`` bytes, each offset
         shifted natively by ``dst_shift`` / ``src_shift``: a repeat copies
-        between other batch slots with no new array per request (planning one
-        cost some 5 us of a local 4 KiB pull's 60).
+        between other batch slots with no new array per request, which is a
+        large part of a small local pull's cost.
         """
         if dst.on_device or src.on_device:
             return False

@@ -4,8 +4,8 @@ A small transfer alone in the daemon often runs to its end without waiting
 for anything: a local copy of up to 1 MiB on the loop's thread, or a TCP
 read whose reply is awaited inline. For such a call a task is pure cost:
 creating it, a loop iteration before its first step, its done callbacks and
-a deadline timer took about 30 us of the daemon's 89 us of CPU for a 64-byte
-local pull. So a lane call that arrives alone runs its first step in the
+a deadline timer were about a third of the daemon's CPU for a tiny local
+pull. So a lane call that arrives alone runs its first step in the
 frame's own callback, as Python 3.12's eager tasks do (this module does it
 on 3.10 and 3.11 too); only if it suspends does it continue in a task,
 which then looks like any other.

@@ -186,7 +186,7 @@ def generic_only(server: grpc.aio.Server) -> Any:
     """``server`` for ``add_*Servicer_to_server(servicer, generic_only(server))``.
 
     grpc.aio keeps one outstanding request per registered method and waits on
-    all of them for each incoming call (about 3 us per method per call here);
+    all of them for each incoming call, a cost per method on every call;
     generic handlers share one.
     """
     return _GenericOnly(server)

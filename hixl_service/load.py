@@ -8,12 +8,10 @@ other transfer calls are under way the loop's thread is theirs to run, so
 the bytes move on the data link's workers or the native copy threads and
 both cores work.
 
-That test used to look only at native requests awaiting completion, so with
-16 pulls of 128 x 4 KiB in flight every pull found itself alone (the others
-were read but not yet started, or had ended inline): the loop's thread, 40%
-of it receiving payloads, capped the daemon at about 2,300 pulls a second;
-counted here, it moves 3,800-4,100. Local 1 MiB pulls, 16 in flight, went
-from 5,200-5,400 to 7,700-7,900 a second.
+Counting native requests awaiting completion is not enough: with many
+pulls in flight, each could find itself alone (the others read but not yet
+started, or ended inline), and the loop's thread, busy receiving payloads,
+then capped the daemon's rate. So calls are counted from acceptance.
 
 A call counts from the moment the daemon accepts it: when the transfer lane
 reads its frame (its handler may start later; ``lane_server``), or when a

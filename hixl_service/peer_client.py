@@ -2,9 +2,9 @@
 
 The calls made for each transfer (resolve a cache, release a pulled key,
 post an HCCL batch) go over the peer's lane when its Hello announced one (a
-framed TCP connection, ``hixl_client._lane``: 0.15-0.2 ms a call here,
-against 0.45-0.65 ms for a unary gRPC call); the rest, and every call to a
-daemon without a lane, are unary gRPC calls.
+framed TCP connection, ``hixl_client._lane``, a fraction of a unary gRPC
+call's round trip); the rest, and every call to a daemon without a lane,
+are unary gRPC calls.
 """
 
 from __future__ import annotations

@@ -46,11 +46,11 @@ Blocks = Any  # block indices: a uint64 numpy array (see block_list) or a sequen
 def block_list(indices: Any) -> Blocks:
     """Block indices, e.g. a protobuf ``repeated uint64`` field, as a uint64 array.
 
-    numpy copies a repeated field through its buffer in one step (0.06 ms for
-    100k blocks), where a tuple of them costs a Python int per block (3.6 ms
-    and 3.4 MiB for 100k), which a daemon would hold for the whole transfer.
-    An empty list (every pull_cache has two) gets a shared read-only array:
-    numpy takes about 5 us to find that a repeated field holds nothing.
+    numpy copies a repeated field through its buffer in one step, where a
+    tuple of them costs a Python int per block, which a daemon would hold
+    for the whole transfer. An empty list (every pull_cache has two) gets a
+    shared read-only array: numpy is slow to find that a repeated field
+    holds nothing.
     """
     if not len(indices):
         return _NO_BLOCKS

@@ -102,7 +102,7 @@ async def find_target(cluster: Cluster, link: OutboundLink, ref: CacheRefSpec,
 
 async def _plan(plan: Callable[[FarCache], Ranges], target: FarCache,
                 blocks: int) -> Ranges:
-    # Planning is pure array work, about 0.3 us per block: long block lists are
+    # Planning is pure array work, but per block: long block lists are
     # planned in a worker thread so that the event loop keeps serving.
     if blocks > PLAN_OFF_LOOP_BLOCKS:
         return await asyncio.to_thread(plan, target)
