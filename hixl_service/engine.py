@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 import hixl_native
 
-from hixl_client._compat import timeout
 from hixl_client.status import LLMException, LLMStatusCode
 from hixl_client.types import LLMRole, Placement
+from hixl_wire.compat import timeout
 
 from .ascend.hccl_link import HcclInbound, HcclLink, region_pairs
 from .cluster import Cluster, ClusterSettings

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ["hixl_client", "hixl_service", "native/hixl_native"]
+PACKAGES = ["hixl_client", "hixl_wire", "hixl_service", "native/hixl_native"]
 
 
 def tool(name: str) -> str:
