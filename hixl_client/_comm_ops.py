@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._proto.hixl.v1 import client_pb2
+from hixl_wire._proto.hixl.v1 import client_pb2
+
 from ._validation import check_dict, check_isinstance, check_uint32, check_uint64
 from .status import LLMException, LLMStatusCode, raise_if_false
 from .types import LLMRole, RegisterMemStatus

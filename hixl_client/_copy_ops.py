@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from hixl_wire._proto.hixl.v1 import client_pb2
+
 from ._manager_base import ManagerBase
-from ._proto.hixl.v1 import client_pb2
 from ._validation import (
     check_dict,
     check_int64,

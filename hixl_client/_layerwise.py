@@ -11,24 +11,25 @@ Progress comes back on the same stream; nothing polls.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import inspect
 import logging
 import secrets
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
-from contextvars import ContextVar
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 import grpc.aio
 
-from ._proto.hixl.v1 import client_pb2
-from ._transport import SESSION_METADATA_KEY, error_from_rpc
+from hixl_wire._proto.hixl.v1 import client_pb2
+from hixl_wire.defaults import SESSION_METADATA_KEY
+from hixl_wire.status import error_from_rpc
+
+from . import timing
 from .status import LLMException, LLMStatusCode
+from .timing import LayerLag
 from .transfer_config import TransferConfig, TransferWithCacheKeyConfig
 from .types import LayerSynchronizer
 
@@ -43,42 +44,6 @@ Config = TransferConfig | TransferWithCacheKeyConfig
 # for its task to end (see _Synchronizer._serve): longer than a layer takes
 # to land.
 LINGER_S = 2.0
-
-
-@dataclass
-class LayerLag:
-    """When one layer of a transfer_cache_async task could go, and when it had landed.
-
-    Attributes:
-        layer: the source layer.
-        ready_s: ``time.perf_counter()`` when its synchronizer returned True.
-        landed_s: when the daemon reported it written to every target that
-            needs it (None: it never was).
-    """
-
-    layer: int
-    ready_s: float
-    landed_s: float | None = None
-
-    @property
-    def lag_s(self) -> float | None:
-        return None if self.landed_s is None else self.landed_s - self.ready_s
-
-
-_LAG_CAPTURE: ContextVar[list[list[LayerLag]] | None] = ContextVar("hixl_layer_lags",
-                                                                   default=None)
-
-
-@contextlib.contextmanager
-def capture_layer_lags() -> Iterator[list[list[LayerLag]]]:
-    """For benchmarks: each transfer_cache_async started inside the block (in this
-    task) adds the list of its layers' LayerLag, in sending order."""
-    tasks: list[list[LayerLag]] = []
-    token = _LAG_CAPTURE.set(tasks)
-    try:
-        yield tasks
-    finally:
-        _LAG_CAPTURE.reset(token)
 
 
 class CacheTask:
@@ -335,7 +300,7 @@ async def drive(task: CacheTask, connection: DaemonConnection, start: client_pb2
     if on_lane:
         start.lane_task_id = secrets.token_hex(8)
     progress = _Progress(task, list(start.targets))
-    captured = _LAG_CAPTURE.get()
+    captured = timing.layer_lag_capture()
     if captured is not None:
         progress.lags = {}
         captured.append([])
@@ -521,4 +486,4 @@ def build_start(src_cache_id: int, configs: Sequence[Config],
         dst_block_memory_size=dst_block_memory_size or 0)
 
 
-__all__ = ["CacheTask", "LayerLag", "build_start", "capture_layer_lags", "drive"]
+__all__ = ["CacheTask", "build_start", "drive"]

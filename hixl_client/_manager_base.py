@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
+from hixl_wire._proto.hixl.v1 import client_pb2, common_pb2
+
 from ._memory import upload_buffer
-from ._proto.hixl.v1 import client_pb2, common_pb2
 from .keys import BlocksCacheKey, CacheKey, CacheKeyByIdAndIndex
 from .status import LLMException, LLMStatusCode
 from .types import CacheDesc

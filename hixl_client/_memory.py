@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING
 
 import hixl_native
 
-from ._proto.hixl.v1 import client_pb2
+from hixl_wire._proto.hixl.v1 import client_pb2
+
 from .status import LLMException, LLMStatusCode
 from .types import Placement
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from hixl_wire._proto.hixl.v1 import client_pb2
+
 from ._manager_base import ManagerBase, desc_to_proto, key_to_proto
 from ._memory import PoolMapping
-from ._proto.hixl.v1 import client_pb2
 from ._validation import check_int64, check_isinstance
 from .cache import Cache
 from .device_buffer import DeviceShareableBuffer, locate_device

@@ -8,7 +8,7 @@ its bytes starting to move. On a ThreadLane the thread writes the frame the
 moment the synchronizer returns.
 
 The event loop owns everything else: it opens each call beforehand (its id
-and reply future, :class:`~hixl_client._lane.CallBook`), reads the replies,
+and reply future, :class:`~hixl_wire.lane.CallBook`), reads the replies,
 and bounds the wait for one once the thread has sent it. Only the thread
 writes to the connection after HELLO, so frames never interleave; a lock
 covers writes against closing.
@@ -20,10 +20,11 @@ import asyncio
 import os
 import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ._lane import (
+from hixl_wire.lane import (
     KIND_HELLO,
     REPLY_OK,
     CallBook,
@@ -35,6 +36,7 @@ from ._lane import (
     frame_of,
     reply_of,
 )
+
 from .status import LLMException, LLMStatusCode
 
 # A frame is tens of bytes and the daemon reads its lane at once: a write that
@@ -49,7 +51,7 @@ class ThreadCall:
 
     posted: Posted
     frame: bytes
-    reply_type: Any
+    read_reply: Callable[[bytes], Any]
     timeout_s: float
     sent: bool = False  # set by the thread once the whole frame is written
     failure: LLMException | None = None  # set by the thread when it could not be
@@ -106,10 +108,11 @@ class ThreadLane:
 
     def open_call(self, method: str, request: Any, timeout_s: float) -> ThreadCall:
         """Open a call of ``method`` for the thread to send (event loop only)."""
-        kind, _, reply_type = self._methods[method]
+        lane_method = self._methods[method]
         posted = self._calls.open()
-        frame = frame_of(posted.call_id, kind, timeout_s, 0, request.SerializeToString())
-        return ThreadCall(posted, frame, reply_type, timeout_s)
+        frame = frame_of(posted.call_id, lane_method.kind, timeout_s, 0,
+                         lane_method.write_request(request))
+        return ThreadCall(posted, frame, lane_method.read_reply, timeout_s)
 
     def send(self, call: ThreadCall) -> None:
         """Write the call's frame (any thread; blocks at most SEND_TIMEOUT_S).
@@ -147,7 +150,7 @@ class ThreadLane:
             kind, body = await call.posted.future
         finally:
             self._calls.forget(call_id)
-        return reply_of(kind, body, call.reply_type, self._what)
+        return reply_of(kind, body, call.read_reply, self._what)
 
     def drop(self, call: ThreadCall) -> None:
         """Stop waiting for a call nobody will await. Sent already, its handler runs

@@ -6,11 +6,12 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from hixl_wire._proto.hixl.v1 import client_pb2
+from hixl_wire.lane import RepeatFrame
+
 from . import timing
-from ._lane import RepeatRequest
 from ._layerwise import CacheTask, build_start, drive
 from ._manager_base import PULL_KWARGS, PULL_RPC_MARGIN_S, ManagerBase, ref_to_proto
-from ._proto.hixl.v1 import client_pb2
 from ._validation import (
     check_int64,
     check_isinstance,
@@ -111,7 +112,7 @@ class TransferOps(ManagerBase):
             return False
         started = time.perf_counter()
         method = "RepeatPull" if operation == "pull_cache" else "RepeatPush"
-        reply = await lane.call(method, RepeatRequest(handle, src_batch, dst_batch),
+        reply = await lane.call(method, RepeatFrame(handle, src_batch, dst_batch),
                                 self._sync_timeout_s + PULL_RPC_MARGIN_S)
         timing.record(operation, time.perf_counter() - started, reply)
         return True

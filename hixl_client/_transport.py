@@ -3,7 +3,7 @@
 It opens the channel to the local daemon, keeps the session's Attach stream,
 adds the session metadata to every call and turns ``AioRpcError`` into
 ``LLMException`` with the daemon's exact LLMStatusCode. Transfer calls go
-over the daemon's transfer lane (``_lane``) when it offers one.
+over the daemon's transfer lane (``hixl_wire.lane``) when it offers one.
 """
 
 from __future__ import annotations
@@ -18,54 +18,24 @@ from typing import Any, TypeVar
 import grpc
 import grpc.aio
 
+from hixl_wire._proto.hixl.v1 import client_pb2, client_pb2_grpc
+from hixl_wire.defaults import SESSION_METADATA_KEY
+from hixl_wire.lane import CLIENT_METHODS, MAX_BODY, Lane
+from hixl_wire.status import error_from_rpc
+
 from ._defaults import transfer_lane_enabled
-from ._lane import CLIENT_METHODS, MAX_BODY, Lane
-from ._proto.hixl.v1 import client_pb2, client_pb2_grpc
 from ._thread_lane import ThreadLane
-from .status import STATUS_METADATA_KEY, LLMException, LLMStatusCode
+from .status import LLMException, LLMStatusCode
 
 logger = logging.getLogger(__name__)
 
-SESSION_METADATA_KEY = "hixl-session"
 # Daemon calls that do only control work; transfers pass their own deadline.
 CONTROL_TIMEOUT_S = 30.0
 ATTACH_TIMEOUT_S = 10.0
 # Idle thread lanes kept for the next layer-wise tasks (one per task in flight).
 IDLE_THREAD_LANES = 4
 
-_FALLBACK = {
-    grpc.StatusCode.DEADLINE_EXCEEDED: LLMStatusCode.LLM_TIMEOUT,
-    grpc.StatusCode.INVALID_ARGUMENT: LLMStatusCode.LLM_PARAM_INVALID,
-    grpc.StatusCode.NOT_FOUND: LLMStatusCode.LLM_KV_CACHE_NOT_EXIST,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: LLMStatusCode.LLM_OUT_OF_MEMORY,
-}
-
 Reply = TypeVar("Reply")
-
-
-def error_from_rpc(err: grpc.aio.AioRpcError, what: str,
-                   unavailable: LLMStatusCode = LLMStatusCode.LLM_FAILED) -> LLMException:
-    """Turn a failed call into an LLMException carrying the daemon's status code.
-
-    Args:
-        err: the failed call.
-        what: who was called, for the message ("hixl daemon at unix:/run/hixl/hixl.sock").
-        unavailable: the code to use when nobody answered at all.
-    """
-    status: LLMStatusCode | None = None
-    for key, value in err.trailing_metadata() or ():
-        if key == STATUS_METADATA_KEY:
-            try:
-                status = LLMStatusCode(int(value))
-            except ValueError:
-                status = LLMStatusCode.LLM_FAILED
-    if status is None:
-        if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
-            status = unavailable
-        else:
-            status = _FALLBACK.get(err.code(), LLMStatusCode.LLM_FAILED)
-        return LLMException(f"{what}: {err.code().name}: {err.details()}", status_code=status)
-    return LLMException(err.details() or status.name, status_code=status)
 
 
 class DaemonConnection:

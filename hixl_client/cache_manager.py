@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from hixl_wire._proto.hixl.v1 import client_pb2
+
 from ._copy_ops import CopyOps
 from ._manager_base import desc_to_proto, key_to_proto
-from ._proto.hixl.v1 import client_pb2
 from ._register_ops import RegisterOps
 from ._transfer_ops import TransferOps
 from ._validation import check_isinstance

@@ -11,10 +11,11 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from hixl_wire._proto.hixl.v1 import client_pb2
+
 from ._comm_ops import CommOps
 from ._defaults import default_daemon_target
 from ._memory import PoolMapping, map_pools
-from ._proto.hixl.v1 import client_pb2
 from ._transport import CONTROL_TIMEOUT_S, DaemonConnection
 from ._validation import check_int32, check_isinstance, check_uint64
 from .cache_manager import CacheManager

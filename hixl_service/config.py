@@ -89,9 +89,10 @@ class _Section(BaseModel):
 
 
 def _default_client_socket() -> Path:
-    # Imported here: the client package pulls in grpc and the native module,
-    # which --check and --print-config with an explicit socket do not need.
-    from hixl_client._defaults import default_socket_path
+    # Imported here, though cheap (the standard library only): the daemon's
+    # other imports pull in grpc and the native module, which --check and
+    # --print-config do not need.
+    from hixl_wire.defaults import default_socket_path
 
     return default_socket_path()
 

@@ -1,9 +1,11 @@
-"""The answering end of a lane (framing and calling end: ``hixl_client._lane``).
+"""The answering end of a lane (framing and calling end: ``hixl_wire.lane``).
 
 A lane carries unary calls without gRPC's per-call cost. Each call runs
-through the servicer's own handler (see ``call_context``), so it gives the
-same result, error and LLMStatusCode as its gRPC twin; the lane adds no rules
-of its own beyond framing and the deadline. Two lanes exist:
+through the servicer's own handler (see ``calls``) with the CallInfo its
+connection is bound to, and a failure answers with the CallError of what
+``rpc_errors.handler_error`` makes of it, so a call gives the same result,
+error and LLMStatusCode as its gRPC twin; the lane adds no rules of its own
+beyond framing and the deadline. Two lanes exist:
 
 * the transfer lane: a unix socket next to the client socket; a connection
   is bound to one client session by its first frame (HELLO with the session
@@ -32,7 +34,8 @@ from typing import Any, cast
 
 import grpc
 
-from hixl_client._lane import (
+from hixl_client.status import LLMException, LLMStatusCode
+from hixl_wire.lane import (
     CLIENT_METHODS,
     HEADER,
     KIND_CANCEL,
@@ -43,16 +46,17 @@ from hixl_client._lane import (
     Frame,
     FrameReader,
     Methods,
+    call_error,
+    call_error_of,
 )
-from hixl_client._transport import SESSION_METADATA_KEY
-from hixl_client.status import LLMException, LLMStatusCode
 
-from .call_context import CallAborted, CallContext, Context, call_error, deadline_error
+from .calls import NO_CALL_INFO, CallInfo, LaneHandler, lane_handler
 from .eager import start_eagerly
 from .engine import Engine
 from .inbound import PeerLaneInfo
 from .interceptors import new_request_id, request_id
 from .load import TransferLoad
+from .rpc_errors import handler_error
 from .sessions import Session
 
 logger = logging.getLogger(__name__)
@@ -62,19 +66,21 @@ logger = logging.getLogger(__name__)
 # it does while the peer does not read its replies: flow control, not errors.
 MAX_CALLS_IN_FLIGHT = 256
 
-Handler = Callable[[Any, Context], Awaitable[Any]]
 # A servicer's way to answer a call in the frame's callback: the reply, an
 # awaitable of it (the call then goes on as a task, like any other), or None
 # (the call runs its handler as usual). It may raise only before it did
 # anything; the handler then runs and answers with the error.
-AtOnce = Callable[[Any, Context], Any]
+AtOnce = Callable[[Any, CallInfo], Any]
+# The ERROR reply body of a call cancelled by its own deadline.
+DEADLINE_ERROR = call_error_of(LLMException(
+    "the call's deadline passed", status_code=LLMStatusCode.LLM_TIMEOUT)).SerializeToString()
 
 
 class Binding:
-    """What a connection's calls run as: their context, and accounting hooks."""
+    """What a connection's calls run as: their CallInfo, and accounting hooks."""
 
-    def __init__(self, context: Context) -> None:
-        self.context = context
+    def __init__(self, call: CallInfo) -> None:
+        self.call = call
 
     def called(self) -> None:
         """A call was accepted."""
@@ -87,7 +93,7 @@ class SessionBinding(Binding):
     """A transfer lane bound to a client session (counted in the admin status)."""
 
     def __init__(self, session: Session) -> None:
-        super().__init__(CallContext(((SESSION_METADATA_KEY, session.session_id),)).as_context())
+        super().__init__(CallInfo(session.session_id))
         self._session = session
         session.lane_connections += 1
 
@@ -102,7 +108,7 @@ class CountingBinding(Binding):
     """A peer lane connection: no binding, its calls counted for the admin status."""
 
     def __init__(self, info: PeerLaneInfo) -> None:
-        super().__init__(CallContext().as_context())
+        super().__init__(NO_CALL_INFO)
         self._info = info
 
     def called(self) -> None:
@@ -228,15 +234,15 @@ class _Connection(asyncio.Protocol):
             self._refuse(call_id, LLMStatusCode.LLM_PARAM_INVALID,
                          f"call id {call_id} is already in flight")
             return
-        request_type, handler = entry
+        read_request, handler, name = entry
         try:
-            request = request_type.FromString(body)
+            request = read_request(body)
         except Exception as exc:
             self._refuse(call_id, LLMStatusCode.LLM_PARAM_INVALID, f"invalid request: {exc}")
             return
         binding.called()
         if eager and kind in self._server.at_once:
-            answer = self._answer_at_once(self._server.at_once[kind], request, binding.context)
+            answer = self._answer_at_once(self._server.at_once[kind], request, binding.call)
             if answer is not None and not inspect.isawaitable(answer):
                 self._reply(call_id, REPLY_OK, answer.SerializeToString())
                 return
@@ -248,7 +254,7 @@ class _Connection(asyncio.Protocol):
             load.begin()
         # The deadline counts from here, whether the call starts now or in a task.
         deadline = loop.time() + timeout_ms / 1000.0
-        call = self._run(call_id, handler, request, binding.context, tag)
+        call = self._run(call_id, name, handler, request, binding.call, tag)
         try:
             task = start_eagerly(loop, call) if eager else loop.create_task(call)
         except BaseException:  # _run answers its own errors, but keep the count right
@@ -266,12 +272,12 @@ class _Connection(asyncio.Protocol):
             timer = loop.call_at(deadline, self._expire, call_id, task)
             task.add_done_callback(lambda _: timer.cancel())
 
-    def _answer_at_once(self, at_once: AtOnce, request: Any, context: Context) -> Any:
+    def _answer_at_once(self, at_once: AtOnce, request: Any, call: CallInfo) -> Any:
         load = self._server.load
         if load is not None:  # under way while it runs, as a handler would be (load.py)
             load.begin()
         try:
-            return at_once(request, context)
+            return at_once(request, call)
         except Exception:  # nothing was done: the call's handler answers with the error
             logger.debug("answering a %s call at once failed", self._server.name, exc_info=True)
             return None
@@ -295,18 +301,19 @@ class _Connection(asyncio.Protocol):
             self._timed_out.add(call_id)
             task.cancel()
 
-    async def _run(self, call_id: int, handler: Handler, request: Any,
-                   context: Context, tag: int) -> None:
+    async def _run(self, call_id: int, name: str, handler: LaneHandler, request: Any,
+                   call: CallInfo, tag: int) -> None:
         request_id.set(f"{tag:08x}" if tag else new_request_id())
         try:
-            reply = await handler(request, context)
-        except CallAborted as exc:
-            self._reply(call_id, REPLY_ERROR, exc.error.SerializeToString())
+            reply = await handler(request, call)
         except asyncio.CancelledError:
             if call_id in self._timed_out:  # our deadline, not the caller's cancel
-                self._reply(call_id, REPLY_ERROR, deadline_error().SerializeToString())
+                self._reply(call_id, REPLY_ERROR, DEADLINE_ERROR)
                 return
             raise
+        except Exception as exc:  # what the same gRPC call would end with
+            self._reply(call_id, REPLY_ERROR,
+                        call_error_of(handler_error(name, exc)).SerializeToString())
         else:
             self._reply(call_id, REPLY_OK, reply.SerializeToString())
         finally:
@@ -315,10 +322,10 @@ class _Connection(asyncio.Protocol):
             self._throttle()
 
 
-def _answered_by(answer: Awaitable[Any]) -> Handler:
+def _answered_by(answer: Awaitable[Any]) -> LaneHandler:
     """The handler of a call an ``AtOnce`` started: it awaits what that returned."""
 
-    def handler(_request: Any, _context: Context) -> Awaitable[Any]:
+    def handler(_request: Any, _call: CallInfo) -> Awaitable[Any]:
         return answer
 
     return handler
@@ -335,13 +342,13 @@ class LaneServer:
         ``load``: where calls count from their frame on (the transfer lane's)."""
         self.name = name
         self.load = load
-        # kind -> (request type, the servicer's bound handler)
-        self.handlers: dict[int, tuple[type[Any], Handler]] = {
-            kind: (request_type, getattr(servicer, method))
-            for method, (kind, request_type, _) in methods.items()}
+        # kind -> (request reader, the servicer's handler, the method's name)
+        self.handlers: dict[int, tuple[Callable[[bytes], Any], LaneHandler, str]] = {
+            lane_method.kind: (lane_method.read_request, lane_handler(servicer, method), method)
+            for method, lane_method in methods.items()}
         at_once: Mapping[str, AtOnce] = getattr(servicer, "at_once", {})
         self.at_once: dict[int, AtOnce] = {
-            kind: at_once[method] for method, (kind, _, _) in methods.items()
+            lane_method.kind: at_once[method] for method, lane_method in methods.items()
             if method in at_once}
         self.bind = bind
         self._needs_hello = needs_hello

@@ -11,8 +11,8 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from hixl_client._compat import timeout
 from hixl_client.status import LLMException, LLMStatusCode
+from hixl_wire.compat import timeout
 
 from .cluster import Cluster
 from .far_caches import Daemon, DaemonCaches, PeerCaches

@@ -2,7 +2,7 @@
 
 The calls made for each transfer (resolve a cache, release a pulled key,
 post an HCCL batch) go over the peer's lane when its Hello announced one (a
-framed TCP connection, ``hixl_client._lane``, a fraction of a unary gRPC
+framed TCP connection, ``hixl_wire.lane``, a fraction of a unary gRPC
 call's round trip); the rest, and every call to a daemon without a lane,
 are unary gRPC calls.
 """
@@ -17,10 +17,10 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from hixl_client._lane import PEER_METHODS, Lane
-from hixl_client._proto.hixl.v1 import common_pb2, peer_pb2, peer_pb2_grpc
-from hixl_client._transport import error_from_rpc
 from hixl_client.status import LLMStatusCode
+from hixl_wire._proto.hixl.v1 import common_pb2, peer_pb2, peer_pb2_grpc
+from hixl_wire.lane import PEER_METHODS, Lane
+from hixl_wire.status import error_from_rpc
 
 from .interceptors import REQUEST_ID_METADATA_KEY, request_id
 from .peer_api import (

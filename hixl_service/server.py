@@ -25,9 +25,7 @@ import hixl_native
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from hixl_client._defaults import default_runtime_dir
-from hixl_client._lane import CLIENT_METHODS
-from hixl_client._proto.hixl.v1 import (
+from hixl_wire._proto.hixl.v1 import (
     admin_pb2,
     admin_pb2_grpc,
     client_pb2,
@@ -35,6 +33,8 @@ from hixl_client._proto.hixl.v1 import (
     peer_pb2,
     peer_pb2_grpc,
 )
+from hixl_wire.defaults import default_runtime_dir
+from hixl_wire.lane import CLIENT_METHODS
 
 from . import __version__, _systemd
 from .ascend.backend import AscendBackend

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import time
 
-from hixl_client._proto.hixl.v1 import admin_pb2, admin_pb2_grpc
+from hixl_wire._proto.hixl.v1 import admin_pb2, admin_pb2_grpc
 
-from .call_context import Context
+from .calls import CallInfo, unary
 from .engine import Engine
-from .rpc_errors import handles_errors
 
 
 def snapshot(engine: Engine, backend: str, peer_address: str) -> admin_pb2.DaemonStatus:
@@ -72,7 +71,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         self._backend = backend
         self._peer_address = peer_address
 
-    @handles_errors
+    @unary
     async def GetStatus(self, request: admin_pb2.GetStatusRequest,
-                        context: Context) -> admin_pb2.DaemonStatus:
+                        context: CallInfo) -> admin_pb2.DaemonStatus:
         return snapshot(self._engine, self._backend, self._peer_address)

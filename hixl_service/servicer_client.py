@@ -13,14 +13,13 @@ from typing import Any
 
 import grpc.aio
 
-from hixl_client._lane import RepeatRequest
-from hixl_client._proto.hixl.v1 import client_pb2, client_pb2_grpc, common_pb2
-from hixl_client._transport import SESSION_METADATA_KEY
 from hixl_client.status import LLMException, LLMStatusCode
 from hixl_client.types import DataType, LLMRole, Placement, bytes_per_element
+from hixl_wire._proto.hixl.v1 import client_pb2, client_pb2_grpc, common_pb2
+from hixl_wire.lane import RepeatFrame
 
 from . import copies
-from .call_context import Context
+from .calls import CallInfo, GrpcContext, call_info_of, unary
 from .engine import Engine, NewCache, Session
 from .layerwise import LayerwiseTask
 from .memory.base import Pool
@@ -29,7 +28,7 @@ from .peer_client import key_from_proto, ref_from_proto
 from .planning import block_list
 from .prepared import again, again_at_once, repeat_handle
 from .repeats import Repeat
-from .rpc_errors import abort_with, handles_errors
+from .rpc_errors import abort_with
 from .transfers import Outcome, PullSpec, PushSpec, pull, push
 
 logger = logging.getLogger(__name__)
@@ -117,7 +116,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         self._lane_tasks = LaneTasks()
         # Transfer lane calls answered in the frame's callback when they can be
         # (lane_server.AtOnce): a repeat that ends there needs no coroutine.
-        self.at_once: dict[str, Callable[[Any, Context], Any]] = {
+        self.at_once: dict[str, Callable[[Any, CallInfo], Any]] = {
             "RepeatPull": functools.partial(self._repeat_at_once, push=False),
             "RepeatPush": functools.partial(self._repeat_at_once, push=True),
         }
@@ -129,14 +128,13 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
     async def wait_cleanups(self) -> None:
         await asyncio.gather(*self._cleanups, return_exceptions=True)
 
-    def _session(self, context: Context) -> Session:
-        for key, value in context.invocation_metadata() or ():
-            if key == SESSION_METADATA_KEY:
-                return self._engine.sessions.get(str(value))
-        raise LLMException("the call carries no session; attach first",
-                           status_code=LLMStatusCode.LLM_FAILED)
+    def _session(self, context: CallInfo) -> Session:
+        if context.session_id is None:
+            raise LLMException("the call carries no session; attach first",
+                               status_code=LLMStatusCode.LLM_FAILED)
+        return self._engine.sessions.get(context.session_id)
 
-    async def Attach(self, request: client_pb2.AttachRequest, context: Context) -> None:
+    async def Attach(self, request: client_pb2.AttachRequest, context: GrpcContext) -> None:
         try:
             session = self._engine.sessions.attach(request.client_pid, request.client_name)
         except LLMException as exc:
@@ -157,8 +155,9 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
             cleanup.add_done_callback(self._cleanups.discard)
             await asyncio.shield(cleanup)
 
-    @handles_errors
-    async def Init(self, request: client_pb2.InitRequest, context: Context) -> client_pb2.InitReply:
+    @unary
+    async def Init(self, request: client_pb2.InitRequest,
+                   context: CallInfo) -> client_pb2.InitReply:
         session = self._session(context)
         cluster = await self._engine.init_cluster(session, request.cluster_id,
                                                   LLMRole(request.role), dict(request.options))
@@ -174,17 +173,17 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
                                     cann_path=ascend.cann_dir if ascend is not None else "",
                                     daemon_tgid=ascend.tgid if ascend is not None else 0)
 
-    @handles_errors
+    @unary
     async def ImportDeviceBuffer(self, request: client_pb2.ImportDeviceBufferRequest,
-                                 context: Context) -> client_pb2.ImportDeviceBufferReply:
+                                 context: CallInfo) -> client_pb2.ImportDeviceBufferReply:
         cluster = self._engine.cluster_of(self._session(context))
         buffer_id = await self._engine.caches.import_device_buffer(cluster, request.ipc_key,
                                                             request.size, request.device_id)
         return client_pb2.ImportDeviceBufferReply(buffer_id=buffer_id)
 
-    @handles_errors
+    @unary
     async def ShareDevicePools(self, request: client_pb2.ShareDevicePoolsRequest,
-                               context: Context) -> client_pb2.ShareDevicePoolsReply:
+                               context: CallInfo) -> client_pb2.ShareDevicePoolsReply:
         cluster = self._engine.cluster_of(self._session(context))
         if request.tgid <= 0:
             raise LLMException(f"tgid must be a process id, got {request.tgid}",
@@ -194,9 +193,9 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
             pools=[client_pb2.DevicePoolKey(pool_id=pool_id, ipc_key=key)
                    for pool_id, key in shared])
 
-    @handles_errors
+    @unary
     async def ReportMappings(self, request: client_pb2.ReportMappingsRequest,
-                             context: Context) -> client_pb2.ReportMappingsReply:
+                             context: CallInfo) -> client_pb2.ReportMappingsReply:
         cluster = self._engine.cluster_of(self._session(context))
         pools = {p.pool_id: p for p in cluster.pools.values()}
         for mapped in request.pools:
@@ -204,15 +203,15 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
                 pools[mapped.pool_id].client_base = mapped.address
         return client_pb2.ReportMappingsReply()
 
-    @handles_errors
+    @unary
     async def Finalize(self, request: client_pb2.FinalizeRequest,
-                       context: Context) -> client_pb2.FinalizeReply:
+                       context: CallInfo) -> client_pb2.FinalizeReply:
         await self._engine.finalize(self._session(context))
         return client_pb2.FinalizeReply()
 
     async def _link_all(
             self, request: client_pb2.LinkClustersRequest | client_pb2.UnlinkClustersRequest,
-            context: Context, unlink: bool) -> client_pb2.LinkClustersReply:
+            context: CallInfo, unlink: bool) -> client_pb2.LinkClustersReply:
         cluster = self._engine.cluster_of(self._session(context))
         if not request.clusters:
             return client_pb2.LinkClustersReply(status=LLMStatusCode.LLM_PARAM_INVALID)
@@ -242,26 +241,26 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         overall = failed[-1] if failed else LLMStatusCode.LLM_SUCCESS
         return client_pb2.LinkClustersReply(status=overall, results=results)
 
-    @handles_errors
+    @unary
     async def LinkClusters(self, request: client_pb2.LinkClustersRequest,
-                           context: Context) -> client_pb2.LinkClustersReply:
+                           context: CallInfo) -> client_pb2.LinkClustersReply:
         return await self._link_all(request, context, unlink=False)
 
-    @handles_errors
+    @unary
     async def UnlinkClusters(self, request: client_pb2.UnlinkClustersRequest,
-                             context: Context) -> client_pb2.LinkClustersReply:
+                             context: CallInfo) -> client_pb2.LinkClustersReply:
         return await self._link_all(request, context, unlink=True)
 
-    @handles_errors
+    @unary
     async def SwitchRole(self, request: client_pb2.SwitchRoleRequest,
-                         context: Context) -> client_pb2.SwitchRoleReply:
+                         context: CallInfo) -> client_pb2.SwitchRoleReply:
         cluster = self._engine.cluster_of(self._session(context))
         self._engine.switch_role(cluster, LLMRole(request.role))
         return client_pb2.SwitchRoleReply()
 
-    @handles_errors
+    @unary
     async def AllocateCache(self, request: client_pb2.AllocateCacheRequest,
-                            context: Context) -> client_pb2.AllocateCacheReply:
+                            context: CallInfo) -> client_pb2.AllocateCacheReply:
         cluster = self._engine.cluster_of(self._session(context))
         model_id = request.blocks_key.model_id if request.has_blocks_key else None
         spec = new_cache_from_proto(request.desc, request.blocks, model_id)
@@ -272,9 +271,9 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
                                              pool_id=entry.memory.pool_id,
                                              tensor_offsets=entry.tensor_offsets)
 
-    @handles_errors
+    @unary
     async def RegisterCache(self, request: client_pb2.RegisterCacheRequest,
-                            context: Context) -> client_pb2.AllocateCacheReply:
+                            context: CallInfo) -> client_pb2.AllocateCacheReply:
         cluster = self._engine.cluster_of(self._session(context))
         model_id = request.blocks_key.model_id if request.has_blocks_key else None
         spec = new_cache_from_proto(request.desc, request.blocks, model_id)
@@ -286,23 +285,23 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         return client_pb2.AllocateCacheReply(cache_id=entry.cache_id,
                                              tensor_offsets=entry.tensor_offsets)
 
-    @handles_errors
+    @unary
     async def UnregisterCache(self, request: client_pb2.UnregisterCacheRequest,
-                              context: Context) -> client_pb2.UnregisterCacheReply:
+                              context: CallInfo) -> client_pb2.UnregisterCacheReply:
         cluster = self._engine.cluster_of(self._session(context))
         await self._engine.caches.unregister(cluster, request.cache_id)
         return client_pb2.UnregisterCacheReply()
 
-    @handles_errors
+    @unary
     async def DeallocateCache(self, request: client_pb2.DeallocateCacheRequest,
-                              context: Context) -> client_pb2.DeallocateCacheReply:
+                              context: CallInfo) -> client_pb2.DeallocateCacheReply:
         cluster = self._engine.cluster_of(self._session(context))
         await self._engine.caches.deallocate(cluster, request.cache_id, request.blocks)
         return client_pb2.DeallocateCacheReply()
 
-    @handles_errors
+    @unary
     async def RemoveCacheKey(self, request: client_pb2.RemoveCacheKeyRequest,
-                             context: Context) -> client_pb2.RemoveCacheKeyReply:
+                             context: CallInfo) -> client_pb2.RemoveCacheKeyReply:
         cluster = self._engine.cluster_of(self._session(context))
         await self._engine.caches.remove_key(cluster, key_from_proto(request.key))
         return client_pb2.RemoveCacheKeyReply()
@@ -321,9 +320,9 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
                         src_blocks=block_list(request.src_blocks),
                         dst_blocks=block_list(request.dst_blocks))
 
-    @handles_errors
+    @unary
     async def PullCache(self, request: client_pb2.PullCacheRequest,
-                        context: Context) -> client_pb2.PullCacheReply:
+                        context: CallInfo) -> client_pb2.PullCacheReply:
         started = time.perf_counter()
         cluster = self._engine.cluster_of(self._session(context))
         spec = self._pull_spec(request, False)
@@ -332,14 +331,14 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
                                          repeat_handle=repeat_handle(cluster, spec, outcome),
                                          **_timing(started, outcome))
 
-    @handles_errors
-    async def RepeatPull(self, request: RepeatRequest,
-                         context: Context) -> client_pb2.PullCacheReply:
+    @unary
+    async def RepeatPull(self, request: RepeatFrame,
+                         context: CallInfo) -> client_pb2.PullCacheReply:
         """A PullCache of a shape pulled before, by handle (transfer lane only)."""
         reply: client_pb2.PullCacheReply = await self._again(request, context, push=False)
         return reply
 
-    async def _again(self, request: RepeatRequest, context: Context, push: bool) -> Any:
+    async def _again(self, request: RepeatFrame, context: CallInfo, push: bool) -> Any:
         """RepeatPull and RepeatPush: the reply of the PullCache or PushCache they repeat."""
         started = time.perf_counter()
         cluster = self._engine.cluster_of(self._session(context))
@@ -348,7 +347,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
                               request.dst_batch_index)
         return _repeat_reply(repeat, started, outcome)
 
-    def _repeat_at_once(self, request: RepeatRequest, context: Context, push: bool) -> Any:
+    def _repeat_at_once(self, request: RepeatFrame, context: CallInfo, push: bool) -> Any:
         """RepeatPull or RepeatPush answered in the transfer lane's frame callback
         (``lane_server.AtOnce``): the reply when the transfer ended there, an
         awaitable of it while bytes move, or None: the call runs as usual."""
@@ -367,21 +366,20 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
             return _repeat_reply(repeat, started, outcome)
         return self._repeat_landing(_Landing(repeat, started, outcome), context)
 
-    @handles_errors
-    async def _repeat_landing(self, landing: _Landing, context: Context) -> Any:
+    async def _repeat_landing(self, landing: _Landing, context: CallInfo) -> Any:
         """The reply of a repeat whose bytes still moved when it was answered at once."""
         return _repeat_reply(landing.repeat, landing.started, await landing.outcome)
 
-    @handles_errors
+    @unary
     async def PullBlocks(self, request: client_pb2.PullCacheRequest,
-                         context: Context) -> client_pb2.PullCacheReply:
+                         context: CallInfo) -> client_pb2.PullCacheReply:
         started = time.perf_counter()
         cluster = self._engine.cluster_of(self._session(context))
         outcome = await pull(cluster, self._pull_spec(request, True))
         return client_pb2.PullCacheReply(bytes=outcome.bytes, transport=outcome.transport,
                                          **_timing(started, outcome))
 
-    async def _push(self, request: client_pb2.PushRequest, context: Context,
+    async def _push(self, request: client_pb2.PushRequest, context: CallInfo,
                     blocks: bool) -> client_pb2.PushReply:
         started = time.perf_counter()
         cluster = self._engine.cluster_of(self._session(context))
@@ -401,26 +399,26 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
                                     repeat_handle=repeat_handle(cluster, spec, outcome),
                                     **_timing(started, outcome))
 
-    @handles_errors
+    @unary
     async def PushCache(self, request: client_pb2.PushRequest,
-                        context: Context) -> client_pb2.PushReply:
+                        context: CallInfo) -> client_pb2.PushReply:
         return await self._push(request, context, blocks=False)
 
-    @handles_errors
-    async def RepeatPush(self, request: RepeatRequest,
-                         context: Context) -> client_pb2.PushReply:
+    @unary
+    async def RepeatPush(self, request: RepeatFrame,
+                         context: CallInfo) -> client_pb2.PushReply:
         """A PushCache of a shape pushed before, by handle (transfer lane only)."""
         reply: client_pb2.PushReply = await self._again(request, context, push=True)
         return reply
 
-    @handles_errors
+    @unary
     async def PushBlocks(self, request: client_pb2.PushRequest,
-                         context: Context) -> client_pb2.PushReply:
+                         context: CallInfo) -> client_pb2.PushReply:
         return await self._push(request, context, blocks=True)
 
-    @handles_errors
+    @unary
     async def CopyCache(self, request: client_pb2.CopyCacheRequest,
-                        context: Context) -> client_pb2.CopyReply:
+                        context: CallInfo) -> client_pb2.CopyReply:
         cluster = self._engine.cluster_of(self._session(context))
         if request.size < -1 or request.size == 0:
             raise _invalid(f"size must be -1 or > 0, got {request.size}")
@@ -429,18 +427,18 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
                                         request.src_batch_index, request.offset, request.size)
         return client_pb2.CopyReply(bytes=moved)
 
-    @handles_errors
+    @unary
     async def CopyBlocks(self, request: client_pb2.CopyBlocksRequest,
-                         context: Context) -> client_pb2.CopyReply:
+                         context: CallInfo) -> client_pb2.CopyReply:
         cluster = self._engine.cluster_of(self._session(context))
         moved = await copies.copy_blocks(self._engine, cluster, request.cache_id,
                                          block_list(request.src_blocks),
                                          block_list(request.dst_blocks))
         return client_pb2.CopyReply(bytes=moved)
 
-    @handles_errors
+    @unary
     async def SwapBlocks(self, request: client_pb2.SwapBlocksRequest,
-                         context: Context) -> client_pb2.CopyReply:
+                         context: CallInfo) -> client_pb2.CopyReply:
         cluster = self._engine.cluster_of(self._session(context))
         moved = await copies.swap_blocks(self._engine, cluster, _operand(request.src),
                                          _operand(request.dst), block_list(request.src_blocks),
@@ -448,11 +446,11 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         return client_pb2.CopyReply(bytes=moved)
 
     async def TransferCache(self, request_iterator: AsyncIterator[client_pb2.TransferMessage],
-                            context: Context) -> None:
+                            context: GrpcContext) -> None:
         lane_key: tuple[str, str] | None = None
         task: LayerwiseTask | None = None
         try:
-            session = self._session(context)
+            session = self._session(call_info_of(context))
             cluster = self._engine.cluster_of(session)
             first = await anext(aiter(request_iterator), None)
             if first is None or not first.HasField("start"):
@@ -478,9 +476,9 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
             if lane_key is not None:
                 self._lane_tasks.end(lane_key)
 
-    @handles_errors
+    @unary
     async def LayerReady(self, request: client_pb2.LayerReadyRequest,
-                         context: Context) -> client_pb2.LayerReadyReply:
+                         context: CallInfo) -> client_pb2.LayerReadyReply:
         session = self._session(context)
         cluster = self._engine.cluster_of(session)
         task = await self._lane_tasks.find((session.session_id, request.task_id),

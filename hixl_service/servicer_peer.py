@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from hixl_client._proto.hixl.v1 import peer_pb2, peer_pb2_grpc
 from hixl_client.status import LLMException, LLMStatusCode
+from hixl_wire._proto.hixl.v1 import peer_pb2, peer_pb2_grpc
 
-from .call_context import Context
+from .calls import CallInfo, unary
 from .engine import Engine
 from .peer_client import key_from_proto, ref_from_proto
-from .rpc_errors import handles_errors
 
 
 class PeerServicer(peer_pb2_grpc.PeerServicer):
@@ -17,8 +16,8 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
 
-    @handles_errors
-    async def Hello(self, request: peer_pb2.HelloRequest, context: Context) -> peer_pb2.HelloReply:
+    @unary
+    async def Hello(self, request: peer_pb2.HelloRequest, context: CallInfo) -> peer_pb2.HelloReply:
         hello = self._engine.inbound.accept_link(request.protocol_version, request.daemon_id,
                                          request.src_cluster_id, request.dst_cluster_id,
                                          request.backend or "host")
@@ -28,9 +27,9 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                                    link_token=hello.token, backend=hello.backend,
                                    lane_port=hello.lane_port)
 
-    @handles_errors
+    @unary
     async def ResolveCache(self, request: peer_pb2.ResolveCacheRequest,
-                           context: Context) -> peer_pb2.ResolveCacheReply:
+                           context: CallInfo) -> peer_pb2.ResolveCacheReply:
         ref = ref_from_proto(request.ref)
         if ref is None:
             raise LLMException("the request names no cache",
@@ -42,37 +41,37 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
             stride=found.tensor_size // found.batch_size, batch_size=found.batch_size,
             batch_index=found.batch_index, blocks=found.blocks, writable=found.writable)
 
-    @handles_errors
+    @unary
     async def ReleaseKey(self, request: peer_pb2.ReleaseKeyRequest,
-                         context: Context) -> peer_pb2.ReleaseKeyReply:
+                         context: CallInfo) -> peer_pb2.ReleaseKeyReply:
         await self._engine.inbound.release_for_peer(request.link_token, key_from_proto(request.key),
                                             list(request.tensor_indices))
         return peer_pb2.ReleaseKeyReply()
 
-    @handles_errors
+    @unary
     async def ResolveAddresses(self, request: peer_pb2.ResolveAddressesRequest,
-                               context: Context) -> peer_pb2.ResolveAddressesReply:
+                               context: CallInfo) -> peer_pb2.ResolveAddressesReply:
         found = self._engine.inbound.resolve_addresses_for_peer(
             request.link_token, list(request.addresses), request.length)
         return peer_pb2.ResolveAddressesReply(region_ids=[r for r, _, _ in found],
                                               offsets=[o for _, o, _ in found],
                                               writable=[w for _, _, w in found])
 
-    @handles_errors
+    @unary
     async def Unlink(self, request: peer_pb2.UnlinkRequest,
-                     context: Context) -> peer_pb2.UnlinkReply:
+                     context: CallInfo) -> peer_pb2.UnlinkReply:
         self._engine.inbound.drop_inbound_link(request.link_token)
         return peer_pb2.UnlinkReply()
 
-    @handles_errors
+    @unary
     async def HcclConnect(self, request: peer_pb2.HcclConnectRequest,
-                          context: Context) -> peer_pb2.HcclConnectReply:
+                          context: CallInfo) -> peer_pb2.HcclConnectReply:
         await self._engine.inbound.hccl_connect_for_peer(request.link_token, request.root_info)
         return peer_pb2.HcclConnectReply()
 
-    @handles_errors
+    @unary
     async def HcclPost(self, request: peer_pb2.HcclPostRequest,
-                       context: Context) -> peer_pb2.HcclPostReply:
+                       context: CallInfo) -> peer_pb2.HcclPostReply:
         await self._engine.inbound.hccl_post_for_peer(request.link_token, request.send,
                                               request.region_id, request.ranges,
                                               max(1, request.timeout_ms))

@@ -452,7 +452,7 @@ def _child_env(extra: Mapping[str, str] | None) -> dict[str, str]:
     }
     # The child must import the same packages as this process, whatever its cwd.
     roots: list[str] = []
-    for name in ("hixl_service", "hixl_client", "hixl_native"):
+    for name in ("hixl_service", "hixl_client", "hixl_wire", "hixl_native"):
         spec = importlib.util.find_spec(name)
         for location in (spec.submodule_search_locations or []) if spec else []:
             root = str(Path(location).resolve().parent)

@@ -1,4 +1,4 @@
-"""Generate the protobuf and gRPC stubs of proto/ into hixl_client/_proto.
+"""Generate the protobuf and gRPC stubs of proto/ into hixl_wire/_proto.
 
 Run `python scripts/gen_proto.py` after editing a .proto file; `--check`
 regenerates into a temporary directory and exits 1 when the committed stubs
@@ -16,8 +16,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_ROOT = ROOT / "proto"
-OUT_ROOT = ROOT / "hixl_client" / "_proto"
-PACKAGE_PREFIX = "hixl_client._proto."
+OUT_ROOT = ROOT / "hixl_wire" / "_proto"
+PACKAGE_PREFIX = "hixl_wire._proto."
 
 
 def generate(out_root: Path) -> list[Path]:
@@ -43,7 +43,7 @@ def generate(out_root: Path) -> list[Path]:
 
 def _rewrite_imports(path: Path) -> None:
     # protoc writes imports relative to the proto root ("from hixl.v1 import");
-    # the stubs live inside hixl_client, so make them absolute.
+    # the stubs live inside hixl_wire, so make them absolute.
     text = path.read_text()
     text = re.sub(r"^from hixl\.v1 import", f"from {PACKAGE_PREFIX}hixl.v1 import", text,
                   flags=re.MULTILINE)

@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # bench/hixl_bench is the hixl-bench distribution's package, checked with the same gates
-PACKAGES = ["hixl_client", "hixl_service", "native/hixl_native", "bench/hixl_bench"]
+PACKAGES = ["hixl_client", "hixl_wire", "hixl_service", "native/hixl_native", "bench/hixl_bench"]
 
 
 def tool(name: str) -> str:

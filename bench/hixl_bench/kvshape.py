@@ -208,7 +208,7 @@ class _Prompt:
         the median lag of the last layer and of every layer, against one layer's
         transfer time measured alone (and against the unpaced average ``layer_s``)."""
         try:
-            from hixl_client._layerwise import capture_layer_lags
+            from hixl_client.timing import capture_layer_lags
         except ImportError:  # a build without the layer-wise hooks
             return None
         pacer = _Paced(PACE_FACTOR * layer_s)

@@ -8,7 +8,9 @@ import socket
 
 import pytest
 
-from hixl_client._lane import (
+from hixl_client.status import LLMStatusCode
+from hixl_wire._proto.hixl.v1 import client_pb2, common_pb2
+from hixl_wire.lane import (
     CLIENT_METHODS,
     HEADER,
     MAX_BODY,
@@ -17,8 +19,6 @@ from hixl_client._lane import (
     Lane,
     error_from_reply,
 )
-from hixl_client._proto.hixl.v1 import client_pb2, common_pb2
-from hixl_client.status import LLMStatusCode
 
 FRAMES = [(1, 1, 250, 0xDEADBEEF, b"abc"), (2, 0, 0, 0, b""),
           (3, 7, 9, 1, bytes(range(256)) * 40), (4294967295, 255, 0, 0, b"")]

@@ -17,8 +17,8 @@ import pytest
 import pytest_asyncio
 
 from hixl_client import LLMDataDist, LLMRole, LLMStatusCode
-from hixl_client._proto.hixl.v1 import admin_pb2, admin_pb2_grpc
 from hixl_service.testing import DaemonProcess
+from hixl_wire._proto.hixl.v1 import admin_pb2, admin_pb2_grpc
 from tests.clusters import cluster_info, cluster_options
 
 POOL_BYTES = 256 * 2**20

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import socket
 
-from hixl_client._lane import HEADER, REPLY_ERROR
-from hixl_client._proto.hixl.v1 import common_pb2
+from hixl_wire._proto.hixl.v1 import common_pb2
+from hixl_wire.lane import HEADER, REPLY_ERROR
 
 
 class RawLane:

@@ -28,7 +28,11 @@ from hixl_client import (
     LLMRole,
     LLMStatusCode,
 )
-from hixl_client._lane import (
+from hixl_client._manager_base import ref_to_proto
+from hixl_service.lane_server import MAX_CALLS_IN_FLIGHT
+from hixl_service.testing import DaemonProcess, start_daemon
+from hixl_wire._proto.hixl.v1 import client_pb2
+from hixl_wire.lane import (
     CLIENT_METHODS,
     DEADLINE_GRACE_S,
     HEADER,
@@ -37,10 +41,6 @@ from hixl_client._lane import (
     REPLY_OK,
     WATCHDOG_TICK_S,
 )
-from hixl_client._manager_base import ref_to_proto
-from hixl_client._proto.hixl.v1 import client_pb2
-from hixl_service.lane_server import MAX_CALLS_IN_FLIGHT
-from hixl_service.testing import DaemonProcess, start_daemon
 
 from .conftest import Pair, daemon_status, make_pair, options
 from .raw_lane import RawLane

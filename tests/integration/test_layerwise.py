@@ -209,7 +209,7 @@ async def test_a_task_whose_daemon_dies_ends_promptly(next_cluster_id: Callable[
 
 
 async def test_layer_lags_are_captured_for_benchmarks(accessible: Pair) -> None:
-    from hixl_client._layerwise import capture_layer_lags
+    from hixl_client.timing import capture_layer_lags
 
     sender, receiver = accessible.decoder, accessible.prompt
     desc = CacheDesc(8, [1, 64 * 1024], DataType.DT_UINT8)  # 4 layers

@@ -26,11 +26,11 @@ from hixl_client import (
     LLMRole,
     LLMStatusCode,
 )
-from hixl_client._lane import PEER_METHODS, REPLY_OK
 from hixl_client._manager_base import ref_to_proto
-from hixl_client._proto.hixl.v1 import common_pb2, peer_pb2, peer_pb2_grpc
 from hixl_service.peer_api import PROTOCOL_VERSION
 from hixl_service.testing import DaemonProcess, start_daemon
+from hixl_wire._proto.hixl.v1 import common_pb2, peer_pb2, peer_pb2_grpc
+from hixl_wire.lane import PEER_METHODS, REPLY_OK
 
 from .conftest import daemon_status, make_pair, options
 from .raw_lane import RawLane

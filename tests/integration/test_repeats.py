@@ -27,9 +27,9 @@ from hixl_client import (
     LLMRole,
     LLMStatusCode,
 )
-from hixl_client._lane import CLIENT_METHODS, KIND_HELLO, REPLY_OK, RepeatRequest
 from hixl_client.cache import Cache
 from hixl_service.testing import DaemonProcess
+from hixl_wire.lane import CLIENT_METHODS, KIND_HELLO, REPLY_OK, RepeatFrame
 from tests.clusters import cluster_info
 
 from .conftest import Pair, daemon_status, make_pair, options
@@ -236,7 +236,7 @@ async def test_the_lane_refuses_unknown_handles_and_malformed_repeats(linked: Pa
     try:
         lane.send(1, KIND_HELLO, decoder._connection.session_id.encode())
         assert await asyncio.to_thread(lane.receive) == (1, REPLY_OK, b"")
-        lane.send(2, kind, RepeatRequest(2**63, 0, 0).SerializeToString())
+        lane.send(2, kind, RepeatFrame(2**63, 0, 0).pack())
         call_id, error = await asyncio.to_thread(lane.error)
         assert call_id == 2 and error.llm_status == LLMStatusCode.LLM_PARAM_INVALID
         assert "unknown" in error.message
@@ -355,7 +355,7 @@ async def test_a_pull_handle_is_not_a_push_handle(linked: Pair) -> None:
     (handle,) = decoder.cache_manager._repeat_handles.values()
     assert decoder._connection is not None and decoder._connection.lane is not None
     with pytest.raises(LLMException) as crossed:
-        await decoder._connection.lane.call("RepeatPush", RepeatRequest(handle, 0, 0), 5.0)
+        await decoder._connection.lane.call("RepeatPush", RepeatFrame(handle, 0, 0), 5.0)
     assert crossed.value.status_code == LLMStatusCode.LLM_PARAM_INVALID
 
 

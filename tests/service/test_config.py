@@ -33,7 +33,7 @@ def write(tmp_path: Path, text: str, name: str = "hixl.toml") -> Path:
 
 
 def test_defaults() -> None:
-    from hixl_client._defaults import default_socket_path
+    from hixl_wire.defaults import default_socket_path
 
     config = load_config(None, env={})
     assert config.server == ServerConfig()

@@ -16,14 +16,14 @@ from typing import Any
 
 import pytest
 
-from hixl_client._lane import HEADER, REPLY_OK
-from hixl_client._proto.hixl.v1 import peer_pb2
-from hixl_service.call_context import CallContext, Context
+from hixl_service.calls import CallInfo
 from hixl_service.lane_server import Binding, LaneServer
 from hixl_service.load import TransferLoad
+from hixl_wire._proto.hixl.v1 import peer_pb2
+from hixl_wire.lane import HEADER, REPLY_OK, message_method
 
 KIND = 1
-METHODS = {"Probe": (KIND, peer_pb2.ReleaseKeyRequest, peer_pb2.ReleaseKeyReply)}
+METHODS = {"Probe": message_method(KIND, peer_pb2.ReleaseKeyRequest, peer_pb2.ReleaseKeyReply)}
 
 
 class Recorder:
@@ -33,7 +33,7 @@ class Recorder:
         self.load = load
         self.runs: list[tuple[bool, int]] = []
 
-    async def Probe(self, request: Any, context: Context) -> peer_pb2.ReleaseKeyReply:
+    async def Probe(self, request: Any, context: CallInfo) -> peer_pb2.ReleaseKeyReply:
         self.runs.append((asyncio.current_task() is not None, self.load.running))
         return peer_pb2.ReleaseKeyReply()
 
@@ -63,7 +63,7 @@ async def _connected(servicer: Recorder, load: TransferLoad,
                      tmp_path: Path) -> AsyncIterator[socket.socket]:
     """A lane server of ``servicer`` on a unix socket, and a socket connected to it."""
     server = LaneServer("test lane", METHODS, servicer,
-                        lambda _: Binding(CallContext().as_context()), needs_hello=False,
+                        lambda _: Binding(CallInfo()), needs_hello=False,
                         load=load)
     path = tmp_path / "lane.sock"
     await server.start_unix(path)
@@ -108,7 +108,7 @@ class AnswersAtOnce(Recorder):
         self.answered: list[int] = []
         self.loads_at_once: list[int] = []
 
-    def _probe_at_once(self, request: Any, context: Context) -> Any:
+    def _probe_at_once(self, request: Any, context: CallInfo) -> Any:
         token = request.link_token
         self.loads_at_once.append(self.load.running)
         if token == 2:

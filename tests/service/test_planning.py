@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hixl_client._proto.hixl.v1 import client_pb2
 from hixl_client.status import LLMException, LLMStatusCode
 from hixl_service.planning import (
     Layout,
@@ -18,6 +17,7 @@ from hixl_service.planning import (
     plan_slot_to_blocks,
     tensor_pairs,
 )
+from hixl_wire._proto.hixl.v1 import client_pb2
 
 
 def layout(num_tensors: int, tensor_size: int, batch_size: int, base: int = 0) -> Layout:

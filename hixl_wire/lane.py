@@ -1,4 +1,4 @@
-"""Lanes: unary calls as framed protobuf messages on one plain stream socket.
+"""Lanes: unary calls as framed messages on one plain stream socket.
 
 A gRPC call costs 0.45-0.65 ms of round trip here, most of a small
 transfer; a message on a plain socket between two uvloop processes costs
@@ -7,9 +7,13 @@ chosen unary methods, framed by a 17-byte header (documented at the top of
 ``proto/hixl/v1/client.proto``), and the far side runs them through the same
 handlers as their gRPC twins: validation, errors and status codes are the
 same. Two lanes exist: the transfer lane from a client to its daemon (a unix
-socket, :data:`CLIENT_METHODS`) and the peer lane between daemons (TCP, the
-per-transfer Peer methods). This module holds the framing and the calling
-end; ``hixl_service.lane_server`` the answering end.
+socket, :data:`CLIENT_METHODS`) and the peer lane between daemons (TCP,
+:data:`PEER_METHODS`). This module holds what both ends share: the framing,
+the method tables, the lane's own bodies (:class:`RepeatFrame`, and the
+``CallError`` of a failed call: :func:`call_error_of` writes it,
+:func:`error_from_call` reads it) and the calling end, :class:`Lane`, which
+the client uses towards its daemon and a daemon towards its peers;
+``hixl_service.lane_server`` is the answering end.
 
 Calls are multiplexed by call id; replies come back in completion order. A
 call that is cancelled or outlives its timeout sends CANCEL, so the far side
@@ -20,13 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any, NamedTuple, cast
 
 import grpc
 
 from ._proto.hixl.v1 import client_pb2, common_pb2, peer_pb2
-from .status import LLMException, LLMStatusCode
+from .status import STATUS_TO_GRPC, LLMException, LLMStatusCode
 
 # body bytes, call id, kind, timeout in ms, request tag (the caller's request
 # id for the far side's log, 0: none)
@@ -39,8 +44,9 @@ REPLY_OK = 0
 REPLY_ERROR = 1
 
 
-class RepeatRequest(NamedTuple):
-    """The body of a RepeatPull or RepeatPush frame: a transfer of the shape
+@dataclass(slots=True)
+class RepeatFrame:
+    """The body of a RepeatPull or RepeatPush call: a transfer of the shape
     ``handle`` names (``repeat_handle`` of a PullCacheReply or PushReply),
     between two batch slots. Not a protobuf message: 16 bytes the daemon
     reads without decoding anything."""
@@ -49,37 +55,59 @@ class RepeatRequest(NamedTuple):
     src_batch_index: int
     dst_batch_index: int
 
-    def SerializeToString(self) -> bytes:  # the protobuf message interface
-        return _REPEAT.pack(*self)
+    def pack(self) -> bytes:
+        """The frame body; raises struct.error for a value out of its field's range."""
+        return _REPEAT.pack(self.handle, self.src_batch_index, self.dst_batch_index)
 
     @classmethod
-    def FromString(cls, body: bytes) -> RepeatRequest:
+    def unpack(cls, body: bytes) -> RepeatFrame:
         """Raises struct.error for a body of any other length."""
         return cls(*_REPEAT.unpack(body))
 
 
 _REPEAT = struct.Struct("<QII")
 
-# Method name -> (kind, request type, reply type). The kinds are wire values.
-Methods = dict[str, tuple[int, type[Any], type[Any]]]
+
+class LaneMethod(NamedTuple):
+    """One call a lane carries: its kind (a wire value) and how its bodies are
+    written and read. Replies are protobuf messages; requests are too, but
+    for the repeats' :class:`RepeatFrame`."""
+
+    kind: int
+    write_request: Callable[[Any], bytes]
+    read_request: Callable[[bytes], Any]
+    read_reply: Callable[[bytes], Any]
+
+
+def message_method(kind: int, request_type: Any, reply_type: Any) -> LaneMethod:
+    """A call whose request and reply are the protobuf messages of its gRPC twin."""
+    return LaneMethod(kind, request_type.SerializeToString, request_type.FromString,
+                      reply_type.FromString)
+
+
+# Method name -> LaneMethod.
+Methods = dict[str, LaneMethod]
 CLIENT_METHODS: Methods = {
-    "PullCache": (1, client_pb2.PullCacheRequest, client_pb2.PullCacheReply),
-    "PullBlocks": (2, client_pb2.PullCacheRequest, client_pb2.PullCacheReply),
-    "PushCache": (3, client_pb2.PushRequest, client_pb2.PushReply),
-    "PushBlocks": (4, client_pb2.PushRequest, client_pb2.PushReply),
-    "CopyCache": (5, client_pb2.CopyCacheRequest, client_pb2.CopyReply),
-    "CopyBlocks": (6, client_pb2.CopyBlocksRequest, client_pb2.CopyReply),
-    "SwapBlocks": (7, client_pb2.SwapBlocksRequest, client_pb2.CopyReply),
-    "LayerReady": (8, client_pb2.LayerReadyRequest, client_pb2.LayerReadyReply),
-    # Lane only: no gRPC methods of these names (see RepeatRequest).
-    "RepeatPull": (9, RepeatRequest, client_pb2.PullCacheReply),
-    "RepeatPush": (10, RepeatRequest, client_pb2.PushReply),
+    "PullCache": message_method(1, client_pb2.PullCacheRequest, client_pb2.PullCacheReply),
+    "PullBlocks": message_method(2, client_pb2.PullCacheRequest, client_pb2.PullCacheReply),
+    "PushCache": message_method(3, client_pb2.PushRequest, client_pb2.PushReply),
+    "PushBlocks": message_method(4, client_pb2.PushRequest, client_pb2.PushReply),
+    "CopyCache": message_method(5, client_pb2.CopyCacheRequest, client_pb2.CopyReply),
+    "CopyBlocks": message_method(6, client_pb2.CopyBlocksRequest, client_pb2.CopyReply),
+    "SwapBlocks": message_method(7, client_pb2.SwapBlocksRequest, client_pb2.CopyReply),
+    "LayerReady": message_method(8, client_pb2.LayerReadyRequest, client_pb2.LayerReadyReply),
+    # Lane only: no gRPC methods of these names (see RepeatFrame).
+    "RepeatPull": LaneMethod(9, RepeatFrame.pack, RepeatFrame.unpack,
+                             client_pb2.PullCacheReply.FromString),
+    "RepeatPush": LaneMethod(10, RepeatFrame.pack, RepeatFrame.unpack,
+                             client_pb2.PushReply.FromString),
 }
 # The peer lane: the Peer calls a transfer may make.
 PEER_METHODS: Methods = {
-    "ResolveCache": (1, peer_pb2.ResolveCacheRequest, peer_pb2.ResolveCacheReply),
-    "ReleaseKey": (2, peer_pb2.ReleaseKeyRequest, peer_pb2.ReleaseKeyReply),
-    "HcclPost": (3, peer_pb2.HcclPostRequest, peer_pb2.HcclPostReply),
+    "ResolveCache": message_method(1, peer_pb2.ResolveCacheRequest,
+                                   peer_pb2.ResolveCacheReply),
+    "ReleaseKey": message_method(2, peer_pb2.ReleaseKeyRequest, peer_pb2.ReleaseKeyReply),
+    "HcclPost": message_method(3, peer_pb2.HcclPostRequest, peer_pb2.HcclPostReply),
 }
 # Bounds the wait for a daemon that stopped answering, just beyond the call's
 # own deadline (which the daemon enforces and answers with LLM_TIMEOUT).
@@ -131,6 +159,18 @@ class FrameReader:
             frames.append((call_id, kind, timeout_ms, tag, bytes(buffer[HEADER.size:end])))
             del buffer[:end]
         return frames
+
+
+def call_error(code: grpc.StatusCode, llm_status: int, message: str) -> common_pb2.CallError:
+    """The body of an ERROR reply: what the same gRPC call would have ended with."""
+    return common_pb2.CallError(grpc_code=code.value[0], llm_status=llm_status, message=message)
+
+
+def call_error_of(exc: LLMException) -> common_pb2.CallError:
+    """The CallError of a call that failed with ``exc``: the gRPC code a daemon
+    aborts the same call with (``STATUS_TO_GRPC``) and the exact status."""
+    return call_error(STATUS_TO_GRPC.get(exc.status_code, grpc.StatusCode.UNKNOWN),
+                      int(exc.status_code), str(exc))
 
 
 def error_from_reply(body: bytes, what: str) -> LLMException:
@@ -249,15 +289,17 @@ def answer_read(reader: FrameReader, calls: CallBook, data: bytes) -> str | None
     return None
 
 
-def reply_of(kind: int, body: bytes, reply_type: Any, what: str) -> Any:
+def reply_of(kind: int, body: bytes, read_reply: Callable[[bytes], Any], what: str) -> Any:
     """A reply frame's message, or its error raised as LLMException."""
     if kind != REPLY_OK:
         raise error_from_reply(body, what)
-    return reply_type.FromString(body)
+    return read_reply(body)
 
 
 class Lane(asyncio.Protocol):
-    """One lane to a daemon; open with :meth:`connect_unix` or :meth:`connect_tcp`."""
+    """The calling end of one lane connection to a daemon (a client's to its
+    daemon, a daemon's to a peer); open with :meth:`connect_unix` or
+    :meth:`connect_tcp`."""
 
     def __init__(self, methods: Methods, what: str,
                  lost_status: LLMStatusCode = LLMStatusCode.LLM_FAILED) -> None:
@@ -324,13 +366,13 @@ class Lane(asyncio.Protocol):
         send it. The coroutine must be awaited (it ends the call's bookkeeping).
         Raises LLMException at once when the lane is closed.
         """
-        kind, _, reply_type = self._methods[method]
-        posted = self._post(kind, request.SerializeToString(), timeout_s, tag)
-        return self._reply(posted, reply_type)
+        lane_method = self._methods[method]
+        posted = self._post(lane_method.kind, lane_method.write_request(request), timeout_s, tag)
+        return self._reply(posted, lane_method.read_reply)
 
-    async def _reply(self, posted: Posted, reply_type: Any) -> Any:
+    async def _reply(self, posted: Posted, read_reply: Callable[[bytes], Any]) -> Any:
         kind, body = await self._wait(posted)
-        return reply_of(kind, body, reply_type, self._what)
+        return reply_of(kind, body, read_reply, self._what)
 
     async def _exchange(self, kind: int, body: bytes, timeout_s: float,
                         tag: int = 0) -> tuple[int, bytes]:

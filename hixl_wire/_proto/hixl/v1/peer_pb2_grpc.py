@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from hixl_client._proto.hixl.v1 import peer_pb2 as hixl_dot_v1_dot_peer__pb2
+from hixl_wire._proto.hixl.v1 import peer_pb2 as hixl_dot_v1_dot_peer__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
