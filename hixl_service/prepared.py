@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hixl_client.status import LLMException
+
 from .cluster import Cluster
 from .links import FarCache, OutboundLink
 from .native_errors import RegionRefused
@@ -169,6 +171,24 @@ def again_at_once(cluster: Cluster, repeat: Repeat, src_batch: int,
     return _finish(cluster, repeat, src_batch, dst_batch, prepared, moving, started)
 
 
+def repeat_at_once(cluster: Cluster, handle: int, push: bool, src_batch: int,
+                   dst_batch: int) -> tuple[Repeat, Outcome | Awaitable[Outcome]] | None:
+    """``again_at_once`` for a repeat named by handle, from the transfer lane's frame
+    callback: the repeat and its Outcome (answered at once, and counted so) or an
+    awaitable of it; None when the call must run as usual (an unknown handle,
+    which the call itself words, or what was prepared no longer holds)."""
+    try:
+        repeat = cluster.repeats.get(handle, push=push)
+    except LLMException:
+        return None
+    started = again_at_once(cluster, repeat, src_batch, dst_batch)
+    if started is None:
+        return None
+    if isinstance(started, Outcome):
+        cluster.repeats.answered_at_once += 1
+    return repeat, started
+
+
 def _forget(prepared: PreparedTransfer, shape: TransferShape) -> None:
     prepared.link.far.forget(IdRef(shape.remote_cluster_id, shape.remote_cache_id, 0))
 
@@ -202,4 +222,5 @@ async def _full(cluster: Cluster, repeat: Repeat, src_batch: int, dst_batch: int
     return outcome
 
 
-__all__ = ["PreparedTransfer", "again", "again_at_once", "repeat_handle", "shape_of"]
+__all__ = ["PreparedTransfer", "again", "again_at_once", "repeat_at_once", "repeat_handle",
+           "shape_of"]

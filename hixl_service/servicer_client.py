@@ -8,7 +8,6 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import grpc.aio
@@ -26,7 +25,7 @@ from .memory.base import Pool
 from .peer_api import KeyRef
 from .peer_client import key_from_proto, ref_from_proto
 from .planning import block_list
-from .prepared import again, again_at_once, repeat_handle
+from .prepared import again, repeat_at_once, repeat_handle
 from .repeats import Repeat
 from .rpc_errors import abort_with
 from .transfers import Outcome, PullSpec, PushSpec, pull, push
@@ -354,21 +353,21 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         started = time.perf_counter()
         try:
             cluster = self._engine.cluster_of(self._session(context))
-            repeat = cluster.repeats.get(request.handle, push=push)
         except LLMException:
             return None  # the call itself answers with the error
-        outcome = again_at_once(cluster, repeat, request.src_batch_index,
-                                request.dst_batch_index)
-        if outcome is None:
+        begun = repeat_at_once(cluster, request.handle, push, request.src_batch_index,
+                               request.dst_batch_index)
+        if begun is None:
             return None
+        repeat, outcome = begun
         if isinstance(outcome, Outcome):
-            cluster.repeats.answered_at_once += 1
             return _repeat_reply(repeat, started, outcome)
-        return self._repeat_landing(_Landing(repeat, started, outcome), context)
+        return self._reply_when_landed(repeat, started, outcome)
 
-    async def _repeat_landing(self, landing: _Landing, context: CallInfo) -> Any:
-        """The reply of a repeat whose bytes still moved when it was answered at once."""
-        return _repeat_reply(landing.repeat, landing.started, await landing.outcome)
+    @staticmethod
+    async def _reply_when_landed(repeat: Repeat, started: float,
+                                 outcome: Awaitable[Outcome]) -> Any:
+        return _repeat_reply(repeat, started, await outcome)
 
     @unary
     async def PullBlocks(self, request: client_pb2.PullCacheRequest,
@@ -489,15 +488,6 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
             if task.failed or task.ended:  # the stream reported why, or was cancelled
                 return client_pb2.LayerReadyReply()
             return client_pb2.LayerReadyReply(reports=await task.send_layer(request.layer))
-
-
-@dataclass(slots=True)
-class _Landing:
-    """A repeat under way: what its reply needs once its outcome arrives."""
-
-    repeat: Repeat
-    started: float
-    outcome: Awaitable[Outcome]
 
 
 def _repeat_reply(repeat: Repeat, started: float, outcome: Outcome) -> Any:
