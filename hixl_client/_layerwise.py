@@ -165,9 +165,8 @@ class _Synchronizer:
     The thread calls ``on_ready(index)`` the moment a layer is ready (on a
     ThreadLane that sends the layer's LayerReady frame: ``_thread_lane``), then
     hands the answer to the event loop with ``call_soon_threadsafe``. Sending
-    from the loop instead put that hop on every layer's path: 75-80 us
-    through ``asyncio.to_thread``, 18-36 us through call_soon_threadsafe. The
-    time is taken in the thread, when the method returned.
+    from the loop instead put that hop (a wake-up of the loop) on every
+    layer's path. The time is taken in the thread, when the method returned.
     """
 
     def __init__(self, synchronizer: LayerSynchronizer, layers: list[int],
@@ -213,8 +212,8 @@ class _Synchronizer:
         finally:
             self._sending_over = True
         # The thread ends with the task, not right after its last layer: ending
-        # a thread takes CPU that the last layer's bytes want on a small host
-        # (the last layer landed 70-100 us later than the layers before it).
+        # a thread takes CPU that the last layer's bytes want on a small host,
+        # and the last layer landed later than the layers before it.
         self._closed.wait(LINGER_S)
 
     def _ask_in_turn(self) -> None:

@@ -2,9 +2,9 @@
 
 A layer-wise task's blocking synchronizer runs on a thread of the task's own
 (``_layerwise``). Handing each "layer ready" to the event loop before the
-layer's LayerReady frame could go out cost 18-36 us a layer: a wake-up of the
-loop and the driver's next step, all between the layer being computed and
-its bytes starting to move. On a ThreadLane the thread writes the frame the
+layer's LayerReady frame could go out put a wake-up of the loop and the
+driver's next step between the layer being computed and its bytes starting
+to move, on every layer. On a ThreadLane the thread writes the frame the
 moment the synchronizer returns.
 
 The event loop owns everything else: it opens each call beforehand (its id

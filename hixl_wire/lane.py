@@ -1,8 +1,8 @@
 """Lanes: unary calls as framed messages on one plain stream socket.
 
-A gRPC call costs 0.45-0.65 ms of round trip here, most of a small
-transfer; a message on a plain socket between two uvloop processes costs
-tens of microseconds. A lane carries the request and reply messages of
+A gRPC call's round trip is most of a small transfer's time; a message on
+a plain socket between two uvloop processes costs a small fraction of it
+(docs/architecture.md has the figures). A lane carries the request and reply messages of
 chosen unary methods, framed by a 17-byte header (documented at the top of
 ``proto/hixl/v1/client.proto``), and the far side runs them through the same
 handlers as their gRPC twins: validation, errors and status codes are the
@@ -113,8 +113,8 @@ PEER_METHODS: Methods = {
 # own deadline (which the daemon enforces and answers with LLM_TIMEOUT).
 DEADLINE_GRACE_S = 0.5
 # How often a lane with calls in flight looks for calls past that bound: one
-# timer per lane rather than one per call (arming and cancelling a timer
-# costs 1-3 us of a call of about 100), so the bound holds to within a tick.
+# timer per lane rather than one per call (arming and cancelling a timer is
+# a noticeable part of a small call), so the bound holds to within a tick.
 WATCHDOG_TICK_S = 0.25
 _CALL_IDS = 2**32
 
