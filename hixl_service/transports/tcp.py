@@ -179,9 +179,8 @@ class TcpTransport:
         await asyncio.to_thread(self._data.close)
 
 
-class _OneRequest:
-    """Ranges that fit one native request: a repeat passes the two shifts to
-    the data link, which adds them to its private copy as it checks them."""
+class _Planned:
+    """Ranges of one remote region, kept for starts between other slots."""
 
     __slots__ = ("_local", "_ranges", "_region_id", "_transport", "_writing")
 
@@ -192,6 +191,13 @@ class _OneRequest:
         self._local = local
         self._region_id = region_id
         self._ranges = ranges
+
+
+class _OneRequest(_Planned):
+    """Ranges that fit one native request: a repeat passes the two shifts to
+    the data link, which adds them to its private copy as it checks them."""
+
+    __slots__ = ()
 
     def start(self, src_shift: int, dst_shift: int,
               timeout_ms: int) -> Awaitable[None] | None:
@@ -205,18 +211,10 @@ class _OneRequest:
         return None
 
 
-class _Sliced:
+class _Sliced(_Planned):
     """Ranges too many for one request: each start shifts a copy of them."""
 
-    __slots__ = ("_local", "_ranges", "_region_id", "_transport", "_writing")
-
-    def __init__(self, transport: TcpTransport, writing: bool, local: Memory, region_id: int,
-                 ranges: Ranges) -> None:
-        self._transport = transport
-        self._writing = writing
-        self._local = local
-        self._region_id = region_id
-        self._ranges = ranges
+    __slots__ = ()
 
     def start(self, src_shift: int, dst_shift: int,
               timeout_ms: int) -> Awaitable[None] | None:
