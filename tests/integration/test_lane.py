@@ -56,6 +56,14 @@ def _fill(cache_view: memoryview, seed: int) -> np.ndarray:
     return array.copy()
 
 
+async def _until_under_way(daemon: DaemonProcess, count: int, within_s: float = 10.0) -> None:
+    """Wait until the daemon counts ``count`` transfer calls under way (Admin status)."""
+    deadline = time.monotonic() + within_s
+    while (seen := (await daemon_status(daemon.client_target)).transfers_under_way) != count:
+        assert time.monotonic() < deadline, f"{seen} transfers under way, expected {count}"
+        await asyncio.sleep(0.01)
+
+
 async def _lane_use(daemon: DaemonProcess, cluster_id: int) -> tuple[int, int]:
     status = await daemon_status(daemon.client_target)
     session = next(s for s in status.sessions if s.cluster_id == cluster_id)
@@ -260,7 +268,7 @@ async def test_lost_daemon_fails_lane_calls_promptly(next_cluster_id: Callable[[
         try:
             pending = asyncio.ensure_future(pair.decoder.cache_manager.pull_cache(
                 CacheKeyByIdAndIndex(pair.prompt.cluster_id, src.cache_id, 0), dst))
-            await asyncio.sleep(0.3)
+            await _until_under_way(decode, 1)  # the local daemon has the call in flight
             assert not pending.done()
             started = time.monotonic()
             decode.kill()  # the local daemon dies under a call in flight on the lane

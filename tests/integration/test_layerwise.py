@@ -51,6 +51,36 @@ class Ready(LayerSynchronizer):
         return self.answer
 
 
+class HoldAt(LayerSynchronizer):
+    """Layers before ``layer`` are ready at once; at ``layer`` it sets ``reached``
+    and blocks (its worker thread) until ``release`` is set, 10 s at most: a
+    test acts on a task known to be computing that layer."""
+
+    def __init__(self, layer: int) -> None:
+        self.layer = layer
+        self.calls: list[int] = []
+        self.reached, self.release = threading.Event(), threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def synchronize_layer(self, layer_index: int, timeout_in_millis: int | None) -> bool:
+        self.thread = threading.current_thread()
+        self.calls.append(layer_index)
+        if layer_index == self.layer:
+            self.reached.set()
+            self.release.wait(10)
+        return True
+
+    async def wait_reached(self, within_s: float = 10.0) -> None:
+        reached = await asyncio.to_thread(self.reached.wait, within_s)
+        assert reached, f"the synchronizer was never asked for layer {self.layer}: {self.calls}"
+
+    async def wait_thread_ended(self, within_s: float = 10.0) -> None:
+        thread = self.thread
+        assert thread is not None
+        await asyncio.to_thread(thread.join, within_s)
+        assert not thread.is_alive(), "the synchronizer's thread outlived its task"
+
+
 def fill(cache: Cache) -> None:
     for i in range(cache.cache_desc.num_tensors):
         view = np.frombuffer(cache.tensor_view(i), dtype=np.uint8)
@@ -60,6 +90,15 @@ def fill(cache: Cache) -> None:
 def raw(cache: Cache, tensor: int) -> np.ndarray:
     return np.frombuffer(cache.tensor_view(tensor), dtype=np.uint8).reshape(
         cache.cache_desc.shape[0], -1)
+
+
+async def until_landed(dst: Cache, src: Cache, tensors: range, message: str,
+                       within_s: float = 10.0) -> None:
+    """Wait until ``tensors`` of ``src`` are at the receiver (``dst``'s memory)."""
+    deadline = time.monotonic() + within_s
+    while not all(np.array_equal(raw(dst, t), raw(src, t)) for t in tensors):
+        assert time.monotonic() < deadline, message
+        await asyncio.sleep(0.002)
 
 
 @pytest_asyncio.fixture
@@ -197,8 +236,7 @@ async def test_a_task_whose_daemon_dies_ends_promptly(next_cluster_id: Callable[
         task = sender.cache_manager.transfer_cache_async(
             src, ComputingWhileTheDaemonDies(), [TransferWithCacheKeyConfig(key, range(4),
                                                                               range(4))])
-        while not reached.is_set():
-            await asyncio.sleep(0.005)
+        assert await asyncio.to_thread(reached.wait, 10), "layer 2 was never asked for"
         decode.kill()
         killed.set()
         started = time.monotonic()
@@ -347,11 +385,17 @@ async def test_cancel_leaves_both_sides_usable(accessible: Pair) -> None:
     dst = await receiver.cache_manager.allocate_cache(desc)
     key = CacheKeyByIdAndIndex(receiver.cluster_id, dst.cache_id)
     config = TransferWithCacheKeyConfig(key, range(8), range(8))
-    task = sender.cache_manager.transfer_cache_async(src, Ready(delay_s=0.05), [config])
-    await asyncio.sleep(0.12)
-    task.cancel()
-    assert await task.synchronize(5000) == LLMStatusCode.LLM_TIMEOUT  # the default code
-    assert task.done()
+    # Cancelled mid-transfer: layers 0 and 1 have landed and layer 2 is being computed.
+    sync = HoldAt(2)
+    task = sender.cache_manager.transfer_cache_async(src, sync, [config])
+    try:
+        await sync.wait_reached()
+        await until_landed(dst, src, range(4), "layers 0 and 1 never arrived")
+        task.cancel()
+        assert await task.synchronize(5000) == LLMStatusCode.LLM_TIMEOUT  # the default code
+        assert task.done()
+    finally:
+        sync.release.set()
     again = sender.cache_manager.transfer_cache_async(src, Ready(), [config])
     assert await again == [OK]
     for i in range(16):
@@ -409,16 +453,22 @@ async def test_cancelling_the_awaiter_cancels_the_task(accessible: Pair) -> None
     src = await sender.cache_manager.allocate_cache(desc)
     dst = await receiver.cache_manager.allocate_cache(desc)
     key = CacheKeyByIdAndIndex(receiver.cluster_id, dst.cache_id)
-    sync = Ready(delay_s=0.1)
+    sync = HoldAt(1)  # the awaiter is cancelled while layer 1 is being computed
     task = sender.cache_manager.transfer_cache_async(
         src, sync, [TransferWithCacheKeyConfig(key, range(0, 4), range(0, 4))])
     waiter = asyncio.ensure_future(task)
-    await asyncio.sleep(0.15)
-    waiter.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await waiter
-    assert await task.synchronize(5000) == LLMStatusCode.LLM_TIMEOUT and task.done()
+    try:
+        await sync.wait_reached()
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert await task.synchronize(5000) == LLMStatusCode.LLM_TIMEOUT and task.done()
+    finally:
+        sync.release.set()
+    # Once layer 1's answer is in, the synchronizer's thread ends without asking for more.
+    await sync.wait_thread_ended()
     assert len(sync.calls) < 4  # it stopped asking for layers
+    assert sync.calls == [0, 1]
 
 
 @pytest_asyncio.fixture

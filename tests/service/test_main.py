@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -508,7 +509,10 @@ async def test_start_daemon_cancelled_while_starting(monkeypatch: pytest.MonkeyP
             pytest.fail("a stalled daemon cannot become ready")
 
     task = asyncio.create_task(enter())
+    deadline = time.monotonic() + 10
+    # cancelled once the daemon's process runs and start() waits for its ready file
     while not created or created[0].returncode is not None or created[0]._proc is None:
+        assert time.monotonic() < deadline, "the daemon's process never started"
         await asyncio.sleep(0.02)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
