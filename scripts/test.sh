@@ -5,7 +5,8 @@
 # the daemon's default, unless it is set; see tests/conftest.py). grpc.aio
 # binds to one loop per process, so the other kind needs a second pytest
 # process: after the whole suite passes on uvloop, the async tests of the
-# client-side packages (tests/integration, tests/client, tests/service) run
+# client-side packages and the in-process engines (tests/integration,
+# tests/client, tests/service, tests/engine) run
 # again on asyncio's default loop.
 #
 # That second run happens only for the full run (no arguments, HIXL_TEST_LOOP
@@ -28,4 +29,4 @@ echo "scripts/test.sh: run 1 of 2: the whole suite on uvloop"
 HIXL_TEST_LOOP=uvloop "${PYTEST[@]}"
 echo "scripts/test.sh: run 2 of 2: the async client-side tests on asyncio's default loop"
 HIXL_TEST_LOOP=asyncio exec "${PYTEST[@]}" -m asyncio \
-  tests/integration tests/client tests/service tests/test_loop_kind.py
+  tests/integration tests/client tests/service tests/engine tests/test_loop_kind.py
