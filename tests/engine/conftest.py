@@ -6,7 +6,7 @@ client process."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -126,4 +126,3 @@ def pull_spec(src_cluster: int, src: CacheEntry, dst: CacheEntry, src_slot: int,
                     dst_tensor_indices=[0, 1], tensor_num_per_layer=2)
 
 
-Filler = Callable[[CacheEntry, int], None]
