@@ -1,0 +1,33 @@
+"""hixl_bench.calls: Python calls per request, counted in the client and both daemons."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+
+def _calls(output: str, process: str) -> float:
+    found = re.search(rf"^{re.escape(process)}: ([0-9.]+) Python calls per request$", output,
+                      re.MULTILINE)
+    assert found, output
+    return float(found.group(1))
+
+
+@pytest.mark.parametrize(("op", "path"), [("pull", "tcp"), ("blocks", "local")])
+def test_every_process_reports_its_calls_per_request(op: str, path: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "hixl_bench.calls", "--op", op, "--path", path,
+                           "--requests", "40", "--top", "3"],
+                          capture_output=True, text=True, timeout=120, check=True)
+    out = done.stdout
+    # every request costs the client and the initiating daemon Python work,
+    # and the counts are per request: far fewer than the requests made
+    assert 10 < _calls(out, "client") < 1000
+    assert 10 < _calls(out, "daemon A (initiator)") < 1000
+    if path == "tcp":
+        # the target's data server is native: repeats cost it no Python
+        assert _calls(out, "daemon B (target)") < 1
+    else:
+        assert "daemon B" not in out
