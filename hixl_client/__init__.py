@@ -11,6 +11,7 @@ from .cache_manager import CacheManager
 from .config import LLMClusterInfo, LLMConfig, LlmConfig
 from .device_buffer import DeviceShareableBuffer, alloc_device_shareable
 from .keys import BlocksCacheKey, CacheKey, CacheKeyByIdAndIndex
+from .kv_cache import KvCache
 from .llm_datadist import LLMDataDist
 from .shareable import ShareableBuffer, alloc_shareable
 from .status import LLMException, LLMStatusCode, Status
@@ -39,6 +40,7 @@ __all__ = [
     "CacheTask",
     "DataType",
     "DeviceShareableBuffer",
+    "KvCache",
     "LLMClusterInfo",
     "LLMConfig",
     "LLMDataDist",

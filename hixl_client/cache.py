@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING, Any
 
 from ._validation import check_int64, check_isinstance
 from .status import LLMException, LLMStatusCode
-from .types import CacheDesc, validate_cpu_cache_args
+from .types import CacheDesc, DataType, numpy_dtype, validate_cpu_cache_args
 
 if TYPE_CHECKING:
     from ._memory import PoolMapping
+
+_DLPACK_CPU = 1  # DLDeviceType kDLCPU
 
 
 class Cache:
@@ -109,11 +112,77 @@ class Cache:
         return self._pool.view(self._offsets[index], self._cache_desc.size)
 
     def numpy(self, index: int) -> Any:
-        """Tensor ``index`` as a zero-copy numpy array of the cache's shape and dtype."""
+        """Tensor ``index`` as a zero-copy numpy array of the cache's shape and dtype.
+
+        ``DT_BF16`` tensors are ``ml_dtypes.bfloat16`` arrays: numpy has no
+        bfloat16 of its own, and a float16 view would read every value wrong.
+
+        Raises:
+            LLMException: as `tensor_view`, or ``DT_BF16`` without ml_dtypes
+                installed (``LLM_FEATURE_NOT_ENABLED``).
+            IndexError: ``index`` is not a tensor of the cache.
+        """
         import numpy as np
 
-        from . import types
-
-        dtype = types.dtype_to_np_dtype[self._cache_desc.data_type]
+        dtype = numpy_dtype(self._cache_desc.data_type)
         array = np.frombuffer(self.tensor_view(index), dtype=np.uint8)
         return array.view(dtype).reshape(tuple(self._cache_desc.shape))
+
+    def torch(self, index: int) -> Any:
+        """Tensor ``index`` as a zero-copy CPU ``torch.Tensor`` of the cache's shape
+        and dtype (``DT_BF16`` is ``torch.bfloat16``); needs torch installed.
+
+        Raises:
+            LLMException / IndexError: as `numpy`.
+            ModuleNotFoundError: torch is not installed.
+            TypeError: ``DT_STRING``, which torch has no dtype for.
+        """
+        import numpy as np
+        import torch
+
+        desc = self._cache_desc
+        if desc.data_type is DataType.DT_STRING:
+            raise TypeError("torch has no dtype for DT_STRING tensors")
+        if desc.data_type is DataType.DT_BF16:
+            raw = np.frombuffer(self.tensor_view(index), dtype=np.uint16)
+            return torch.from_numpy(raw).view(torch.bfloat16).reshape(tuple(desc.shape))
+        return torch.from_numpy(self.numpy(index))
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """DLPack's device of the cache: the host CPU (``kDLCPU``)."""
+        return (_DLPACK_CPU, 0)
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        """The whole cache as one DLPack tensor of shape ``(num_tensors, *shape)``,
+        zero-copy (``torch.from_dlpack(cache)``, ``numpy.from_dlpack(cache)``).
+
+        Raises:
+            BufferError: the cache has no host memory (deallocated, CPU cache or
+                Ascend device memory), its tensors do not lie at one stride
+                (use `numpy` or `torch` per tensor), or it is ``DT_BF16``, which
+                numpy cannot export (use `torch`).
+        """
+        return self._stacked().__dlpack__(**kwargs)
+
+    def _stacked(self) -> Any:
+        """All tensors as one strided numpy array over the pool (for DLPack)."""
+        import numpy as np
+        from numpy.lib.stride_tricks import as_strided
+
+        desc = self._cache_desc
+        if desc.data_type in (DataType.DT_BF16, DataType.DT_STRING):
+            raise BufferError(f"{desc.data_type.name} tensors cannot be exported through "
+                              f"DLPack by numpy; use Cache.torch(i) or Cache.numpy(i)")
+        if not self._valid or self._pool is None or self._pool.mapping is None:
+            raise BufferError(f"cache {self._cache_id} has no host memory to export")
+        offsets, size = self._offsets, desc.size
+        step = offsets[1] - offsets[0] if len(offsets) > 1 else size
+        dtype = numpy_dtype(desc.data_type)
+        if step < size or step % dtype.itemsize or any(
+                b - a != step for a, b in itertools.pairwise(offsets)):
+            raise BufferError(f"the tensors of cache {self._cache_id} do not lie at one "
+                              f"stride; export them one at a time with Cache.numpy(i)")
+        span = step * (len(offsets) - 1) + size
+        flat = np.frombuffer(self._pool.view(offsets[0], span), dtype=dtype)
+        inner = np.empty(tuple(desc.shape), dtype=dtype).strides
+        return as_strided(flat, shape=(len(offsets), *desc.shape), strides=(step, *inner))

@@ -17,7 +17,7 @@ process, so use either this facade or the async client in a process, not both.
 As in LLM-DataDist, one `LLMDataDist` may be initialized per process, and an
 ``atexit`` hook finalizes one that is still initialized. The daemon is found
 through ``$HIXL_DAEMON`` or the default socket, or `set_daemon`. LLM-DataDist's
-legacy (v1) ``KvCache`` type is not provided.
+legacy (v1) ``KvCache`` type is exported for porting; its v1 manager is not provided.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from ._validation import check_isinstance
 from .cache import Cache
 from .config import LLMClusterInfo, LLMConfig, LlmConfig
 from .keys import BlocksCacheKey, CacheKey, CacheKeyByIdAndIndex
+from .kv_cache import KvCache
 from .llm_datadist import LLMDataDist as _AsyncLLMDataDist
 from .status import LLMException, LLMStatusCode, Status, raise_if_false
 from .transfer_config import TransferConfig, TransferWithCacheKeyConfig
@@ -60,6 +61,7 @@ __all__ = [
     "CacheManager",
     "CacheTask",
     "DataType",
+    "KvCache",
     "LLMClusterInfo",
     "LLMConfig",
     "LLMDataDist",

@@ -23,7 +23,7 @@ from hixl_client._validation import (
     check_list_int64,
     check_uint32,
 )
-from hixl_client.status import LLMException, QualifiedIntEnum, raise_if_false
+from hixl_client.status import LLMException, LLMStatusCode, QualifiedIntEnum, raise_if_false
 
 __all__ = [
     "CacheDesc",
@@ -35,6 +35,7 @@ __all__ = [
     "Placement",
     "RegisterMemStatus",
     "bytes_per_element",
+    "numpy_dtype",
     "role_to_str",
     "validate_cpu_cache_args",
 ]
@@ -121,6 +122,31 @@ def _build_numpy_maps() -> None:
     globals().update(
         dtype_to_np_dtype=to_np, valid_np_dtypes=list(to_np.values()), np_dtype_to_dtype=from_np
     )
+
+
+def numpy_dtype(data_type: DataType) -> Any:
+    """The numpy dtype a tensor's elements are stored as.
+
+    Unlike the reference's `dtype_to_np_dtype`, kept as LLM-DataDist has it,
+    ``DT_BF16`` is bfloat16 (from ml_dtypes), never float16.
+
+    Raises:
+        LLMException: ``DT_BF16`` without ml_dtypes installed
+            (``LLM_FEATURE_NOT_ENABLED``).
+    """
+    import numpy as np
+
+    if data_type is DataType.DT_BF16:
+        try:
+            from ml_dtypes import bfloat16
+        except ImportError:
+            raise LLMException("DT_BF16 tensors need the ml_dtypes package for a numpy view "
+                               "(numpy has no bfloat16): pip install ml_dtypes",
+                               status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED) from None
+        return np.dtype(bfloat16)
+    if "dtype_to_np_dtype" not in globals():
+        _build_numpy_maps()
+    return np.dtype(globals()["dtype_to_np_dtype"][data_type])
 
 
 def __getattr__(name: str) -> Any:

@@ -34,8 +34,9 @@ from hixl_client.sync import (
     LLMStatusCode,
 )
 
-# LLM-DataDist's exports (spec 2.1), KvCache (legacy v1) excepted.
+# LLM-DataDist's exports (spec 2.1).
 SPEC_EXPORTS = {
+    "KvCache",
     "LLMClusterInfo", "LLMStatusCode", "LLMException", "LLMRole", "LlmConfig", "LLMConfig",
     "DataType", "Status", "CacheDesc", "CacheKey", "CacheKeyByIdAndIndex", "Cache",
     "BlocksCacheKey", "LLMDataDist", "Placement", "RegisterMemStatus", "LayerSynchronizer",
@@ -194,9 +195,8 @@ def faked(fake: FakeAsyncLLMDataDist | None = None) -> LLMDataDist:
     return dd
 
 
-def test_exports_are_llm_datadists_without_kvcache() -> None:
+def test_exports_are_llm_datadists() -> None:
     assert set(sync.__all__) == SPEC_EXPORTS | {"CacheManager", "set_daemon"}
-    assert not hasattr(sync, "KvCache")
     for name in SPEC_EXPORTS - FACADE_CLASSES:
         expected = getattr(hixl_client, name, None) or getattr(transfer_config_module, name)
         assert getattr(sync, name) is expected, name
