@@ -1,4 +1,5 @@
-"""The same end-to-end transfers on both backends: host (real) and hccl (the CANN double).
+"""The same end-to-end transfers on both backends: host (real) and hccl (the CANN double),
+the latter one-sided and, on a double without the one-sided API, two-sided.
 
 Each backend gets a pair of daemons for the module; every test links a fresh
 prompt and decoder cluster across them, moves bytes with the client's API and
@@ -49,20 +50,28 @@ IO = TensorIO()
 _ids = itertools.count(7000)
 
 
+# hccl links go one-sided (HcclBatchGet / HcclBatchPut) where CANN has the API;
+# "hccl-two-sided" runs the same tests on a double without it: the fallback.
+VARIANTS = (*BACKENDS, "hccl-two-sided")
+
+
 @dataclass
 class Daemons:
     backend: str
     prompt: DaemonProcess
     decoder: DaemonProcess
+    data_path: str = ""  # hccl: "one-sided" or "two-sided"
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
+@pytest.fixture(scope="module", params=VARIANTS)
 def daemons(request: pytest.FixtureRequest, double_dir: Path,
             runtime: object) -> Iterator[Daemons]:
-    backend: str = request.param
-    with daemon_process(backend, double_dir) as prompt, \
-            daemon_process(backend, double_dir) as decoder:
-        yield Daemons(backend, prompt, decoder)
+    backend, _, path = str(request.param).partition("-")
+    lib_dir: Path = request.getfixturevalue("two_sided_dir") if path else double_dir
+    with daemon_process(backend, lib_dir) as prompt, \
+            daemon_process(backend, lib_dir) as decoder:
+        data_path = "" if backend == "host" else "two-sided" if path else "one-sided"
+        yield Daemons(backend, prompt, decoder, data_path)
 
 
 @dataclass
@@ -70,6 +79,7 @@ class Linked:
     backend: str
     prompt: LLMDataDist
     decoder: LLMDataDist
+    data_path: str = ""
 
 
 async def _linked(daemons: Daemons, remote_accessible: bool = False,
@@ -87,7 +97,7 @@ async def _linked(daemons: Daemons, remote_accessible: bool = False,
     status, results = await decoder.link_clusters(
         [cluster_info(prompt.cluster_id, daemons.prompt.peer_address)], timeout=5000)
     assert status == OK, results
-    return Linked(daemons.backend, prompt, decoder)
+    return Linked(daemons.backend, prompt, decoder, daemons.data_path)
 
 
 @pytest_asyncio.fixture
@@ -125,6 +135,16 @@ async def test_transport_is_the_backends(linked: Linked) -> None:
     assert linked.decoder.link_transports == {linked.prompt.cluster_id: expected}
 
 
+async def test_hccl_links_say_which_path_they_use(linked: Linked, daemons: Daemons) -> None:
+    for daemon, direction in ((daemons.decoder, "outbound"), (daemons.prompt, "inbound")):
+        status = await daemon_status(daemon.client_target)
+        (link,) = [link for link in status.links if link.direction == direction
+                   and linked.decoder.cluster_id in (link.local_cluster_id,
+                                                     link.remote_cluster_id)]
+        assert (link.transport, link.data_path) == (
+            "hccl" if linked.backend == "hccl" else "tcp", linked.data_path)
+
+
 async def test_peer_calls_of_a_transfer_take_the_peer_lane(linked: Linked,
                                                            daemons: Daemons) -> None:
     before = (await daemon_status(daemons.prompt.client_target)).peer_lane_calls
@@ -135,8 +155,9 @@ async def test_peer_calls_of_a_transfer_take_the_peer_lane(linked: Linked,
         await linked.decoder.cache_manager.pull_cache(
             CacheKeyByIdAndIndex(linked.prompt.cluster_id, src.cache_id, 0), dst)
     calls = (await daemon_status(daemons.prompt.client_target)).peer_lane_calls - before
-    # tcp: one resolve, then the link remembers the cache; hccl: also a post per pull.
-    assert calls == (3 if linked.backend == "hccl" else 1)
+    # tcp: one resolve, then the link remembers the cache; one-sided hccl: also where
+    # the region lies, once; two-sided hccl: a post per pull instead.
+    assert calls == {"": 1, "one-sided": 2, "two-sided": 3}[linked.data_path]
 
 
 async def test_pull_cache_by_key_and_by_id(linked: Linked) -> None:

@@ -59,7 +59,8 @@ from pathlib import Path
 __all__ = ["DELAY", "FAIL", "HANG", "SEVER", "DoubleControl"]
 
 FAIL, DELAY, HANG, SEVER = 1, 2, 3, 4
-_LIVE_KINDS = ("device_memory", "host_memory", "imports", "streams", "comms")
+_LIVE_KINDS = ("device_memory", "host_memory", "imports", "streams", "comms",
+               "host_registrations", "global_memory")
 
 
 class DoubleControl:
