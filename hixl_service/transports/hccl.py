@@ -199,6 +199,7 @@ class _Side:
         self._channel: _Channel | None = None
         self._lock = asyncio.Lock()
         self.closed = False
+        self._last_path = TWO_SIDED  # of the last communicator, while there is none
 
     @property
     def one_sided_here(self) -> bool:
@@ -207,9 +208,12 @@ class _Side:
 
     @property
     def data_path(self) -> str:
-        """``one-sided`` while the communicator is prepared for it, else ``two-sided``."""
+        """``one-sided`` when the communicator is prepared for it, else ``two-sided``
+        (while the link has none: what its last one was)."""
         channel = self._channel
-        return ONE_SIDED if channel is not None and channel.binding is not None else TWO_SIDED
+        if channel is None:
+            return self._last_path
+        return ONE_SIDED if channel.binding is not None else TWO_SIDED
 
     @property
     def alive(self) -> bool:
@@ -220,6 +224,7 @@ class _Side:
     async def _drop(self) -> None:
         channel, self._channel = self._channel, None
         if channel is not None:
+            self._last_path = ONE_SIDED if channel.binding is not None else TWO_SIDED
             await asyncio.to_thread(channel.destroy)
 
     async def close(self) -> None:

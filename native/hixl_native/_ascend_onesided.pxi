@@ -257,9 +257,10 @@ cdef class PinnedHost:
         cdef int rc
         cdef char *ptr = <char *>self._view.buf
         cdef uint64_t size = self._view.len
-        if size == 0 or (<uintptr_t>ptr) % HOST_REGISTER_ALIGNMENT:
+        address = <uintptr_t>ptr
+        if size == 0 or address % HOST_REGISTER_ALIGNMENT:
             PyBuffer_Release(&self._view)
-            raise ValueError(f"host memory at {<uintptr_t>ptr:#x} ({size} bytes) must be "
+            raise ValueError(f"host memory at {address:#x} ({size} bytes) must be "
                              f"non-empty and {HOST_REGISTER_ALIGNMENT}-byte aligned to be "
                              f"registered")
         with nogil:
@@ -311,5 +312,6 @@ cdef class PinnedHost:
         self.close()
 
     def __repr__(self):
-        state = "closed" if self._closed else f"{self._size} bytes at {<uintptr_t>self._ptr:#x}"
+        address = <uintptr_t>self._ptr
+        state = "closed" if self._closed else f"{self._size} bytes at {address:#x}"
         return f"<PinnedHost {state}>"

@@ -197,8 +197,10 @@ def test_unbound_or_unprepared_memory_is_refused(runtime: ascend.AscendRuntime,
             with pytest.raises(ascend.HcclError):  # bound twice
                 ascend.hccl_bind(c0, g0)
             both(lambda: ascend.hccl_prepare(c0, 10), lambda: ascend.hccl_prepare(c1, 10))
+            late = ascend.GlobalMemory(stray)
             with pytest.raises(ascend.HcclError):  # the peer would never see it
-                ascend.hccl_bind(c0, ascend.GlobalMemory(stray))
+                ascend.hccl_bind(c0, late)
+            late.release()
             with pytest.raises(ascend.HcclError) as unbound_local:
                 ascend.hccl_batch_get(c0, stray, one, b1.address, b1.size, 1, s0)
             assert unbound_local.value.code == HCCL_E_PARA
@@ -289,3 +291,30 @@ def test_host_registration_needs_whole_pages(device: ascend.Device) -> None:
     view.release()
     with ascend.PinnedHost(device, pool), pytest.raises(ascend.AclError):
         ascend.PinnedHost(device, pool)  # registered twice
+
+
+# ---- the daemon's registry of one-sided memory ------------------------------------
+
+
+def test_the_registry_binds_a_clusters_memory_and_unbinds_it_when_freed(
+        runtime: ascend.AscendRuntime, pair: tuple[ascend.HcclComm, ...]) -> None:
+    from hixl_service.ascend.onesided import OneSidedMemory
+
+    c0, _c1 = pair
+    d0 = runtime.set_device(0)
+    registry = OneSidedMemory(enabled=True)
+    with d0.malloc(MIB) as mine, d0.malloc(MIB) as theirs:
+        registry.register(mine, 7)
+        registry.register(theirs, 8)
+        binding = registry.bind(c0, 7)
+        assert binding.covers(mine) and not binding.covers(theirs)
+        with pytest.raises(BufferError):
+            mine.close()  # registered memory cannot be freed
+        registry.release(mine)  # unbound from c0, then deregistered: freeable
+        assert not binding.covers(mine)
+        registry.unbind(binding)
+        registry.release(theirs)
+    disabled = OneSidedMemory(enabled=False)
+    with d0.malloc(MIB) as plain:
+        disabled.register(plain, 7)
+        assert not disabled.bind(c0, 7).bound
