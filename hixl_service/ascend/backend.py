@@ -94,8 +94,10 @@ class AscendBackend:
                 f"HCCL backend unavailable: {to_llm_exception(exc, 'opening the devices')}"
             ) from None
         backend = cls(runtime, devices, int(config.device_pool_max_bytes))
-        logger.info("Ascend backend: CANN from %s, devices %s", os.path.dirname(runtime.paths[0]),
-                    sorted(devices))
+        logger.info("Ascend backend: CANN from %s, devices %s, HCCL links %s",
+                    os.path.dirname(runtime.paths[0]), sorted(devices),
+                    "one-sided where both ends can" if backend.one_sided.enabled
+                    else "two-sided (this CANN lacks the one-sided API)")
         return backend
 
     @property
@@ -228,7 +230,8 @@ class AscendBackend:
 
 def _check_aligned(dst: Memory, src: Memory, triples: Ranges) -> None:
     """Refuse, before anything is queued, ranges ACL cannot copy asynchronously."""
-    moving = triples[triples[:, 2] > 0]
+    rows = np.asarray(triples, dtype=np.uint64).reshape(-1, 3)  # the copier passes them flat
+    moving = rows[rows[:, 2] > 0]
     for memory, column, what in ((dst, 0, "destination"), (src, 1, "source")):
         base = memory.device.address if memory.device is not None else memory.native.address
         starts = moving[:, column] + np.uint64(base % COPY_ALIGNMENT)

@@ -18,7 +18,10 @@ read and write with ``HcclBatchGet`` / ``HcclBatchPut``. So:
   destroying a communicator unbinds what it holds (`OneSidedMemory.unbind`).
 
 Registration failing (a CANN without the one-sided API, or one refusing the
-memory) is not an error: that memory then moves over the two-sided path.
+memory) is not an error: that memory then moves over the two-sided path. A
+CANN may also export the entry points on a product that does not support
+them: the first registration answered with HCCL_E_NOT_SUPPORT turns the
+one-sided path off for the daemon, so that later links go two-sided at once.
 Calls here block (HCCL); run them off the event loop.
 """
 
@@ -32,6 +35,8 @@ from hixl_native import _ascend
 from hixl_native._ascend import AscendError
 
 logger = logging.getLogger(__name__)
+
+HCCL_E_NOT_SUPPORT = 5
 
 
 class Binding:
@@ -62,8 +67,13 @@ class OneSidedMemory:
         try:
             registered = _ascend.GlobalMemory(memory)
         except AscendError as exc:
-            logger.warning("device memory of cluster %d is not registered for one-sided "
-                           "transfers (they fall back to two-sided): %s", cluster_id, exc)
+            if exc.code == HCCL_E_NOT_SUPPORT:
+                self.enabled = False
+                logger.warning("HCCL does not support its one-sided API here (%s); HCCL "
+                               "links go two-sided", exc)
+            else:
+                logger.warning("device memory of cluster %d is not registered for one-sided "
+                               "transfers (they fall back to two-sided): %s", cluster_id, exc)
             return
         with self._lock:
             self._registered[memory] = (registered, cluster_id)

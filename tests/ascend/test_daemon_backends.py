@@ -50,8 +50,9 @@ IO = TensorIO()
 _ids = itertools.count(7000)
 
 
-# hccl links go one-sided (HcclBatchGet / HcclBatchPut) where CANN has the API;
-# "hccl-two-sided" runs the same tests on a double without it: the fallback.
+# hccl links go one-sided (HcclBatchGet / HcclBatchPut) where CANN supports it;
+# "hccl-two-sided" runs the same tests with the double's one-sided API off
+# (HIXL_DOUBLE_ONE_SIDED=0: HCCL_E_NOT_SUPPORT): the fallback.
 VARIANTS = (*BACKENDS, "hccl-two-sided")
 
 
@@ -67,9 +68,9 @@ class Daemons:
 def daemons(request: pytest.FixtureRequest, double_dir: Path,
             runtime: object) -> Iterator[Daemons]:
     backend, _, path = str(request.param).partition("-")
-    lib_dir: Path = request.getfixturevalue("two_sided_dir") if path else double_dir
-    with daemon_process(backend, lib_dir) as prompt, \
-            daemon_process(backend, lib_dir) as decoder:
+    env = {"HIXL_DOUBLE_ONE_SIDED": "0"} if path else None
+    with daemon_process(backend, double_dir, env) as prompt, \
+            daemon_process(backend, double_dir, env) as decoder:
         data_path = "" if backend == "host" else "two-sided" if path else "one-sided"
         yield Daemons(backend, prompt, decoder, data_path)
 

@@ -56,10 +56,13 @@ io = TensorIO()
 # -- daemons ---------------------------------------------------------------------
 
 
-def hccl_daemon(double_dir: Path, faults: str = "", mem_bytes: int = 0,
+def hccl_daemon(double_dir: Path, faults: str = "", mem_bytes: int = 0, one_sided: bool = True,
                 **overrides: Any) -> DaemonProcess:
-    """An hccl daemon (not started), with faults armed and a device size if given."""
+    """An hccl daemon (not started), with faults armed and a device size if given;
+    without ``one_sided`` its CANN answers the one-sided API with HCCL_E_NOT_SUPPORT."""
     env = {"HIXL_DOUBLE_FAULTS": faults} if faults else {}
+    if not one_sided:
+        env["HIXL_DOUBLE_ONE_SIDED"] = "0"
     if mem_bytes:
         env["HIXL_DOUBLE_DEVICE_MEM_BYTES"] = str(mem_bytes)
     settings: dict[str, Any] = {"ascend__device_pool_max_bytes": DEVICE_BUDGET}
@@ -261,7 +264,7 @@ LINK_ERROR = "ACL error 507056 (ACL_ERROR_RT_LINK_ERROR)"
 
 @pytest.mark.asyncio
 @pytest.mark.parametrize(("fault", "seen_by_decoder", "seen_by_prompt"), [
-    # Two-sided (the prompt daemon's CANN lacks the one-sided API, so the link
+    # Two-sided (the prompt daemon's CANN refuses the one-sided API, so the link
     # falls back): the prompt side's batch fails on its stream: the decoder's half sees the peer go
     ("exec:HcclBatchSendRecv=fail:507056:1", "ACL_ERROR_RT_SUSPECT_REMOTE_ERROR", LINK_ERROR),
     # half the bytes move, then the link is cut
@@ -270,11 +273,11 @@ LINK_ERROR = "ACL error 507056 (ACL_ERROR_RT_LINK_ERROR)"
     ("HcclBatchSendRecv=fail:19:1", "HCCL error 19 (HCCL_E_NETWORK)", "HCCL_E_NETWORK"),
 ], ids=["stream-fail", "sever", "queue-fail"])
 async def test_hccl_error_mid_transfer_fails_the_pull_and_the_link_recovers(
-        runtime: AscendRuntime, two_sided_dir: Path, decode: DaemonProcess, fault: str,
+        runtime: AscendRuntime, double_dir: Path, decode: DaemonProcess, fault: str,
         seen_by_decoder: str, seen_by_prompt: str,
         next_cluster_id: Callable[[], int]) -> None:
     # The prompt daemon's first batch (its sends of the pull) fails.
-    with hccl_daemon(two_sided_dir, faults=fault) as faulty:
+    with hccl_daemon(double_dir, faults=fault, one_sided=False) as faulty:
         async with linked(faulty, decode, next_cluster_id) as (prompt, decoder):
             key, data = await source(prompt, 3)
             dst = await decoder.cache_manager.allocate_cache(DESC)
@@ -345,10 +348,11 @@ async def test_one_sided_read_that_never_completes_times_out(
 
 @pytest.mark.asyncio
 async def test_peer_that_never_posts_times_out_then_the_link_recovers(
-        runtime: AscendRuntime, two_sided_dir: Path, decode: DaemonProcess,
+        runtime: AscendRuntime, double_dir: Path, decode: DaemonProcess,
         next_cluster_id: Callable[[], int]) -> None:
     # Two-sided: the prompt daemon's first batch never runs (until its communicator goes).
-    with hccl_daemon(two_sided_dir, faults="exec:HcclBatchSendRecv=hang:0:1") as stuck:
+    with hccl_daemon(double_dir, faults="exec:HcclBatchSendRecv=hang:0:1",
+                     one_sided=False) as stuck:
         async with linked(stuck, decode, next_cluster_id) as (prompt, decoder):
             key, data = await source(prompt, 5)
             dst = await decoder.cache_manager.allocate_cache(DESC)

@@ -6,6 +6,8 @@ CANN's documentation forbids, so that hixl relying on it fails here."""
 from __future__ import annotations
 
 import ctypes
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,7 +18,7 @@ import pytest
 
 import hixl_native
 from tests.ascend._peer import pattern
-from tests.ascend.conftest import MIB
+from tests.ascend.conftest import MIB, child_env
 from tests.ascend.test_hccl import comm_pair
 
 if TYPE_CHECKING:
@@ -97,6 +99,32 @@ def test_the_double_has_the_one_sided_api(runtime: ascend.AscendRuntime) -> None
     assert ascend.MAX_DESC_NUM == 256
 
 
+def test_without_the_symbols_the_shim_reports_no_one_sided_api(two_sided_dir: Path) -> None:
+    """A libhccl.so lacking the seven entry points (another process: one CANN per process)."""
+    code = ("from hixl_native import _ascend; import sys; "
+            "print(sorted(_ascend.load(sys.argv[1]).features))")
+    done = subprocess.run([sys.executable, "-c", code, str(two_sided_dir)], env=child_env(),
+                          capture_output=True, text=True, timeout=60, check=True)
+    features = done.stdout.strip()
+    assert "one_sided" not in features and "batch_send_recv" in features, done
+
+
+def test_the_daemon_goes_two_sided_when_hccl_refuses_the_api(
+        device: ascend.Device, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A product whose HCCL exports the API without supporting it: the first
+    registration answered HCCL_E_NOT_SUPPORT turns the path off."""
+    from hixl_service.ascend.onesided import OneSidedMemory
+
+    registry = OneSidedMemory(enabled=True)
+    monkeypatch.setenv("HIXL_DOUBLE_ONE_SIDED", "0")
+    with device.malloc(MIB) as buffer:
+        registry.register(buffer, 1)
+        assert not registry.enabled
+        assert "links go two-sided" in caplog.text
+        buffer.close()  # nothing was registered, nothing pins it
+
+
 def test_get_and_put_are_byte_exact_and_one_sided(prepared: Prepared,
                                                   streams: tuple[ascend.Stream, ...]) -> None:
     """Rank 0 reads and writes rank 1's memory; rank 1 queues nothing."""
@@ -147,11 +175,12 @@ def test_contiguous_neighbours_become_one_descriptor(prepared: Prepared,
 def test_ranges_outside_either_memory_are_refused_before_queueing(
         prepared: Prepared, streams: tuple[ascend.Stream, ...]) -> None:
     p, (s0, _s1) = prepared, streams
+    assert p.b0.pins == 1  # the registration holds it
     for bad in ([[p.b1.size - 8, 0, 16]], [[0, p.b0.size - 8, 16]]):
         with pytest.raises(ValueError, match="lies outside"):
             ascend.hccl_batch_get(p.c0, p.b0, np.array(bad, dtype=np.uint64), p.b1.address,
                                   p.b1.size, 1, s0)
-    assert p.b0.pins == 0
+    assert p.b0.pins == 1 and s0.pending == 0
 
 
 # ---- what the double refuses, as CANN does ----------------------------------------

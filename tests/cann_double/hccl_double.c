@@ -317,6 +317,13 @@ dbl_comm *comm_ref(HcclComm comm)
     return c;
 }
 
+/* Without the one-sided API in the build (build.py, one_sided=False) there is
+ * no one-sided state to drop; hccl_double_onesided.c replaces this. */
+__attribute__((weak)) void dbl_one_sided_free(dbl_comm *c)
+{
+    (void)c;
+}
+
 void comm_unref(dbl_comm *c)
 {
     if (__atomic_sub_fetch(&c->refs, 1, __ATOMIC_SEQ_CST))

@@ -11,6 +11,11 @@
  * that copy between local bound memory and the peer's mapping: the peer
  * process does nothing per transfer, as with HCCL.
  *
+ * With HIXL_DOUBLE_ONE_SIDED=0 in the environment every entry point here
+ * returns HCCL_E_NOT_SUPPORT, as on a product whose HCCL exports the API but
+ * does not support it (a process that must share its libraries with one
+ * using the API, like a test's client, cannot use the build without them).
+ *
  * The argument rules, and where each comes from (CANN's open-source HCCL,
  * src/.../hccl_one_sided_services.cc of the hcomm repository, which is what
  * the CANN API reference documents for these entry points; HIXL's
@@ -94,6 +99,16 @@ typedef struct {
 static pthread_mutex_t g_olock = PTHREAD_MUTEX_INITIALIZER; /* globals and comm state */
 static gmem *g_gmems;
 
+/* HCCL_E_NOT_SUPPORT when HIXL_DOUBLE_ONE_SIDED=0, else 0. */
+static int unsupported(const char *api)
+{
+    const char *env = getenv("HIXL_DOUBLE_ONE_SIDED");
+    if (env && strcmp(env, "0") == 0)
+        return hfail(HCCL_E_NOT_SUPPORT, "%s: one-sided HCCL is off (HIXL_DOUBLE_ONE_SIDED=0)",
+                     api);
+    return 0;
+}
+
 static gmem *find_gmem_locked(const void *handle)
 {
     for (gmem *m = g_gmems; m; m = m->next)
@@ -133,6 +148,8 @@ DBL_EXPORT HcclResult HcclRegisterGlobalMem(const void *mem_arg, void **memHandl
         uint64_t size;
     } *mem = mem_arg; /* HcclMem */
     int rc = hccl_prologue(api);
+    if (!rc)
+        rc = unsupported(api);
     if (rc)
         return rc;
     if (!mem || !memHandle || !mem->addr)
@@ -199,6 +216,8 @@ DBL_EXPORT HcclResult HcclDeregisterGlobalMem(void *memHandle)
 static HcclResult bind_op(const char *api, HcclComm comm, void *memHandle, int binding)
 {
     int rc = hccl_prologue(api);
+    if (!rc)
+        rc = unsupported(api);
     if (rc)
         return rc;
     dbl_comm *c = comm ? comm_ref(comm) : NULL;
@@ -341,6 +360,8 @@ DBL_EXPORT HcclResult HcclCommPrepare(HcclComm comm, const void *prepareConfig, 
 {
     const char *api = "HcclCommPrepare";
     int rc = hccl_prologue(api);
+    if (!rc)
+        rc = unsupported(api);
     if (rc)
         return rc;
     if (!comm || !prepareConfig)
@@ -446,6 +467,8 @@ static HcclResult batch(const char *api, const char *point, int put, HcclComm co
                         aclrtStream stream)
 {
     int rc = hccl_prologue(api);
+    if (!rc)
+        rc = unsupported(api);
     if (rc)
         return rc;
     if (!comm || !desc || !stream)
