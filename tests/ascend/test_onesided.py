@@ -13,10 +13,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import hixl_native
 import numpy as np
 import pytest
 
-import hixl_native
 from tests.ascend._peer import pattern
 from tests.ascend.conftest import MIB, child_env
 from tests.ascend.test_hccl import comm_pair
