@@ -38,6 +38,8 @@ What is simulated:
   binding, ``HcclCommPrepare`` (each rank passes its bound memory's memfds to
   the other, which maps them) and ``HcclBatchGet`` / ``HcclBatchPut`` as
   stream tasks copying to or from the peer's memory, the peer doing nothing.
+  ``HIXL_DOUBLE_ONE_SIDED=0`` makes every one-sided entry point answer
+  ``HCCL_E_NOT_SUPPORT`` (a product whose HCCL exports the API without it).
 * CANN's documented rules, refused with the code CANN uses (each cites its
   page in the C source): two sends (or receives) for one rank in one
   ``HcclBatchSendRecv``; ``aclrtMemcpyAsync`` of addresses not 64-byte aligned
