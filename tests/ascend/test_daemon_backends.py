@@ -370,6 +370,34 @@ async def test_pull_from_registered_memory(linked: Linked) -> None:
         buffer.close()
 
 
+async def test_memory_registered_after_the_link_moves_one_sided(linked: Linked,
+                                                              daemons: Daemons) -> None:
+    """The link was prepared before this memory existed: its first pull prepares a
+    new communicator that binds it; later pulls ask the far daemon nothing."""
+    if linked.backend != "hccl":
+        pytest.skip("hccl links only")
+    desc = CacheDesc(1, [1, 8192], DataType.DT_UINT8, Placement.DEVICE)
+    buffer = alloc_device_shareable(desc.size, device_id=0)
+    try:
+        src = await linked.prompt.cache_manager.register_cache(desc, [buffer.address])
+        contents = fill(src)
+        dst = await linked.decoder.cache_manager.allocate_cache(desc)
+        ref = CacheKeyByIdAndIndex(linked.prompt.cluster_id, src.cache_id, 0)
+        await linked.decoder.cache_manager.pull_cache(ref, dst)
+        assert [IO.read(dst, 0)] == contents
+        before = (await daemon_status(daemons.prompt.client_target)).peer_lane_calls
+        IO.write(src, 0, contents[0][::-1])
+        await linked.decoder.cache_manager.pull_cache(ref, dst)
+        assert IO.read(dst, 0) == contents[0][::-1]
+        calls = (await daemon_status(daemons.prompt.client_target)).peer_lane_calls - before
+        assert calls == (0 if linked.data_path == "one-sided" else 1)  # two-sided: a post
+        await linked.prompt.cache_manager.unregister_cache(src.cache_id)
+        await linked.decoder.cache_manager.deallocate_cache(dst)
+    finally:
+        await linked.prompt.finalize()
+        buffer.close()
+
+
 async def test_transfer_config_to_raw_addresses_of_the_receiver(linked: Linked) -> None:
     """The receiver's tensor_addrs (device addresses of its own process on the hccl
     backend) name where layers land; its daemon translates them."""

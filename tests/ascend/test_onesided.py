@@ -347,3 +347,21 @@ def test_the_registry_binds_a_clusters_memory_and_unbinds_it_when_freed(
     with d0.malloc(MIB) as plain:
         disabled.register(plain, 7)
         assert not disabled.bind(c0, 7).bound
+
+
+def test_daemon_copies_refuse_unaligned_ranges_before_queueing(device: ascend.Device) -> None:
+    """Blocks of a size that is not a multiple of 64 bytes cannot be copied by ACL
+    asynchronously: the daemon says so instead of failing in CANN."""
+    from hixl_client.status import LLMException, LLMStatusCode
+    from hixl_client.types import Placement
+    from hixl_service.ascend.backend import _check_aligned
+    from hixl_service.memory.base import Memory
+
+    with device.malloc(MIB) as a, device.malloc(MIB) as b:
+        dst = Memory(1, Placement.DEVICE, MIB, device=a)
+        src = Memory(1, Placement.DEVICE, MIB, device=b)
+        _check_aligned(dst, src, np.array([0, 64, 100, 128, 0, 7], dtype=np.uint64))
+        for bad in ([100, 0, 64], [0, 96 + 1, 64]):
+            with pytest.raises(LLMException, match="64-byte aligned") as info:
+                _check_aligned(dst, src, np.array(bad, dtype=np.uint64))
+            assert info.value.status_code == LLMStatusCode.LLM_PARAM_INVALID
