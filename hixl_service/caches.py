@@ -109,8 +109,12 @@ class Caches:
             raise LLMException("the uploaded buffer is empty",
                                status_code=LLMStatusCode.LLM_PARAM_INVALID)
         buffer_id = next(self._buffer_ids)
-        cluster.buffers[buffer_id] = UserBuffer(buffer_id, cluster.cluster_id,
-                                                hixl_native.Mapping(fd, size))
+        buffer = UserBuffer(buffer_id, cluster.cluster_id, hixl_native.Mapping(fd, size))
+        if self._ascend is not None:  # page-locked for ACL copies (a swap, a copy_cache)
+            pinned = self._ascend.pin_host(buffer.native)
+            if pinned is not None:
+                buffer.before_release = pinned.close
+        cluster.buffers[buffer_id] = buffer
         return buffer_id
 
     async def import_device_buffer(self, cluster: Cluster, key: str, size: int,
@@ -123,9 +127,12 @@ class Caches:
             raise LLMException(f"the buffer is on device {device_id}, the cluster on "
                                f"{cluster.settings.device_id}",
                                status_code=LLMStatusCode.LLM_PARAM_INVALID)
-        imported = await self._ascend.import_buffer(device_id, key, size)
+        ascend = self._ascend
+        imported = await ascend.import_buffer(device_id, key, size, cluster.cluster_id)
         buffer_id = next(self._buffer_ids)
-        cluster.buffers[buffer_id] = UserBuffer(buffer_id, cluster.cluster_id, device=imported)
+        buffer = UserBuffer(buffer_id, cluster.cluster_id, device=imported)
+        buffer.before_release = lambda: ascend.forget(imported)
+        cluster.buffers[buffer_id] = buffer
         return buffer_id
 
     def register(self, cluster: Cluster, spec: NewCache, buffer_id: int,

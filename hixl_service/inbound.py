@@ -21,8 +21,8 @@ from hixl_client.status import LLMException, LLMStatusCode
 from .caches import Caches, peer_writable
 from .cluster import Cluster
 from .links import InboundLink
-from .peer_api import PROTOCOL_VERSION, CacheRefSpec, PeerHello, ResolvedCache
-from .regions import Regions
+from .peer_api import PROTOCOL_VERSION, CacheRefSpec, FarRegion, PeerHello, ResolvedCache
+from .regions import DeviceRegion, Regions
 from .registry import KeySpec
 from .transports.base import PlainInbound
 from .transports.factory import TransportKit, inbound_side
@@ -89,7 +89,7 @@ class InboundLinks:
                                status_code=LLMStatusCode.LLM_LINK_FAILED)
         token = secrets.randbits(64) or 1
         side = inbound_side(self._kit, src_daemon_id == self._daemon.daemon_id,
-                            cluster.settings.device_id)
+                            cluster.settings.device_id, dst_cluster_id)
         self._links[token] = InboundLink(token, src_daemon_id, src_cluster_id, dst_cluster_id,
                                           side)
         self._data_server.authorize(token, dst_cluster_id)
@@ -155,10 +155,35 @@ class InboundLinks:
         return [(entry.region_id, offset, peer_writable(cluster, entry.writable))
                 for entry, offset in found]
 
-    async def hccl_connect_for_peer(self, token: int, root_info: bytes) -> None:
-        """Peer side of an HCCL link: join the communicator the linking daemon created."""
+    async def hccl_connect_for_peer(self, token: int, root_info: bytes) -> bool:
+        """Peer side of an HCCL link: join the communicator the linking daemon created;
+        True when this side can go one-sided."""
         inbound = self._links.get(token)
-        await hccl_side(inbound.side if inbound is not None else None).connect(root_info)
+        return await hccl_side(inbound.side if inbound is not None else None).connect(root_info)
+
+    async def hccl_prepare_for_peer(self, token: int, timeout_ms: int) -> None:
+        """Peer side of a one-sided HCCL link: bind the cluster's memory, prepare the link."""
+        inbound = self._links.get(token)
+        await hccl_side(inbound.side if inbound is not None else None).prepare(timeout_ms)
+
+    def hccl_region_for_peer(self, token: int, region_id: int) -> FarRegion:
+        """Peer side of a one-sided HCCL transfer: where a device region lies, and whether
+        the link may reach it (its memory was bound when the link was prepared)."""
+        inbound = self._links.get(token)
+        side = hccl_side(inbound.side if inbound is not None else None)
+        assert inbound is not None
+        region = self._device_region(inbound, region_id)
+        assert region.memory.device is not None
+        return FarRegion(region.memory.device.address + region.offset, region.size,
+                         region.writable, side.bound(region.memory))
+
+    def _device_region(self, inbound: InboundLink, region_id: int) -> DeviceRegion:
+        region = self._regions.device(region_id)
+        if region is None or region.cluster_id != inbound.dst_cluster_id:
+            raise LLMException(f"region {region_id} is not a device cache of cluster "
+                               f"{inbound.dst_cluster_id} (freed, or never there)",
+                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
+        return region
 
     async def hccl_post_for_peer(self, token: int, send: bool, region_id: int, ranges: bytes,
                                  timeout_ms: int) -> None:

@@ -75,6 +75,16 @@ class PeerHello:
     lane_port: int = 0  # the peer lane's TCP port on data_host; 0: none
 
 
+
+@dataclass(frozen=True)
+class FarRegion:
+    """A device region of the far daemon, as a one-sided HCCL transfer needs it."""
+
+    address: int  # its first byte, in the far daemon's process
+    size: int
+    writable: bool
+    bound: bool  # its memory was bound to the link's communicator when it was prepared
+
 class PeerApi(Protocol):
     """The calls one daemon makes on another."""
 
@@ -93,7 +103,17 @@ class PeerApi(Protocol):
     async def resolve_addresses(self, token: int, addresses: Sequence[int], length: int,
                                 timeout_s: float) -> list[tuple[int, int, bool]]: ...
 
-    async def hccl_connect(self, token: int, root_info: bytes, timeout_s: float) -> None: ...
+    async def hccl_connect(self, token: int, root_info: bytes, timeout_s: float) -> bool:
+        """Join the link's communicator; True when the far CANN has the one-sided API."""
+        ...
 
     async def hccl_post(self, token: int, send: bool, region_id: int, ranges: bytes,
                         timeout_ms: int, timeout_s: float) -> None: ...
+
+    async def hccl_prepare(self, token: int, timeout_ms: int, timeout_s: float) -> None:
+        """Bind the far cluster's device memory to the link's communicator and prepare it."""
+        ...
+
+    async def hccl_region(self, token: int, region_id: int, timeout_s: float) -> FarRegion:
+        """Where a device region of the far cluster lies, for one-sided transfers."""
+        ...

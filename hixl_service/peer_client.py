@@ -27,6 +27,7 @@ from .peer_api import (
     PROTOCOL_VERSION,
     BlocksRef,
     CacheRefSpec,
+    FarRegion,
     IdRef,
     KeyRef,
     PeerHello,
@@ -166,15 +167,25 @@ class PeerClient:
         reply = await self._call(self._stub.ResolveAddresses, request, timeout_s)
         return list(zip(reply.region_ids, reply.offsets, reply.writable, strict=True))
 
-    async def hccl_connect(self, token: int, root_info: bytes, timeout_s: float) -> None:
+    async def hccl_connect(self, token: int, root_info: bytes, timeout_s: float) -> bool:
         request = peer_pb2.HcclConnectRequest(link_token=token, root_info=root_info)
-        await self._call(self._stub.HcclConnect, request, timeout_s)
+        reply = await self._call(self._stub.HcclConnect, request, timeout_s)
+        return bool(reply.one_sided)
 
     async def hccl_post(self, token: int, send: bool, region_id: int, ranges: bytes,
                         timeout_ms: int, timeout_s: float) -> None:
         request = peer_pb2.HcclPostRequest(link_token=token, send=send, region_id=region_id,
                                            ranges=ranges, timeout_ms=timeout_ms)
         await self._laned("HcclPost", request, timeout_s)
+
+    async def hccl_prepare(self, token: int, timeout_ms: int, timeout_s: float) -> None:
+        request = peer_pb2.HcclPrepareRequest(link_token=token, timeout_ms=timeout_ms)
+        await self._call(self._stub.HcclPrepare, request, timeout_s)
+
+    async def hccl_region(self, token: int, region_id: int, timeout_s: float) -> FarRegion:
+        request = peer_pb2.HcclRegionRequest(link_token=token, region_id=region_id)
+        reply = await self._laned("HcclRegion", request, timeout_s)
+        return FarRegion(reply.address, reply.size, reply.writable, reply.bound)
 
     async def close(self) -> None:
         if self._lane is not None:

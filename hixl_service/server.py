@@ -149,7 +149,8 @@ class Daemon:
             data_server = await asyncio.to_thread(hixl_native.DataServer, cfg.server.peer_host,
                                                   cfg.server.data_port)
             unwind.callback(data_server.close)
-            pools = PoolManager(HostMemory(int(cfg.pool.max_bytes), cfg.pool.populate),
+            pools = PoolManager(HostMemory(int(cfg.pool.max_bytes), cfg.pool.populate,
+                                           ascend.pin_host if ascend is not None else None),
                                 AscendMemory(ascend) if ascend is not None else None)
             load = TransferLoad()
             dispatcher = CompletionDispatcher(loop, load)

@@ -43,7 +43,8 @@ def snapshot(engine: Engine, backend: str, peer_address: str) -> admin_pb2.Daemo
                              remote_daemon_id=link.remote_daemon_id,
                              remote_peer_address=link.remote_peer_address,
                              transport=info.name, streams=info.streams,
-                             alive=info.alive, direction="outbound")
+                             alive=info.alive, direction="outbound",
+                             data_path=info.data_path)
         for entry in cluster.registry.caches():
             status.caches.add(cluster_id=cluster.cluster_id, cache_id=entry.cache_id,
                               kind="blocks" if entry.blocks else "cache",
@@ -54,7 +55,8 @@ def snapshot(engine: Engine, backend: str, peer_address: str) -> admin_pb2.Daemo
         status.links.add(local_cluster_id=inbound.dst_cluster_id,
                          remote_cluster_id=inbound.src_cluster_id,
                          remote_daemon_id=inbound.src_daemon_id, direction="inbound",
-                         transport=inbound.side.name, alive=inbound.side.alive)
+                         transport=inbound.side.name, alive=inbound.side.alive,
+                         data_path=inbound.side.data_path)
     for pool in engine.pools.pools():
         status.pools.add(pool_id=pool.pool_id, cluster_id=pool.cluster_id,
                          placement=pool.placement.name, size=pool.size,

@@ -66,8 +66,9 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
     @unary
     async def HcclConnect(self, request: peer_pb2.HcclConnectRequest,
                           context: CallInfo) -> peer_pb2.HcclConnectReply:
-        await self._engine.inbound.hccl_connect_for_peer(request.link_token, request.root_info)
-        return peer_pb2.HcclConnectReply()
+        one_sided = await self._engine.inbound.hccl_connect_for_peer(request.link_token,
+                                                                     request.root_info)
+        return peer_pb2.HcclConnectReply(one_sided=one_sided)
 
     @unary
     async def HcclPost(self, request: peer_pb2.HcclPostRequest,
@@ -76,3 +77,17 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                                               request.region_id, request.ranges,
                                               max(1, request.timeout_ms))
         return peer_pb2.HcclPostReply()
+
+    @unary
+    async def HcclPrepare(self, request: peer_pb2.HcclPrepareRequest,
+                          context: CallInfo) -> peer_pb2.HcclPrepareReply:
+        await self._engine.inbound.hccl_prepare_for_peer(request.link_token,
+                                                         max(1, request.timeout_ms))
+        return peer_pb2.HcclPrepareReply()
+
+    @unary
+    async def HcclRegion(self, request: peer_pb2.HcclRegionRequest,
+                         context: CallInfo) -> peer_pb2.HcclRegionReply:
+        found = self._engine.inbound.hccl_region_for_peer(request.link_token, request.region_id)
+        return peer_pb2.HcclRegionReply(address=found.address, size=found.size,
+                                        writable=found.writable, bound=found.bound)

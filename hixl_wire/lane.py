@@ -108,6 +108,7 @@ PEER_METHODS: Methods = {
                                    peer_pb2.ResolveCacheReply),
     "ReleaseKey": message_method(2, peer_pb2.ReleaseKeyRequest, peer_pb2.ReleaseKeyReply),
     "HcclPost": message_method(3, peer_pb2.HcclPostRequest, peer_pb2.HcclPostReply),
+    "HcclRegion": message_method(4, peer_pb2.HcclRegionRequest, peer_pb2.HcclRegionReply),
 }
 # Bounds the wait for a daemon that stopped answering, just beyond the call's
 # own deadline (which the daemon enforces and answers with LLM_TIMEOUT).

@@ -5,9 +5,12 @@ With ``pool.backend = "hccl"`` the daemon loads CANN at start (from
 device; any failure stops the start with "HCCL backend unavailable: <reason>"
 rather than falling back to host memory. DEVICE pools are then ``aclrtMalloc``
 memory (2 MiB aligned, huge pages) carved by an offset-only extent allocator
-and exported to each attached client with ACL IPC; copies that touch device
-memory are ``aclrtMemcpyAsync`` batches on a fresh stream, synchronized with a
-bound, in the daemon's copy executor.
+and exported to each attached client with ACL IPC, and registered for
+one-sided HCCL transfers (``onesided.OneSidedMemory``) where CANN has the API;
+HOST pools and host buffers are page-locked with ``aclrtHostRegister``
+(`pin_host`). Copies that touch device memory are ``aclrtMemcpyAsync``
+batches on a fresh stream, synchronized with a bound, in the daemon's copy
+executor, and every range of them must be 64-byte aligned.
 """
 
 from __future__ import annotations
@@ -19,12 +22,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import hixl_native
+import numpy as np
 from hixl_native import _ascend
 from hixl_native._ascend import AscendError, AscendUnavailable
 
 from hixl_client.status import LLMException, LLMStatusCode
 
 from ..native_errors import to_llm_exception
+from .onesided import OneSidedMemory
 
 if TYPE_CHECKING:
     from ..config import AscendConfig
@@ -33,6 +38,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+# aclrtMemcpyAsync: "the source address and destination address must be
+# 64-byte aligned" (CANN 8.0 runtime API reference, aclrtMemcpyAsync,
+# restrictions for all models).
+COPY_ALIGNMENT = 64
 # A copy inside the daemon has no caller deadline (LLM-DataDist's copies have
 # none); this bounds it all the same, so a wedged device cannot hang a request.
 COPY_TIMEOUT_MS = 60_000
@@ -57,6 +66,8 @@ class AscendBackend:
         self.runtime = runtime
         self._devices = {i: _DeviceBudget(d, device_budget) for i, d in devices.items()}
         self.tgid = runtime.bare_tgid()
+        # Device memory registered for one-sided HCCL, where the loaded CANN has the API.
+        self.one_sided = OneSidedMemory(_ascend.one_sided_supported())
 
     @classmethod
     def open(cls, config: AscendConfig) -> AscendBackend:
@@ -83,8 +94,10 @@ class AscendBackend:
                 f"HCCL backend unavailable: {to_llm_exception(exc, 'opening the devices')}"
             ) from None
         backend = cls(runtime, devices, int(config.device_pool_max_bytes))
-        logger.info("Ascend backend: CANN from %s, devices %s", os.path.dirname(runtime.paths[0]),
-                    sorted(devices))
+        logger.info("Ascend backend: CANN from %s, devices %s, HCCL links %s",
+                    os.path.dirname(runtime.paths[0]), sorted(devices),
+                    "one-sided where both ends can" if backend.one_sided.enabled
+                    else "two-sided (this CANN lacks the one-sided API)")
         return backend
 
     @property
@@ -107,10 +120,10 @@ class AscendBackend:
 
     # -- device pools ---------------------------------------------------------------
 
-    async def create_pool(self, device_id: int, memory_size: int,
-                          page_shift: int) -> tuple[_ascend.DeviceBuffer,
-                                                    hixl_native.ExtentAllocator]:
-        """Allocate and export a pool's device memory within the device's budget."""
+    async def create_pool(self, device_id: int, memory_size: int, page_shift: int,
+                          cluster_id: int = 0) -> tuple[_ascend.DeviceBuffer,
+                                                        hixl_native.ExtentAllocator]:
+        """Allocate, export and register a pool's device memory within the device's budget."""
         device = self.device(device_id)
         state = self._devices[device_id]
         unit = max(1 << page_shift, _ascend.DEVICE_ALIGNMENT)
@@ -127,6 +140,7 @@ class AscendBackend:
         except BaseException:
             state.reserved -= size
             raise
+        await asyncio.to_thread(self.one_sided.register, buffer, cluster_id)
         return buffer, hixl_native.ExtentAllocator(size, page_shift)
 
     async def release_pool(self, pool: Pool) -> None:
@@ -134,6 +148,7 @@ class AscendBackend:
         buffer = pool.device_buffer
         assert buffer is not None
         try:
+            await asyncio.to_thread(self.one_sided.release, buffer)
             await asyncio.to_thread(_free_exported, buffer)
         except AscendError as exc:
             logger.warning("freeing pool %d: %s", pool.pool_id, to_llm_exception(exc))
@@ -156,19 +171,44 @@ class AscendBackend:
         assert key is not None
         return key
 
-    async def import_buffer(self, device_id: int, key: str, size: int) -> _ascend.ImportedBuffer:
-        """Import device memory a client exported for this daemon (registered caches)."""
+    async def import_buffer(self, device_id: int, key: str, size: int,
+                            cluster_id: int = 0) -> _ascend.ImportedBuffer:
+        """Import device memory a client exported for this daemon (registered caches) and
+        register it for one-sided HCCL; `forget` undoes the registration."""
         device = self.device(device_id)
         if size <= 0:
             raise LLMException(f"a device buffer of {size} bytes",
                                status_code=LLMStatusCode.LLM_PARAM_INVALID)
         try:
-            return await asyncio.to_thread(device.import_ipc, key, size)
+            imported = await asyncio.to_thread(device.import_ipc, key, size)
         except AscendError as exc:
             raise to_llm_exception(exc, "importing the client's device buffer") from exc
         except ValueError as exc:
             raise LLMException(f"importing the client's device buffer: {exc}",
                                status_code=LLMStatusCode.LLM_PARAM_INVALID) from None
+        await asyncio.to_thread(self.one_sided.register, imported, cluster_id)
+        return imported
+
+    def forget(self, memory: _ascend.DeviceMemory) -> None:
+        """Unbind and deregister device memory before it is freed (blocking)."""
+        self.one_sided.release(memory)
+
+    def pin_host(self, mapping: hixl_native.Mapping) -> _ascend.PinnedHost | None:
+        """Page-lock host memory for ACL copies (``aclrtHostRegister``; blocking).
+
+        Returns None where CANN lacks aclrtHostRegister, or refuses it (logged):
+        the memory then stays unlocked, which CANN 8.5 and later copy
+        synchronously and earlier releases may mishandle on training products.
+        """
+        if not _ascend.host_register_supported():
+            return None
+        device = self._devices[self.device_ids[0]].device
+        try:
+            return _ascend.PinnedHost(device, mapping)
+        except (AscendError, ValueError) as exc:
+            logger.warning("host memory of %d bytes stays unlocked (aclrtHostRegister "
+                           "refused it): %s", mapping.size, exc)
+            return None
 
     # -- copies -------------------------------------------------------------------------
 
@@ -184,7 +224,25 @@ class AscendBackend:
                 f"are not supported; stage them through a HOST pool",
                 status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
         device = side.device
+        _check_aligned(dst, src, triples)
         return _CopyJob(device, _operand(device, dst), _operand(device, src), triples, timeout_ms)
+
+
+def _check_aligned(dst: Memory, src: Memory, triples: Ranges) -> None:
+    """Refuse, before anything is queued, ranges ACL cannot copy asynchronously."""
+    rows = np.asarray(triples, dtype=np.uint64).reshape(-1, 3)  # the copier passes them flat
+    moving = rows[rows[:, 2] > 0]
+    for memory, column, what in ((dst, 0, "destination"), (src, 1, "source")):
+        base = memory.device.address if memory.device is not None else memory.native.address
+        starts = moving[:, column] + np.uint64(base % COPY_ALIGNMENT)
+        bad = np.flatnonzero(starts % np.uint64(COPY_ALIGNMENT))
+        if bad.size:
+            row = moving[bad[0]]
+            raise LLMException(
+                f"the {what} range at offset {int(row[column])} ({int(row[2])} bytes) is not "
+                f"{COPY_ALIGNMENT}-byte aligned; ACL copies need aligned addresses, so block "
+                f"and tensor sizes of caches copied on an Ascend host must be multiples of "
+                f"{COPY_ALIGNMENT} bytes", status_code=LLMStatusCode.LLM_PARAM_INVALID)
 
 
 def _operand(device: _ascend.Device, memory: Memory) -> _ascend.DeviceMemory | _ascend.HostRegion:

@@ -28,7 +28,7 @@ class AscendMemory:
     async def create(self, pool_id: int, cluster_id: int, placement: Placement,
                      spec: PoolSpec, device_id: int) -> Pool:
         buffer, allocator = await self._ascend.create_pool(device_id, spec.memory_size,
-                                                           spec.page_shift)
+                                                           spec.page_shift, cluster_id)
         return Pool(pool_id, cluster_id, placement, allocator, device=buffer, size=buffer.size)
 
     async def release(self, pool: Pool) -> None:

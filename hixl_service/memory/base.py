@@ -21,6 +21,8 @@ from hixl_client.status import LLMException, LLMStatusCode
 from hixl_client.types import Placement
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from hixl_native._ascend import DeviceBuffer, DeviceMemory
 
 DEFAULT_PAGE_SHIFT = 16
@@ -93,6 +95,9 @@ class Memory:
         self.client_base: int | None = None
         self._pins = 0
         self._unpinned: asyncio.Event | None = None
+        # Undoes what a backend attached to the memory (an aclrtHostRegister,
+        # a one-sided HCCL registration) before it is unmapped or freed.
+        self.before_release: Callable[[], None] | None = None
 
     @property
     def on_device(self) -> bool:
@@ -124,6 +129,9 @@ class Memory:
 
     def release(self) -> None:
         """Unmap host memory, or free/close device memory (blocking; call off the loop)."""
+        if self.before_release is not None:
+            undo, self.before_release = self.before_release, None
+            undo()
         if self._mapping is not None:
             self._mapping.close()
         if self.device is not None:

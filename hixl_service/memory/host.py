@@ -1,4 +1,5 @@
-"""Host pools: anonymous memfd mappings within the daemon's ``pool.max_bytes``.
+"""Host pools: anonymous memfd mappings within the daemon's ``pool.max_bytes``,
+page-locked for ACL copies on the hccl backend.
 
 Clients map the same memory through a file descriptor passed over the fd
 socket, never through a name in a filesystem, so a cache's addresses are
@@ -8,6 +9,7 @@ valid in the client's own process and its views are zero-copy.
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING, Protocol
 
 import hixl_native
 
@@ -16,13 +18,25 @@ from hixl_client.types import Placement
 
 from .base import Pool, PoolSpec
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+
+class Unpinnable(Protocol):
+    """Page-locked memory that can be unlocked again (``_ascend.PinnedHost``)."""
+
+    def close(self) -> None: ...
+
 
 class HostMemory:
     """The memfd pool backend, with the daemon's host budget."""
 
-    def __init__(self, budget_bytes: int, populate: bool) -> None:
+    def __init__(self, budget_bytes: int, populate: bool,
+                 pin: Callable[[hixl_native.Mapping], Unpinnable | None] | None = None) -> None:
         self.budget_bytes = budget_bytes
         self._populate = populate
+        # The hccl backend page-locks host pools (aclrtHostRegister) for ACL copies.
+        self._pin = pin
         self._held = 0  # bytes of live pools
         self._pending = 0  # bytes of pools being created, already counted against the budget
 
@@ -52,7 +66,12 @@ class HostMemory:
         finally:
             self._pending -= size
         self._held += shared.size
-        return Pool(pool_id, cluster_id, placement, shared, mapping=shared)
+        pool = Pool(pool_id, cluster_id, placement, shared, mapping=shared)
+        if self._pin is not None:
+            pinned = await asyncio.to_thread(self._pin, shared)
+            if pinned is not None:
+                pool.before_release = pinned.close
+        return pool
 
     async def release(self, pool: Pool) -> None:
         self._held -= pool.size

@@ -45,6 +45,8 @@ class TransportInfo:
     name: str
     streams: int = 0
     alive: bool = True
+    # hccl: "one-sided" or "two-sided" (the fallback); "" for the others
+    data_path: str = ""
 
 
 class Prepared(Protocol):
@@ -105,6 +107,11 @@ class InboundSide(Protocol):
     @property
     def alive(self) -> bool: ...
 
+    @property
+    def data_path(self) -> str:
+        """As `TransportInfo.data_path`."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -113,6 +120,7 @@ class PlainInbound:
     the data server checks each request against the link's token)."""
 
     alive = True
+    data_path = ""
 
     def __init__(self, name: str) -> None:
         self.name = name

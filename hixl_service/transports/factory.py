@@ -68,18 +68,21 @@ async def _open(kit: TransportKit, ends: LinkEnds, hello: PeerHello, peer: PeerA
         return LocalTransport(kit.copier)
     if kit.ascend is not None:
         return await HcclTransport.open(kit.ascend.device(ends.local_device_id), peer,
-                                        hello.token, timeout_s)
+                                        hello.token, timeout_s, kit.ascend.one_sided,
+                                        ends.local_cluster_id)
     return await TcpTransport.open(hello.data_host, hello.data_port, hello.token,
                                    kit.streams_per_link, kit.dispatcher, kit.connect_timeout_s,
                                    ends.remote_cluster_id)
 
 
-def inbound_side(kit: TransportKit, same_daemon: bool, device_id: int) -> InboundSide:
-    """What the linked daemon keeps for an inbound link of the same transport."""
+def inbound_side(kit: TransportKit, same_daemon: bool, device_id: int,
+                 cluster_id: int = 0) -> InboundSide:
+    """What the linked daemon keeps for an inbound link (to ``cluster_id``) of the
+    same transport."""
     if same_daemon:
         return PlainInbound(LocalTransport.name)
     if kit.ascend is not None:
-        return HcclInbound(kit.ascend.device(device_id))
+        return HcclInbound(kit.ascend.device(device_id), kit.ascend.one_sided, cluster_id)
     return PlainInbound(TcpTransport.name)
 
 

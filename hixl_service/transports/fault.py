@@ -97,7 +97,7 @@ class FaultTransport:
 
     def info(self) -> TransportInfo:
         inner = self.inner.info()
-        return TransportInfo(inner.name, inner.streams, self.alive)
+        return TransportInfo(inner.name, inner.streams, self.alive, inner.data_path)
 
     def _rule_for(self, writing: bool) -> FaultRule | None:
         self.requests += 1

@@ -1,20 +1,36 @@
-"""The HCCL transport: one two-rank communicator per link, batches in lockstep.
+"""The HCCL transport: one two-rank communicator per link, one-sided where CANN allows.
 
 The linking daemon is rank 0: it creates the root info and sends it with
 ``Peer.HcclConnect``, and both daemons build the communicator concurrently,
-each with a stream of its own for the link. A pull or push is one batch on
-each side: the linking daemon asks the other (``Peer.HcclPost``) to check the
-ranges against its region and queue its side (sends for a pull, receives for
-a push), then queues the matching receives or sends in the same order and
-waits for them. Each side runs one batch of a link at a time, in order, so the
+each with a stream of its own for the link.
+
+**One-sided** (HIXL's direct path), when both daemons' CANN has the API:
+right after the communicator is built, each side binds its cluster's
+registered device memory to it (``_Channel.prepare_one_sided``: the one place
+that binds) and both prepare it at once (``Peer.HcclPrepare``). A pull is
+then ``HcclBatchGet`` and a push ``HcclBatchPut`` of (local, remote, count)
+descriptors, queued by the linking side alone and waited for on the link's
+stream with the transfer's deadline; the other daemon is asked once per
+region where it lies (``Peer.HcclRegion``), never per transfer. A transfer
+touching memory registered after the link was prepared prepares a new
+communicator first; memory that still is not bound moves two-sided.
+
+**Two-sided** (the fallback: a CANN without the one-sided API on either
+side): a pull or push is one batch on each side: the linking daemon asks the
+other (``Peer.HcclPost``) to check the ranges against its region and queue its
+side (sends for a pull, receives for a push), then queues the matching
+receives or sends in the same order and waits for them. Each range is an
+``HcclBatchSendRecv`` call of its own (one item per peer and direction, as
+CANN requires). Each side runs one batch of a link at a time, in order, so the
 two sides always pair up.
 
 A batch that fails or runs past its deadline destroys the communicator on the
 side that saw it (aborting what is queued and releasing the memory it pinned);
 the link stays, and its next transfer builds a new communicator. Every wait is
-bounded: building by the link timeout, batches by the transfer's deadline (on
-the linked side plus a short grace, so that a batch the other side never
-completes times out on the linking side first and is reported as a timeout).
+bounded: building and preparing by the link timeout, batches by the
+transfer's deadline (on the linked side plus a short grace, so that a batch
+the other side never completes times out on the linking side first and is
+reported as a timeout).
 """
 
 from __future__ import annotations
@@ -36,8 +52,9 @@ from .base import InboundSide, Place, Prepared, TransportInfo
 if TYPE_CHECKING:
     from collections.abc import Awaitable
 
+    from ..ascend.onesided import Binding, OneSidedMemory
     from ..memory.base import Memory
-    from ..peer_api import PeerApi
+    from ..peer_api import FarRegion, PeerApi
     from ..planning import Ranges
 
 logger = logging.getLogger(__name__)
@@ -53,6 +70,8 @@ NO_COMMUNICATOR = "the link has no HCCL communicator on this side"
 # at the same instant, the one destroying its communicator first would turn
 # the other's timeout into a remote error, by chance.
 INBOUND_GRACE_S = 0.25
+ONE_SIDED = "one-sided"
+TWO_SIDED = "two-sided"
 
 
 class _Channel:
@@ -61,6 +80,9 @@ class _Channel:
     def __init__(self, comm: _ascend.HcclComm, stream: _ascend.Stream) -> None:
         self.comm = comm
         self.stream = stream
+        # One-sided: the memory bound before the communicator was prepared.
+        self.binding: Binding | None = None
+        self._memory: OneSidedMemory | None = None
 
     @classmethod
     def build(cls, device: _ascend.Device, root_info: bytes, rank: int) -> _Channel:
@@ -71,6 +93,26 @@ class _Channel:
         except BaseException:
             comm.destroy()
             raise
+
+    def prepare_one_sided(self, memory: OneSidedMemory, cluster_id: int,
+                          timeout_ms: int) -> None:
+        """Bind the cluster's registered memory, then prepare (blocking; both ranks at once).
+
+        The one place a communicator gets memory bound: every way of building
+        one calls it right after the build, on both sides of the link.
+        """
+        self.binding = memory.bind(self.comm, cluster_id)
+        self._memory = memory
+        _ascend.hccl_prepare(self.comm, max(1, -(-timeout_ms // 1000)))
+
+    def run_one_sided(self, put: bool, local: Memory, ranges: np.ndarray[Any, Any],
+                      far: FarRegion, timeout_ms: int) -> None:
+        """Queue one-sided descriptors (HcclBatchPut / HcclBatchGet) and wait for them."""
+        assert local.device is not None
+        peer = ACCEPTOR_RANK if self.comm.rank == INITIATOR_RANK else INITIATOR_RANK
+        queue = _ascend.hccl_batch_put if put else _ascend.hccl_batch_get
+        queue(self.comm, local.device, ranges, far.address, far.size, peer, self.stream)
+        self.stream.synchronize(timeout_ms)
 
     def run(self, sending: bool, memory: Memory, pairs: np.ndarray[Any, Any],
             timeout_ms: int) -> None:
@@ -85,7 +127,9 @@ class _Channel:
         queue(memory.device, pairs, peer, self.stream)
 
     def destroy(self) -> None:
-        """Abort queued work and free both (blocking; idempotent)."""
+        """Unbind its memory, abort queued work and free both (blocking; idempotent)."""
+        if self.binding is not None and self._memory is not None:
+            self._memory.unbind(self.binding)
         for close in (self.comm.destroy, self.stream.destroy):
             try:
                 close()
@@ -147,11 +191,29 @@ class _Side:
     """One daemon's side of a link: its channel, and the lock that lets one batch
     (or one rebuild) at a time use it."""
 
-    def __init__(self, device: _ascend.Device) -> None:
+    def __init__(self, device: _ascend.Device, memory: OneSidedMemory | None,
+                 cluster_id: int) -> None:
         self._device = device
+        self._memory = memory
+        self._cluster_id = cluster_id
         self._channel: _Channel | None = None
         self._lock = asyncio.Lock()
         self.closed = False
+        self._last_path = TWO_SIDED  # of the last communicator, while there is none
+
+    @property
+    def one_sided_here(self) -> bool:
+        """Whether this daemon's CANN has the one-sided API."""
+        return self._memory is not None and self._memory.enabled
+
+    @property
+    def data_path(self) -> str:
+        """``one-sided`` when the communicator is prepared for it, else ``two-sided``
+        (while the link has none: what its last one was)."""
+        channel = self._channel
+        if channel is None:
+            return self._last_path
+        return ONE_SIDED if channel.binding is not None else TWO_SIDED
 
     @property
     def alive(self) -> bool:
@@ -162,6 +224,7 @@ class _Side:
     async def _drop(self) -> None:
         channel, self._channel = self._channel, None
         if channel is not None:
+            self._last_path = ONE_SIDED if channel.binding is not None else TWO_SIDED
             await asyncio.to_thread(channel.destroy)
 
     async def close(self) -> None:
@@ -174,10 +237,17 @@ class _Side:
 class HcclLink(_Side):
     """The linking daemon's side of one link (rank 0)."""
 
-    def __init__(self, device: _ascend.Device, peer: PeerApi, token: int) -> None:
-        super().__init__(device)
+    def __init__(self, device: _ascend.Device, peer: PeerApi, token: int,
+                 memory: OneSidedMemory | None = None, cluster_id: int = 0) -> None:
+        super().__init__(device, memory, cluster_id)
         self._peer = peer
         self._token = token
+        # Far regions of the current communicator (asked once each).
+        self._regions: dict[int, FarRegion] = {}
+        # (local memory, far region) pairs still unbound after a fresh prepare:
+        # they move two-sided rather than prepare yet another communicator.
+        self._unbound: set[tuple[int, int]] = set()
+        self._one_sided_failed = False
 
     async def connect(self, timeout_s: float) -> None:
         """Build the communicator with the other daemon, within ``timeout_s``."""
@@ -206,6 +276,9 @@ class HcclLink(_Side):
                                    status_code=LLMStatusCode.LLM_LINK_FAILED)
         if failure is None:
             self._channel = local.result()
+            self._regions.clear()
+            if self.one_sided_here and remote.result() and not self._one_sided_failed:
+                await self._prepare(deadline)
             return
         remote.cancel()
         if local in done:
@@ -217,56 +290,139 @@ class HcclLink(_Side):
         raise LLMException(f"cannot open the HCCL link: {error}",
                            status_code=LLMStatusCode.LLM_LINK_FAILED) from failure
 
-    async def transfer(self, sending: bool, local: Memory, local_pairs: np.ndarray[Any, Any],
-                       region_id: int, remote_pairs: np.ndarray[Any, Any],
+    async def _prepare(self, deadline: float) -> None:
+        """Bind and prepare both sides for one-sided transfers; on failure, go two-sided."""
+        channel = self._channel
+        assert channel is not None and self._memory is not None
+        timeout_ms = _remaining_ms(deadline)
+        # Both are bounded (HCCL's prepare by timeout_ms, the call by the deadline),
+        # and the local one must end before the channel may be destroyed.
+        local, remote = await asyncio.gather(
+            asyncio.to_thread(channel.prepare_one_sided, self._memory, self._cluster_id,
+                              timeout_ms),
+            self._peer.hccl_prepare(self._token, timeout_ms,
+                                    max(0.001, deadline - time.monotonic())),
+            return_exceptions=True)
+        failure = local if isinstance(local, BaseException) else remote
+        if not isinstance(failure, BaseException):
+            return
+        logger.warning("preparing the HCCL link for one-sided transfers failed; it moves "
+                       "two-sided from now on: %s", _fail(failure, "HcclCommPrepare"))
+        self._one_sided_failed = True
+        await self._drop()
+        await self._connect(deadline)
+
+    async def transfer(self, sending: bool, local: Memory, ranges: Ranges, region_id: int,
                        timeout_ms: int) -> None:
         """Move one batch: ``sending`` from ``local`` into the region, else the reverse.
 
-        Runs to its end even if the awaiting coroutine is cancelled, so that
-        the two sides stay paired; bounded by ``timeout_ms``.
+        ``ranges`` are the transport's: (far, local, length) for a pull,
+        (local, far, length) for a push. Runs to its end even if the awaiting
+        coroutine is cancelled, so that the two sides stay paired; bounded by
+        ``timeout_ms``.
         """
-        job = asyncio.ensure_future(self._transfer(sending, local, local_pairs, region_id,
-                                                   remote_pairs, timeout_ms))
+        job = asyncio.ensure_future(self._transfer(sending, local, ranges, region_id, timeout_ms))
         local.pin_until(job)
         await asyncio.shield(job)
 
-    async def _transfer(self, sending: bool, local: Memory, local_pairs: np.ndarray[Any, Any],
-                        region_id: int, remote_pairs: np.ndarray[Any, Any],
+    async def _transfer(self, sending: bool, local: Memory, ranges: Ranges, region_id: int,
                         timeout_ms: int) -> None:
         deadline = time.monotonic() + timeout_ms / 1000.0
         async with self._lock:
             if self.closed:
                 raise LLMException("the link was closed", status_code=LLMStatusCode.LLM_LINK_FAILED)
-            ranges = remote_pairs.astype("<u8", copy=False).tobytes()
-            for attempt in range(2):
-                if self._channel is None:
-                    await self._connect(deadline)
-                try:
-                    await self._peer.hccl_post(self._token, not sending, region_id, ranges,
-                                               _remaining_ms(deadline),
-                                               max(0.001, deadline - time.monotonic()))
-                    break
-                except LLMException as exc:
-                    if exc.status_code == LLMStatusCode.LLM_PARAM_INVALID:
-                        # Nothing was queued. A refused region may be a stale resolve,
-                        # which the caller retries once, as for the TCP data server.
-                        raise RegionRefused(str(exc), status_code=exc.status_code) from None
-                    # The other side lost its communicator, or may have queued its
-                    # half without our knowing: either way, build both anew.
-                    await self._drop()
-                    if NO_COMMUNICATOR in str(exc) and attempt == 0:
-                        continue
-                    raise
+            if self._channel is None:
+                await self._connect(deadline)
+            if await self._one_sided(sending, local, ranges, region_id, deadline):
+                return
+            local_cols, remote_cols = ([0, 2], [1, 2]) if sending else ([1, 2], [0, 2])
+            local_pairs = np.ascontiguousarray(ranges[:, local_cols]).ravel()
+            remote_pairs = np.ascontiguousarray(ranges[:, remote_cols]).ravel()
+            await self._two_sided(sending, local, local_pairs, region_id, remote_pairs, deadline)
+
+    async def _one_sided(self, put: bool, local: Memory, ranges: Ranges, region_id: int,
+                         deadline: float) -> bool:
+        """Move the batch one-sided if the link and both memories allow; False: they do not."""
+        assert local.device is not None
+        unbound_key = (id(local.device), region_id)
+        far: FarRegion | None = None
+        for attempt in range(2):
             channel = self._channel
-            assert channel is not None
+            if channel is None or channel.binding is None or unbound_key in self._unbound:
+                return False
+            far = await self._far_region(region_id, deadline)
+            if channel.binding.covers(local.device) and far.bound:
+                break
+            if attempt:
+                self._unbound.add(unbound_key)
+                return False
+            # Memory registered after the link was prepared: prepare a new communicator.
+            await self._connect(deadline)
+        channel = self._channel
+        assert channel is not None and far is not None
+        if put and not far.writable:
+            raise RegionRefused(f"region {region_id} of the far cluster is not writable by "
+                                f"linked peers", status_code=LLMStatusCode.LLM_PARAM_INVALID)
+        try:
+            await asyncio.to_thread(channel.run_one_sided, put, local,
+                                    np.ascontiguousarray(ranges, dtype=np.uint64), far,
+                                    _remaining_ms(deadline))
+        except ValueError as exc:  # checked before anything was queued
+            raise RegionRefused(f"region {region_id}: {exc}",
+                                status_code=LLMStatusCode.LLM_PARAM_INVALID) from None
+        except BaseException as exc:
+            await self._drop()
+            if isinstance(exc, AscendError):
+                raise _fail(exc, "the one-sided HCCL transfer") from exc
+            raise
+        return True
+
+    async def _far_region(self, region_id: int, deadline: float) -> FarRegion:
+        found = self._regions.get(region_id)
+        if found is None:
             try:
-                await asyncio.to_thread(channel.run, sending, local, local_pairs,
-                                        _remaining_ms(deadline))
-            except BaseException as exc:
-                await self._drop()  # whatever failed, the two sides may no longer pair up
-                if isinstance(exc, AscendError):
-                    raise _fail(exc, "the HCCL batch") from exc
+                found = await self._peer.hccl_region(self._token, region_id,
+                                                     max(0.001, deadline - time.monotonic()))
+            except LLMException as exc:
+                if exc.status_code == LLMStatusCode.LLM_PARAM_INVALID:
+                    raise RegionRefused(str(exc), status_code=exc.status_code) from None
                 raise
+            self._regions[region_id] = found
+        return found
+
+    async def _two_sided(self, sending: bool, local: Memory, local_pairs: np.ndarray[Any, Any],
+                         region_id: int, remote_pairs: np.ndarray[Any, Any],
+                         deadline: float) -> None:
+        ranges = remote_pairs.astype("<u8", copy=False).tobytes()
+        for attempt in range(2):
+            if self._channel is None:
+                await self._connect(deadline)
+            try:
+                await self._peer.hccl_post(self._token, not sending, region_id, ranges,
+                                           _remaining_ms(deadline),
+                                           max(0.001, deadline - time.monotonic()))
+                break
+            except LLMException as exc:
+                if exc.status_code == LLMStatusCode.LLM_PARAM_INVALID:
+                    # Nothing was queued. A refused region may be a stale resolve,
+                    # which the caller retries once, as for the TCP data server.
+                    raise RegionRefused(str(exc), status_code=exc.status_code) from None
+                # The other side lost its communicator, or may have queued its
+                # half without our knowing: either way, build both anew.
+                await self._drop()
+                if NO_COMMUNICATOR in str(exc) and attempt == 0:
+                    continue
+                raise
+        channel = self._channel
+        assert channel is not None
+        try:
+            await asyncio.to_thread(channel.run, sending, local, local_pairs,
+                                    _remaining_ms(deadline))
+        except BaseException as exc:
+            await self._drop()  # whatever failed, the two sides may no longer pair up
+            if isinstance(exc, AscendError):
+                raise _fail(exc, "the HCCL batch") from exc
+            raise
 
 
 class HcclInbound(_Side):
@@ -274,12 +430,16 @@ class HcclInbound(_Side):
 
     name = "hccl"
 
-    def __init__(self, device: _ascend.Device) -> None:
-        super().__init__(device)
+    def __init__(self, device: _ascend.Device, memory: OneSidedMemory | None = None,
+                 cluster_id: int = 0) -> None:
+        super().__init__(device, memory, cluster_id)
         self._batches: set[asyncio.Task[None]] = set()
 
-    async def connect(self, root_info: bytes) -> None:
-        """Join a new communicator (replacing an old one once its batch ended)."""
+    async def connect(self, root_info: bytes) -> bool:
+        """Join a new communicator (replacing an old one once its batch ended).
+
+        Returns whether this side can prepare it for one-sided transfers.
+        """
         if len(root_info) != _ascend.HCCL_ROOT_INFO_BYTES:
             raise LLMException(f"an HCCL root info has {_ascend.HCCL_ROOT_INFO_BYTES} bytes, "
                                f"not {len(root_info)}",
@@ -295,6 +455,30 @@ class HcclInbound(_Side):
                 await asyncio.to_thread(channel.destroy)
                 raise LLMException("the link was closed", status_code=LLMStatusCode.LLM_LINK_FAILED)
             self._channel = channel
+        return self.one_sided_here
+
+    async def prepare(self, timeout_ms: int) -> None:
+        """Bind this cluster's memory to the communicator and prepare it, as the
+        linking side does at the same time (blocks until both are ready)."""
+        async with self._lock:
+            channel = self._channel
+            if channel is None or self.closed:
+                raise LLMException(NO_COMMUNICATOR, status_code=LLMStatusCode.LLM_LINK_FAILED)
+            if self._memory is None or not self._memory.enabled:
+                raise LLMException("this daemon's CANN lacks the one-sided HCCL API",
+                                   status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
+            try:
+                await asyncio.to_thread(channel.prepare_one_sided, self._memory,
+                                        self._cluster_id, timeout_ms)
+            except AscendError as exc:
+                await self._drop()
+                raise _fail(exc, "preparing the HCCL link") from exc
+
+    def bound(self, memory: Memory) -> bool:
+        """Whether ``memory`` was bound when the current communicator was prepared."""
+        channel = self._channel
+        return (channel is not None and channel.binding is not None
+                and memory.device is not None and channel.binding.covers(memory.device))
 
     async def post(self, sending: bool, memory: Memory, pairs: np.ndarray[Any, Any],
                    timeout_ms: int) -> None:
@@ -350,10 +534,11 @@ class HcclTransport:
         self._side = side
 
     @classmethod
-    async def open(cls, device: _ascend.Device, peer: PeerApi, token: int,
-                   timeout_s: float) -> HcclTransport:
-        """Build the link's communicator with the far daemon, within ``timeout_s``."""
-        side = HcclLink(device, peer, token)
+    async def open(cls, device: _ascend.Device, peer: PeerApi, token: int, timeout_s: float,
+                   memory: OneSidedMemory | None = None, cluster_id: int = 0) -> HcclTransport:
+        """Build (and, one-sided, prepare) the link's communicator with the far daemon,
+        within ``timeout_s``; ``memory`` holds the device memory of ``cluster_id``."""
+        side = HcclLink(device, peer, token, memory, cluster_id)
         try:
             await side.connect(timeout_s)
         except BaseException:
@@ -365,29 +550,29 @@ class HcclTransport:
     def alive(self) -> bool:
         return self._side.alive
 
+    @property
+    def data_path(self) -> str:
+        return self._side.data_path
+
     def info(self) -> TransportInfo:
-        return TransportInfo(self.name, 0, self.alive)
+        return TransportInfo(self.name, 0, self.alive, self.data_path)
 
     async def read(self, local: Memory, far: Place, ranges: Ranges, timeout_ms: int) -> None:
-        await self._batch(False, local, ranges[:, [1, 2]], far.region_id, ranges[:, [0, 2]],
-                          timeout_ms)
+        await self._batch(False, local, ranges, far.region_id, timeout_ms)
 
     async def write(self, local: Memory, far: Place, ranges: Ranges, timeout_ms: int) -> None:
-        await self._batch(True, local, ranges[:, [0, 2]], far.region_id, ranges[:, [1, 2]],
-                          timeout_ms)
+        await self._batch(True, local, ranges, far.region_id, timeout_ms)
 
     def prepare(self, writing: bool, local: Memory, far: Place, ranges: Ranges,
                 nbytes: int) -> Prepared:
         return _PreparedBatch(self, writing, local, far, ranges)
 
-    async def _batch(self, sending: bool, local: Memory, local_pairs: Ranges, region_id: int,
-                     remote_pairs: Ranges, timeout_ms: int) -> None:
+    async def _batch(self, sending: bool, local: Memory, ranges: Ranges, region_id: int,
+                     timeout_ms: int) -> None:
         if not local.on_device:
             raise LLMException("the hccl transport moves device memory: use DEVICE caches "
                                "on both ends", status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
-        await self._side.transfer(sending, local, np.ascontiguousarray(local_pairs).ravel(),
-                                  region_id, np.ascontiguousarray(remote_pairs).ravel(),
-                                  max(1, timeout_ms))
+        await self._side.transfer(sending, local, ranges, region_id, max(1, timeout_ms))
 
     async def close(self) -> None:
         await self._side.close()

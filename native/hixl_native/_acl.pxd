@@ -91,3 +91,30 @@ cdef extern from "acl_shim.h" nogil:
     int hixl_hccl_batch(int32_t dev, HcclSendRecvItem *items, uint32_t n, hccl_comm_t comm,
                         aclrtStream stream)
     int hixl_hccl_comm_destroy(int32_t dev, hccl_comm_t comm)
+
+
+# ---- one-sided HCCL and pinned host memory (acl_shim.h, its one-sided section) ----
+cdef extern from "acl_shim.h" nogil:
+    enum:
+        HCCL_MEM_TYPE_DEVICE
+        HCCL_MEM_TYPE_HOST
+        HIXL_HCCL_MAX_DESC_NUM
+        HIXL_ACL_HAS_ONE_SIDED
+        HIXL_ACL_HAS_HOST_REGISTER
+
+    ctypedef struct HcclOneSideOpDesc:
+        void *localAddr
+        void *remoteAddr
+        uint64_t count
+        int dataType
+
+    int hixl_hccl_register_global(int32_t dev, int type, void *addr, uint64_t size, void **handle)
+    int hixl_hccl_deregister_global(int32_t dev, void *handle)
+    int hixl_hccl_bind_mem(int32_t dev, hccl_comm_t comm, void *handle)
+    int hixl_hccl_unbind_mem(int32_t dev, hccl_comm_t comm, void *handle)
+    int hixl_hccl_prepare(int32_t dev, hccl_comm_t comm, int32_t timeout_s)
+    int hixl_hccl_one_sided(int32_t dev, hccl_comm_t comm, int put, uint32_t peer,
+                            HcclOneSideOpDesc *desc, size_t n, aclrtStream stream,
+                            size_t *queued)
+    int hixl_acl_host_register(int32_t dev, void *ptr, uint64_t size, void **dev_ptr)
+    int hixl_acl_host_unregister(int32_t dev, void *ptr)

@@ -90,3 +90,18 @@ cdef class HcclComm:
                   Stream stream) except -1
     cdef int _p2p_ranges(self, int kind, DeviceMemory mem, object pairs, object peer,
                          Stream stream) except -1
+
+
+# ---- one-sided HCCL and pinned host memory (_ascend_onesided.pxi) ----
+cdef class GlobalMemory:
+    cdef DeviceMemory _mem
+    cdef void *_handle
+    cdef bint _closed
+
+
+cdef class PinnedHost:
+    cdef Device _dev
+    cdef Py_buffer _view
+    cdef char *_ptr
+    cdef uint64_t _size
+    cdef bint _closed

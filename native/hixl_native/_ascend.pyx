@@ -71,6 +71,8 @@ _FEATURES = (
     (HIXL_ACL_HAS_RECENT_ERR, "recent_error_message"),
     (HIXL_ACL_HAS_BARE_TGID, "bare_tgid"),
     (HIXL_ACL_HAS_ERR_STRING, "error_string"),
+    (HIXL_ACL_HAS_ONE_SIDED, "one_sided"),
+    (HIXL_ACL_HAS_HOST_REGISTER, "host_register"),
 )
 
 include "_ascend_errors.pxi"
@@ -78,3 +80,4 @@ include "_ascend_runtime.pxi"
 include "_ascend_memory.pxi"
 include "_ascend_stream.pxi"
 include "_ascend_hccl.pxi"
+include "_ascend_onesided.pxi"

@@ -142,9 +142,10 @@ cdef class HcclComm:
         return 0
 
     def send_ranges(self, DeviceMemory mem not None, pairs, peer, Stream stream not None):
-        """Queue sends of ranges of ``mem`` to ``peer`` as one ``HcclBatchSendRecv``.
+        """Queue sends of ranges of ``mem`` to ``peer``, one ``HcclBatchSendRecv`` each.
 
-        The peer posts `recv_ranges` with the same lengths in the same order.
+        One range per call: CANN allows one send and one receive per peer in
+        a call. The peer posts `recv_ranges` with the same lengths in the same order.
         Every range is checked before the batch is queued; ``mem`` is pinned
         until `Stream.synchronize`.
 
@@ -162,12 +163,13 @@ cdef class HcclComm:
                 buffer of uint64.
             ValueError: ``pairs`` is empty or holds a partial pair, a range
                 lies outside ``mem``, the peer is invalid, or the devices differ.
-            HcclError: HCCL refused the batch (nothing is queued).
+            HcclError: HCCL refused a call; the ranges before it stay queued
+                (and ``mem`` pinned).
         """
         self._p2p_ranges(HCCL_SEND, mem, pairs, peer, stream)
 
     def recv_ranges(self, DeviceMemory mem not None, pairs, peer, Stream stream not None):
-        """Queue receives into ranges of ``mem`` from ``peer`` as one ``HcclBatchSendRecv``.
+        """Queue receives into ranges of ``mem`` from ``peer``, one ``HcclBatchSendRecv`` each.
 
         The counterpart of `send_ranges`, with the same arguments and errors;
         each range receives the peer's message of the same position.
@@ -181,7 +183,7 @@ cdef class HcclComm:
         mem._check_open()
         cdef uint32_t p = self._check_peer(peer)
         _same_device(self, stream, mem)
-        cdef size_t n, i, k = 0
+        cdef size_t n, i, k = 0, queued = 0
         cdef uint64_t *r = _u64_tuples(pairs, 2, "pairs", &n)
         cdef HcclSendRecvItem *arr = NULL
         cdef int rc = 0
@@ -208,15 +210,23 @@ cdef class HcclComm:
             if k:
                 # pinned while the GIL is released, so that no other thread frees it
                 mem._pins += 1
+                # One item per call: CANN 8.0's HcclBatchSendRecv page forbids two
+                # sends (or receives) to the same rank in one task list, and the
+                # 8.2 HCCL user guide allows one memory block per direction between
+                # two ranks per call. The peer queues its side in the same order.
                 with nogil:
-                    rc = hixl_hccl_batch(self._dev._id, arr, <uint32_t>k, self._c, stream._s)
+                    for i in range(k):
+                        rc = hixl_hccl_batch(self._dev._id, arr + i, 1, self._c, stream._s)
+                        if rc:
+                            break
+                        queued += 1
                 mem._pins -= 1
         finally:
             free(r)
             free(arr)
-        _check(rc)
-        if k:
+        if queued:
             stream._pin(mem)
+        _check(rc)
         return 0
 
     def batch_send_recv(self, items, Stream stream not None):

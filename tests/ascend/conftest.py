@@ -55,6 +55,15 @@ def double_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def two_sided_dir(tmp_path_factory: pytest.TempPathFactory, double_dir: Path) -> Path:
+    """The double without HCCL's one-sided entry points (a CANN that lacks them): daemons
+    loading it fall back to the two-sided path."""
+    from tests.cann_double.build import build
+
+    return build(tmp_path_factory.mktemp("cann_double_two_sided"), one_sided=False)
+
+
+@pytest.fixture(scope="session")
 def runtime(double_dir: Path) -> AscendRuntime:
     """The shim loaded from the double (one per process, never finalized here)."""
     from hixl_native import _ascend

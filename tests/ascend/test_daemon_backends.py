@@ -1,4 +1,5 @@
-"""The same end-to-end transfers on both backends: host (real) and hccl (the CANN double).
+"""The same end-to-end transfers on both backends: host (real) and hccl (the CANN double),
+the latter one-sided and, on a double without the one-sided API, two-sided.
 
 Each backend gets a pair of daemons for the module; every test links a fresh
 prompt and decoder cluster across them, moves bytes with the client's API and
@@ -49,20 +50,29 @@ IO = TensorIO()
 _ids = itertools.count(7000)
 
 
+# hccl links go one-sided (HcclBatchGet / HcclBatchPut) where CANN supports it;
+# "hccl-two-sided" runs the same tests with the double's one-sided API off
+# (HIXL_DOUBLE_ONE_SIDED=0: HCCL_E_NOT_SUPPORT): the fallback.
+VARIANTS = (*BACKENDS, "hccl-two-sided")
+
+
 @dataclass
 class Daemons:
     backend: str
     prompt: DaemonProcess
     decoder: DaemonProcess
+    data_path: str = ""  # hccl: "one-sided" or "two-sided"
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
+@pytest.fixture(scope="module", params=VARIANTS)
 def daemons(request: pytest.FixtureRequest, double_dir: Path,
             runtime: object) -> Iterator[Daemons]:
-    backend: str = request.param
-    with daemon_process(backend, double_dir) as prompt, \
-            daemon_process(backend, double_dir) as decoder:
-        yield Daemons(backend, prompt, decoder)
+    backend, _, path = str(request.param).partition("-")
+    env = {"HIXL_DOUBLE_ONE_SIDED": "0"} if path else None
+    with daemon_process(backend, double_dir, env) as prompt, \
+            daemon_process(backend, double_dir, env) as decoder:
+        data_path = "" if backend == "host" else "two-sided" if path else "one-sided"
+        yield Daemons(backend, prompt, decoder, data_path)
 
 
 @dataclass
@@ -70,6 +80,7 @@ class Linked:
     backend: str
     prompt: LLMDataDist
     decoder: LLMDataDist
+    data_path: str = ""
 
 
 async def _linked(daemons: Daemons, remote_accessible: bool = False,
@@ -87,7 +98,7 @@ async def _linked(daemons: Daemons, remote_accessible: bool = False,
     status, results = await decoder.link_clusters(
         [cluster_info(prompt.cluster_id, daemons.prompt.peer_address)], timeout=5000)
     assert status == OK, results
-    return Linked(daemons.backend, prompt, decoder)
+    return Linked(daemons.backend, prompt, decoder, daemons.data_path)
 
 
 @pytest_asyncio.fixture
@@ -125,6 +136,16 @@ async def test_transport_is_the_backends(linked: Linked) -> None:
     assert linked.decoder.link_transports == {linked.prompt.cluster_id: expected}
 
 
+async def test_hccl_links_say_which_path_they_use(linked: Linked, daemons: Daemons) -> None:
+    for daemon, direction in ((daemons.decoder, "outbound"), (daemons.prompt, "inbound")):
+        status = await daemon_status(daemon.client_target)
+        (link,) = [link for link in status.links if link.direction == direction
+                   and linked.decoder.cluster_id in (link.local_cluster_id,
+                                                     link.remote_cluster_id)]
+        assert (link.transport, link.data_path) == (
+            "hccl" if linked.backend == "hccl" else "tcp", linked.data_path)
+
+
 async def test_peer_calls_of_a_transfer_take_the_peer_lane(linked: Linked,
                                                            daemons: Daemons) -> None:
     before = (await daemon_status(daemons.prompt.client_target)).peer_lane_calls
@@ -135,8 +156,9 @@ async def test_peer_calls_of_a_transfer_take_the_peer_lane(linked: Linked,
         await linked.decoder.cache_manager.pull_cache(
             CacheKeyByIdAndIndex(linked.prompt.cluster_id, src.cache_id, 0), dst)
     calls = (await daemon_status(daemons.prompt.client_target)).peer_lane_calls - before
-    # tcp: one resolve, then the link remembers the cache; hccl: also a post per pull.
-    assert calls == (3 if linked.backend == "hccl" else 1)
+    # tcp: one resolve, then the link remembers the cache; one-sided hccl: also where
+    # the region lies, once; two-sided hccl: a post per pull instead.
+    assert calls == {"": 1, "one-sided": 2, "two-sided": 3}[linked.data_path]
 
 
 async def test_pull_cache_by_key_and_by_id(linked: Linked) -> None:
@@ -345,6 +367,34 @@ async def test_pull_from_registered_memory(linked: Linked) -> None:
         await linked.decoder.cache_manager.deallocate_cache(dst)
     finally:
         await linked.prompt.finalize()  # the daemon lets go of the buffer before it is freed
+        buffer.close()
+
+
+async def test_memory_registered_after_the_link_moves_one_sided(linked: Linked,
+                                                              daemons: Daemons) -> None:
+    """The link was prepared before this memory existed: its first pull prepares a
+    new communicator that binds it; later pulls ask the far daemon nothing."""
+    if linked.backend != "hccl":
+        pytest.skip("hccl links only")
+    desc = CacheDesc(1, [1, 8192], DataType.DT_UINT8, Placement.DEVICE)
+    buffer = alloc_device_shareable(desc.size, device_id=0)
+    try:
+        src = await linked.prompt.cache_manager.register_cache(desc, [buffer.address])
+        contents = fill(src)
+        dst = await linked.decoder.cache_manager.allocate_cache(desc)
+        ref = CacheKeyByIdAndIndex(linked.prompt.cluster_id, src.cache_id, 0)
+        await linked.decoder.cache_manager.pull_cache(ref, dst)
+        assert [IO.read(dst, 0)] == contents
+        before = (await daemon_status(daemons.prompt.client_target)).peer_lane_calls
+        IO.write(src, 0, contents[0][::-1])
+        await linked.decoder.cache_manager.pull_cache(ref, dst)
+        assert IO.read(dst, 0) == contents[0][::-1]
+        calls = (await daemon_status(daemons.prompt.client_target)).peer_lane_calls - before
+        assert calls == (0 if linked.data_path == "one-sided" else 1)  # two-sided: a post
+        await linked.prompt.cache_manager.unregister_cache(src.cache_id)
+        await linked.decoder.cache_manager.deallocate_cache(dst)
+    finally:
+        await linked.prompt.finalize()
         buffer.close()
 
 

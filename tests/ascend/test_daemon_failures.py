@@ -56,10 +56,13 @@ io = TensorIO()
 # -- daemons ---------------------------------------------------------------------
 
 
-def hccl_daemon(double_dir: Path, faults: str = "", mem_bytes: int = 0,
+def hccl_daemon(double_dir: Path, faults: str = "", mem_bytes: int = 0, one_sided: bool = True,
                 **overrides: Any) -> DaemonProcess:
-    """An hccl daemon (not started), with faults armed and a device size if given."""
+    """An hccl daemon (not started), with faults armed and a device size if given;
+    without ``one_sided`` its CANN answers the one-sided API with HCCL_E_NOT_SUPPORT."""
     env = {"HIXL_DOUBLE_FAULTS": faults} if faults else {}
+    if not one_sided:
+        env["HIXL_DOUBLE_ONE_SIDED"] = "0"
     if mem_bytes:
         env["HIXL_DOUBLE_DEVICE_MEM_BYTES"] = str(mem_bytes)
     settings: dict[str, Any] = {"ascend__device_pool_max_bytes": DEVICE_BUDGET}
@@ -261,7 +264,8 @@ LINK_ERROR = "ACL error 507056 (ACL_ERROR_RT_LINK_ERROR)"
 
 @pytest.mark.asyncio
 @pytest.mark.parametrize(("fault", "seen_by_decoder", "seen_by_prompt"), [
-    # the prompt side's batch fails on its stream: the decoder's half sees the peer go
+    # Two-sided (the prompt daemon's CANN refuses the one-sided API, so the link
+    # falls back): the prompt side's batch fails on its stream: the decoder's half sees the peer go
     ("exec:HcclBatchSendRecv=fail:507056:1", "ACL_ERROR_RT_SUSPECT_REMOTE_ERROR", LINK_ERROR),
     # half the bytes move, then the link is cut
     ("exec:HcclBatchSendRecv=sever:507056:1", "ACL_ERROR_RT_SUSPECT_REMOTE_ERROR", LINK_ERROR),
@@ -273,7 +277,7 @@ async def test_hccl_error_mid_transfer_fails_the_pull_and_the_link_recovers(
         seen_by_decoder: str, seen_by_prompt: str,
         next_cluster_id: Callable[[], int]) -> None:
     # The prompt daemon's first batch (its sends of the pull) fails.
-    with hccl_daemon(double_dir, faults=fault) as faulty:
+    with hccl_daemon(double_dir, faults=fault, one_sided=False) as faulty:
         async with linked(faulty, decode, next_cluster_id) as (prompt, decoder):
             key, data = await source(prompt, 3)
             dst = await decoder.cache_manager.allocate_cache(DESC)
@@ -290,16 +294,65 @@ async def test_hccl_error_mid_transfer_fails_the_pull_and_the_link_recovers(
             await decoder.cache_manager.pull_cache(key, dst)  # the same link, rebuilt
             assert contents(dst) == data
             link = await outbound_link(decode, decoder.cluster_id)
-            assert (link.transport, link.alive) == ("hccl", True)
+            assert (link.transport, link.alive, link.data_path) == ("hccl", True, "two-sided")
             await pull_ok(prompt, decoder, 4)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("fault", [
+    "exec:HcclBatchGet=fail:507056:1",  # the read fails on the linking side's stream
+    "HcclBatchGet=fail:19:1",  # HCCL refuses to queue it
+], ids=["stream-fail", "queue-fail"])
+async def test_one_sided_error_fails_the_pull_and_the_link_recovers(
+        runtime: AscendRuntime, double_dir: Path, prefill: DaemonProcess, fault: str,
+        next_cluster_id: Callable[[], int]) -> None:
+    # One-sided: only the linking (decoder) daemon queues anything, so it carries the fault.
+    with hccl_daemon(double_dir, faults=fault, ascend__devices=[1]) as faulty:
+        async with linked(prefill, faulty, next_cluster_id) as (prompt, decoder):
+            link = await outbound_link(faulty, decoder.cluster_id)
+            assert (link.data_path, link.alive) == ("one-sided", True)
+            key, data = await source(prompt, 3)
+            dst = await decoder.cache_manager.allocate_cache(DESC)
+            started = time.monotonic()
+            with pytest.raises(LLMException) as info:
+                await decoder.cache_manager.pull_cache(key, dst)
+            assert time.monotonic() - started < SLACK_S
+            assert "one-sided HCCL transfer" in str(info.value), info.value
+            link = await outbound_link(faulty, decoder.cluster_id)
+            assert (link.transport, link.alive) == ("hccl", False)  # communicator dropped
+            await decoder.cache_manager.pull_cache(key, dst)  # rebuilt and prepared again
+            assert contents(dst) == data
+            link = await outbound_link(faulty, decoder.cluster_id)
+            assert (link.alive, link.data_path) == (True, "one-sided")
+            await pull_ok(prompt, decoder, 4)
+
+
+@pytest.mark.asyncio
+async def test_one_sided_read_that_never_completes_times_out(
+        runtime: AscendRuntime, double_dir: Path, prefill: DaemonProcess,
+        next_cluster_id: Callable[[], int]) -> None:
+    with hccl_daemon(double_dir, faults="exec:HcclBatchGet=hang:0:1",
+                     ascend__devices=[1]) as stuck:
+        async with linked(prefill, stuck, next_cluster_id) as (prompt, decoder):
+            key, data = await source(prompt, 5)
+            dst = await decoder.cache_manager.allocate_cache(DESC)
+            started = time.monotonic()
+            with pytest.raises(LLMException) as info:
+                await decoder.cache_manager.pull_cache(key, dst)
+            elapsed = time.monotonic() - started
+            assert info.value.status_code == S.LLM_TIMEOUT, info.value
+            assert SYNC_MS / 1000 * 0.9 < elapsed < SLACK_S, elapsed
+            await decoder.cache_manager.pull_cache(key, dst)
+            assert contents(dst) == data
 
 
 @pytest.mark.asyncio
 async def test_peer_that_never_posts_times_out_then_the_link_recovers(
         runtime: AscendRuntime, double_dir: Path, decode: DaemonProcess,
         next_cluster_id: Callable[[], int]) -> None:
-    # The prompt daemon's first batch never runs (until its communicator goes).
-    with hccl_daemon(double_dir, faults="exec:HcclBatchSendRecv=hang:0:1") as stuck:
+    # Two-sided: the prompt daemon's first batch never runs (until its communicator goes).
+    with hccl_daemon(double_dir, faults="exec:HcclBatchSendRecv=hang:0:1",
+                     one_sided=False) as stuck:
         async with linked(stuck, decode, next_cluster_id) as (prompt, decoder):
             key, data = await source(prompt, 5)
             dst = await decoder.cache_manager.allocate_cache(DESC)

@@ -171,15 +171,21 @@ def test_other_threads_bind_the_device(device: ascend.Device) -> None:
 
 
 def test_unsafe_memcpy(device: ascend.Device) -> None:
-    with device.malloc(1) as a, device.malloc_host(64) as host, device.create_stream() as s:
+    with device.malloc(1) as a, device.malloc_host(128) as host, device.create_stream() as s:
         memoryview(host)[:4] = b"abcd"
         ascend.unsafe_memcpy(device, a.address + 8, host.address, 4,
                              ascend.MemcpyKind.HOST_TO_DEVICE)
         assert a.read(8, 4) == b"abcd"
-        ascend.unsafe_memcpy(device, host.address + 4, a.address + 8, 4,
+        ascend.unsafe_memcpy(device, a.address + 64, a.address + 8, 4,
+                             ascend.MemcpyKind.DEVICE_TO_DEVICE)
+        # queued copies need 64-byte aligned addresses (CANN's aclrtMemcpyAsync rule)
+        ascend.unsafe_memcpy(device, host.address + 64, a.address + 64, 4,
                              ascend.MemcpyKind.DEVICE_TO_HOST, s)
         s.synchronize()
-        assert bytes(memoryview(host)[4:8]) == b"abcd"
+        assert bytes(memoryview(host)[64:68]) == b"abcd"
+        with pytest.raises(ascend.AclError, match="64-byte aligned"):
+            ascend.unsafe_memcpy(device, host.address + 4, a.address + 8, 4,
+                                 ascend.MemcpyKind.DEVICE_TO_HOST, s)
         with pytest.raises(ascend.AclError) as caught:  # CANN's own check of the kind
             ascend.unsafe_memcpy(device, host.address, host.address + 8, 4,
                                  ascend.MemcpyKind.DEVICE_TO_DEVICE)

@@ -67,8 +67,9 @@ def ranks(runtime: ascend.AscendRuntime) -> Iterator[Ranks]:
 
 def test_device_ranges_are_byte_exact(device: ascend.Device) -> None:
     data = pattern(MIB, 5)
-    triples = ranges((0, 100, 1000), (70_000, 0, 1), (5000, 7, 0), (MIB - 10, MIB - 10, 10),
-                     (2000, 300_000, 65_536), (2000, 0, 16))  # the last overwrites the fifth
+    # every address 64-byte aligned: CANN's rule for aclrtMemcpyAsync, which the double enforces
+    triples = ranges((0, 128, 1000), (70_016, 0, 1), (5056, 64, 0), (MIB - 64, MIB - 64, 10),
+                     (2048, 300_032, 65_536), (2048, 0, 16))  # the last overwrites the fifth
     with device.create_stream() as s, device.malloc(MIB) as src, device.malloc(MIB) as dst:
         src.write(0, data)
         dst.write(0, bytes(MIB))
@@ -81,7 +82,7 @@ def test_device_ranges_are_byte_exact(device: ascend.Device) -> None:
 
 def test_many_ranges_in_one_call(device: ascend.Device) -> None:
     """A few thousand ranges: a transfer plan, gathered in reverse order."""
-    count, size = 4000, 200
+    count, size = 4000, 192
     data = pattern(count * size, 11)
     at = np.arange(count, dtype=np.uint64) * size
     triples = np.ascontiguousarray(np.stack([at[::-1], at, np.full(count, size, np.uint64)], 1))
@@ -99,22 +100,24 @@ def test_host_region_copies_through_a_mapping(device: ascend.Device, mapping: Ma
     before = ascend.live_objects()["host_regions"]
     with memoryview(mapping) as view:
         view[:MIB] = data
-    with device.create_stream() as s, device.malloc(MIB) as dbuf, \
+    # page-locked, as the daemon locks its host pools: CANN's async copies need it
+    with ascend.PinnedHost(device, mapping), device.create_stream() as s, \
+            device.malloc(MIB) as dbuf, \
             ascend.HostRegion(device, mapping, mapping.address, MIB) as low, \
             ascend.HostRegion(device, mapping, mapping.address + 2 * MIB, MIB) as high:
         assert (low.size, low.address, low.device) == (MIB, mapping.address, device)
         assert ascend.live_objects()["host_regions"] == before + 2
-        assert mapping.exports == 2
+        assert mapping.exports == 3
         with pytest.raises(BufferError):
             mapping.close()  # the regions keep it mapped
         s.memcpy_ranges(dbuf, low, ranges((0, 0, MIB // 2), (MIB // 2, MIB // 2, MIB // 2)))
-        s.memcpy_ranges(high, dbuf, ranges((10, 0, MIB - 10), (0, 3, 4)))
+        s.memcpy_ranges(high, dbuf, ranges((64, 0, MIB - 64), (0, 192, 4)))
         assert (low.pins, high.pins, dbuf.pins) == (1, 1, 2)
         s.synchronize(timeout_ms=5000)
         assert dbuf.read(0, MIB) == data
         # a HostRegion is a copy operand like a HostBuffer elsewhere too
         ascend.memcpy(low, 0, dbuf, 100, 5)
-        s.memcpy_async(dbuf, 0, high, 10, 16)
+        s.memcpy_async(dbuf, 0, high, 64, 16)
         s.synchronize(timeout_ms=5000)
         assert dbuf.read(0, 16) == data[:16]
     assert low.closed and high.closed
@@ -122,8 +125,8 @@ def test_host_region_copies_through_a_mapping(device: ascend.Device, mapping: Ma
     assert ascend.live_objects()["host_regions"] == before
     with memoryview(mapping) as view:
         assert bytes(view[:5]) == data[100:105]
-        assert bytes(view[2 * MIB:2 * MIB + 4]) == data[3:7]
-        assert bytes(view[2 * MIB + 10:3 * MIB]) == data[:MIB - 10]
+        assert bytes(view[2 * MIB:2 * MIB + 4]) == data[192:196]
+        assert bytes(view[2 * MIB + 64:3 * MIB]) == data[:MIB - 64]
 
 
 def test_host_region_checks_and_lifetime(device: ascend.Device, double: DoubleControl,
@@ -144,7 +147,8 @@ def test_host_region_checks_and_lifetime(device: ascend.Device, double: DoubleCo
     region = ascend.HostRegion(device, mapping, end - 4096, 4096)
     with pytest.raises(RuntimeError, match="initialized"):
         region.__init__(device, mapping, end - 4096, 4096)  # type: ignore[misc]
-    with device.create_stream() as s, device.malloc(1) as dbuf:
+    with ascend.PinnedHost(device, mapping), device.create_stream() as s, \
+            device.malloc(1) as dbuf:
         double.delay("exec:aclrtMemcpyAsync", 200)
         s.memcpy_ranges(dbuf, region, ranges((0, 0, 4096)))
         with pytest.raises(BufferError):
@@ -216,10 +220,10 @@ def test_host_to_host_is_refused_by_cann(device: ascend.Device, mapping: Mapping
 
 def test_a_refused_copy_leaves_the_earlier_ones_queued(device: ascend.Device,
                                                       double: DoubleControl) -> None:
-    data = pattern(400, 3)
-    triples = ranges((0, 0, 100), (100, 100, 100), (200, 200, 100), (300, 300, 100))
+    data = pattern(512, 3)
+    triples = ranges((0, 0, 128), (128, 128, 128), (256, 256, 128), (384, 384, 128))
     with device.create_stream() as s, device.malloc(1) as a, device.malloc(1) as b:
-        a.write(0, bytes(400))
+        a.write(0, bytes(512))
         b.write(0, data)
         double.fail("aclrtMemcpyAsync", 207001, skip=2)
         with pytest.raises(ascend.AclError) as caught:
@@ -228,14 +232,14 @@ def test_a_refused_copy_leaves_the_earlier_ones_queued(device: ascend.Device,
         assert a.pins == b.pins == 1  # the two queued copies still use them
         s.synchronize(timeout_ms=5000)
         assert a.pins == b.pins == 0
-        assert a.read(0, 400) == data[:200] + bytes(200)
+        assert a.read(0, 512) == data[:256] + bytes(256)
 
 
 def test_a_failed_copy_task_surfaces_at_synchronize(device: ascend.Device,
                                                     double: DoubleControl) -> None:
     with device.create_stream() as s, device.malloc(1) as a, device.malloc(1) as b:
         double.fail("exec:aclrtMemcpyAsync", 507053, skip=1)
-        s.memcpy_ranges(a, b, ranges((0, 0, 8), (8, 8, 8), (16, 16, 8)))
+        s.memcpy_ranges(a, b, ranges((0, 0, 8), (64, 64, 8), (128, 128, 8)))
         with pytest.raises(ascend.AclError) as caught:
             s.synchronize(timeout_ms=5000)
         assert caught.value.code == 507053
@@ -246,7 +250,7 @@ def test_gil_released_while_queueing(device: ascend.Device, double: DoubleContro
     with device.create_stream() as s, device.malloc(1) as a, device.malloc(1) as b:
         double.delay("aclrtMemcpyAsync", 300)
         calibration, during, elapsed = progress_during(
-            lambda: s.memcpy_ranges(a, b, ranges((0, 0, 8), (8, 8, 8))))
+            lambda: s.memcpy_ranges(a, b, ranges((0, 0, 8), (64, 64, 8))))
         s.synchronize(timeout_ms=5000)
     assert elapsed >= 0.25
     assert during > calibration, (calibration, during)

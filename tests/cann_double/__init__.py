@@ -19,9 +19,8 @@ What is simulated:
   (``ACL_ERROR_RT_MEMORY_ALLOCATION``). ``aclrtMemcpy`` checks that the kind
   matches the addresses (device ranges must lie in device memory).
   ``aclrtMemcpyAsync`` refuses ``ACL_MEMCPY_HOST_TO_HOST`` with 207000
-  (``ACL_ERROR_RT_FEATURE_NOT_SUPPORT``), as CANN does. Unlike CANN, it stays
-  asynchronous for host memory that is not page-locked (CANN 8.5 and later
-  return only once such a copy is done).
+  (``ACL_ERROR_RT_FEATURE_NOT_SUPPORT``), as CANN does, and host memory that
+  is not page-locked (below).
 * IPC: keys ``cann-double:<pid>:<n>``; the exporter serves the memfd over an
   abstract unix socket, so another process maps the same bytes. The pid
   whitelist of ``aclrtIpcMemSetImportPid`` is checked (207006 otherwise).
@@ -34,13 +33,27 @@ What is simulated:
   rank that never joins fails ``HcclCommInitRootInfo`` with ``HCCL_E_TIMEOUT``
   after ``HIXL_DOUBLE_CONNECT_TIMEOUT_MS`` (default 120000). A peer lost in
   mid-transfer fails the stream with 507057 (``ACL_ERROR_RT_SUSPECT_REMOTE_ERROR``).
+* One-sided HCCL (``hccl_double_onesided.c``; left out by ``build(...,
+  one_sided=False)``, a libhccl.so without those symbols): registration,
+  binding, ``HcclCommPrepare`` (each rank passes its bound memory's memfds to
+  the other, which maps them) and ``HcclBatchGet`` / ``HcclBatchPut`` as
+  stream tasks copying to or from the peer's memory, the peer doing nothing.
+  ``HIXL_DOUBLE_ONE_SIDED=0`` makes every one-sided entry point answer
+  ``HCCL_E_NOT_SUPPORT`` (a product whose HCCL exports the API without it).
+* CANN's documented rules, refused with the code CANN uses (each cites its
+  page in the C source): two sends (or receives) for one rank in one
+  ``HcclBatchSendRecv``; ``aclrtMemcpyAsync`` of addresses not 64-byte aligned
+  or of host memory neither from ``aclrtMallocHost`` nor ``aclrtHostRegister``
+  (107000); more than 256 descriptors per one-sided call, one-sided transfers
+  before ``HcclCommPrepare`` or of memory not bound, binding after preparing,
+  deregistering bound memory (``HCCL_E_PARA``).
 
 Fault injection, by `DoubleControl` (ctypes) or the environment variable
 ``HIXL_DOUBLE_FAULTS="point=action[:arg[:count[:skip]]];..."`` (read once, for
 child processes). A *point* is an entry point name (``"aclrtMalloc"``,
 ``"HcclSend"``: the call itself) or ``"exec:<name>"`` for a task running on a
 stream (``"exec:HcclSend"``, ``"exec:HcclRecv"``, ``"exec:HcclBatchSendRecv"``,
-``"exec:aclrtMemcpyAsync"``). After ``skip`` calls pass, the next ``count``
+``"exec:aclrtMemcpyAsync"``, ``"exec:HcclBatchGet"``, ``"exec:HcclBatchPut"``). After ``skip`` calls pass, the next ``count``
 (-1: all) get the *action*:
 
 * ``fail``: return (or fail the task with) the code ``arg``;
@@ -59,7 +72,8 @@ from pathlib import Path
 __all__ = ["DELAY", "FAIL", "HANG", "SEVER", "DoubleControl"]
 
 FAIL, DELAY, HANG, SEVER = 1, 2, 3, 4
-_LIVE_KINDS = ("device_memory", "host_memory", "imports", "streams", "comms")
+_LIVE_KINDS = ("device_memory", "host_memory", "imports", "streams", "comms",
+               "host_registrations", "global_memory")
 
 
 class DoubleControl:

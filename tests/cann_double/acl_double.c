@@ -594,6 +594,9 @@ DBL_EXPORT aclError aclrtMemcpyAsync(void *dst, size_t destMax, const void *src,
     if (kind == H2H)
         return hixl_double_fail(ACL_ERROR_RT_FEATURE_NOT_SUPPORT,
                                 "aclrtMemcpyAsync: ACL_MEMCPY_HOST_TO_HOST is not supported");
+    rc = hixl_double_check_async_copy("aclrtMemcpyAsync", dst, src, count);
+    if (rc)
+        return rc;
     copy_task *t = malloc(sizeof *t);
     if (!t)
         return hixl_double_fail(ACL_ERROR_RT_MEMORY_ALLOCATION, "aclrtMemcpyAsync: out of memory");

@@ -47,6 +47,8 @@ void unlink_mem_locked(dbl_mem *m);
 void *map_aligned(int fd, size_t len, void **map_base, size_t *map_len);
 size_t page_round(uint64_t n);
 void release_mem(dbl_mem *m);
+/* aclrtMemcpyAsync's operand rules (acl_double_pinned.c): 0 or the error. */
+int hixl_double_check_async_copy(const char *api, const void *dst, const void *src, size_t count);
 
 #define CALL_PROLOGUE(name)                                                          \
     do {                                                                             \

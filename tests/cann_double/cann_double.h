@@ -104,6 +104,7 @@ DBL_EXPORT int hixl_double_is_device_range(const void *ptr, uint64_t n);
 DBL_EXPORT void hixl_double_count(int kind, int delta);
 
 enum { DBL_LIVE_DEVMEM, DBL_LIVE_HOSTMEM, DBL_LIVE_IMPORTS, DBL_LIVE_STREAMS, DBL_LIVE_COMMS,
+       DBL_LIVE_HOST_REGS, DBL_LIVE_GLOBAL_MEMS, /* acl_double_pinned.c, hccl_double_onesided.c */
        DBL_LIVE_KINDS };
 
 /* A stream task: runs on the stream's worker thread. `abort_fd` becomes
@@ -114,6 +115,14 @@ typedef int (*dbl_task_fn)(void *ctx, int abort_fd, dbl_fault fault);
 
 DBL_EXPORT int hixl_double_stream_submit(aclrtStream stream, const char *exec_point,
                                          dbl_task_fn run, void (*release)(void *ctx), void *ctx);
+
+/* ---- one-sided HCCL and pinned host memory (acl_double_pinned.c) ---- */
+/* The device allocation (owned or imported) holding [ptr, ptr + n): its
+ * base, size and a dup of its memfd (the caller closes it). 0, or -1. */
+DBL_EXPORT int hixl_double_device_fd(const void *ptr, uint64_t n, uint8_t **base, uint64_t *size,
+                                     int *fd);
+/* 1 if [ptr, ptr + n) is page-locked host memory: aclrtMallocHost or aclrtHostRegister. */
+DBL_EXPORT int hixl_double_is_pinned_host(const void *ptr, uint64_t n);
 
 /* ---- small helpers shared by both libraries (static: each library has its own copy) ---- */
 #include <poll.h>

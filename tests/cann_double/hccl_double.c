@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "cann_double.h"
+#include "hccl_double_internal.h"
 
 #define ROOT_MAGIC "CANNDBL1"
 #define WIRE_MAGIC 0x4842444cu /* "LDBH" */
@@ -45,15 +46,6 @@ typedef struct root_listener {
     int claimed;
 } root_listener;
 
-typedef struct dbl_comm {
-    struct dbl_comm *next;
-    pthread_mutex_t mu;
-    int refs;
-    uint32_t rank, peer;
-    int out_fd; /* our data out, acks in */
-    int in_fd;  /* peer data in, acks out */
-    int abort_fd;
-} dbl_comm;
 
 typedef struct {
     uint32_t magic, rank, nranks, dir;
@@ -70,7 +62,7 @@ static pthread_mutex_t g_hlock = PTHREAD_MUTEX_INITIALIZER;
 static root_listener *g_listeners;
 static dbl_comm *g_comms;
 
-static int hfail(int code, const char *fmt, const char *a)
+int hfail(int code, const char *fmt, const char *a)
 {
     return hixl_double_fail(code, fmt, a);
 }
@@ -91,7 +83,7 @@ DBL_EXPORT const char *HcclGetErrorString(HcclResult code)
     return code == 1041 ? "the error information is in the status" : "unknown error";
 }
 
-static int hccl_prologue(const char *api)
+int hccl_prologue(const char *api)
 {
     int rc = hixl_double_fault_call(api);
     if (rc)
@@ -172,7 +164,7 @@ static void drop_listener(root_listener *l)
 
 /* Blocking-with-deadline transfer of exactly n bytes on a non-blocking fd.
  * Returns 0, or 2 on timeout, or -1 on EOF/error. */
-static int xfer_exact(int fd, void *buf, size_t n, int writing, uint64_t deadline)
+int xfer_exact(int fd, void *buf, size_t n, int writing, uint64_t deadline)
 {
     size_t done = 0;
     while (done < n) {
@@ -313,7 +305,7 @@ DBL_EXPORT HcclResult HcclCommInitRootInfo(uint32_t nRanks, const HcclRootInfo *
     return HCCL_SUCCESS;
 }
 
-static dbl_comm *comm_ref(HcclComm comm)
+dbl_comm *comm_ref(HcclComm comm)
 {
     pthread_mutex_lock(&g_hlock);
     dbl_comm *c = g_comms;
@@ -325,10 +317,18 @@ static dbl_comm *comm_ref(HcclComm comm)
     return c;
 }
 
-static void comm_unref(dbl_comm *c)
+/* Without the one-sided API in the build (build.py, one_sided=False) there is
+ * no one-sided state to drop; hccl_double_onesided.c replaces this. */
+__attribute__((weak)) void dbl_one_sided_free(dbl_comm *c)
+{
+    (void)c;
+}
+
+void comm_unref(dbl_comm *c)
 {
     if (__atomic_sub_fetch(&c->refs, 1, __ATOMIC_SEQ_CST))
         return;
+    dbl_one_sided_free(c); /* bindings and the peer's prepared memory */
     close(c->out_fd);
     close(c->in_fd);
     close(c->abort_fd);
@@ -385,7 +385,7 @@ static void op_release(void *ctx)
     free(o);
 }
 
-static uint64_t dtype_size(HcclDataType dt)
+uint64_t dtype_size(HcclDataType dt)
 {
     static const uint8_t sizes[] = {1, 2, 4, 2, 4, 8, 8, 1, 2, 4, 8, 2, 16};
     return dt >= 0 && (size_t)dt < sizeof sizes ? sizes[dt] : 0;
@@ -650,6 +650,23 @@ DBL_EXPORT HcclResult HcclBatchSendRecv(HcclSendRecvItem *sendRecvInfo, uint32_t
             break;
         }
         rc = check_buffer(api, c, it->buf, it->count, it->dataType, it->remoteRank, &n);
+        if (rc)
+            break;
+        /* CANN 8.0 HcclBatchSendRecv page (hcclcpp_07_0026, "约束说明"): the task
+         * list must not hold two send tasks to, or two receive tasks from, the
+         * same rank; the 8.2 HCCL user guide (hcclug_000011) allows one memory
+         * block per direction between two ranks per call. */
+        for (uint32_t j = 0; j < i; j++) {
+            if (sendRecvInfo[j].sendRecvType == it->sendRecvType &&
+                sendRecvInfo[j].remoteRank == it->remoteRank) {
+                rc = hixl_double_fail(HCCL_E_PARA,
+                                      "%s: items %u and %u are both %s rank %u; CANN allows one "
+                                      "per rank and direction in a call",
+                                      api, j, i, it->sendRecvType == 0 ? "sends to" : "receives from",
+                                      it->remoteRank);
+                break;
+            }
+        }
         if (rc)
             break;
         seg *dst = it->sendRecvType == 0 ? &sends[o->ns++] : &recvs[o->nr++];

@@ -39,6 +39,16 @@ typedef struct {
     hixl_HcclBatchSendRecv_fn HcclBatchSendRecv;
     hixl_HcclCommDestroy_fn HcclCommDestroy;
     hixl_HcclGetErrorString_fn HcclGetErrorString;
+    /* one-sided HCCL and pinned host memory */
+    hixl_HcclRegisterGlobalMem_fn HcclRegisterGlobalMem;
+    hixl_HcclDeregisterGlobalMem_fn HcclDeregisterGlobalMem;
+    hixl_HcclCommBindMem_fn HcclCommBindMem;
+    hixl_HcclCommUnbindMem_fn HcclCommUnbindMem;
+    hixl_HcclCommPrepare_fn HcclCommPrepare;
+    hixl_HcclBatchPut_fn HcclBatchPut;
+    hixl_HcclBatchGet_fn HcclBatchGet;
+    hixl_aclrtHostRegister_fn aclrtHostRegister;
+    hixl_aclrtHostUnregister_fn aclrtHostUnregister;
 } cann_table;
 
 /* One entry point: where its pointer goes, which library holds it, whether
@@ -80,6 +90,16 @@ static const symbol_spec SYMBOLS[] = {
     SYM(HcclCommDestroy, HIXL_LIB_HCCL, 0),
     SYM(HcclBatchSendRecv, HIXL_LIB_HCCL, HIXL_ACL_HAS_BATCH),
     SYM(HcclGetErrorString, HIXL_LIB_HCCL, HIXL_ACL_HAS_ERR_STRING),
+    /* one-sided HCCL and pinned host memory */
+    SYM(HcclRegisterGlobalMem, HIXL_LIB_HCCL, HIXL_ACL_HAS_ONE_SIDED),
+    SYM(HcclDeregisterGlobalMem, HIXL_LIB_HCCL, HIXL_ACL_HAS_ONE_SIDED),
+    SYM(HcclCommBindMem, HIXL_LIB_HCCL, HIXL_ACL_HAS_ONE_SIDED),
+    SYM(HcclCommUnbindMem, HIXL_LIB_HCCL, HIXL_ACL_HAS_ONE_SIDED),
+    SYM(HcclCommPrepare, HIXL_LIB_HCCL, HIXL_ACL_HAS_ONE_SIDED),
+    SYM(HcclBatchPut, HIXL_LIB_HCCL, HIXL_ACL_HAS_ONE_SIDED),
+    SYM(HcclBatchGet, HIXL_LIB_HCCL, HIXL_ACL_HAS_ONE_SIDED),
+    SYM(aclrtHostRegister, HIXL_LIB_ACL, HIXL_ACL_HAS_HOST_REGISTER),
+    SYM(aclrtHostUnregister, HIXL_LIB_ACL, HIXL_ACL_HAS_HOST_REGISTER),
 };
 #define NSYMBOLS (sizeof SYMBOLS / sizeof SYMBOLS[0])
 #define ALL_IPC_SYMBOLS 4
@@ -128,10 +148,11 @@ static int resolve_all(void *acl, void *hccl, cann_table *t, unsigned *features,
         }
         missing |= s->feature;
     }
-    *features = 0;
-    for (unsigned bit = 1; bit <= HIXL_ACL_HAS_ERR_STRING; bit <<= 1)
-        if (!(missing & bit))
-            *features |= bit;
+    /* a feature is usable only when every entry point of it was found */
+    unsigned known = 0;
+    for (size_t i = 0; i < NSYMBOLS; i++)
+        known |= SYMBOLS[i].feature;
+    *features = known & ~missing;
     /* IPC is usable only with all four entry points */
     if (ipc_found != ALL_IPC_SYMBOLS)
         *features &= ~(unsigned)HIXL_ACL_HAS_IPC;
@@ -480,4 +501,85 @@ int hixl_hccl_comm_destroy(int32_t dev, HcclComm comm)
 {
     BIND(dev);
     HCCL_RET("HcclCommDestroy", g.HcclCommDestroy(comm));
+}
+
+
+/* ============== one-sided HCCL and pinned host memory (issue 18) ============== */
+
+#define NEED_FEATURE(bit, lib, api)          \
+    do {                                     \
+        if (!(g_features & (bit)))           \
+            return absent(lib, api);         \
+    } while (0)
+
+int hixl_hccl_register_global(int32_t dev, int type, void *addr, uint64_t size, void **handle)
+{
+    BIND(dev);
+    NEED_FEATURE(HIXL_ACL_HAS_ONE_SIDED, HIXL_LIB_HCCL, "HcclRegisterGlobalMem");
+    HcclMem mem = {type, addr, size};
+    HCCL_RET("HcclRegisterGlobalMem", g.HcclRegisterGlobalMem(&mem, handle));
+}
+
+int hixl_hccl_deregister_global(int32_t dev, void *handle)
+{
+    BIND(dev);
+    NEED_FEATURE(HIXL_ACL_HAS_ONE_SIDED, HIXL_LIB_HCCL, "HcclDeregisterGlobalMem");
+    HCCL_RET("HcclDeregisterGlobalMem", g.HcclDeregisterGlobalMem(handle));
+}
+
+int hixl_hccl_bind_mem(int32_t dev, HcclComm comm, void *handle)
+{
+    BIND(dev);
+    NEED_FEATURE(HIXL_ACL_HAS_ONE_SIDED, HIXL_LIB_HCCL, "HcclCommBindMem");
+    HCCL_RET("HcclCommBindMem", g.HcclCommBindMem(comm, handle));
+}
+
+int hixl_hccl_unbind_mem(int32_t dev, HcclComm comm, void *handle)
+{
+    BIND(dev);
+    NEED_FEATURE(HIXL_ACL_HAS_ONE_SIDED, HIXL_LIB_HCCL, "HcclCommUnbindMem");
+    HCCL_RET("HcclCommUnbindMem", g.HcclCommUnbindMem(comm, handle));
+}
+
+int hixl_hccl_prepare(int32_t dev, HcclComm comm, int32_t timeout_s)
+{
+    BIND(dev);
+    NEED_FEATURE(HIXL_ACL_HAS_ONE_SIDED, HIXL_LIB_HCCL, "HcclCommPrepare");
+    HcclPrepareConfig config;
+    memset(&config, 0, sizeof config);
+    config.topoType = HCCL_TOPO_FULLMESH;
+    HCCL_RET("HcclCommPrepare", g.HcclCommPrepare(comm, &config, timeout_s));
+}
+
+int hixl_hccl_one_sided(int32_t dev, HcclComm comm, int put, uint32_t peer,
+                        HcclOneSideOpDesc *desc, size_t n, aclrtStream stream, size_t *queued)
+{
+    *queued = 0;
+    BIND(dev);
+    const char *api = put ? "HcclBatchPut" : "HcclBatchGet";
+    NEED_FEATURE(HIXL_ACL_HAS_ONE_SIDED, HIXL_LIB_HCCL, api);
+    while (*queued < n) {
+        size_t left = n - *queued;
+        uint32_t k = left > HIXL_HCCL_MAX_DESC_NUM ? HIXL_HCCL_MAX_DESC_NUM : (uint32_t)left;
+        HcclResult rc = put ? g.HcclBatchPut(comm, peer, desc + *queued, k, stream)
+                            : g.HcclBatchGet(comm, peer, desc + *queued, k, stream);
+        if (rc)
+            return hccl_fail(rc, api);
+        *queued += k;
+    }
+    return 0;
+}
+
+int hixl_acl_host_register(int32_t dev, void *ptr, uint64_t size, void **dev_ptr)
+{
+    BIND(dev);
+    NEED_FEATURE(HIXL_ACL_HAS_HOST_REGISTER, HIXL_LIB_ACL, "aclrtHostRegister");
+    ACL_RET("aclrtHostRegister", g.aclrtHostRegister(ptr, size, ACL_HOST_REGISTER_MAPPED, dev_ptr));
+}
+
+int hixl_acl_host_unregister(int32_t dev, void *ptr)
+{
+    BIND(dev);
+    NEED_FEATURE(HIXL_ACL_HAS_HOST_REGISTER, HIXL_LIB_ACL, "aclrtHostUnregister");
+    ACL_RET("aclrtHostUnregister", g.aclrtHostUnregister(ptr));
 }

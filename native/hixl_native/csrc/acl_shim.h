@@ -188,4 +188,82 @@ int hixl_hccl_batch(int32_t dev, HcclSendRecvItem *items, uint32_t n, HcclComm c
                     aclrtStream stream);
 int hixl_hccl_comm_destroy(int32_t dev, HcclComm comm);
 
+/* ==== one-sided HCCL and pinned host memory (issue 18, data path) ====
+ *
+ * Declarations written from HCCL's hccl/hccl_one_sided_services.h and
+ * hccl_mem_defs.h (CANN 8.2 and later, the hcomm repository of CANN's open
+ * source) and the runtime's acl_rt.h: HcclMem {type, addr, size},
+ * HcclOneSideOpDesc {localAddr, remoteAddr, count, dataType} and
+ * HcclPrepareConfig {topoType, three reserved uint64}. All of them are
+ * optional: HIXL_ACL_HAS_ONE_SIDED is set only when every one of the seven
+ * HCCL entry points is present, HIXL_ACL_HAS_HOST_REGISTER when both
+ * aclrtHostRegister and aclrtHostUnregister are.
+ */
+enum { HCCL_MEM_TYPE_DEVICE = 0, HCCL_MEM_TYPE_HOST = 1 };
+enum { HCCL_TOPO_FULLMESH = 0 };
+enum { ACL_HOST_REGISTER_MAPPED = 0 }; /* aclrtHostRegisterType */
+/* "the count of HcclOneSideOpDesc exceeds specification": HCCL's
+ * HcclBatchPut / HcclBatchGet refuse more descriptors per call (MAX_DESC_NUM
+ * of hccl_one_sided_services.cc; HIXL's comm_channel.cc batches by the same
+ * 256). */
+#define HIXL_HCCL_MAX_DESC_NUM 256u
+
+typedef struct {
+    int type; /* HcclMemType */
+    void *addr;
+    uint64_t size;
+} HcclMem;
+
+typedef struct {
+    void *localAddr;
+    void *remoteAddr;
+    uint64_t count;
+    HcclDataType dataType;
+} HcclOneSideOpDesc;
+
+typedef struct {
+    int topoType; /* HcclTopoType */
+    uint64_t rsvd0;
+    uint64_t rsvd1;
+    uint64_t rsvd2;
+} HcclPrepareConfig;
+
+typedef HcclResult (*hixl_HcclRegisterGlobalMem_fn)(const HcclMem *mem, void **memHandle);
+typedef HcclResult (*hixl_HcclDeregisterGlobalMem_fn)(void *memHandle);
+typedef HcclResult (*hixl_HcclCommBindMem_fn)(HcclComm comm, void *memHandle);
+typedef HcclResult (*hixl_HcclCommUnbindMem_fn)(HcclComm comm, void *memHandle);
+typedef HcclResult (*hixl_HcclCommPrepare_fn)(HcclComm comm, const HcclPrepareConfig *config,
+                                              int32_t timeout);
+typedef HcclResult (*hixl_HcclBatchPut_fn)(HcclComm comm, uint32_t remoteRank,
+                                           HcclOneSideOpDesc *desc, uint32_t descNum,
+                                           aclrtStream stream);
+typedef HcclResult (*hixl_HcclBatchGet_fn)(HcclComm comm, uint32_t remoteRank,
+                                           HcclOneSideOpDesc *desc, uint32_t descNum,
+                                           aclrtStream stream);
+typedef aclError (*hixl_aclrtHostRegister_fn)(void *ptr, uint64_t size, int type, void **devPtr);
+typedef aclError (*hixl_aclrtHostUnregister_fn)(void *ptr);
+
+enum {
+    HIXL_ACL_HAS_ONE_SIDED = 1 << 6,     /* HcclRegisterGlobalMem ... HcclBatchGet (all seven) */
+    HIXL_ACL_HAS_HOST_REGISTER = 1 << 7, /* aclrtHostRegister, aclrtHostUnregister */
+};
+
+/* Registers [addr, addr + size) of `type` for one-sided access by any
+ * communicator of the process it is later bound to. */
+int hixl_hccl_register_global(int32_t dev, int type, void *addr, uint64_t size, void **handle);
+int hixl_hccl_deregister_global(int32_t dev, void *handle);
+int hixl_hccl_bind_mem(int32_t dev, HcclComm comm, void *handle);
+int hixl_hccl_unbind_mem(int32_t dev, HcclComm comm, void *handle);
+/* Makes the communicator's links ready in advance (full mesh); timeout in
+ * seconds, 0 for HCCL_CONNECT_TIMEOUT. */
+int hixl_hccl_prepare(int32_t dev, HcclComm comm, int32_t timeout_s);
+/* Queues `n` descriptors as HcclBatchPut (put) or HcclBatchGet calls of at
+ * most HIXL_HCCL_MAX_DESC_NUM each, in order, on `stream`. On failure
+ * `*queued` says how many descriptors were queued before it. */
+int hixl_hccl_one_sided(int32_t dev, HcclComm comm, int put, uint32_t peer,
+                        HcclOneSideOpDesc *desc, size_t n, aclrtStream stream, size_t *queued);
+int hixl_acl_host_register(int32_t dev, void *ptr, uint64_t size, void **dev_ptr);
+int hixl_acl_host_unregister(int32_t dev, void *ptr);
+/* ==== end of the one-sided section ==== */
+
 #endif

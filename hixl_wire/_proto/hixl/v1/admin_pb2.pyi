@@ -58,7 +58,7 @@ class ClusterStatus(_message.Message):
     def __init__(self, cluster_id: _Optional[int] = ..., role: _Optional[str] = ..., session_id: _Optional[str] = ..., caches: _Optional[int] = ..., keys: _Optional[int] = ..., options: _Optional[_Mapping[str, str]] = ..., repeat_shapes: _Optional[int] = ..., repeated_transfers: _Optional[int] = ..., repeats_answered_at_once: _Optional[int] = ...) -> None: ...
 
 class LinkStatus(_message.Message):
-    __slots__ = ("local_cluster_id", "remote_cluster_id", "remote_daemon_id", "remote_peer_address", "transport", "streams", "alive", "direction")
+    __slots__ = ("local_cluster_id", "remote_cluster_id", "remote_daemon_id", "remote_peer_address", "transport", "streams", "alive", "direction", "data_path")
     LOCAL_CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     REMOTE_CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     REMOTE_DAEMON_ID_FIELD_NUMBER: _ClassVar[int]
@@ -67,6 +67,7 @@ class LinkStatus(_message.Message):
     STREAMS_FIELD_NUMBER: _ClassVar[int]
     ALIVE_FIELD_NUMBER: _ClassVar[int]
     DIRECTION_FIELD_NUMBER: _ClassVar[int]
+    DATA_PATH_FIELD_NUMBER: _ClassVar[int]
     local_cluster_id: int
     remote_cluster_id: int
     remote_daemon_id: str
@@ -75,7 +76,8 @@ class LinkStatus(_message.Message):
     streams: int
     alive: bool
     direction: str
-    def __init__(self, local_cluster_id: _Optional[int] = ..., remote_cluster_id: _Optional[int] = ..., remote_daemon_id: _Optional[str] = ..., remote_peer_address: _Optional[str] = ..., transport: _Optional[str] = ..., streams: _Optional[int] = ..., alive: _Optional[bool] = ..., direction: _Optional[str] = ...) -> None: ...
+    data_path: str
+    def __init__(self, local_cluster_id: _Optional[int] = ..., remote_cluster_id: _Optional[int] = ..., remote_daemon_id: _Optional[str] = ..., remote_peer_address: _Optional[str] = ..., transport: _Optional[str] = ..., streams: _Optional[int] = ..., alive: _Optional[bool] = ..., direction: _Optional[str] = ..., data_path: _Optional[str] = ...) -> None: ...
 
 class PoolStatus(_message.Message):
     __slots__ = ("pool_id", "cluster_id", "placement", "size", "used", "free", "page_size")

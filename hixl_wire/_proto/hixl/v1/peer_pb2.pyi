@@ -126,8 +126,10 @@ class HcclConnectRequest(_message.Message):
     def __init__(self, link_token: _Optional[int] = ..., root_info: _Optional[bytes] = ...) -> None: ...
 
 class HcclConnectReply(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("one_sided",)
+    ONE_SIDED_FIELD_NUMBER: _ClassVar[int]
+    one_sided: bool
+    def __init__(self, one_sided: _Optional[bool] = ...) -> None: ...
 
 class HcclPostRequest(_message.Message):
     __slots__ = ("link_token", "send", "region_id", "ranges", "timeout_ms")
@@ -146,3 +148,35 @@ class HcclPostRequest(_message.Message):
 class HcclPostReply(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class HcclPrepareRequest(_message.Message):
+    __slots__ = ("link_token", "timeout_ms")
+    LINK_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    link_token: int
+    timeout_ms: int
+    def __init__(self, link_token: _Optional[int] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class HcclPrepareReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class HcclRegionRequest(_message.Message):
+    __slots__ = ("link_token", "region_id")
+    LINK_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    REGION_ID_FIELD_NUMBER: _ClassVar[int]
+    link_token: int
+    region_id: int
+    def __init__(self, link_token: _Optional[int] = ..., region_id: _Optional[int] = ...) -> None: ...
+
+class HcclRegionReply(_message.Message):
+    __slots__ = ("address", "size", "writable", "bound")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    WRITABLE_FIELD_NUMBER: _ClassVar[int]
+    BOUND_FIELD_NUMBER: _ClassVar[int]
+    address: int
+    size: int
+    writable: bool
+    bound: bool
+    def __init__(self, address: _Optional[int] = ..., size: _Optional[int] = ..., writable: _Optional[bool] = ..., bound: _Optional[bool] = ...) -> None: ...

@@ -69,6 +69,16 @@ class PeerStub:
                 request_serializer=hixl_dot_v1_dot_peer__pb2.HcclPostRequest.SerializeToString,
                 response_deserializer=hixl_dot_v1_dot_peer__pb2.HcclPostReply.FromString,
                 _registered_method=True)
+        self.HcclPrepare = channel.unary_unary(
+                '/hixl.v1.Peer/HcclPrepare',
+                request_serializer=hixl_dot_v1_dot_peer__pb2.HcclPrepareRequest.SerializeToString,
+                response_deserializer=hixl_dot_v1_dot_peer__pb2.HcclPrepareReply.FromString,
+                _registered_method=True)
+        self.HcclRegion = channel.unary_unary(
+                '/hixl.v1.Peer/HcclRegion',
+                request_serializer=hixl_dot_v1_dot_peer__pb2.HcclRegionRequest.SerializeToString,
+                response_deserializer=hixl_dot_v1_dot_peer__pb2.HcclRegionReply.FromString,
+                _registered_method=True)
 
 
 class PeerServicer:
@@ -130,6 +140,24 @@ class PeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def HcclPrepare(self, request, context):
+        """hccl backend, one-sided links: binds the linked cluster's device memory
+        to the link's communicator and prepares it (HcclCommPrepare, with the
+        caller doing the same at once); returns once both sides are ready.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def HcclRegion(self, request, context):
+        """hccl backend, one-sided links: where a device region of the linked
+        cluster lies in this daemon's process, for HcclBatchGet / HcclBatchPut.
+        Asked once per region and link; transfers then need nothing of this daemon.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -167,6 +195,16 @@ def add_PeerServicer_to_server(servicer, server):
                     servicer.HcclPost,
                     request_deserializer=hixl_dot_v1_dot_peer__pb2.HcclPostRequest.FromString,
                     response_serializer=hixl_dot_v1_dot_peer__pb2.HcclPostReply.SerializeToString,
+            ),
+            'HcclPrepare': grpc.unary_unary_rpc_method_handler(
+                    servicer.HcclPrepare,
+                    request_deserializer=hixl_dot_v1_dot_peer__pb2.HcclPrepareRequest.FromString,
+                    response_serializer=hixl_dot_v1_dot_peer__pb2.HcclPrepareReply.SerializeToString,
+            ),
+            'HcclRegion': grpc.unary_unary_rpc_method_handler(
+                    servicer.HcclRegion,
+                    request_deserializer=hixl_dot_v1_dot_peer__pb2.HcclRegionRequest.FromString,
+                    response_serializer=hixl_dot_v1_dot_peer__pb2.HcclRegionReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -358,6 +396,60 @@ class Peer:
             '/hixl.v1.Peer/HcclPost',
             hixl_dot_v1_dot_peer__pb2.HcclPostRequest.SerializeToString,
             hixl_dot_v1_dot_peer__pb2.HcclPostReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HcclPrepare(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hixl.v1.Peer/HcclPrepare',
+            hixl_dot_v1_dot_peer__pb2.HcclPrepareRequest.SerializeToString,
+            hixl_dot_v1_dot_peer__pb2.HcclPrepareReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HcclRegion(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hixl.v1.Peer/HcclRegion',
+            hixl_dot_v1_dot_peer__pb2.HcclRegionRequest.SerializeToString,
+            hixl_dot_v1_dot_peer__pb2.HcclRegionReply.FromString,
             options,
             channel_credentials,
             insecure,

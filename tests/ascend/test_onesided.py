@@ -1,0 +1,367 @@
+"""One-sided HCCL (HcclBatchGet / HcclBatchPut of registered memory), the
+rule-obeying two-sided batches and page-locked host memory, through the shim
+against the CANN double: byte-exact transfers, and the double refusing what
+CANN's documentation forbids, so that hixl relying on it fails here."""
+
+from __future__ import annotations
+
+import ctypes
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import hixl_native
+import numpy as np
+import pytest
+
+from tests.ascend._peer import pattern
+from tests.ascend.conftest import MIB, child_env
+from tests.ascend.test_hccl import comm_pair
+
+if TYPE_CHECKING:
+    from hixl_native import _ascend as ascend
+else:
+    ascend = pytest.importorskip("hixl_native._ascend")
+
+HCCL_E_PARA = 1
+ACL_ERROR_RT_PARAM_INVALID = 107000
+
+
+def both(first: Callable[[], Any], second: Callable[[], Any]) -> None:
+    """Run two blocking calls at once (two ranks of one communicator), raising the first error."""
+    errors: list[BaseException] = []
+
+    def run(call: Callable[[], Any]) -> None:
+        try:
+            call()
+        except BaseException as exc:  # re-raised below
+            errors.append(exc)
+
+    other = threading.Thread(target=run, args=(second,))
+    other.start()
+    run(first)
+    other.join(30)
+    assert not other.is_alive()
+    if errors:
+        raise errors[0]
+
+
+@pytest.fixture
+def pair(runtime: ascend.AscendRuntime) -> Iterator[tuple[ascend.HcclComm, ascend.HcclComm]]:
+    with comm_pair(runtime) as comms:
+        yield comms
+
+
+@pytest.fixture
+def streams(runtime: ascend.AscendRuntime) -> Iterator[tuple[ascend.Stream, ascend.Stream]]:
+    s0, s1 = runtime.set_device(0).create_stream(), runtime.set_device(1).create_stream()
+    yield s0, s1
+    s0.destroy()
+    s1.destroy()
+
+
+class Prepared:
+    """Two ranks with one registered, bound and prepared buffer each."""
+
+    def __init__(self, runtime: ascend.AscendRuntime, comms: tuple[ascend.HcclComm, ...],
+                 size: int) -> None:
+        self.c0, self.c1 = comms
+        self.b0 = runtime.set_device(0).malloc(size)
+        self.b1 = runtime.set_device(1).malloc(size)
+        self.g0, self.g1 = ascend.GlobalMemory(self.b0), ascend.GlobalMemory(self.b1)
+        ascend.hccl_bind(self.c0, self.g0)
+        ascend.hccl_bind(self.c1, self.g1)
+        both(lambda: ascend.hccl_prepare(self.c0, 10), lambda: ascend.hccl_prepare(self.c1, 10))
+
+    def close(self) -> None:
+        ascend.hccl_unbind(self.c0, self.g0)
+        ascend.hccl_unbind(self.c1, self.g1)
+        self.g0.release()
+        self.g1.release()
+        self.b0.close()
+        self.b1.close()
+
+
+@pytest.fixture
+def prepared(runtime: ascend.AscendRuntime,
+             pair: tuple[ascend.HcclComm, ...]) -> Iterator[Prepared]:
+    p = Prepared(runtime, pair, 8 * MIB)
+    yield p
+    p.close()
+
+
+def test_the_double_has_the_one_sided_api(runtime: ascend.AscendRuntime) -> None:
+    assert {"one_sided", "host_register"} <= runtime.features
+    assert ascend.one_sided_supported() and ascend.host_register_supported()
+    assert ascend.MAX_DESC_NUM == 256
+
+
+def test_without_the_symbols_the_shim_reports_no_one_sided_api(two_sided_dir: Path) -> None:
+    """A libhccl.so lacking the seven entry points (another process: one CANN per process)."""
+    code = ("from hixl_native import _ascend; import sys; "
+            "print(sorted(_ascend.load(sys.argv[1]).features))")
+    done = subprocess.run([sys.executable, "-c", code, str(two_sided_dir)], env=child_env(),
+                          capture_output=True, text=True, timeout=60, check=True)
+    features = done.stdout.strip()
+    assert "one_sided" not in features and "batch_send_recv" in features, done
+
+
+def test_the_daemon_goes_two_sided_when_hccl_refuses_the_api(
+        device: ascend.Device, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A product whose HCCL exports the API without supporting it: the first
+    registration answered HCCL_E_NOT_SUPPORT turns the path off."""
+    from hixl_service.ascend.onesided import OneSidedMemory
+
+    registry = OneSidedMemory(enabled=True)
+    monkeypatch.setenv("HIXL_DOUBLE_ONE_SIDED", "0")
+    with device.malloc(MIB) as buffer:
+        registry.register(buffer, 1)
+        assert not registry.enabled
+        assert "links go two-sided" in caplog.text
+        buffer.close()  # nothing was registered, nothing pins it
+
+
+def test_get_and_put_are_byte_exact_and_one_sided(prepared: Prepared,
+                                                  streams: tuple[ascend.Stream, ...]) -> None:
+    """Rank 0 reads and writes rank 1's memory; rank 1 queues nothing."""
+    p, (s0, _s1) = prepared, streams
+    p.b1.write(0, pattern(2 * MIB, 5))
+    # (remote offset, local offset, length)
+    got = ascend.hccl_batch_get(p.c0, p.b0, np.array([[0, 64, 2 * MIB]], dtype=np.uint64),
+                                p.b1.address, p.b1.size, 1, s0)
+    assert got == 1
+    s0.synchronize(timeout_ms=10_000)
+    assert p.b0.read(64, 2 * MIB) == pattern(2 * MIB, 5)
+    p.b0.write(4 * MIB, pattern(MIB, 6))
+    # (local offset, remote offset, length)
+    ascend.hccl_batch_put(p.c0, p.b0, np.array([[4 * MIB, 3 * MIB, MIB]], dtype=np.uint64),
+                          p.b1.address, p.b1.size, 1, s0)
+    s0.synchronize(timeout_ms=10_000)
+    assert p.b1.read(3 * MIB, MIB) == pattern(MIB, 6)
+
+
+def test_many_ranges_go_in_calls_of_at_most_256(prepared: Prepared,
+                                                streams: tuple[ascend.Stream, ...]) -> None:
+    """1000 scattered 4 KiB blocks: four HcclBatchGet calls, all landing in place."""
+    p, (s0, _s1) = prepared, streams
+    p.b1.write(0, pattern(8 * MIB, 7))
+    blocks = np.arange(1000, dtype=np.uint64)
+    # remote block i -> local block 999 - i, every other 4 KiB left out (no merging)
+    triples = np.stack([blocks * 8192, (999 - blocks) * 8192,
+                        np.full(1000, 4096, dtype=np.uint64)], axis=1)
+    assert ascend.hccl_batch_get(p.c0, p.b0, triples, p.b1.address, p.b1.size, 1, s0) == 1000
+    s0.synchronize(timeout_ms=10_000)
+    source = pattern(8 * MIB, 7)
+    for i in (0, 1, 255, 256, 511, 999):
+        local = (999 - i) * 8192
+        assert p.b0.read(local, 4096) == source[i * 8192:i * 8192 + 4096]
+
+
+def test_contiguous_neighbours_become_one_descriptor(prepared: Prepared,
+                                                     streams: tuple[ascend.Stream, ...]) -> None:
+    p, (s0, _s1) = prepared, streams
+    p.b1.write(0, pattern(MIB, 8))
+    triples = np.array([[0, 0, 4096], [4096, 4096, 4096], [8192, 8192, 0],
+                        [8192, 8192, MIB - 8192]], dtype=np.uint64)
+    assert ascend.hccl_batch_get(p.c0, p.b0, triples, p.b1.address, p.b1.size, 1, s0) == 1
+    s0.synchronize(timeout_ms=10_000)
+    assert p.b0.read(0, MIB) == pattern(MIB, 8)
+
+
+def test_ranges_outside_either_memory_are_refused_before_queueing(
+        prepared: Prepared, streams: tuple[ascend.Stream, ...]) -> None:
+    p, (s0, _s1) = prepared, streams
+    assert p.b0.pins == 1  # the registration holds it
+    for bad in ([[p.b1.size - 8, 0, 16]], [[0, p.b0.size - 8, 16]]):
+        with pytest.raises(ValueError, match="lies outside"):
+            ascend.hccl_batch_get(p.c0, p.b0, np.array(bad, dtype=np.uint64), p.b1.address,
+                                  p.b1.size, 1, s0)
+    assert p.b0.pins == 1 and s0.pending == 0
+
+
+# ---- what the double refuses, as CANN does ----------------------------------------
+
+
+def test_more_than_256_descriptors_in_one_call_are_refused(double_dir: Path,
+                                                          device: ascend.Device) -> None:
+    """hccl_one_sided_services.cc: "the count of HcclOneSideOpDesc exceeds
+    specification" (256). The shim never passes more, so the double is called
+    directly; the count is checked before the communicator is looked at."""
+
+    class Desc(ctypes.Structure):  # HcclOneSideOpDesc
+        _fields_ = [("localAddr", ctypes.c_void_p), ("remoteAddr", ctypes.c_void_p),
+                    ("count", ctypes.c_uint64), ("dataType", ctypes.c_int)]
+
+    lib = ctypes.CDLL(str(double_dir / "libhccl.so"))
+    lib.HcclBatchGet.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.POINTER(Desc),
+                                 ctypes.c_uint32, ctypes.c_void_p]
+    lib.HcclBatchGet.restype = ctypes.c_int
+    descs = (Desc * 257)(*[Desc(64, 64, 64, 0) for _ in range(257)])
+    with device.malloc(4096):  # makes device 0 current on this thread, as HCCL needs
+        pass
+    not_a_comm = not_a_stream = ctypes.c_void_p(1)
+    assert lib.HcclBatchGet(not_a_comm, 1, descs, 257, not_a_stream) == HCCL_E_PARA
+    assert lib.HcclBatchGet(not_a_comm, 1, descs, 0, not_a_stream) == 0  # nothing to do
+
+
+def test_unbound_or_unprepared_memory_is_refused(runtime: ascend.AscendRuntime,
+                                                 pair: tuple[ascend.HcclComm, ...],
+                                                 streams: tuple[ascend.Stream, ...]) -> None:
+    c0, c1 = pair
+    s0, _s1 = streams
+    d0, d1 = runtime.set_device(0), runtime.set_device(1)
+    with d0.malloc(MIB) as b0, d1.malloc(MIB) as b1, d0.malloc(MIB) as stray:
+        g0, g1 = ascend.GlobalMemory(b0), ascend.GlobalMemory(b1)
+        one = np.array([[0, 0, 4096]], dtype=np.uint64)
+        try:
+            ascend.hccl_bind(c0, g0)
+            ascend.hccl_bind(c1, g1)
+            with pytest.raises(ascend.HcclError) as not_prepared:
+                ascend.hccl_batch_get(c0, b0, one, b1.address, b1.size, 1, s0)
+            assert not_prepared.value.code == HCCL_E_PARA
+            with pytest.raises(ascend.HcclError):  # bound twice
+                ascend.hccl_bind(c0, g0)
+            both(lambda: ascend.hccl_prepare(c0, 10), lambda: ascend.hccl_prepare(c1, 10))
+            late = ascend.GlobalMemory(stray)
+            with pytest.raises(ascend.HcclError):  # the peer would never see it
+                ascend.hccl_bind(c0, late)
+            late.release()
+            with pytest.raises(ascend.HcclError) as unbound_local:
+                ascend.hccl_batch_get(c0, stray, one, b1.address, b1.size, 1, s0)
+            assert unbound_local.value.code == HCCL_E_PARA
+            with pytest.raises(ascend.HcclError) as deregistered_bound:
+                g0.release()  # still bound to c0
+            assert deregistered_bound.value.code == HCCL_E_PARA
+            ascend.hccl_batch_get(c0, b0, one, b1.address, b1.size, 1, s0)
+            s0.synchronize(timeout_ms=10_000)
+        finally:
+            for comm, g in ((c0, g0), (c1, g1)):
+                try:
+                    ascend.hccl_unbind(comm, g)
+                except ascend.HcclError:
+                    pass
+                g.release()
+
+
+def test_two_items_to_one_rank_in_one_batch_are_refused(
+        runtime: ascend.AscendRuntime, pair: tuple[ascend.HcclComm, ...],
+        streams: tuple[ascend.Stream, ...]) -> None:
+    """CANN 8.0's HcclBatchSendRecv page: no duplicate send (or receive) tasks to one rank."""
+    c0, _c1 = pair
+    s0, _s1 = streams
+    item = ascend.SendRecvItem
+    with runtime.set_device(0).malloc(MIB) as b0:
+        for items in ([item.send(b0, 0, 64, 1), item.send(b0, 64, 64, 1)],
+                      [item.recv(b0, 0, 64, 1), item.send(b0, 64, 64, 1),
+                       item.recv(b0, 128, 64, 1)]):
+            with pytest.raises(ascend.HcclError) as refused:
+                c0.batch_send_recv(items, s0)
+            assert refused.value.code == HCCL_E_PARA
+            assert "one per rank and direction" in str(refused.value)
+        assert b0.pins == 0
+
+
+def test_send_ranges_put_one_range_per_call(runtime: ascend.AscendRuntime,
+                                            pair: tuple[ascend.HcclComm, ...],
+                                            streams: tuple[ascend.Stream, ...]) -> None:
+    """The two-sided fallback: 300 ranges each way, every call within CANN's rule."""
+    c0, c1 = pair
+    s0, s1 = streams
+    d0, d1 = runtime.set_device(0), runtime.set_device(1)
+    with d0.malloc(4 * MIB) as b0, d1.malloc(4 * MIB) as b1:
+        b0.write(0, pattern(4 * MIB, 9))
+        pairs = np.array([[i * 8192, 4096] for i in range(300)], dtype=np.uint64)
+        c0.send_ranges(b0, pairs, 1, s0)
+        c1.recv_ranges(b1, pairs[::-1].copy(), 0, s1)  # same lengths, other places
+        s1.synchronize(timeout_ms=10_000)
+        s0.synchronize(timeout_ms=10_000)
+        source = pattern(4 * MIB, 9)
+        for i in (0, 1, 299):
+            dst = (299 - i) * 8192
+            assert b1.read(dst, 4096) == source[i * 8192:i * 8192 + 4096]
+
+
+# ---- page-locked host memory -------------------------------------------------------
+
+
+def test_async_copies_need_pinned_aligned_host_memory(device: ascend.Device) -> None:
+    """CANN 8.0 aclrtMemcpyAsync: 64-byte aligned addresses, host memory from
+    aclrtMallocHost (or registered); the double refuses the rest."""
+    mapping = hixl_native.SharedPool("pin-test", MIB, 12, False)
+    with device.malloc(MIB) as buf, device.create_stream() as stream:
+        region = ascend.HostRegion(device, mapping, mapping.address, MIB)
+        try:
+            triples = np.array([[0, 0, 4096]], dtype=np.uint64)
+            with pytest.raises(ascend.AclError) as unpinned:
+                stream.memcpy_ranges(buf, region, triples)
+            assert unpinned.value.code == ACL_ERROR_RT_PARAM_INVALID
+            assert "page-locked" in str(unpinned.value)
+            with ascend.PinnedHost(device, mapping) as pinned:
+                assert pinned.size == mapping.size
+                with pytest.raises(ascend.AclError, match="64-byte aligned"):
+                    stream.memcpy_ranges(buf, region, np.array([[0, 1, 64]], dtype=np.uint64))
+                memoryview(mapping)[:4096] = pattern(4096, 3)
+                stream.memcpy_ranges(buf, region, triples)
+                stream.synchronize(timeout_ms=10_000)
+                assert buf.read(0, 4096) == pattern(4096, 3)
+        finally:
+            region.close()
+
+
+def test_host_registration_needs_whole_pages(device: ascend.Device) -> None:
+    pool = hixl_native.SharedPool("pin-test-2", MIB, 12, False)
+    view = memoryview(pool)[64:4160]
+    with pytest.raises(ValueError, match="4096-byte aligned"):
+        ascend.PinnedHost(device, view)
+    view.release()
+    with ascend.PinnedHost(device, pool), pytest.raises(ascend.AclError):
+        ascend.PinnedHost(device, pool)  # registered twice
+
+
+# ---- the daemon's registry of one-sided memory ------------------------------------
+
+
+def test_the_registry_binds_a_clusters_memory_and_unbinds_it_when_freed(
+        runtime: ascend.AscendRuntime, pair: tuple[ascend.HcclComm, ...]) -> None:
+    from hixl_service.ascend.onesided import OneSidedMemory
+
+    c0, _c1 = pair
+    d0 = runtime.set_device(0)
+    registry = OneSidedMemory(enabled=True)
+    with d0.malloc(MIB) as mine, d0.malloc(MIB) as theirs:
+        registry.register(mine, 7)
+        registry.register(theirs, 8)
+        binding = registry.bind(c0, 7)
+        assert binding.covers(mine) and not binding.covers(theirs)
+        with pytest.raises(BufferError):
+            mine.close()  # registered memory cannot be freed
+        registry.release(mine)  # unbound from c0, then deregistered: freeable
+        assert not binding.covers(mine)
+        registry.unbind(binding)
+        registry.release(theirs)
+    disabled = OneSidedMemory(enabled=False)
+    with d0.malloc(MIB) as plain:
+        disabled.register(plain, 7)
+        assert not disabled.bind(c0, 7).bound
+
+
+def test_daemon_copies_refuse_unaligned_ranges_before_queueing(device: ascend.Device) -> None:
+    """Blocks of a size that is not a multiple of 64 bytes cannot be copied by ACL
+    asynchronously: the daemon says so instead of failing in CANN."""
+    from hixl_client.status import LLMException, LLMStatusCode
+    from hixl_client.types import Placement
+    from hixl_service.ascend.backend import _check_aligned
+    from hixl_service.memory.base import Memory
+
+    with device.malloc(MIB) as a, device.malloc(MIB) as b:
+        dst = Memory(1, Placement.DEVICE, MIB, device=a)
+        src = Memory(1, Placement.DEVICE, MIB, device=b)
+        _check_aligned(dst, src, np.array([0, 64, 100, 128, 0, 7], dtype=np.uint64))
+        for bad in ([100, 0, 64], [0, 96 + 1, 64]):
+            with pytest.raises(LLMException, match="64-byte aligned") as info:
+                _check_aligned(dst, src, np.array(bad, dtype=np.uint64))
+            assert info.value.status_code == LLMStatusCode.LLM_PARAM_INVALID
