@@ -29,9 +29,12 @@ OPT_SYNC_TIMEOUT = "llm.SyncKvCacheWaitTime"
 OPT_REMOTE_ACCESSIBLE = "llm.EnableRemoteCacheAccessible"
 OPT_TRANSFER_BACKEND = "llm.TransferBackend"
 OPT_DEVICE_ID = "ge.exec.deviceId"
+OPT_LINK_TOTAL_TIME = "llm.LinkTotalTime"
+OPT_LINK_RETRY_COUNT = "llm.LinkRetryCount"
 
 DEFAULT_SYNC_TIMEOUT_MS = 1000
 SUPPORTED_TRANSFER_BACKENDS = ("hixl",)
+MAX_LINK_RETRY_COUNT = 100
 
 
 def _invalid(message: str) -> LLMException:
@@ -47,6 +50,10 @@ class ClusterSettings:
     host_pool: PoolSpec | None = None
     remote_cache_accessible: bool = False
     device_id: int = 0
+    # LLM-DataDist's link options: at most this many seconds for one link (0: only
+    # link_clusters' own timeout), in up to this many attempts.
+    link_total_s: int = 0
+    link_attempts: int = 1
 
     @property
     def sync_timeout_s(self) -> float:
@@ -68,6 +75,14 @@ class ClusterSettings:
         device = options.get(OPT_DEVICE_ID, "0").split(";")[0]
         if not device.isdigit():
             raise _invalid(f"{OPT_DEVICE_ID} must be a device number, got {device!r}")
+        link_total = options.get(OPT_LINK_TOTAL_TIME, "0")
+        if not link_total.isdigit() or int(link_total) > 0xFFFFFFFF:
+            raise _invalid(f"{OPT_LINK_TOTAL_TIME} must be seconds in [0, 2**32-1], "
+                           f"got {link_total!r}")
+        attempts = options.get(OPT_LINK_RETRY_COUNT, "1")
+        if not attempts.isdigit() or not 1 <= int(attempts) <= MAX_LINK_RETRY_COUNT:
+            raise _invalid(f"{OPT_LINK_RETRY_COUNT} must be in [1, {MAX_LINK_RETRY_COUNT}], "
+                           f"got {attempts!r}")
         pools = {name: PoolSpec.parse(name, options[name])
                  for name in (OPT_MEM_POOL, OPT_HOST_MEM_POOL) if options.get(name)}
         return cls(
@@ -76,6 +91,8 @@ class ClusterSettings:
             host_pool=pools.get(OPT_HOST_MEM_POOL),
             remote_cache_accessible=accessible == "1",
             device_id=int(device),
+            link_total_s=int(link_total),
+            link_attempts=int(attempts),
         )
 
 

@@ -22,6 +22,9 @@ from .transports.factory import LinkEnds, TransportKit, open_transport
 
 logger = logging.getLogger(__name__)
 
+# Between two attempts at one link (LLM-DataDist's link_retry_count).
+LINK_RETRY_PAUSE_S = 0.2
+
 
 class OutboundLinks:
     """Opens and closes the links of this daemon's clusters."""
@@ -44,13 +47,7 @@ class OutboundLinks:
         if remote_cluster_id in cluster.links:
             raise LLMException(f"already linked to cluster {remote_cluster_id}",
                                status_code=LLMStatusCode.LLM_ALREADY_LINK)
-        peer = self._peer_factory(address)
-        try:
-            async with timeout(timeout_s):
-                link = await self._open_link(cluster, remote_cluster_id, peer, timeout_s)
-        except asyncio.TimeoutError:
-            raise LLMException(f"linking to {address} timed out after {timeout_s:.3f} s",
-                               status_code=LLMStatusCode.LLM_LINK_FAILED) from None
+        link = await self._link_with_retries(cluster, remote_cluster_id, address, timeout_s)
         if cluster.closed or remote_cluster_id in cluster.links:
             await self.close(link, notify=True)
             raise LLMException(f"already linked to cluster {remote_cluster_id}",
@@ -59,6 +56,37 @@ class OutboundLinks:
         logger.info("cluster %d linked to cluster %d at %s over %s", cluster.cluster_id,
                     remote_cluster_id, address, link.transport.name)
         return link
+
+    async def _link_with_retries(self, cluster: Cluster, remote_cluster_id: int, address: str,
+                                 timeout_s: float) -> OutboundLink:
+        """Link in up to ``link_attempts`` tries, all within the call's timeout and
+        ``link_total_s``: a prefill instance that is still starting answers the
+        first tries with LLM_LINK_FAILED (nothing listens, or its cluster is not
+        initialized yet), and engines set a retry count for that."""
+        settings = cluster.settings
+        budget_s = min(timeout_s, settings.link_total_s) if settings.link_total_s else timeout_s
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + budget_s
+        peer = self._peer_factory(address)
+        for attempt in range(1, settings.link_attempts + 1):
+            left_s = deadline - loop.time()
+            try:
+                async with timeout(left_s):
+                    return await self._open_link(cluster, remote_cluster_id, peer, left_s)
+            except asyncio.TimeoutError:
+                raise LLMException(f"linking to {address} timed out after {budget_s:.3f} s "
+                                   f"({attempt} of {settings.link_attempts} attempts)",
+                                   status_code=LLMStatusCode.LLM_LINK_FAILED) from None
+            except LLMException as exc:
+                if (exc.status_code != LLMStatusCode.LLM_LINK_FAILED
+                        or attempt == settings.link_attempts
+                        or deadline - loop.time() <= LINK_RETRY_PAUSE_S):
+                    raise
+                logger.info("linking cluster %d to %d at %s failed (attempt %d of %d), "
+                            "retrying: %s", cluster.cluster_id, remote_cluster_id, address,
+                            attempt, settings.link_attempts, exc)
+            await asyncio.sleep(LINK_RETRY_PAUSE_S)
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def _open_link(self, cluster: Cluster, remote_cluster_id: int, peer: PeerApi,
                          timeout_s: float) -> OutboundLink:
