@@ -68,7 +68,8 @@ class OutboundLinks:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + budget_s
         peer = self._peer_factory(address)
-        for attempt in range(1, settings.link_attempts + 1):
+        attempt = 1
+        while True:
             left_s = deadline - loop.time()
             try:
                 async with timeout(left_s):
@@ -85,8 +86,8 @@ class OutboundLinks:
                 logger.info("linking cluster %d to %d at %s failed (attempt %d of %d), "
                             "retrying: %s", cluster.cluster_id, remote_cluster_id, address,
                             attempt, settings.link_attempts, exc)
+            attempt += 1
             await asyncio.sleep(LINK_RETRY_PAUSE_S)
-        raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def _open_link(self, cluster: Cluster, remote_cluster_id: int, peer: PeerApi,
                          timeout_s: float) -> OutboundLink:
