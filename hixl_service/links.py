@@ -94,3 +94,4 @@ class InboundLink:
     src_cluster_id: int
     dst_cluster_id: int
     side: InboundSide  # what the transport keeps on this side
+    identity: str = ""  # the peer's, as trust.Trust.identity_of saw it (limits count it)

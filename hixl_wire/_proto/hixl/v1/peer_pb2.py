@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from hixl_wire._proto.hixl.v1 import common_pb2 as hixl_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12hixl/v1/peer.proto\x12\x07hixl.v1\x1a\x14hixl/v1/common.proto\"\x8d\x01\n\x0cHelloRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x11\n\tdaemon_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x16\n\x0esrc_cluster_id\x18\x04 \x01(\x04\x12\x16\n\x0e\x64st_cluster_id\x18\x05 \x01(\x04\x12\x0f\n\x07\x62\x61\x63kend\x18\x06 \x01(\t\"\xa8\x01\n\nHelloReply\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x11\n\tdaemon_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x11\n\tdata_host\x18\x04 \x01(\t\x12\x11\n\tdata_port\x18\x05 \x01(\r\x12\x12\n\nlink_token\x18\x06 \x01(\x06\x12\x0f\n\x07\x62\x61\x63kend\x18\x07 \x01(\t\x12\x11\n\tlane_port\x18\x08 \x01(\r\"I\n\x13ResolveCacheRequest\x12\x12\n\nlink_token\x18\x01 \x01(\x06\x12\x1e\n\x03ref\x18\x02 \x01(\x0b\x32\x11.hixl.v1.CacheRef\"\xc0\x01\n\x11ResolveCacheReply\x12\x10\n\x08\x63\x61\x63he_id\x18\x01 \x01(\x03\x12\x11\n\tregion_id\x18\x02 \x01(\x04\x12\x16\n\x0etensor_offsets\x18\x03 \x03(\x04\x12\x13\n\x0btensor_size\x18\x04 \x01(\x04\x12\x0e\n\x06stride\x18\x05 \x01(\x04\x12\x12\n\nbatch_size\x18\x06 \x01(\r\x12\x13\n\x0b\x62\x61tch_index\x18\x07 \x01(\r\x12\x0e\n\x06\x62locks\x18\x08 \x01(\x08\x12\x10\n\x08writable\x18\t \x01(\x08\"_\n\x11ReleaseKeyRequest\x12\x12\n\nlink_token\x18\x01 \x01(\x06\x12\x1e\n\x03key\x18\x02 \x01(\x0b\x32\x11.hixl.v1.CacheKey\x12\x16\n\x0etensor_indices\x18\x03 \x03(\r\"\x11\n\x0fReleaseKeyReply\"#\n\rUnlinkRequest\x12\x12\n\nlink_token\x18\x01 \x01(\x06\"\r\n\x0bUnlinkReply\"P\n\x17ResolveAddressesRequest\x12\x12\n\nlink_token\x18\x01 \x01(\x06\x12\x11\n\taddresses\x18\x02 \x03(\x04\x12\x0e\n\x06length\x18\x03 \x01(\x04\"N\n\x15ResolveAddressesReply\x12\x12\n\nregion_ids\x18\x01 \x03(\x04\x12\x0f\n\x07offsets\x18\x02 \x03(\x04\x12\x10\n\x08writable\x18\x03 \x03(\x08\";\n\x12HcclConnectRequest\x12\x12\n\nlink_token\x18\x01 \x01(\x06\x12\x11\n\troot_info\x18\x02 \x01(\x0c\"\x12\n\x10HcclConnectReply\"j\n\x0fHcclPostRequest\x12\x12\n\nlink_token\x18\x01 \x01(\x06\x12\x0c\n\x04send\x18\x02 \x01(\x08\x12\x11\n\tregion_id\x18\x03 \x01(\x04\x12\x0e\n\x06ranges\x18\x04 \x01(\x0c\x12\x12\n\ntimeout_ms\x18\x05 \x01(\r\"\x0f\n\rHcclPostReply2\xdc\x03\n\x04Peer\x12\x33\n\x05Hello\x12\x15.hixl.v1.HelloRequest\x1a\x13.hixl.v1.HelloReply\x12H\n\x0cResolveCache\x12\x1c.hixl.v1.ResolveCacheRequest\x1a\x1a.hixl.v1.ResolveCacheReply\x12\x42\n\nReleaseKey\x12\x1a.hixl.v1.ReleaseKeyRequest\x1a\x18.hixl.v1.ReleaseKeyReply\x12\x36\n\x06Unlink\x12\x16.hixl.v1.UnlinkRequest\x1a\x14.hixl.v1.UnlinkReply\x12T\n\x10ResolveAddresses\x12 .hixl.v1.ResolveAddressesRequest\x1a\x1e.hixl.v1.ResolveAddressesReply\x12\x45\n\x0bHcclConnect\x12\x1b.hixl.v1.HcclConnectRequest\x1a\x19.hixl.v1.HcclConnectReply\x12<\n\x08HcclPost\x12\x18.hixl.v1.HcclPostRequest\x1a\x16.hixl.v1.HcclPostReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12hixl/v1/peer.proto\x12\x07hixl.v1\x1a\x14hixl/v1/common.proto\"\xc5\x01\n\x0cHelloRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x11\n\tdaemon_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x16\n\x0esrc_cluster_id\x18\x04 \x01(\x04\x12\x16\n\x0e\x64st_cluster_id\x18\x05 \x01(\x04\x12\x0f\n\x07\x62\x61\x63kend\x18\x06 \x01(\t\x12\x11\n\tchallenge\x18\x07 \x01(\x0c\x12\x14\n\x0c\x63lient_nonce\x18\x08 \x01(\x0c\x12\r\n\x05proof\x18\t \x01(\x0c\"\xd0\x01\n\nHelloReply\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x11\n\tdaemon_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x11\n\tdata_host\x18\x04 \x01(\t\x12\x11\n\tdata_port\x18\x05 \x01(\r\x12\x12\n\nlink_token\x18\x06 \x01(\x06\x12\x0f\n\x07\x62\x61\x63kend\x18\x07 \x01(\t\x12\x11\n\tlane_port\x18\x08 \x01(\r\x12\x10\n\x08link_key\x18\t \x01(\x0c\x12\x14\n\x0cserver_proof\x18\n \x01(\x0c\"\x12\n\x10\x43hallengeRequest\"\x1f\n\x0e\x43hallengeReply\x12\r\n\x05nonce\x18\x01 \x01(\x0c\"I\n\x13ResolveCacheRequest\x12\x12\n\nlink_token\x18\x01 \x01(\x06\x12\x1e\n\x03ref\x18\x02 \x01(\x0b\x32\x11.hixl.v1.CacheRef\"\xc0\x01\n\x11ResolveCacheReply\x12\x10\n\x08\x63\x61\x63he_id\x18\x01 \x01(\x03\x12\x11\n\tregion_id\x18\x02 \x01(\x04\x12\x16\n\x0etensor_offsets\x18\x03 \x03(\x04\x12\x13\n\x0btensor_size\x18\x04 \x01(\x04\x12\x0e\n\x06stride\x18\x05 \x01(\x04\x12\x12\n\nbatch_size\x18\x06 \x01(\r\x12\x13\n\x0b\x62\x61tch_index\x18\x07 \x01(\r\x12\x0e\n\x06\x62locks\x18\x08 \x01(\x08\x12\x10\n\x08writable\x18\t \x01(\x08\"_\n\x11ReleaseKeyRequest\x12\x12\n\nlink_token\x18\x01 \x01(\x06\x12\x1e\n\x03key\x18\x02 \x01(\x0b\x32\x11.hixl.v1.CacheKey\x12\x16\n\x0etensor_indices\x18\x03 \x03(\r\"\x11\n\x0fReleaseKeyReply\"#\n\rUnlinkRequest\x12\x12\n\nlink_token\x18\x01 \x01(\x06\"\r\n\x0bUnlinkReply\"P\n\x17ResolveAddressesRequest\x12\x12\n\nlink_token\x18\x01 \x01(\x06\x12\x11\n\taddresses\x18\x02 \x03(\x04\x12\x0e\n\x06length\x18\x03 \x01(\x04\"N\n\x15ResolveAddressesReply\x12\x12\n\nregion_ids\x18\x01 \x03(\x04\x12\x0f\n\x07offsets\x18\x02 \x03(\x04\x12\x10\n\x08writable\x18\x03 \x03(\x08\";\n\x12HcclConnectRequest\x12\x12\n\nlink_token\x18\x01 \x01(\x06\x12\x11\n\troot_info\x18\x02 \x01(\x0c\"\x12\n\x10HcclConnectReply\"j\n\x0fHcclPostRequest\x12\x12\n\nlink_token\x18\x01 \x01(\x06\x12\x0c\n\x04send\x18\x02 \x01(\x08\x12\x11\n\tregion_id\x18\x03 \x01(\x04\x12\x0e\n\x06ranges\x18\x04 \x01(\x0c\x12\x12\n\ntimeout_ms\x18\x05 \x01(\r\"\x0f\n\rHcclPostReply2\x9d\x04\n\x04Peer\x12\x33\n\x05Hello\x12\x15.hixl.v1.HelloRequest\x1a\x13.hixl.v1.HelloReply\x12H\n\x0cResolveCache\x12\x1c.hixl.v1.ResolveCacheRequest\x1a\x1a.hixl.v1.ResolveCacheReply\x12\x42\n\nReleaseKey\x12\x1a.hixl.v1.ReleaseKeyRequest\x1a\x18.hixl.v1.ReleaseKeyReply\x12\x36\n\x06Unlink\x12\x16.hixl.v1.UnlinkRequest\x1a\x14.hixl.v1.UnlinkReply\x12T\n\x10ResolveAddresses\x12 .hixl.v1.ResolveAddressesRequest\x1a\x1e.hixl.v1.ResolveAddressesReply\x12\x45\n\x0bHcclConnect\x12\x1b.hixl.v1.HcclConnectRequest\x1a\x19.hixl.v1.HcclConnectReply\x12<\n\x08HcclPost\x12\x18.hixl.v1.HcclPostRequest\x1a\x16.hixl.v1.HcclPostReply\x12?\n\tChallenge\x12\x19.hixl.v1.ChallengeRequest\x1a\x17.hixl.v1.ChallengeReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,33 +33,37 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'hixl.v1.peer_pb2', _globals
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_HELLOREQUEST']._serialized_start=54
-  _globals['_HELLOREQUEST']._serialized_end=195
-  _globals['_HELLOREPLY']._serialized_start=198
-  _globals['_HELLOREPLY']._serialized_end=366
-  _globals['_RESOLVECACHEREQUEST']._serialized_start=368
-  _globals['_RESOLVECACHEREQUEST']._serialized_end=441
-  _globals['_RESOLVECACHEREPLY']._serialized_start=444
-  _globals['_RESOLVECACHEREPLY']._serialized_end=636
-  _globals['_RELEASEKEYREQUEST']._serialized_start=638
-  _globals['_RELEASEKEYREQUEST']._serialized_end=733
-  _globals['_RELEASEKEYREPLY']._serialized_start=735
-  _globals['_RELEASEKEYREPLY']._serialized_end=752
-  _globals['_UNLINKREQUEST']._serialized_start=754
-  _globals['_UNLINKREQUEST']._serialized_end=789
-  _globals['_UNLINKREPLY']._serialized_start=791
-  _globals['_UNLINKREPLY']._serialized_end=804
-  _globals['_RESOLVEADDRESSESREQUEST']._serialized_start=806
-  _globals['_RESOLVEADDRESSESREQUEST']._serialized_end=886
-  _globals['_RESOLVEADDRESSESREPLY']._serialized_start=888
-  _globals['_RESOLVEADDRESSESREPLY']._serialized_end=966
-  _globals['_HCCLCONNECTREQUEST']._serialized_start=968
-  _globals['_HCCLCONNECTREQUEST']._serialized_end=1027
-  _globals['_HCCLCONNECTREPLY']._serialized_start=1029
-  _globals['_HCCLCONNECTREPLY']._serialized_end=1047
-  _globals['_HCCLPOSTREQUEST']._serialized_start=1049
-  _globals['_HCCLPOSTREQUEST']._serialized_end=1155
-  _globals['_HCCLPOSTREPLY']._serialized_start=1157
-  _globals['_HCCLPOSTREPLY']._serialized_end=1172
-  _globals['_PEER']._serialized_start=1175
-  _globals['_PEER']._serialized_end=1651
+  _globals['_HELLOREQUEST']._serialized_end=251
+  _globals['_HELLOREPLY']._serialized_start=254
+  _globals['_HELLOREPLY']._serialized_end=462
+  _globals['_CHALLENGEREQUEST']._serialized_start=464
+  _globals['_CHALLENGEREQUEST']._serialized_end=482
+  _globals['_CHALLENGEREPLY']._serialized_start=484
+  _globals['_CHALLENGEREPLY']._serialized_end=515
+  _globals['_RESOLVECACHEREQUEST']._serialized_start=517
+  _globals['_RESOLVECACHEREQUEST']._serialized_end=590
+  _globals['_RESOLVECACHEREPLY']._serialized_start=593
+  _globals['_RESOLVECACHEREPLY']._serialized_end=785
+  _globals['_RELEASEKEYREQUEST']._serialized_start=787
+  _globals['_RELEASEKEYREQUEST']._serialized_end=882
+  _globals['_RELEASEKEYREPLY']._serialized_start=884
+  _globals['_RELEASEKEYREPLY']._serialized_end=901
+  _globals['_UNLINKREQUEST']._serialized_start=903
+  _globals['_UNLINKREQUEST']._serialized_end=938
+  _globals['_UNLINKREPLY']._serialized_start=940
+  _globals['_UNLINKREPLY']._serialized_end=953
+  _globals['_RESOLVEADDRESSESREQUEST']._serialized_start=955
+  _globals['_RESOLVEADDRESSESREQUEST']._serialized_end=1035
+  _globals['_RESOLVEADDRESSESREPLY']._serialized_start=1037
+  _globals['_RESOLVEADDRESSESREPLY']._serialized_end=1115
+  _globals['_HCCLCONNECTREQUEST']._serialized_start=1117
+  _globals['_HCCLCONNECTREQUEST']._serialized_end=1176
+  _globals['_HCCLCONNECTREPLY']._serialized_start=1178
+  _globals['_HCCLCONNECTREPLY']._serialized_end=1196
+  _globals['_HCCLPOSTREQUEST']._serialized_start=1198
+  _globals['_HCCLPOSTREQUEST']._serialized_end=1304
+  _globals['_HCCLPOSTREPLY']._serialized_start=1306
+  _globals['_HCCLPOSTREPLY']._serialized_end=1321
+  _globals['_PEER']._serialized_start=1324
+  _globals['_PEER']._serialized_end=1865
 # @@protoc_insertion_point(module_scope)
