@@ -45,10 +45,10 @@ from pydantic_settings import (
 
 __all__ = [
     "ENV_PREFIX",
+    "AllowedPeer",
     "AscendConfig",
     "ConfigError",
     "DaemonConfig",
-    "AllowedPeer",
     "LimitsConfig",
     "LoggingConfig",
     "PoolConfig",
@@ -338,7 +338,7 @@ class SecurityConfig(_Section):
     )
     tls_key: Path | None = Field(default=None, description="mtls mode: its private key (PEM).")
     tls_ca: Path | None = Field(
-        default=None, description="mtls mode: the CA certificates peers' certificates must chain to."
+        default=None, description="mtls mode: the CA certificates peers' certificates chain to."
     )
     allowed_peers: list[AllowedPeer] = Field(
         default_factory=list,

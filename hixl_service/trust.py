@@ -112,12 +112,12 @@ class HelloFacts:
 def certificate_identity(pem: bytes) -> str:
     """A certificate's identity: its SPIFFE URI SAN, else its first DNS SAN, else its CN."""
     from cryptography import x509
-    from cryptography.x509.oid import ExtensionOID, NameOID
+    from cryptography.x509.oid import NameOID
 
     cert = x509.load_pem_x509_certificate(pem)
     try:
-        names = cert.extensions.get_extension_for_oid(
-            ExtensionOID.SUBJECT_ALTERNATIVE_NAME).value
+        names: x509.SubjectAlternativeName | None = cert.extensions.get_extension_for_class(
+            x509.SubjectAlternativeName).value
     except x509.ExtensionNotFound:
         names = None
     if names is not None:

@@ -21,11 +21,19 @@ import pytest
 import pytest_asyncio
 
 from hixl_client import CacheDesc, CacheKey, DataType, LLMDataDist, LLMRole, LLMStatusCode
+from hixl_client.keys import PLACEHOLDER_ID
 from hixl_service.config import LimitsConfig, SecurityConfig
 from hixl_service.testing import DaemonProcess
 from hixl_service.trust import HelloFacts, Trust, new_client_nonce
-from hixl_wire._proto.hixl.v1 import admin_pb2, admin_pb2_grpc, client_pb2, client_pb2_grpc
-from hixl_wire._proto.hixl.v1 import common_pb2, peer_pb2, peer_pb2_grpc
+from hixl_wire._proto.hixl.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    client_pb2,
+    client_pb2_grpc,
+    common_pb2,
+    peer_pb2,
+    peer_pb2_grpc,
+)
 from hixl_wire.defaults import SESSION_METADATA_KEY
 from hixl_wire.status import STATUS_METADATA_KEY
 from tests.credentials import CertificateAuthority, mtls_settings, token_settings, write_token
@@ -129,7 +137,8 @@ async def test_a_replayed_hello_and_a_stolen_token_are_refused(
         # Replaying the recorded Hello gets nothing.
         await refused(peer.Hello(request, timeout=10), grpc.StatusCode.UNAUTHENTICATED,
                       "no open challenge")
-        ref = common_pb2.CacheRef(key=common_pb2.CacheKey(cluster_id=owner.cluster_id, req_id=1))
+        ref = common_pb2.CacheRef(key=common_pb2.CacheKey(
+            cluster_id=owner.cluster_id, req_id=1, prefix_id=PLACEHOLDER_ID))
         found = await peer.ResolveCache(
             peer_pb2.ResolveCacheRequest(link_token=reply.link_token, ref=ref), timeout=10)
         ranges = [(found.region_id, found.tensor_offsets[0], 4096)]

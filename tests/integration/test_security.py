@@ -111,7 +111,8 @@ async def test_push_and_layerwise_in_each_mode(secured: tuple[DaemonProcess, ...
         fill(src)
         task = pusher.cache_manager.transfer_cache_async(
             src, Ready(), [TransferWithCacheKeyConfig(
-                CacheKeyByIdAndIndex(receiver.cluster_id, target.cache_id, 0), range(0, 2))])
+                CacheKeyByIdAndIndex(receiver.cluster_id, target.cache_id, 0), range(0, 2),
+                range(0, 2))])
         assert await task == [LLMStatusCode.LLM_SUCCESS]
         for i in range(4):
             np.testing.assert_array_equal(raw(target, i)[0], raw(src, i)[0])
@@ -174,7 +175,8 @@ async def test_a_read_only_peer_cannot_push_a_byte(
     with daemon_process(security=owner_settings) as owner, \
             daemon_process(security=mtls_settings(ca.issue("decode3", spiffe=DECODE_ID))
                            ) as reader:
-        pair = await make_pair(reader, owner, next_cluster_id, pool_bytes=2**20,
+        # make_pair links decoder (on reader) -> prompt (on owner)
+        pair = await make_pair(owner, reader, next_cluster_id, pool_bytes=2**20,
                                remote_accessible=True)
         receiver, pusher = pair.prompt, pair.decoder
         try:

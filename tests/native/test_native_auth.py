@@ -21,11 +21,11 @@ np = pytest.importorskip("numpy")
 
 from tests.native._native_support import (  # noqa: E402
     CLUSTER,
+    MAGIC,
     OP_READ,
     OP_WRITE,
     RANGE,
     REQUEST,
-    MAGIC,
     VERSION,
     WELCOME,
     RawClient,
