@@ -36,7 +36,7 @@ from hixl_wire._proto.hixl.v1 import (
 )
 from hixl_wire.defaults import SESSION_METADATA_KEY
 from hixl_wire.status import STATUS_METADATA_KEY
-from tests.credentials import CertificateAuthority, mtls_settings, token_settings, write_token
+from hixl_service.testing_credentials import CertificateAuthority, mtls_settings, token_settings, write_token
 from tests.native._native_support import OP_READ, RawClient, recv_exact
 
 from .conftest import daemon_process, options

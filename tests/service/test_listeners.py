@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from hixl_service.testing import DaemonProcess
-from tests.credentials import token_settings, write_token
+from hixl_service.testing_credentials import token_settings, write_token
 
 
 @pytest.fixture

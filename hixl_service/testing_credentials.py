@@ -1,5 +1,6 @@
-"""Real credentials made at test time: a CA and certificates (``cryptography``), and
-token files, plus the ``[security]`` settings of a daemon that uses them."""
+"""Real credentials made at run time, for tests and hixl-bench: a CA and
+certificates (``cryptography``), token files, and the ``[security]``
+settings of a daemon that uses them. Nothing of the daemon imports it."""
 
 from __future__ import annotations
 
