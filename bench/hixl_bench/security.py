@@ -68,8 +68,9 @@ async def security_rows(modes: list[str], streams: int, budget: Budget,
             where = Path(tmp) / mode
             where.mkdir()
             first, second = _settings(mode, where)
-            common = {"pool__max_bytes": 4 * _POOL, "transfer__streams_per_link": streams,
-                      "logging__level": "WARNING"}
+            common: dict[str, Any] = {"pool__max_bytes": 4 * _POOL,
+                                      "transfer__streams_per_link": streams,
+                                      "logging__level": "WARNING"}
             async with start_daemon(security=first, **common) as a, \
                     start_daemon(security=second, **common) as b:
                 rows += await _mode_rows(mode, a.client_target, b.client_target, b.peer_address,

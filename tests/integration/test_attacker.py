@@ -24,6 +24,12 @@ from hixl_client import CacheDesc, CacheKey, DataType, LLMDataDist, LLMRole, LLM
 from hixl_client.keys import PLACEHOLDER_ID
 from hixl_service.config import LimitsConfig, SecurityConfig
 from hixl_service.testing import DaemonProcess
+from hixl_service.testing_credentials import (
+    CertificateAuthority,
+    mtls_settings,
+    token_settings,
+    write_token,
+)
 from hixl_service.trust import HelloFacts, Trust, new_client_nonce
 from hixl_wire._proto.hixl.v1 import (
     admin_pb2,
@@ -36,7 +42,6 @@ from hixl_wire._proto.hixl.v1 import (
 )
 from hixl_wire.defaults import SESSION_METADATA_KEY
 from hixl_wire.status import STATUS_METADATA_KEY
-from hixl_service.testing_credentials import CertificateAuthority, mtls_settings, token_settings, write_token
 from tests.native._native_support import OP_READ, RawClient, recv_exact
 
 from .conftest import daemon_process, options

@@ -28,7 +28,12 @@ from hixl_client import (
     TransferWithCacheKeyConfig,
 )
 from hixl_service.testing import DaemonProcess
-from hixl_service.testing_credentials import CertificateAuthority, mtls_settings, token_settings, write_token
+from hixl_service.testing_credentials import (
+    CertificateAuthority,
+    mtls_settings,
+    token_settings,
+    write_token,
+)
 
 from .conftest import cluster_info, daemon_process, make_pair, options
 
