@@ -10,7 +10,8 @@ change:
   never chmod'ed after they listen;
 * a TCP port that is already served is refused at once (SO_REUSEPORT is off
   on every listener), before anything else of the daemon listens;
-* a TCP listener off loopback with ``security.mode = "none"`` is refused
+* a TCP listener off loopback that nothing authenticates is refused (peers:
+  ``security.mode = "none"``; clients on TCP: any mode but "mtls")
   unless ``security.insecure = true`` (Redis' protected mode, in spirit).
 """
 
@@ -102,31 +103,32 @@ def is_loopback(host: str) -> bool:
                                for entry in found)
 
 
-def tcp_hosts(config: DaemonConfig) -> list[str]:
-    """Hosts of every TCP listener: peer gRPC, data, peer lane, client TCP."""
-    hosts = [config.server.peer_host]
-    if config.server.client_tcp:
-        hosts.append(config.server.client_tcp.rsplit(":", 1)[0])
-    return hosts
-
-
 def check_exposure(config: DaemonConfig) -> None:
-    """Refuse mode "none" off loopback unless ``security.insecure``; warn when allowed."""
+    """Refuse listeners off loopback that nothing authenticates, unless
+    ``security.insecure``; warn at every start when it allows them.
+
+    Peers authenticate with mode "token" or "mtls"; clients on ``client_tcp``
+    only with "mtls" (a token-mode daemon would link on their behalf with its
+    own secret)."""
     security = config.security
-    if security.mode != "none":
-        return
-    exposed = [host for host in tcp_hosts(config) if not is_loopback(host)]
+    exposed: list[str] = []
+    if security.mode == "none" and not is_loopback(config.server.peer_host):
+        exposed.append(f"{config.server.peer_host} (peers)")
+    if config.server.client_tcp and security.mode != "mtls":
+        host = config.server.client_tcp.rsplit(":", 1)[0]
+        if not is_loopback(host):
+            exposed.append(f"{config.server.client_tcp} (clients)")
     if not exposed:
         return
     if not security.insecure:
         raise StartRefused(
-            f"listening on {', '.join(exposed)} (not loopback) with security.mode = \"none\" "
-            f"would let anyone who reaches it read and overwrite every cache: set "
-            f"security.mode to \"mtls\" or \"token\" (README, Security), or security.insecure "
-            f"= true to accept that")
-    logger.warning("security.insecure: listening on %s with security.mode = \"none\"; anyone "
-                   "who reaches these ports can read and overwrite every cache",
-                   ", ".join(exposed))
+            f"listening on {', '.join(exposed)}, not loopback, with security.mode = "
+            f"\"{security.mode}\" would let anyone who reaches it read and overwrite caches: "
+            f"set security.mode to \"mtls\" (clients on TCP need it) or \"token\" (README, "
+            f"Security), or security.insecure = true to accept that")
+    logger.warning("security.insecure: listening on %s with security.mode = \"%s\"; anyone "
+                   "who reaches these ports can read and overwrite caches",
+                   ", ".join(exposed), security.mode)
 
 
 def refuse_busy_port(what: str, address: str, error: BaseException) -> StartRefused:

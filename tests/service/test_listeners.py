@@ -86,6 +86,12 @@ def test_a_listener_off_loopback_needs_security() -> None:
     assert "security.mode" in log
 
 
+def test_clients_on_tcp_off_loopback_need_mtls(short_dir: Path) -> None:
+    token = write_token(short_dir / "token")
+    log = refusal(server__client_tcp="0.0.0.0:0", security=token_settings(token))
+    assert "(clients)" in log and "mtls" in log
+
+
 def test_insecure_allows_it_with_a_warning() -> None:
     with DaemonProcess(server__peer_host="0.0.0.0", server__advertise_host="127.0.0.1",
                        security__insecure=True) as daemon:
