@@ -112,7 +112,7 @@ class InboundLinks:
         side = inbound_side(self._kit, src_daemon_id == self._daemon.daemon_id,
                             cluster.settings.device_id)
         self._links[token] = InboundLink(token, src_daemon_id, src_cluster_id, dst_cluster_id,
-                                         side, identity)
+                                         side, identity, grant.may_write)
         self._data_server.authorize(token, dst_cluster_id, grant.key, grant.may_write)
         logger.info("cluster %d of daemon %s (%s) linked to cluster %d%s", src_cluster_id,
                     src_daemon_id, identity or "?", dst_cluster_id,
@@ -211,6 +211,10 @@ class InboundLinks:
             raise LLMException(f"region {region_id} of cluster {inbound.dst_cluster_id} is not "
                                f"writable by linked peers",
                                status_code=LLMStatusCode.LLM_PARAM_INVALID)
+        if not send and not inbound.may_write:
+            raise CallRefused(f"peer {inbound.identity!r} may not write into cluster "
+                              f"{inbound.dst_cluster_id} (security.allowed_peers)",
+                              LLMStatusCode.LLM_PARAM_INVALID, grpc.StatusCode.PERMISSION_DENIED)
         pairs = region_pairs(ranges, region_id, region.offset, region.size)
         await side.post(send, region.memory, pairs, timeout_ms)
 

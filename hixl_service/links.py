@@ -95,3 +95,4 @@ class InboundLink:
     dst_cluster_id: int
     side: InboundSide  # what the transport keeps on this side
     identity: str = ""  # the peer's, as trust.Trust.identity_of saw it (limits count it)
+    may_write: bool = True  # security.allowed_peers lets it write into the cluster
