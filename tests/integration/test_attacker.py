@@ -193,8 +193,13 @@ async def test_calls_without_a_valid_session_are_unauthenticated(
         assert llm_status(err) == LLMStatusCode.LLM_FAILED
 
 
-async def test_a_hello_flood_is_capped(next_cluster_id: Callable[[], int]) -> None:
-    with daemon_process(limits={"max_inbound_links": 5, "max_links_per_peer": 5}) as daemon:
+@pytest.mark.parametrize("limits,hit", [
+    ({"max_inbound_links": 5, "max_links_per_peer": 100}, "limits.max_inbound_links = 5"),
+    ({"max_inbound_links": 100, "max_links_per_peer": 5}, "limits.max_links_per_peer = 5"),
+])
+async def test_a_hello_flood_is_capped(next_cluster_id: Callable[[], int],
+                                       limits: dict[str, int], hit: str) -> None:
+    with daemon_process(limits=limits) as daemon:
         owner = LLMDataDist(LLMRole.PROMPT, next_cluster_id(), daemon=daemon.client_target)
         await owner.init(options(pool_bytes=2**20))
         try:
@@ -203,9 +208,9 @@ async def test_a_hello_flood_is_capped(next_cluster_id: Callable[[], int]) -> No
                 for _ in range(5):
                     await peer.Hello(hello(owner.cluster_id), timeout=10)
                 for _ in range(20):
-                    await refused(peer.Hello(hello(owner.cluster_id), timeout=10),
-                                  grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                  "limits.max_inbound_links = 5")
+                    err = await refused(peer.Hello(hello(owner.cluster_id), timeout=10),
+                                        grpc.StatusCode.RESOURCE_EXHAUSTED, hit)
+                    assert llm_status(err) == LLMStatusCode.LLM_LINK_FAILED
         finally:
             await owner.finalize()
 

@@ -74,10 +74,14 @@ def secured(request: pytest.FixtureRequest, ca: CertificateAuthority,
         yield a, b
 
 
+@pytest.mark.parametrize("same_daemon", [False, True])
 async def test_pull_by_key_in_each_mode(secured: tuple[DaemonProcess, ...],
-                                        next_cluster_id: Callable[[], int]) -> None:
+                                        next_cluster_id: Callable[[], int],
+                                        same_daemon: bool) -> None:
     prefill, decode = secured
-    pair = await make_pair(prefill, decode, next_cluster_id, pool_bytes=8 * 2**20)
+    # A link inside one daemon also goes through its own (authenticated) Hello.
+    pair = await make_pair(prefill, prefill if same_daemon else decode, next_cluster_id,
+                           pool_bytes=8 * 2**20)
     try:
         desc = CacheDesc(4, [1, 64 * 1024], DataType.DT_UINT8)
         key = CacheKey(pair.prompt.cluster_id, req_id=3)
