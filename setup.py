@@ -26,7 +26,9 @@ extensions = [
     # pools, mappings, copies and the TCP data plane
     native_extension("_core", ["extents.c", "pool.c", "mapping.c", "copy.c", "region_table.c",
                                "tcp_wire.c", "tcp_server.c", "tcp_link.c", "completion.c",
-                               "copy_pool.c"]),
+                               "copy_pool.c"],
+                     # libcrypto: the data plane's connection MACs (HMAC-SHA256)
+                     libraries=("crypto",)),
     # the ACL/HCCL shim: loads CANN with dlopen at run time, so it builds anywhere
     native_extension("_ascend", ["acl_shim.c"], libraries=("dl",)),
 ]

@@ -2,7 +2,8 @@
 
 Exit codes: 0 after a clean stop (or a successful ``--check`` /
 ``--print-config``), 1 when the daemon fails, 2 for a bad command line or
-configuration (an Ascend backend that cannot start included), 130 when
+configuration (an Ascend backend that cannot start, a listener refused by
+``listeners`` or ``trust`` included), 130 when
 interrupted before the daemon took over SIGINT.
 """
 
@@ -154,6 +155,7 @@ def _run(config: DaemonConfig) -> int:
     # Imported only now: the server pulls in grpc and the native module,
     # which --check and --print-config do not need.
     from hixl_service.ascend.backend import BackendUnavailable
+    from hixl_service.listeners import StartRefused
     from hixl_service.server import run_daemon
 
     try:
@@ -165,7 +167,7 @@ def _run(config: DaemonConfig) -> int:
             "asyncio" if runner is asyncio.run else "uvloop",
         )
         runner(run_daemon(config))
-    except BackendUnavailable as exc:
+    except (BackendUnavailable, StartRefused) as exc:
         logger.critical("%s", exc)
         return EXIT_CONFIG
     except KeyboardInterrupt:

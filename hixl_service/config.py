@@ -45,11 +45,14 @@ from pydantic_settings import (
 
 __all__ = [
     "ENV_PREFIX",
+    "AllowedPeer",
     "AscendConfig",
     "ConfigError",
     "DaemonConfig",
+    "LimitsConfig",
     "LoggingConfig",
     "PoolConfig",
+    "SecurityConfig",
     "ServerConfig",
     "TransferConfig",
     "dump_toml",
@@ -297,6 +300,98 @@ class LoggingConfig(_Section):
         return value.lower() if isinstance(value, str) else value
 
 
+class AllowedPeer(_Section):
+    """One identity that may link to this daemon (``[[security.allowed_peers]]``)."""
+
+    identity: str = Field(
+        min_length=1,
+        description="mtls: the peer certificate's SPIFFE URI SAN, else its DNS SAN, else its "
+        "CN; token and none: the peer's IP address.",
+    )
+    clusters: list[Annotated[int, Field(ge=0)]] = Field(
+        default_factory=list,
+        description="Cluster ids of this daemon it may link to; empty: any.",
+    )
+    write: bool = Field(
+        default=False,
+        description="Whether it may write (push, TransferConfig writes) into those clusters' "
+        "writable caches; reads only when false.",
+    )
+
+
+class SecurityConfig(_Section):
+    """Who may link to this daemon, and how peers prove it (README "Security")."""
+
+    mode: Literal["none", "token", "mtls"] = Field(
+        default="none",
+        description='"none": no authentication (loopback only, unless insecure). "token": '
+        "peers prove knowledge of the shared secret in token_file by HMAC challenge-response. "
+        '"mtls": every TCP gRPC listener requires client certificates signed by tls_ca.',
+    )
+    token_file: Path | None = Field(
+        default=None,
+        description="token mode: file holding the shared secret (at least 16 bytes); must be "
+        "owned by the daemon's user and mode 0600 or stricter.",
+    )
+    tls_cert: Path | None = Field(
+        default=None, description="mtls mode: this daemon's certificate chain (PEM)."
+    )
+    tls_key: Path | None = Field(default=None, description="mtls mode: its private key (PEM).")
+    tls_ca: Path | None = Field(
+        default=None, description="mtls mode: the CA certificates peers' certificates chain to."
+    )
+    allowed_peers: list[AllowedPeer] = Field(
+        default_factory=list,
+        description="Identities that may link; empty: any peer that authenticates, to any "
+        "cluster, with writes.",
+    )
+    insecure: bool = Field(
+        default=False,
+        description='Allow mode "none" on a non-loopback listener (logs a warning at every '
+        "start). Anyone who reaches the ports can then read and write every cache.",
+    )
+
+    _unset_if_empty = field_validator(
+        "token_file", "tls_cert", "tls_key", "tls_ca", mode="before"
+    )(_empty_is_unset)
+
+    @model_validator(mode="after")
+    def _check_mode(self) -> SecurityConfig:
+        if self.mode == "token" and self.token_file is None:
+            raise ValueError('mode "token" needs token_file')
+        if self.mode == "mtls":
+            missing = [name for name in ("tls_cert", "tls_key", "tls_ca")
+                       if getattr(self, name) is None]
+            if missing:
+                raise ValueError(f'mode "mtls" needs {", ".join(missing)}')
+        identities = [peer.identity for peer in self.allowed_peers]
+        if len(set(identities)) != len(identities):
+            raise ValueError(f"allowed_peers names an identity twice: {identities}")
+        return self
+
+
+class LimitsConfig(_Section):
+    """Bounds on what peers may hold of this daemon; each refusal names its key."""
+
+    max_inbound_links: int = Field(
+        default=4096, gt=0, description="Inbound links from all peers together."
+    )
+    max_links_per_peer: int = Field(
+        default=512, gt=0, description="Inbound links from one peer identity."
+    )
+    hello_rate: float = Field(
+        default=200.0, gt=0, allow_inf_nan=False,
+        description="Link attempts (Peer.Challenge and Peer.Hello) accepted per second, "
+        "all peers together; a burst of hello_burst is allowed.",
+    )
+    hello_burst: int = Field(default=400, gt=0, description="See hello_rate.")
+    max_data_connections: int = Field(
+        default=1024, gt=0, le=1 << 20,
+        description="Data-plane connections served at once (each link opens "
+        "transfer.streams_per_link of them).",
+    )
+
+
 @dataclass(frozen=True)
 class _LoadRequest:
     path: Path | None
@@ -338,6 +433,10 @@ class DaemonConfig(BaseSettings):
         default_factory=AscendConfig, description='Ascend backend (pool.backend = "hccl").'
     )
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Log output.")
+    security: SecurityConfig = Field(
+        default_factory=SecurityConfig, description="Peer authentication and authorization."
+    )
+    limits: LimitsConfig = Field(default_factory=LimitsConfig, description="Limits on peers.")
 
     @classmethod
     def settings_customise_sources(
@@ -422,8 +521,9 @@ def _short_repr(value: object, limit: int = 60) -> str:
 def dump_toml(data: Mapping[str, Mapping[str, object]]) -> str:
     """Render ``{section: {key: value}}`` as TOML.
 
-    Values may be str, int, float, bool, ``os.PathLike``, ``None`` or a list of
-    those; ``None`` becomes ``""``, which the daemon reads as "unset".
+    Values may be str, int, float, bool, ``os.PathLike``, ``None``, a mapping
+    of those (an inline table) or a list of any of them; ``None`` becomes
+    ``""``, which the daemon reads as "unset".
 
     Args:
         data: The sections to render, in order.
@@ -444,6 +544,8 @@ def dump_toml(data: Mapping[str, Mapping[str, object]]) -> str:
 
 
 def _toml_value(value: object) -> str:
+    if isinstance(value, Mapping):  # an inline table (allowed_peers)
+        return "{" + ", ".join(f"{key} = {_toml_value(item)}" for key, item in value.items()) + "}"
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(item) for item in value) + "]"
     if value is None:

@@ -40,6 +40,7 @@ from .regions import Regions
 from .registry import KeySpec
 from .sessions import Session, Sessions
 from .transports.factory import TransportKit
+from .trust import Trust, insecure_trust
 
 if TYPE_CHECKING:
     from .ascend.backend import AscendBackend
@@ -67,6 +68,8 @@ class EngineDeps:
     peer_lane: PeerLaneInfo = field(default_factory=PeerLaneInfo)
     # The dispatcher's too: it decides inline waits and copies by it (see load.py).
     load: TransferLoad = field(default_factory=TransferLoad)
+    # [security] and [limits]: who may link, and the links' keys.
+    trust: Trust = field(default_factory=insecure_trust)
 
 
 class Engine:
@@ -86,7 +89,7 @@ class Engine:
         facts = DaemonFacts(deps.daemon_id, deps.version, deps.data_host, deps.backend,
                             deps.peer_lane)
         self.inbound = InboundLinks(facts, self.clusters, deps.data_server, self.regions,
-                                    self.caches, self.kit)
+                                    self.caches, self.kit, deps.trust)
         self.outbound = OutboundLinks(deps.daemon_id, deps.backend, self, self.kit,
                                       deps.peer_factory, deps.connect_timeout_s)
 

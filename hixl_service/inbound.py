@@ -14,6 +14,7 @@ from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import grpc
 import hixl_native
 
 from hixl_client.status import LLMException, LLMStatusCode
@@ -24,9 +25,11 @@ from .links import InboundLink
 from .peer_api import PROTOCOL_VERSION, CacheRefSpec, FarRegion, PeerHello, ResolvedCache
 from .regions import DeviceRegion, Regions
 from .registry import KeySpec
+from .rpc_errors import CallRefused
 from .transports.base import PlainInbound
 from .transports.factory import TransportKit, inbound_side
 from .transports.hccl import hccl_side, region_pairs
+from .trust import HelloFacts, Trust
 
 logger = logging.getLogger(__name__)
 
@@ -55,8 +58,9 @@ class InboundLinks:
 
     def __init__(self, daemon: DaemonFacts, clusters: Mapping[int, Cluster],
                  data_server: hixl_native.DataServer, regions: Regions, caches: Caches,
-                 kit: TransportKit) -> None:
+                 kit: TransportKit, trust: Trust) -> None:
         self._daemon = daemon
+        self._trust = trust
         self._clusters = clusters
         self._data_server = data_server
         self._regions = regions
@@ -72,8 +76,20 @@ class InboundLinks:
         return [link for link in self._links.values() if link.dst_cluster_id == cluster_id]
 
     def accept_link(self, protocol_version: int, src_daemon_id: str, src_cluster_id: int,
-                    dst_cluster_id: int, backend: str = "host") -> PeerHello:
-        """Peer side of a link: authorize a token for one of our clusters."""
+                    dst_cluster_id: int, backend: str = "host", identity: str = "",
+                    facts: HelloFacts | None = None, proof: bytes = b"") -> PeerHello:
+        """Peer side of a link: check who links, then authorize a token and a key for
+        one of our clusters at the data server.
+
+        ``identity`` is the caller's (``Trust.identity_of``); in token mode
+        ``facts`` and ``proof`` are the Hello's answer to its challenge."""
+        trust = self._trust
+        if trust.mode == "token":
+            if facts is None:
+                raise CallRefused("this daemon requires token authentication (security.mode = "
+                                  "\"token\")", LLMStatusCode.LLM_LINK_FAILED,
+                                  grpc.StatusCode.UNAUTHENTICATED)
+            trust.check_hello(facts, proof)
         if protocol_version != PROTOCOL_VERSION:
             raise LLMException(f"peer protocol {protocol_version} is not {PROTOCOL_VERSION}",
                                status_code=LLMStatusCode.LLM_LINK_FAILED)
@@ -82,22 +98,42 @@ class InboundLinks:
             raise LLMException(f"daemon {src_daemon_id} runs the {backend!r} backend and daemon "
                                f"{mine.daemon_id} the {mine.backend!r} one; link daemons "
                                f"of one backend", status_code=LLMStatusCode.LLM_LINK_FAILED)
+        may_write = trust.permission(identity, dst_cluster_id)
         cluster = self._clusters.get(dst_cluster_id)
         if cluster is None:
             raise LLMException(f"cluster {dst_cluster_id} is not initialized on daemon "
                                f"{self._daemon.daemon_id}",
                                status_code=LLMStatusCode.LLM_LINK_FAILED)
+        self._check_limits(identity)
         token = secrets.randbits(64) or 1
+        while token in self._links:
+            token = secrets.randbits(64) or 1
+        grant = trust.grant(facts, token, may_write)
         side = inbound_side(self._kit, src_daemon_id == self._daemon.daemon_id,
                             cluster.settings.device_id, dst_cluster_id)
         self._links[token] = InboundLink(token, src_daemon_id, src_cluster_id, dst_cluster_id,
-                                          side)
-        self._data_server.authorize(token, dst_cluster_id)
-        logger.info("cluster %d of daemon %s linked to cluster %d", src_cluster_id,
-                    src_daemon_id, dst_cluster_id)
+                                         side, identity, grant.may_write)
+        self._data_server.authorize(token, dst_cluster_id, grant.key, grant.may_write)
+        logger.info("cluster %d of daemon %s (%s) linked to cluster %d%s", src_cluster_id,
+                    src_daemon_id, identity or "?", dst_cluster_id,
+                    "" if grant.may_write else ", read only")
         return PeerHello(self._daemon.daemon_id, self._daemon.version, self._daemon.data_host,
                          self._data_server.port, token, self._daemon.backend,
-                         self._daemon.peer_lane.port)
+                         self._daemon.peer_lane.port, link_key=grant.reply_key,
+                         server_proof=grant.server_proof)
+
+    def _check_limits(self, identity: str) -> None:
+        limits = self._trust.limits
+        if len(self._links) >= limits.max_inbound_links:
+            raise CallRefused(f"this daemon holds limits.max_inbound_links = "
+                              f"{limits.max_inbound_links} inbound links; unlink some first",
+                              LLMStatusCode.LLM_LINK_FAILED, grpc.StatusCode.RESOURCE_EXHAUSTED)
+        held = sum(1 for link in self._links.values() if link.identity == identity)
+        if held >= limits.max_links_per_peer:
+            raise CallRefused(f"peer {identity!r} holds limits.max_links_per_peer = "
+                              f"{limits.max_links_per_peer} inbound links of this daemon; "
+                              f"unlink some first", LLMStatusCode.LLM_LINK_FAILED,
+                              grpc.StatusCode.RESOURCE_EXHAUSTED)
 
     def drop_inbound_link(self, token: int) -> None:
         if token not in self._links:
@@ -200,6 +236,10 @@ class InboundLinks:
             raise LLMException(f"region {region_id} of cluster {inbound.dst_cluster_id} is not "
                                f"writable by linked peers",
                                status_code=LLMStatusCode.LLM_PARAM_INVALID)
+        if not send and not inbound.may_write:
+            raise CallRefused(f"peer {inbound.identity!r} may not write into cluster "
+                              f"{inbound.dst_cluster_id} (security.allowed_peers)",
+                              LLMStatusCode.LLM_PARAM_INVALID, grpc.StatusCode.PERMISSION_DENIED)
         pairs = region_pairs(ranges, region_id, region.offset, region.size)
         await side.post(send, region.memory, pairs, timeout_ms)
 

@@ -27,7 +27,6 @@ import asyncio
 import collections
 import inspect
 import logging
-import os
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, cast
@@ -55,6 +54,7 @@ from .eager import start_eagerly
 from .engine import Engine
 from .inbound import PeerLaneInfo
 from .interceptors import new_request_id, request_id
+from .listeners import socket_umask
 from .load import TransferLoad
 from .rpc_errors import handler_error
 from .sessions import Session
@@ -223,7 +223,7 @@ class _Connection(asyncio.Protocol):
         if binding is None:
             self._refuse(call_id, LLMStatusCode.LLM_FAILED,
                          "the lane carries no session; send HELLO first",
-                         grpc.StatusCode.FAILED_PRECONDITION)
+                         grpc.StatusCode.UNAUTHENTICATED)
             return
         entry = self._server.handlers.get(kind)
         if entry is None:
@@ -289,7 +289,8 @@ class _Connection(asyncio.Protocol):
         try:
             binding = self._server.bind(body)
         except LLMException as exc:
-            self._refuse(call_id, exc.status_code, str(exc), grpc.StatusCode.FAILED_PRECONDITION)
+            self._refuse(call_id, exc.status_code, str(exc),
+                         getattr(exc, "grpc_code", None) or grpc.StatusCode.FAILED_PRECONDITION)
             return
         if self._binding is not None:
             self._binding.released()
@@ -365,11 +366,7 @@ class LaneServer:
                 session_id = body.decode()
             except UnicodeDecodeError:
                 session_id = ""
-            try:
-                return SessionBinding(engine.sessions.get(session_id))
-            except LLMException as exc:
-                raise LLMException(f"no such session: {exc}",
-                                   status_code=LLMStatusCode.LLM_FAILED) from None
+            return SessionBinding(engine.sessions.get(session_id))
 
         return cls("transfer lane", CLIENT_METHODS, servicer, bind, needs_hello=True,
                    load=engine.deps.load)
@@ -387,8 +384,8 @@ class LaneServer:
     async def start_unix(self, path: Path) -> None:
         _replace_socket(path)
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_unix_server(lambda: _Connection(self), str(path))
-        os.chmod(path, 0o660)
+        with socket_umask():  # 0660 from the start, never chmod'ed once it listens
+            self._server = await loop.create_unix_server(lambda: _Connection(self), str(path))
         self._path = path
 
     async def start_tcp(self, host: str, port: int) -> int:

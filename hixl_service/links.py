@@ -94,3 +94,5 @@ class InboundLink:
     src_cluster_id: int
     dst_cluster_id: int
     side: InboundSide  # what the transport keeps on this side
+    identity: str = ""  # the peer's, as trust.Trust.identity_of saw it (limits count it)
+    may_write: bool = True  # security.allowed_peers lets it write into the cluster

@@ -73,6 +73,10 @@ class PeerHello:
     token: int
     backend: str = "host"
     lane_port: int = 0  # the peer lane's TCP port on data_host; 0: none
+    # The link's data-plane key (trust.py): sent by modes none and mtls; in
+    # token mode empty on the wire, derived by both ends.
+    link_key: bytes = b""
+    server_proof: bytes = b""  # token mode: the linked daemon knows the secret
 
 
 

@@ -34,6 +34,7 @@ from .peer_api import (
     ResolvedCache,
 )
 from .registry import KeySpec
+from .trust import HelloFacts, Trust, insecure_trust, new_client_nonce
 
 logger = logging.getLogger(__name__)
 
@@ -86,10 +87,13 @@ def _request_tag() -> int:
 class PeerClient:
     """Calls the Peer service of one remote daemon over a cached channel."""
 
-    def __init__(self, address: str, version: str) -> None:
+    def __init__(self, address: str, version: str, trust: Trust | None = None) -> None:
         self.address = address
         self._version = version
-        self._channel = grpc.aio.insecure_channel(address)
+        self._trust = trust = trust if trust is not None else insecure_trust()
+        credentials = trust.channel_credentials()
+        self._channel = (grpc.aio.secure_channel(address, credentials) if credentials is not None
+                         else grpc.aio.insecure_channel(address))
         self._stub = peer_pb2_grpc.PeerStub(self._channel)
         self._lane_address: tuple[str, int] | None = None  # from the peer's Hello
         self._lane: Lane | None = None
@@ -137,11 +141,22 @@ class PeerClient:
         request = peer_pb2.HelloRequest(protocol_version=PROTOCOL_VERSION, daemon_id=daemon_id,
                                         version=self._version, src_cluster_id=src_cluster_id,
                                         dst_cluster_id=dst_cluster_id, backend=backend)
+        facts: HelloFacts | None = None
+        if self._trust.mode == "token":
+            challenge = await self._call(self._stub.Challenge, peer_pb2.ChallengeRequest(),
+                                         timeout_s)
+            facts = HelloFacts(challenge.nonce, new_client_nonce(), daemon_id, src_cluster_id,
+                               dst_cluster_id)
+            request.challenge, request.client_nonce = facts.challenge, facts.client_nonce
+            request.proof = self._trust.hello_proof(facts)
         reply = await self._call(self._stub.Hello, request, timeout_s)
+        key = (reply.link_key if facts is None
+               else self._trust.accept_welcome(facts, reply.link_token, reply.server_proof))
         if reply.lane_port:
             self._lane_address = (reply.data_host, reply.lane_port)
         return PeerHello(reply.daemon_id, reply.version, reply.data_host, reply.data_port,
-                         reply.link_token, reply.backend or "host", reply.lane_port)
+                         reply.link_token, reply.backend or "host", reply.lane_port,
+                         link_key=key)
 
     async def resolve(self, token: int, ref: CacheRefSpec, timeout_s: float) -> ResolvedCache:
         request = peer_pb2.ResolveCacheRequest(link_token=token, ref=ref_to_proto(ref))

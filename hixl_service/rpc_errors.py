@@ -24,6 +24,18 @@ from hixl_client.status import STATUS_TO_GRPC, LLMException, LLMStatusCode, stat
 logger = logging.getLogger(__name__)
 
 
+class CallRefused(LLMException):
+    """A refusal whose gRPC code is not the table's for its LLMStatusCode: a call
+    with no valid session or credentials (UNAUTHENTICATED), a peer that may not
+    link (PERMISSION_DENIED), a limit hit (RESOURCE_EXHAUSTED). The lanes'
+    CallError carries the same code (``hixl_wire.lane.call_error_of``)."""
+
+    def __init__(self, message: str, status_code: LLMStatusCode,
+                 grpc_code: grpc.StatusCode) -> None:
+        super().__init__(message, status_code=status_code)
+        self.grpc_code = grpc_code
+
+
 def handler_error(name: str, exc: Exception) -> LLMException:
     """What handler ``name`` answers for failing with ``exc`` (logged here)."""
     if isinstance(exc, LLMException):
@@ -40,6 +52,7 @@ def handler_error(name: str, exc: Exception) -> LLMException:
 
 async def abort_with(context: grpc.aio.ServicerContext[Any, Any], exc: LLMException) -> NoReturn:
     """End a gRPC call with ``exc``'s status (raises, as ``context.abort`` does)."""
-    code = STATUS_TO_GRPC.get(exc.status_code, grpc.StatusCode.UNKNOWN)
+    code = getattr(exc, "grpc_code", None) or STATUS_TO_GRPC.get(exc.status_code,
+                                                                 grpc.StatusCode.UNKNOWN)
     await context.abort(code, str(exc), trailing_metadata=status_metadata(exc.status_code))
     raise AssertionError("unreachable: context.abort raises")

@@ -1,9 +1,12 @@
 """The process shell: listeners, health, reflection, signals, drain.
 
 Two grpc.aio servers share one event loop: the client server (unix socket,
-optionally TCP) carries the Client service, the peer server (TCP) carries the
-Peer service. Both carry Admin, health and reflection, so ``grpcurl`` works on
-every listener. Readiness (ready file, sd_notify) is announced only once
+optionally TCP) carries the Client and Admin services, the peer server (TCP)
+carries the Peer service only, so that nothing of sessions or clients
+reaches peers. Both carry health and reflection, so ``grpcurl`` works on
+every listener; with ``security.mode = "mtls"`` every TCP listener requires
+client certificates (``trust``), and listeners are checked before they
+start (``listeners``). Readiness (ready file, sd_notify) is announced only once
 everything listens; SIGTERM/SIGINT stop taking work, end sessions, and free
 the pools before the process exits.
 """
@@ -17,7 +20,6 @@ import logging
 import os
 import secrets
 import signal
-import socket
 from pathlib import Path
 
 import grpc.aio
@@ -51,6 +53,15 @@ from .interceptors import (
     install_log_record_factory,
 )
 from .lane_server import LaneServer
+from .listeners import (
+    StartRefused,
+    check_exposure,
+    clear_stale_socket,
+    prepare_socket_dir,
+    refuse_busy_port,
+    socket_umask,
+    unlink_all,
+)
 from .load import TransferLoad
 from .memory.host import HostMemory
 from .peer_api import PeerApi
@@ -59,6 +70,7 @@ from .pools import PoolManager
 from .servicer_admin import AdminServicer
 from .servicer_client import ClientServicer
 from .servicer_peer import PeerServicer
+from .trust import Trust
 
 logger = logging.getLogger(__name__)
 
@@ -73,30 +85,26 @@ ADMIN_NAME = admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name
 SERVER_OPTIONS = (("grpc.so_reuseport", 0),)
 
 
-def _prepare_socket(path: Path) -> None:
-    """Create the socket's directory and clear a stale socket, never a live one."""
-    path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
-    if not path.exists():
-        return
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(str(path))
-    except OSError:
-        path.unlink()  # nobody listens: a leftover of a killed daemon
-    else:
-        raise SystemExit(f"another daemon already listens on {path}")
-    finally:
-        probe.close()
-
-
-def _add_common(server: grpc.aio.Server, engine: Engine,
-                health_servicer: health.aio.HealthServicer,
-                services: tuple[str, ...], backend: str, peer_address: str) -> None:
-    admin_pb2_grpc.add_AdminServicer_to_server(
-        AdminServicer(engine, backend, peer_address), generic_only(server))
+def _add_common(server: grpc.aio.Server, health_servicer: health.aio.HealthServicer,
+                services: tuple[str, ...]) -> None:
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, generic_only(server))
     reflection.enable_server_reflection(
-        (*services, ADMIN_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+        (*services, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+
+
+def _add_port(server: grpc.aio.Server, address: str, what: str,
+              credentials: grpc.ServerCredentials | None) -> int:
+    """Bind ``address`` now (gRPC binds when the port is added), or refuse the start."""
+    try:
+        if credentials is not None:
+            port = server.add_secure_port(address, credentials)
+        else:
+            port = server.add_insecure_port(address)
+    except RuntimeError as exc:
+        raise refuse_busy_port(what, address, exc) from None
+    if port == 0 and not address.startswith("unix:"):
+        raise refuse_busy_port(what, address, RuntimeError("bind failed"))
+    return port
 
 
 def _write_ready_file(path: Path, record: dict[str, object]) -> None:
@@ -126,7 +134,7 @@ class Daemon:
     def _peer(self, address: str) -> PeerApi:
         client = self._peers.get(address)
         if client is None:
-            client = self._peers[address] = PeerClient(address, __version__)
+            client = self._peers[address] = PeerClient(address, __version__, self.trust)
         return client
 
     def stop(self) -> None:
@@ -138,6 +146,10 @@ class Daemon:
         to the caller (a daemon run inside a test process)."""
         cfg = self.config
         loop = asyncio.get_running_loop()
+        # Refusals (exit 2) come before anything listens.
+        check_exposure(cfg)
+        self.trust = trust = Trust(cfg.security, cfg.limits)
+        prepare_socket_dir(self.fd_path.parent)
         ascend: AscendBackend | None = None
         if cfg.pool.backend == "hccl":
             # Raises BackendUnavailable (the process exits 2): never a silent fallback.
@@ -145,9 +157,15 @@ class Daemon:
         # A start that fails part way releases what it had taken (sockets,
         # listeners, the data server) before the error ends the process.
         unwind = contextlib.AsyncExitStack()
+        created: list[Path] = []  # sockets to remove if the start fails
         try:
-            data_server = await asyncio.to_thread(hixl_native.DataServer, cfg.server.peer_host,
-                                                  cfg.server.data_port)
+            data_address = f"{cfg.server.peer_host}:{cfg.server.data_port}"
+            try:
+                data_server = await asyncio.to_thread(
+                    hixl_native.DataServer, cfg.server.peer_host, cfg.server.data_port,
+                    cfg.limits.max_data_connections)
+            except hixl_native.NativeError as exc:
+                raise refuse_busy_port("the data plane", data_address, exc) from None
             unwind.callback(data_server.close)
             pools = PoolManager(HostMemory(int(cfg.pool.max_bytes), cfg.pool.populate,
                                            ascend.pin_host if ascend is not None else None),
@@ -162,31 +180,38 @@ class Daemon:
                 dispatcher=dispatcher, load=load,
                 streams_per_link=cfg.transfer.streams_per_link,
                 connect_timeout_s=cfg.transfer.connect_timeout_s,
-                backend=cfg.pool.backend, ascend=ascend))
+                backend=cfg.pool.backend, ascend=ascend, trust=trust))
             unwind.callback(dispatcher.close)
             unwind.callback(engine.deps.copier.close)  # its threads post to the dispatcher
             health_servicer = health.aio.HealthServicer()
-            fd_server = FdServer(self.fd_path, pools.take_fd, engine.caches.add_user_buffer)
-            await fd_server.start()
-            unwind.push_async_callback(fd_server.close)
-
             install_log_record_factory()
+            credentials = trust.server_credentials()
             peer_server = grpc.aio.server(interceptors=[RequestIdInterceptor()],
                                           options=SERVER_OPTIONS,
                                           maximum_concurrent_rpcs=cfg.server.max_concurrent_rpcs)
-            peer_port = peer_server.add_insecure_port(
-                f"{cfg.server.peer_host}:{cfg.server.peer_port}")
+            peer_port = _add_port(peer_server, f"{cfg.server.peer_host}:{cfg.server.peer_port}",
+                                  "the peer service", credentials)
             peer_address = f"{self.advertise_host}:{peer_port}"
+            fd_server = FdServer(self.fd_path, pools.take_fd, engine.caches.add_user_buffer)
+            created.append(self.fd_path)
+            with socket_umask():
+                await fd_server.start()
+            unwind.push_async_callback(fd_server.close)
             peer_servicer = PeerServicer(engine)
             peer_pb2_grpc.add_PeerServicer_to_server(peer_servicer, generic_only(peer_server))
             peer_lane: LaneServer | None = None
-            if cfg.server.peer_lane:
+            # The peer lane has no credentials of its own: with authenticated
+            # peers its calls go over the (mTLS) gRPC channel instead.
+            if cfg.server.peer_lane and trust.mode == "none":
                 peer_lane = LaneServer.for_peers(peer_servicer, engine.deps.peer_lane)
-                engine.deps.peer_lane.port = await peer_lane.start_tcp(cfg.server.peer_host,
-                                                                       cfg.server.peer_lane_port)
+                lane_address = f"{cfg.server.peer_host}:{cfg.server.peer_lane_port}"
+                try:
+                    engine.deps.peer_lane.port = await peer_lane.start_tcp(
+                        cfg.server.peer_host, cfg.server.peer_lane_port)
+                except OSError as exc:
+                    raise refuse_busy_port("the peer lane", lane_address, exc) from None
                 unwind.push_async_callback(peer_lane.stop, 0)
-            _add_common(peer_server, engine, health_servicer, SERVICE_NAMES["peer"],
-                        cfg.pool.backend, peer_address)
+            _add_common(peer_server, health_servicer, SERVICE_NAMES["peer"])
 
             transfers = [f"/{SERVICE_NAMES['client'][0]}/{name}" for name in CLIENT_METHODS]
             client_server = grpc.aio.server(
@@ -198,19 +223,25 @@ class Daemon:
             lane_server: LaneServer | None = None
             if lane_socket:
                 lane_server = LaneServer.for_clients(engine, client_servicer)
+                created.append(self.lane_path)
                 await lane_server.start_unix(self.lane_path)
                 unwind.push_async_callback(lane_server.stop, 0)
             client_pb2_grpc.add_ClientServicer_to_server(client_servicer,
                                                          generic_only(client_server))
-            _add_common(client_server, engine, health_servicer, SERVICE_NAMES["client"],
-                        cfg.pool.backend, peer_address)
+            admin_pb2_grpc.add_AdminServicer_to_server(
+                AdminServicer(engine, cfg.pool.backend, peer_address),
+                generic_only(client_server))
+            _add_common(client_server, health_servicer, (*SERVICE_NAMES["client"], ADMIN_NAME))
             client_target = ""
             if self.socket_path is not None:
-                _prepare_socket(self.socket_path)
-                client_server.add_insecure_port(f"unix:{self.socket_path}")
+                clear_stale_socket(self.socket_path)
+                created.append(self.socket_path)
+                with socket_umask():  # 0660 from the start, never chmod'ed once it listens
+                    _add_port(client_server, f"unix:{self.socket_path}", "clients", None)
                 client_target = f"unix:{self.socket_path}"
             if cfg.server.client_tcp:
-                port = client_server.add_insecure_port(cfg.server.client_tcp)
+                port = _add_port(client_server, cfg.server.client_tcp, "clients over TCP",
+                                 credentials)
                 host = cfg.server.client_tcp.rsplit(':', 1)[0]
                 client_target = client_target or f"{host}:{port}"
 
@@ -219,9 +250,8 @@ class Daemon:
             await client_server.start()
         except BaseException:
             await unwind.aclose()
+            unlink_all(created)
             raise
-        if self.socket_path is not None:
-            os.chmod(self.socket_path, 0o660)
         for name in ("", *SERVICE_NAMES["client"], *SERVICE_NAMES["peer"], ADMIN_NAME):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
         if handle_signals:
@@ -259,6 +289,9 @@ class Daemon:
         if cfg.server.ready_file is not None:
             cfg.server.ready_file.unlink(missing_ok=True)
         logger.info("stopped")
+
+
+__all__ = ["Daemon", "StartRefused", "run_daemon"]
 
 
 async def run_daemon(config: DaemonConfig) -> None:

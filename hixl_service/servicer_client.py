@@ -28,6 +28,7 @@ from .planning import block_list
 from .prepared import again, repeat_at_once, repeat_handle
 from .repeats import Repeat
 from .rpc_errors import abort_with
+from .sessions import no_session
 from .transfers import Outcome, PullSpec, PushSpec, pull, push
 
 logger = logging.getLogger(__name__)
@@ -129,8 +130,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
 
     def _session(self, context: CallInfo) -> Session:
         if context.session_id is None:
-            raise LLMException("the call carries no session; attach first",
-                               status_code=LLMStatusCode.LLM_FAILED)
+            raise no_session("the call carries no session; attach first")
         return self._engine.sessions.get(context.session_id)
 
     async def Attach(self, request: client_pb2.AttachRequest, context: GrpcContext) -> None:

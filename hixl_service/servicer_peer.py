@@ -1,13 +1,20 @@
-"""The Peer service: what other daemons call on this one."""
+"""The Peer service: what other daemons call on this one.
+
+Challenge and Hello are gRPC only (never on the peer lane): they need the
+call's credentials, which say who links (``trust.Trust.identity_of``), and
+both count against the Hello rate before anything else is looked at.
+"""
 
 from __future__ import annotations
 
 from hixl_client.status import LLMException, LLMStatusCode
 from hixl_wire._proto.hixl.v1 import peer_pb2, peer_pb2_grpc
 
-from .calls import CallInfo, unary
+from .calls import CallInfo, GrpcContext, unary
 from .engine import Engine
 from .peer_client import key_from_proto, ref_from_proto
+from .rpc_errors import abort_with, handler_error
+from .trust import HelloFacts
 
 
 class PeerServicer(peer_pb2_grpc.PeerServicer):
@@ -16,16 +23,40 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
 
-    @unary
-    async def Hello(self, request: peer_pb2.HelloRequest, context: CallInfo) -> peer_pb2.HelloReply:
-        hello = self._engine.inbound.accept_link(request.protocol_version, request.daemon_id,
-                                         request.src_cluster_id, request.dst_cluster_id,
-                                         request.backend or "host")
+    async def Challenge(self, request: peer_pb2.ChallengeRequest,
+                        context: GrpcContext) -> peer_pb2.ChallengeReply:
+        trust = self._engine.deps.trust
+        try:
+            trust.hello_gate.admit()
+            if trust.mode != "token":
+                raise LLMException(f"this daemon does not use token authentication "
+                                   f"(security.mode = {trust.mode!r})",
+                                   status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
+            return peer_pb2.ChallengeReply(nonce=trust.challenges.issue())
+        except Exception as exc:
+            await abort_with(context, handler_error("Challenge", exc))
+
+    async def Hello(self, request: peer_pb2.HelloRequest,
+                    context: GrpcContext) -> peer_pb2.HelloReply:
+        trust = self._engine.deps.trust
+        try:
+            trust.hello_gate.admit()
+            identity = trust.identity_of(context)
+            facts = (HelloFacts(request.challenge, request.client_nonce, request.daemon_id,
+                                request.src_cluster_id, request.dst_cluster_id)
+                     if request.challenge else None)
+            hello = self._engine.inbound.accept_link(
+                request.protocol_version, request.daemon_id, request.src_cluster_id,
+                request.dst_cluster_id, request.backend or "host", identity, facts,
+                request.proof)
+        except Exception as exc:
+            await abort_with(context, handler_error("Hello", exc))
         return peer_pb2.HelloReply(protocol_version=request.protocol_version,
                                    daemon_id=hello.daemon_id, version=hello.version,
                                    data_host=hello.data_host, data_port=hello.data_port,
                                    link_token=hello.token, backend=hello.backend,
-                                   lane_port=hello.lane_port)
+                                   lane_port=hello.lane_port, link_key=hello.link_key,
+                                   server_proof=hello.server_proof)
 
     @unary
     async def ResolveCache(self, request: peer_pb2.ResolveCacheRequest,

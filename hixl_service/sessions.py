@@ -6,11 +6,20 @@ import logging
 import secrets
 from dataclasses import dataclass
 
+import grpc
+
 from hixl_client.status import LLMException, LLMStatusCode
 
 from .cluster import Cluster
+from .rpc_errors import CallRefused
 
 logger = logging.getLogger(__name__)
+
+
+def no_session(message: str) -> CallRefused:
+    """A call without a valid session: UNAUTHENTICATED, with LLM-DataDist's code for a
+    call before init (LLM_FAILED)."""
+    return CallRefused(message, LLMStatusCode.LLM_FAILED, grpc.StatusCode.UNAUTHENTICATED)
 
 
 @dataclass
@@ -52,8 +61,8 @@ class Sessions:
     def get(self, session_id: str) -> Session:
         session = self._by_id.get(session_id)
         if session is None:
-            raise LLMException("unknown or expired session; attach again",
-                               status_code=LLMStatusCode.LLM_FAILED)
+            raise no_session("the call's session is unknown to this daemon (expired, or "
+                             "attached to another daemon); attach again")
         return session
 
     def pop(self, session: Session) -> bool:

@@ -169,9 +169,11 @@ def call_error(code: grpc.StatusCode, llm_status: int, message: str) -> common_p
 
 def call_error_of(exc: LLMException) -> common_pb2.CallError:
     """The CallError of a call that failed with ``exc``: the gRPC code a daemon
-    aborts the same call with (``STATUS_TO_GRPC``) and the exact status."""
-    return call_error(STATUS_TO_GRPC.get(exc.status_code, grpc.StatusCode.UNKNOWN),
-                      int(exc.status_code), str(exc))
+    aborts the same call with (``STATUS_TO_GRPC``, unless the exception names
+    its own ``grpc_code``) and the exact status."""
+    code = getattr(exc, "grpc_code", None) or STATUS_TO_GRPC.get(exc.status_code,
+                                                                 grpc.StatusCode.UNKNOWN)
+    return call_error(code, int(exc.status_code), str(exc))
 
 
 def error_from_reply(body: bytes, what: str) -> LLMException:

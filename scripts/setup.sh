@@ -5,6 +5,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
+# The native data plane links OpenSSL's libcrypto (HMAC of its connection
+# proofs); its headers come with libssl-dev.
+if [ ! -e /usr/include/openssl/hmac.h ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  apt-get install -y -q libssl-dev >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q libssl-dev >/dev/null; }
+fi
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi

@@ -23,6 +23,7 @@ from hixl_bench import (
     report,
     runner,
     scale,
+    security,
 )
 from hixl_bench.model import GIB, MIB, Case, Row
 
@@ -69,6 +70,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--page-tokens", type=int, default=128, help="tokens per KV page")
     p.add_argument("--no-uvloop", action="store_true", help="run on asyncio's default loop")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--security", type=_csv(security.MODES), default=[],
+                   help="also run the sec suite in these modes (e.g. none,token,mtls): a pair "
+                   "of daemons per mode, link set-up time and TCP pulls, side by side")
     return p
 
 
@@ -175,6 +179,8 @@ async def run_measurements(p: plan.Plan, args: argparse.Namespace,
         rows += await run_hixl(p, args, native, progress, peaks)
     finally:
         await native.close()
+    if args.security:
+        rows += await security.security_rows(args.security, args.streams, p.budget, progress)
     if p.peer_cases():
         pythons = {name: path for name, path in (("mooncake", args.mooncake_python),
                                                  ("nixl", args.nixl_python)) if path}
@@ -206,7 +212,7 @@ def _count(p: plan.Plan, args: argparse.Namespace) -> int:
     paths = {c.path for c in p.cases} | ({"tcp"} if counts else set())
     probes = (1 + 2 * len(paths)) if paths else 0  # no-op; tiny and keyed per path
     return 1 + len(ceiling_rows) + probes + len(p.cases) + len(counts) + len(p.kv_cases) + \
-        len(args.peers) * len(p.peer_cases())
+        len(args.peers) * len(p.peer_cases()) + len(args.security) * len(security.BLOCKS)
 
 
 async def run(args: argparse.Namespace) -> int:

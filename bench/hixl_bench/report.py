@@ -136,6 +136,8 @@ def format_row(row: Row) -> str:
         text += f"  control {_num(row.extra['ctrl_us_per_block'], '.3f')} us/block"
         if row.extra.get("ctrl_us_per_added_block") is not None:
             text += f"; {_num(row.extra['ctrl_us_per_added_block'], '.3f')} us per added block"
+    if row.suite == "sec" and row.extra.get("link_setup_ms") is not None:
+        text += f"  link set-up {_num(row.extra['link_setup_ms'], '.2f')} ms"
     return text if row.ok else f"{text}  {row.status}"
 
 
@@ -144,7 +146,7 @@ def header() -> str:
                     for i, (name, w) in enumerate(COLUMNS))
 
 
-_SUITE_ORDER = {"block": 0, "batch": 1, "conc": 2, "scale": 3, "kv": 4}
+_SUITE_ORDER = {"block": 0, "batch": 1, "conc": 2, "scale": 3, "kv": 4, "sec": 5}
 
 
 def _table_key(item: tuple[int, Row]) -> tuple[Any, ...]:

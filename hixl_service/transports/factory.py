@@ -72,7 +72,7 @@ async def _open(kit: TransportKit, ends: LinkEnds, hello: PeerHello, peer: PeerA
                                         ends.local_cluster_id)
     return await TcpTransport.open(hello.data_host, hello.data_port, hello.token,
                                    kit.streams_per_link, kit.dispatcher, kit.connect_timeout_s,
-                                   ends.remote_cluster_id)
+                                   ends.remote_cluster_id, hello.link_key)
 
 
 def inbound_side(kit: TransportKit, same_daemon: bool, device_id: int,

@@ -69,11 +69,15 @@ class TcpTransport:
     @classmethod
     async def open(cls, host: str, port: int, token: int, streams: int,
                    dispatcher: CompletionDispatcher, connect_timeout_s: float,
-                   remote_cluster_id: int) -> TcpTransport:
-        """Connect ``streams`` data-plane streams to the far daemon's data server."""
+                   remote_cluster_id: int, key: bytes) -> TcpTransport:
+        """Connect ``streams`` data-plane streams to the far daemon's data server,
+        each proving the link's ``key`` (agreed at Hello) to it."""
+        if len(key) != hixl_native.KEY_SIZE:
+            raise LLMException(f"the peer at {host}:{port} gave no data-plane key for the link "
+                               f"(an older hixl?)", status_code=LLMStatusCode.LLM_LINK_FAILED)
         try:
             data = await asyncio.to_thread(hixl_native.DataLink, host, port, token, streams,
-                                           dispatcher.queue, int(connect_timeout_s * 1000))
+                                           dispatcher.queue, int(connect_timeout_s * 1000), key)
         except hixl_native.NativeError as exc:
             raise LLMException(f"cannot open the data plane to {host}:{port}: {exc}",
                                status_code=LLMStatusCode.LLM_LINK_FAILED) from exc

@@ -5,12 +5,14 @@ Everything here is implemented in C behind a Cython wrapper (``_core``); see
 """
 
 from hixl_native._core import (
+    E_BUSY,
     E_CANCELLED,
     E_CLOSED,
     E_IO,
     E_PROTO,
     E_REFUSED,
     E_TIMEOUT,
+    KEY_SIZE,
     OK,
     CompletionQueue,
     CopyPool,
@@ -27,12 +29,14 @@ from hixl_native._core import (
 )
 
 __all__ = [
+    "E_BUSY",
     "E_CANCELLED",
     "E_CLOSED",
     "E_IO",
     "E_PROTO",
     "E_REFUSED",
     "E_TIMEOUT",
+    "KEY_SIZE",
     "OK",
     "CompletionQueue",
     "CopyPool",

@@ -137,10 +137,11 @@ cdef extern from "tcp_server.h" nogil:
     ctypedef struct hixl_server:
         pass
 
-    int hixl_server_start(const char *host, uint16_t port, hixl_server **out)
+    int hixl_server_start(const char *host, uint16_t port, size_t max_conns, hixl_server **out)
     uint16_t hixl_server_port(const hixl_server *s)
     hixl_region_table *hixl_server_regions(hixl_server *s)
-    int hixl_server_authorize(hixl_server *s, uint64_t token, uint64_t cluster)
+    int hixl_server_authorize(hixl_server *s, uint64_t token, uint64_t cluster,
+                              const uint8_t *key, int may_write)
     void hixl_server_revoke(hixl_server *s, uint64_t token)
     void hixl_server_stop(hixl_server *s)
     void hixl_server_destroy(hixl_server *s)
@@ -150,8 +151,8 @@ cdef extern from "tcp_link.h" nogil:
     ctypedef struct hixl_link:
         pass
 
-    int hixl_link_open(const char *host, uint16_t port, uint64_t token, int nstreams,
-                       hixl_cq *cq, uint64_t connect_timeout_ms, hixl_link **out)
+    int hixl_link_open(const char *host, uint16_t port, uint64_t token, const uint8_t *key,
+                       int nstreams, hixl_cq *cq, uint64_t connect_timeout_ms, hixl_link **out)
     int hixl_link_alive(hixl_link *l)
     uint64_t hixl_link_stream_pieces(hixl_link *l, int stream)
     int hixl_link_submit(hixl_link *l, int op, uint64_t request_id, hixl_mapping *local,

@@ -2,6 +2,17 @@
 
 _MAX_STREAMS = 64
 _MAX_TIMEOUT_MS = 0x7FFFFFFF
+# Bytes of a link key (tcp_wire.h); the all-zero key is the default of tests
+# that make links by hand.
+KEY_SIZE = 32
+_NO_KEY = bytes(KEY_SIZE)
+_MAX_CONNECTIONS = 1 << 20
+
+
+cdef bytes _link_key(object key):
+    if not isinstance(key, bytes) or len(key) != KEY_SIZE:
+        raise ValueError(f"key must be {KEY_SIZE} bytes, got {key!r:.40}")
+    return key
 
 
 def run_ranges(src_offsets, src_first, src_add, dst_offsets, dst_first, dst_add, count,
@@ -63,6 +74,8 @@ cdef class DataServer:
     Args:
         host: Address to bind ("" or "0.0.0.0" for all interfaces).
         port: TCP port; 0 picks an ephemeral one (see ``port``).
+        max_connections: Data connections served at once; a HELLO beyond
+            them is answered ``E_BUSY``.
 
     Raises:
         NativeError: The address cannot be resolved or bound (``E_IO``).
@@ -73,16 +86,17 @@ cdef class DataServer:
         self._closed = True
         self._regions = {}
 
-    def __init__(self, str host not None, port):
+    def __init__(self, str host not None, port, max_connections=1024):
         cdef hixl_server *s = NULL
         cdef int rc, err
         cdef uint16_t cport = _int_in(port, 0, 65535, "port")
+        cdef size_t cmax = _int_in(max_connections, 1, _MAX_CONNECTIONS, "max_connections")
         if self._s != NULL:
             raise RuntimeError("DataServer is already initialized")
         bhost = host.encode()
         cdef const char *chost = bhost
         with nogil:
-            rc = hixl_server_start(chost, cport, &s)
+            rc = hixl_server_start(chost, cport, cmax, &s)
             err = errno
         if rc != HIXL_OK:
             _raise(rc, f"cannot listen on {host}:{port}", err)
@@ -106,21 +120,28 @@ cdef class DataServer:
         """The bound TCP port."""
         return self._port
 
-    def authorize(self, token, cluster_id):
-        """Let connections presenting ``token`` access regions of ``cluster_id``.
+    def authorize(self, token, cluster_id, key=_NO_KEY, may_write=True):
+        """Let connections of link ``token`` that prove ``key`` access regions of
+        ``cluster_id``.
 
         Args:
-            token: A uint64 shared secret of one link.
-            cluster_id: The uint64 cluster whose regions the token opens.
+            token: The uint64 that names one link.
+            cluster_id: The uint64 cluster whose regions the link opens.
+            key: The link's ``KEY_SIZE``-byte secret; each connection proves
+                it by a MAC over a fresh nonce (``tcp_wire.h``).
+            may_write: Whether the link may write into the cluster's writable
+                regions; False refuses every WRITE before a byte lands.
 
         Raises:
-            ValueError: Out-of-range integers, or the token is already bound
-                to another cluster.
+            ValueError: Out-of-range integers, a key of another size, or the
+                token is already bound to another cluster.
         """
         self._check_running()
         cdef uint64_t t = _u64(token, "token")
         cdef uint64_t c = _u64(cluster_id, "cluster_id")
-        cdef int rc = hixl_server_authorize(self._s, t, c)
+        cdef bytes k = _link_key(key)
+        cdef const uint8_t *ck = k
+        cdef int rc = hixl_server_authorize(self._s, t, c, ck, 1 if may_write else 0)
         if rc != HIXL_OK:
             _raise(rc, f"token is already authorized for another cluster")
 
@@ -298,9 +319,12 @@ cdef class DataLink:
         streams: Number of parallel connections, 1..64.
         completions: Where completions are posted.
         connect_timeout_ms: Budget for connecting and handshaking all streams.
+        key: The link's ``KEY_SIZE``-byte key, the one the server was given.
 
     Raises:
-        NativeError: ``E_REFUSED`` if the server does not know the token,
+        NativeError: ``E_REFUSED`` if the server does not know the token or
+            the key is not the link's, ``E_BUSY`` if the server is at its
+            limit of data connections,
             ``E_TIMEOUT`` if it does not answer in time, ``E_IO`` if it
             cannot be reached (errno in the message).
     """
@@ -310,7 +334,7 @@ cdef class DataLink:
         self._closed = True
 
     def __init__(self, str host not None, port, token, streams,
-                 CompletionQueue completions not None, connect_timeout_ms):
+                 CompletionQueue completions not None, connect_timeout_ms, key=_NO_KEY):
         cdef hixl_link *l = NULL
         cdef int rc, err
         if self._l != NULL:
@@ -319,11 +343,16 @@ cdef class DataLink:
         cdef uint64_t tok = _u64(token, "token")
         cdef int n = _int_in(streams, 1, _MAX_STREAMS, "streams")
         cdef uint64_t tmo = _int_in(connect_timeout_ms, 1, _MAX_TIMEOUT_MS, "connect_timeout_ms")
+        cdef bytes k = _link_key(key)
+        cdef const uint8_t *ck = k
         bhost = host.encode()
         cdef const char *chost = bhost
         with nogil:
-            rc = hixl_link_open(chost, cport, tok, n, completions._q, tmo, &l)
+            rc = hixl_link_open(chost, cport, tok, ck, n, completions._q, tmo, &l)
             err = errno
+        if rc == HIXL_E_BUSY:  # a refusal of the far server, not a local shortage
+            raise NativeError(rc, f"cannot link to {host}:{port}: the data server is at its "
+                              f"limit of concurrent data connections")
         if rc != HIXL_OK:
             _raise(rc, f"cannot link to {host}:{port}", err)
         self._l = l

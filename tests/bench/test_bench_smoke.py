@@ -88,3 +88,17 @@ def test_bad_arguments_exit_2() -> None:
     done = subprocess.run([sys.executable, "-m", "hixl_bench", "--suites", "nope"],
                           cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2 and "unknown" in done.stderr
+
+
+def test_security_suite_rows_in_each_mode(tmp_path: Path) -> None:
+    out = tmp_path / "sec.jsonl"
+    done = subprocess.run([sys.executable, "-m", "hixl_bench", "--quick", "--suites", "none",
+                           "--peers", "none", "--security", "none,token,mtls", "--quiet",
+                           "--json-out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()[1:]]
+    sec = [row for row in rows if row["suite"] == "sec"]
+    assert {(row["security"], row["block"]) for row in sec} == {
+        (mode, block) for mode in ("none", "token", "mtls") for block in (4096, 1 << 20)}
+    assert all(row["status"] == "ok" and row["link_setup_ms"] > 0 for row in sec), sec

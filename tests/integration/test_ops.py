@@ -40,9 +40,12 @@ async def test_health_and_reflection_on_every_listener(prefill_daemon: DaemonPro
             reply = await health.Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
             assert reply.status == health_pb2.HealthCheckResponse.SERVING
         services = await list_services(target)
-        assert {"hixl.v1.Admin", "grpc.health.v1.Health"} <= services
-    assert "hixl.v1.Client" in await list_services(prefill_daemon.client_target)
-    assert "hixl.v1.Peer" in await list_services(prefill_daemon.peer_address)
+        assert "grpc.health.v1.Health" in services
+    assert {"hixl.v1.Client", "hixl.v1.Admin"} <= await list_services(
+        prefill_daemon.client_target)
+    # Admin tells of sessions and clients: never on the port peers reach.
+    peer_services = await list_services(prefill_daemon.peer_address)
+    assert "hixl.v1.Peer" in peer_services and "hixl.v1.Admin" not in peer_services
 
 
 async def test_admin_status_reports_pools_and_clusters(prefill_daemon: DaemonProcess,
@@ -50,7 +53,7 @@ async def test_admin_status_reports_pools_and_clusters(prefill_daemon: DaemonPro
     dd = LLMDataDist(LLMRole.PROMPT, next_cluster_id(), daemon=prefill_daemon.client_target)
     await dd.init(options(pool_bytes=8 * 2**20, host_pool_bytes=4 * 2**20))
     try:
-        status = await daemon_status(prefill_daemon.peer_address)  # Admin is on both listeners
+        status = await daemon_status(prefill_daemon.client_target)
         assert status.backend == "host" and status.daemon_id == prefill_daemon.daemon_id
         pools = {p.placement: p for p in status.pools if p.cluster_id == dd.cluster_id}
         assert pools["DEVICE"].size == 8 * 2**20 and pools["DEVICE"].used == 0
@@ -121,8 +124,11 @@ async def test_readme_grpcurl_commands(prefill_daemon: DaemonProcess, listener: 
         assert done.returncode == 0, done.stderr
         return done.stdout
 
-    assert "hixl.v1.Admin" in run("list")
     assert '"SERVING"' in run("grpc.health.v1.Health/Check")
+    if listener == "peer":
+        assert "hixl.v1.Peer" in run("list") and "hixl.v1.Admin" not in run("list")
+        return
+    assert "hixl.v1.Admin" in run("list")
     status = json.loads(run("hixl.v1.Admin/GetStatus"))
     assert status["daemon_id"] == prefill_daemon.daemon_id
 

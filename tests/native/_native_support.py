@@ -8,6 +8,8 @@ one that dies mid-request) and to hold a request open at a known point.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import select
 import selectors
 import socket
@@ -18,8 +20,10 @@ from collections.abc import Callable
 from typing import Any
 
 MAGIC = 0x4C584948
-VERSION = 1
+VERSION = 2
 HELLO = struct.Struct("<IHHQQ")
+CHALLENGE = struct.Struct("<IHHiI32s")
+PROOF = struct.Struct("<IHH32s")
 WELCOME = struct.Struct("<IHHiI")
 REQUEST = struct.Struct("<IHHBBHIQQII")
 RANGE = struct.Struct("<QQQ")
@@ -29,6 +33,13 @@ OP_READ, OP_WRITE = 1, 2
 TOKEN = 0x1234_5678_9ABC_DEF0
 CLUSTER = 1
 OTHER_CLUSTER = 2
+NO_KEY = bytes(32)  # what DataServer.authorize and DataLink use when given no key
+
+
+def data_mac(key: bytes, token: int, nonce: bytes) -> bytes:
+    """A connection's answer to the target's CHALLENGE (tcp_wire.h)."""
+    return hmac.new(key, b"hixl-data-v2" + struct.pack("<Q", token) + nonce,
+                    hashlib.sha256).digest()
 
 
 def wait_completions(cq: Any, count: int, timeout: float = 10.0) -> list[tuple[int, int]]:
@@ -81,14 +92,37 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
 
 
 class RawClient:
-    """A blocking initiator that speaks the wire protocol by hand."""
+    """A blocking initiator that speaks the wire protocol by hand.
 
-    def __init__(self, port: int, token: int, version: int = VERSION, magic: int = MAGIC):
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    ``welcome()`` answers the target's challenge with ``key`` (or with the
+    ``proof`` given, to play a forger or a replayer) and returns the status
+    of the handshake: the CHALLENGE's when it is not OK, else the WELCOME's.
+    """
+
+    def __init__(self, port: int, token: int, version: int = VERSION, magic: int = MAGIC,
+                 key: bytes = NO_KEY, host: str = "127.0.0.1"):
+        self.sock = socket.create_connection((host, port), timeout=5)
+        self.token = token
+        self.key = key
+        self.nonce = b""
+        self.proof = b""
         self.sock.sendall(HELLO.pack(magic, version, 1, token, 0))
 
-    def welcome(self) -> int:
-        """Return the status of the target's WELCOME."""
+    def challenge(self) -> int:
+        """Read the CHALLENGE; returns its status (its nonce is kept)."""
+        magic, _version, kind, status, _, nonce = CHALLENGE.unpack(
+            recv_exact(self.sock, CHALLENGE.size))
+        assert (magic, kind) == (MAGIC, 5)
+        self.nonce = nonce
+        return int(status)
+
+    def welcome(self, proof: bytes | None = None) -> int:
+        """Finish the handshake; returns its status."""
+        status = self.challenge()
+        if status != 0:
+            return status
+        self.proof = data_mac(self.key, self.token, self.nonce) if proof is None else proof
+        self.sock.sendall(PROOF.pack(MAGIC, VERSION, 6, self.proof))
         magic, _version, kind, status, _ = WELCOME.unpack(recv_exact(self.sock, WELCOME.size))
         assert (magic, kind) == (MAGIC, 2)
         return int(status)
@@ -192,19 +226,23 @@ class RawServer:
         except ConnectionError:
             data = b""
         buf = conns[conn]
-        first = len(buf) < HELLO.size
+        before = len(buf)
         buf += data
-        if first and len(buf) >= HELLO.size:
+        # The handshake as a real target runs it, without checking the proof.
+        if before < HELLO.size <= len(buf):
+            conn.sendall(CHALLENGE.pack(MAGIC, VERSION, 5, 0, 0, bytes(32)))
+        shaken = HELLO.size + PROOF.size
+        if before < shaken <= len(buf):
             conn.sendall(WELCOME.pack(MAGIC, VERSION, 2, 0, 0))
-        request_done = len(buf) >= HELLO.size + REQUEST.size
+        request_done = len(buf) >= shaken + REQUEST.size
         if request_done:
             self.requests_seen.set()
         if not data or (self.mode == "close_after_request" and request_done):
             sel.unregister(conn)
             del conns[conn]
             conn.close()
-        elif len(buf) > HELLO.size + REQUEST.size:
-            del buf[HELLO.size + REQUEST.size :]  # "silent": keep only what counts
+        elif len(buf) > shaken + REQUEST.size:
+            del buf[shaken + REQUEST.size :]  # "silent": keep only what counts
 
     def close(self) -> None:
         self._wake_w.send(b"x")

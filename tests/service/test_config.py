@@ -314,8 +314,12 @@ def test_dump_toml_values() -> None:
     }
     assert tomllib.loads(dump_toml({"a": {"x": [1, "b"], "e": []}})) == {"a": {"x": [1, "b"],
                                                                              "e": []}}
-    with pytest.raises(TypeError, match="dict"):
-        dump_toml({"a": {"x": {"nested": 1}}})
+    # mappings are inline tables (security.allowed_peers is a list of them)
+    peers = [{"identity": "spiffe://x/y", "clusters": [1, 2], "write": True}]
+    assert tomllib.loads(dump_toml({"security": {"allowed_peers": peers}})) == {
+        "security": {"allowed_peers": peers}}
+    with pytest.raises(TypeError, match="set"):
+        dump_toml({"a": {"x": {1, 2}}})
 
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -342,3 +346,19 @@ def test_unit_stops_after_the_grace_period() -> None:
     assert int(stop.group(1)) > ServerConfig().grace_period_s
     assert "Type=notify" in unit
     assert "RestartPreventExitStatus=2" in unit
+
+
+@pytest.mark.parametrize("mode", ["none", "token", "mtls"])
+def test_security_examples_load(mode: str) -> None:
+    config = load_config(DEPLOY / "security" / f"{mode}.toml.example", env={})
+    assert config.security.mode == mode
+
+
+def test_security_needs_its_files() -> None:
+    with pytest.raises(ConfigError, match='mode "token" needs token_file'):
+        load_config(None, env={"HIXL_SECURITY__MODE": "token"})
+    with pytest.raises(ConfigError, match="tls_cert, tls_key, tls_ca"):
+        load_config(None, env={"HIXL_SECURITY__MODE": "mtls"})
+    peers = '[{"identity": "a", "write": true}]'
+    config = load_config(None, env={"HIXL_SECURITY__ALLOWED_PEERS": peers})
+    assert config.security.allowed_peers[0].write

@@ -81,6 +81,7 @@ typedef struct hixl_stream {
 struct hixl_link {
     hixl_addr addr; /* the address stream 0 reached; used by all later connects */
     uint64_t token;
+    uint8_t key[HIXL_KEY_SIZE]; /* the link's key: proves each connection */
     int nstreams;
     hixl_stream *streams;
     hixl_cq *cq;
@@ -586,7 +587,7 @@ static int reconnect(hixl_stream *s, uint64_t deadline)
     int fd = -1;
     int rc = hixl_tcp_connect_addr(&l->addr, l->stop_fd, deadline, &fd);
     if (rc == HIXL_OK) {
-        rc = hixl_tcp_handshake(fd, l->stop_fd, l->token, deadline);
+        rc = hixl_tcp_handshake(fd, l->stop_fd, l->token, l->key, deadline);
         if (rc != HIXL_OK)
             close(fd);
     } else if (rc == HIXL_E_IO && errno == ECONNREFUSED) {
@@ -718,12 +719,12 @@ static int open_stream(hixl_link *l, hixl_stream *s, const char *host, uint16_t 
                  ? hixl_tcp_connect(host, port, l->stop_fd, deadline, &s->fd, &l->addr)
                  : hixl_tcp_connect_addr(&l->addr, l->stop_fd, deadline, &s->fd);
     if (rc == HIXL_OK)
-        rc = hixl_tcp_handshake(s->fd, l->stop_fd, l->token, deadline);
+        rc = hixl_tcp_handshake(s->fd, l->stop_fd, l->token, l->key, deadline);
     return rc;
 }
 
-int hixl_link_open(const char *host, uint16_t port, uint64_t token, int nstreams,
-                   hixl_cq *cq, uint64_t connect_timeout_ms, hixl_link **out)
+int hixl_link_open(const char *host, uint16_t port, uint64_t token, const uint8_t *key,
+                   int nstreams, hixl_cq *cq, uint64_t connect_timeout_ms, hixl_link **out)
 {
     if (nstreams < 1 || nstreams > MAX_STREAMS)
         return HIXL_E_INVAL;
@@ -732,6 +733,7 @@ int hixl_link_open(const char *host, uint16_t port, uint64_t token, int nstreams
         return HIXL_E_NOMEM;
     hixl_live_add(HIXL_LIVE_LINKS, 1);
     l->token = token;
+    memcpy(l->key, key, HIXL_KEY_SIZE);
     l->cq = cq;
     hixl_cq_ref(cq);
     l->stop_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);

@@ -27,9 +27,11 @@
 
 typedef struct hixl_link hixl_link;
 
-/* Connects and handshakes every stream within connect_timeout_ms. */
-int hixl_link_open(const char *host, uint16_t port, uint64_t token, int nstreams,
-                   hixl_cq *cq, uint64_t connect_timeout_ms, hixl_link **out);
+/* Connects and handshakes every stream within connect_timeout_ms; each
+ * proves with the link's HIXL_KEY_SIZE-byte `key` that it belongs to the
+ * link `token` (tcp_wire.h). */
+int hixl_link_open(const char *host, uint16_t port, uint64_t token, const uint8_t *key,
+                   int nstreams, hixl_cq *cq, uint64_t connect_timeout_ms, hixl_link **out);
 int hixl_link_alive(hixl_link *l);
 /* How many request pieces `stream` was given so far (0 for no such stream). */
 uint64_t hixl_link_stream_pieces(hixl_link *l, int stream);

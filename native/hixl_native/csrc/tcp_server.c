@@ -13,6 +13,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <openssl/crypto.h>
+
 #include "hixl_common.h"
 #include "tcp_wire.h"
 
@@ -27,13 +29,18 @@
  * ends the target's wait at once). The other order would make the
  * initiator see an EOF and take a slow transfer for a dead peer. */
 #define DEADLINE_GRACE_MS 1000
-/* Each connection is a thread; a bound keeps a misbehaving peer that opens
- * connections in a loop from exhausting threads or fds of the daemon. */
-#define MAX_CONNS 1024
+/* Each connection is a thread. Connections beyond the server's limit
+ * (max_conns) still get a thread, which answers their HELLO with E_BUSY so
+ * the peer learns which limit it hit; this many more are closed unanswered,
+ * so that a peer opening connections in a loop cannot exhaust the threads
+ * or fds of the daemon. */
+#define REFUSING_CONNS 64
 
 typedef struct token_entry {
     uint64_t token;
     uint64_t cluster;
+    uint8_t key[HIXL_KEY_SIZE];
+    int may_write;
 } token_entry;
 
 typedef struct hixl_conn {
@@ -42,6 +49,8 @@ typedef struct hixl_conn {
     pthread_t thread;
     int fd; /* -1 once closed; changed under srv->mu */
     int authed;
+    int over_limit; /* accepted beyond max_conns: answered E_BUSY */
+    int may_write;  /* the link may write into writable regions */
     uint64_t token;
     uint64_t cluster;
     atomic_int finished;
@@ -66,6 +75,7 @@ struct hixl_server {
     size_t ntokens, cap_tokens;
     hixl_conn *conns;
     size_t nconns;
+    size_t max_conns;
     hixl_region_table regions;
 };
 
@@ -79,7 +89,8 @@ static token_entry *find_token(hixl_server *s, uint64_t token)
     return NULL;
 }
 
-int hixl_server_authorize(hixl_server *s, uint64_t token, uint64_t cluster)
+int hixl_server_authorize(hixl_server *s, uint64_t token, uint64_t cluster,
+                          const uint8_t *key, int may_write)
 {
     int rc = HIXL_OK;
     pthread_mutex_lock(&s->mu);
@@ -96,8 +107,15 @@ int hixl_server_authorize(hixl_server *s, uint64_t token, uint64_t cluster)
             s->cap_tokens = ncap;
         }
     }
-    if (rc == HIXL_OK && e == NULL)
-        s->tokens[s->ntokens++] = (token_entry){token, cluster};
+    if (rc == HIXL_OK && e == NULL) {
+        e = &s->tokens[s->ntokens++];
+        e->token = token;
+        e->cluster = cluster;
+    }
+    if (rc == HIXL_OK) {
+        memcpy(e->key, key, HIXL_KEY_SIZE);
+        e->may_write = may_write;
+    }
     pthread_mutex_unlock(&s->mu);
     return rc;
 }
@@ -106,8 +124,10 @@ void hixl_server_revoke(hixl_server *s, uint64_t token)
 {
     pthread_mutex_lock(&s->mu);
     token_entry *e = find_token(s, token);
-    if (e != NULL)
+    if (e != NULL) {
         *e = s->tokens[--s->ntokens];
+        OPENSSL_cleanse(&s->tokens[s->ntokens], sizeof(*e));
+    }
     /* shutdown() rather than close(): the connection thread owns the fd and
      * closes it itself once it sees the connection end. */
     for (hixl_conn *c = s->conns; c != NULL; c = c->next)
@@ -118,26 +138,48 @@ void hixl_server_revoke(hixl_server *s, uint64_t token)
 
 /* ---- one connection ---- */
 
+/* HELLO, CHALLENGE, PROOF, WELCOME (tcp_wire.h). The connection is
+ * authed only once its MAC over this connection's fresh nonce matches the
+ * key of the link its token names; nothing else is read before that. */
 static int handshake(hixl_conn *c)
 {
     hixl_server *s = c->srv;
-    uint8_t hello[HIXL_HELLO_SIZE], welcome[HIXL_WELCOME_SIZE];
+    uint8_t hello[HIXL_HELLO_SIZE], challenge[HIXL_CHALLENGE_SIZE];
+    uint8_t proof[HIXL_PROOF_SIZE], welcome[HIXL_WELCOME_SIZE];
+    uint8_t nonce[HIXL_NONCE_SIZE], mac[HIXL_MAC_SIZE], want[HIXL_MAC_SIZE];
     uint64_t deadline = hixl_deadline_after_ms(HANDSHAKE_TIMEOUT_MS);
     uint64_t token = 0;
     int rc = hixl_recv_buf(c->fd, s->stop_fd, hello, sizeof(hello), deadline);
     if (rc != HIXL_OK)
         return rc;
     int status = hixl_get_hello(hello, &token);
+    if (status == HIXL_OK && c->over_limit)
+        status = HIXL_E_BUSY;
+    if (status == HIXL_OK && hixl_fill_random(nonce, sizeof(nonce)) != HIXL_OK)
+        status = HIXL_E_IO;
+    if (status != HIXL_OK)
+        memset(nonce, 0, sizeof(nonce));
+    hixl_put_challenge(challenge, status, nonce);
+    rc = hixl_send_buf(c->fd, s->stop_fd, challenge, sizeof(challenge), deadline);
+    if (rc != HIXL_OK || status != HIXL_OK)
+        return rc != HIXL_OK ? rc : status;
+    rc = hixl_recv_buf(c->fd, s->stop_fd, proof, sizeof(proof), deadline);
+    if (rc != HIXL_OK)
+        return rc;
+    status = hixl_get_proof(proof, mac);
     if (status == HIXL_OK) {
+        status = HIXL_E_REFUSED;
         pthread_mutex_lock(&s->mu);
         token_entry *e = find_token(s, token);
-        if (e != NULL) {
+        if (e != NULL && hixl_data_mac(e->key, token, nonce, want) == HIXL_OK
+            && CRYPTO_memcmp(want, mac, sizeof(want)) == 0) {
             c->authed = 1;
             c->token = token;
             c->cluster = e->cluster;
+            c->may_write = e->may_write;
+            status = HIXL_OK;
         }
         pthread_mutex_unlock(&s->mu);
-        status = e != NULL ? HIXL_OK : HIXL_E_REFUSED;
     }
     hixl_put_welcome(welcome, status);
     rc = hixl_send_buf(c->fd, s->stop_fd, welcome, sizeof(welcome), deadline);
@@ -252,8 +294,12 @@ static int serve_request(hixl_conn *c)
         return HIXL_E_PROTO;
     }
     deadline = hixl_deadline_after_ms((uint64_t)h.timeout_ms + DEADLINE_GRACE_MS);
-    int status = hixl_regions_acquire(&s->regions, c->cluster, h.op == HIXL_OP_WRITE,
-                                      c->ranges, h.nranges, c->iov + 1, c->held);
+    /* A link its owner did not let write is refused before any range is
+     * looked at, so none of its bytes lands anywhere. */
+    int status = h.op == HIXL_OP_WRITE && !c->may_write
+                     ? HIXL_E_REFUSED
+                     : hixl_regions_acquire(&s->regions, c->cluster, h.op == HIXL_OP_WRITE,
+                                            c->ranges, h.nranges, c->iov + 1, c->held);
     rc = transfer(c, &h, status, deadline);
     if (status == HIXL_OK)
         hixl_regions_release(&s->regions, c->held, h.nranges);
@@ -327,7 +373,10 @@ static void start_conn(hixl_server *s, int fd)
     c->srv = s;
     c->fd = fd;
     pthread_mutex_lock(&s->mu);
-    int rc = s->nconns < MAX_CONNS ? hixl_spawn_thread(&c->thread, conn_main, c) : HIXL_E_BUSY;
+    c->over_limit = s->nconns >= s->max_conns;
+    int rc = s->nconns < s->max_conns + REFUSING_CONNS
+                 ? hixl_spawn_thread(&c->thread, conn_main, c)
+                 : HIXL_E_BUSY;
     if (rc == HIXL_OK) {
         c->next = s->conns;
         s->conns = c;
@@ -409,11 +458,14 @@ static uint16_t bound_port(int fd)
     return ntohs(((struct sockaddr_in *)&ss)->sin_port);
 }
 
-int hixl_server_start(const char *host, uint16_t port, hixl_server **out)
+int hixl_server_start(const char *host, uint16_t port, size_t max_conns, hixl_server **out)
 {
+    if (max_conns == 0)
+        return HIXL_E_INVAL;
     hixl_server *s = calloc(1, sizeof(*s));
     if (s == NULL)
         return HIXL_E_NOMEM;
+    s->max_conns = max_conns;
     hixl_live_add(HIXL_LIVE_SERVERS, 1);
     s->listen_fd = -1;
     s->stop_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -476,6 +528,8 @@ void hixl_server_destroy(hixl_server *s)
     pthread_mutex_destroy(&s->mu);
     if (s->stop_fd >= 0)
         close(s->stop_fd);
+    if (s->tokens != NULL)
+        OPENSSL_cleanse(s->tokens, s->cap_tokens * sizeof(*s->tokens));
     free(s->tokens);
     free(s);
 }

@@ -8,18 +8,25 @@
 #ifndef HIXL_TCP_SERVER_H
 #define HIXL_TCP_SERVER_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "region_table.h"
 
 typedef struct hixl_server hixl_server;
 
-/* Binds (SO_REUSEADDR; port 0 = ephemeral), listens, starts accepting. */
-int hixl_server_start(const char *host, uint16_t port, hixl_server **out);
+/* Binds (SO_REUSEADDR; port 0 = ephemeral), listens, starts accepting at
+ * most `max_conns` (>= 1) connections at a time (more are refused with
+ * E_BUSY). */
+int hixl_server_start(const char *host, uint16_t port, size_t max_conns, hixl_server **out);
 uint16_t hixl_server_port(const hixl_server *s);
 hixl_region_table *hixl_server_regions(hixl_server *s);
-/* HIXL_E_EXISTS when the token is already bound to another cluster. */
-int hixl_server_authorize(hixl_server *s, uint64_t token, uint64_t cluster);
+/* Lets connections that prove the HIXL_KEY_SIZE-byte `key` of link `token`
+ * reach regions of `cluster`, and write into its writable ones only if
+ * `may_write`. HIXL_E_EXISTS when the token is already bound to another
+ * cluster. */
+int hixl_server_authorize(hixl_server *s, uint64_t token, uint64_t cluster,
+                          const uint8_t *key, int may_write);
 /* Forgets the token and shuts down the connections that presented it. */
 void hixl_server_revoke(hixl_server *s, uint64_t token);
 /* Stops accepting, wakes and joins every thread. Idempotent. */

@@ -11,8 +11,12 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
+
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 
 #include "hixl_common.h"
 
@@ -67,6 +71,71 @@ int hixl_get_hello(const uint8_t *b, uint64_t *token)
 {
     *token = get64(b + 8);
     return check_prefix(b, HIXL_MSG_HELLO);
+}
+
+void hixl_put_challenge(uint8_t *b, int32_t status, const uint8_t *nonce)
+{
+    put_prefix(b, HIXL_MSG_CHALLENGE);
+    put32(b + 8, (uint32_t)status);
+    put32(b + 12, 0);
+    memcpy(b + 16, nonce, HIXL_NONCE_SIZE);
+}
+
+int hixl_get_challenge(const uint8_t *b, int32_t *status, uint8_t *nonce)
+{
+    /* As for WELCOME: a target of another version answers E_PROTO in its
+     * own version, and that status is worth reporting. */
+    if (get32(b) != HIXL_WIRE_MAGIC || get16(b + 6) != HIXL_MSG_CHALLENGE)
+        return HIXL_E_PROTO;
+    *status = (int32_t)get32(b + 8);
+    if (get16(b + 4) != HIXL_WIRE_VERSION && *status == HIXL_OK)
+        return HIXL_E_PROTO;
+    memcpy(nonce, b + 16, HIXL_NONCE_SIZE);
+    return HIXL_OK;
+}
+
+void hixl_put_proof(uint8_t *b, const uint8_t *mac)
+{
+    put_prefix(b, HIXL_MSG_PROOF);
+    memcpy(b + 8, mac, HIXL_MAC_SIZE);
+}
+
+int hixl_get_proof(const uint8_t *b, uint8_t *mac)
+{
+    memcpy(mac, b + 8, HIXL_MAC_SIZE);
+    return check_prefix(b, HIXL_MSG_PROOF);
+}
+
+/* The label keeps a MAC made for the data plane from being valid for any
+ * other use of the same key. */
+static const char DATA_MAC_LABEL[] = "hixl-data-v2";
+
+int hixl_data_mac(const uint8_t *key, uint64_t token, const uint8_t *nonce, uint8_t *mac)
+{
+    uint8_t msg[sizeof(DATA_MAC_LABEL) - 1 + 8 + HIXL_NONCE_SIZE];
+    memcpy(msg, DATA_MAC_LABEL, sizeof(DATA_MAC_LABEL) - 1);
+    put64(msg + sizeof(DATA_MAC_LABEL) - 1, token);
+    memcpy(msg + sizeof(DATA_MAC_LABEL) - 1 + 8, nonce, HIXL_NONCE_SIZE);
+    unsigned int len = 0;
+    if (HMAC(EVP_sha256(), key, HIXL_KEY_SIZE, msg, sizeof(msg), mac, &len) == NULL
+        || len != HIXL_MAC_SIZE)
+        return HIXL_E_IO;
+    return HIXL_OK;
+}
+
+int hixl_fill_random(uint8_t *buf, size_t len)
+{
+    while (len > 0) {
+        ssize_t n = getrandom(buf, len, 0);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return HIXL_E_IO;
+        }
+        buf += n;
+        len -= (size_t)n;
+    }
+    return HIXL_OK;
 }
 
 void hixl_put_welcome(uint8_t *b, int32_t status)
@@ -406,12 +475,27 @@ int hixl_tcp_connect(const char *host, uint16_t port, int stop_fd, uint64_t dead
     return rc;
 }
 
-int hixl_tcp_handshake(int fd, int stop_fd, uint64_t token, uint64_t deadline_ns)
+int hixl_tcp_handshake(int fd, int stop_fd, uint64_t token, const uint8_t *key,
+                       uint64_t deadline_ns)
 {
-    uint8_t hello[HIXL_HELLO_SIZE], welcome[HIXL_WELCOME_SIZE];
+    uint8_t hello[HIXL_HELLO_SIZE], challenge[HIXL_CHALLENGE_SIZE];
+    uint8_t proof[HIXL_PROOF_SIZE], welcome[HIXL_WELCOME_SIZE];
+    uint8_t nonce[HIXL_NONCE_SIZE], mac[HIXL_MAC_SIZE];
     int32_t status = HIXL_OK;
     hixl_put_hello(hello, token);
     int rc = hixl_send_buf(fd, stop_fd, hello, sizeof(hello), deadline_ns);
+    if (rc == HIXL_OK)
+        rc = hixl_recv_buf(fd, stop_fd, challenge, sizeof(challenge), deadline_ns);
+    if (rc == HIXL_OK)
+        rc = hixl_get_challenge(challenge, &status, nonce);
+    if (rc == HIXL_OK && status != HIXL_OK)
+        return status == HIXL_E_BUSY ? HIXL_E_BUSY : HIXL_E_PROTO;
+    if (rc == HIXL_OK)
+        rc = hixl_data_mac(key, token, nonce, mac);
+    if (rc == HIXL_OK) {
+        hixl_put_proof(proof, mac);
+        rc = hixl_send_buf(fd, stop_fd, proof, sizeof(proof), deadline_ns);
+    }
     if (rc == HIXL_OK)
         rc = hixl_recv_buf(fd, stop_fd, welcome, sizeof(welcome), deadline_ns);
     if (rc == HIXL_OK)

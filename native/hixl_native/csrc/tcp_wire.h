@@ -1,5 +1,5 @@
 /*
- * The hixl TCP data-plane protocol, version 1, and the socket helpers that
+ * The hixl TCP data-plane protocol, version 2, and the socket helpers that
  * both ends share.
  *
  * All integers are little-endian and every header is fixed-size; there is
@@ -7,15 +7,29 @@
  * length the header announces. `status` fields carry the HIXL_E_* values of
  * hixl_common.h (0 = OK, HIXL_E_REFUSED = -3, HIXL_E_PROTO = -5, ...).
  *
- * Connection setup (initiator -> target), once per TCP connection:
+ * Connection setup (initiator -> target), once per TCP connection. The
+ * token names a link; the connection proves that it belongs to the link by
+ * a MAC with the link's 32-byte key, which the two daemons agreed at the
+ * link's Peer.Hello and which never travels on this connection. The target
+ * draws a fresh nonce per connection, so a PROOF seen on one connection is
+ * worthless on any other (no replay):
  *
- *   HELLO    24 bytes   u32 magic "HIXL" (0x4C584948) | u16 version (1)
- *                       | u16 kind = 1 | u64 token | u64 reserved (0)
- *   WELCOME  16 bytes   u32 magic | u16 version (the target's) | u16 kind = 2
- *                       | i32 status | u32 reserved
+ *   HELLO      24 bytes  u32 magic "HIXL" (0x4C584948) | u16 version (2)
+ *                        | u16 kind = 1 | u64 token | u64 reserved (0)
+ *   CHALLENGE  48 bytes  u32 magic | u16 version | u16 kind = 5 | i32 status
+ *                        | u32 reserved | 32 bytes nonce
+ *   PROOF      40 bytes  u32 magic | u16 version | u16 kind = 6
+ *                        | 32 bytes HMAC-SHA256(key, "hixl-data-v2" | u64 token
+ *                        | nonce)
+ *   WELCOME    16 bytes  u32 magic | u16 version (the target's) | u16 kind = 2
+ *                        | i32 status | u32 reserved
  *
- *   status is OK, E_REFUSED (unknown token) or E_PROTO (bad magic or kind,
- *   other version). On anything but OK the target closes the connection.
+ *   CHALLENGE status is OK, E_BUSY (the target is at its limit of
+ *   concurrent data connections) or E_PROTO (bad magic or kind, other
+ *   version); on anything but OK the target closes the connection. The
+ *   challenge does not say whether the token is known. WELCOME status is
+ *   OK, or E_REFUSED (unknown token or wrong MAC), and the target closes
+ *   the connection on E_REFUSED. No request is read before an OK WELCOME.
  *
  * Then any number of requests, strictly one at a time per connection (the
  * initiator gets parallelism from several connections, not from pipelining,
@@ -61,10 +75,17 @@
 #include <sys/uio.h>
 
 #define HIXL_WIRE_MAGIC 0x4C584948u
-#define HIXL_WIRE_VERSION 1
+#define HIXL_WIRE_VERSION 2
 #define HIXL_WIRE_MAX_RANGES 65536u
 
-enum { HIXL_MSG_HELLO = 1, HIXL_MSG_WELCOME = 2, HIXL_MSG_REQUEST = 3, HIXL_MSG_REPLY = 4 };
+enum {
+    HIXL_MSG_HELLO = 1,
+    HIXL_MSG_WELCOME = 2,
+    HIXL_MSG_REQUEST = 3,
+    HIXL_MSG_REPLY = 4,
+    HIXL_MSG_CHALLENGE = 5,
+    HIXL_MSG_PROOF = 6,
+};
 enum { HIXL_OP_READ = 1, HIXL_OP_WRITE = 2 };
 enum {
     HIXL_HELLO_SIZE = 24,
@@ -72,7 +93,13 @@ enum {
     HIXL_REQUEST_SIZE = 40,
     HIXL_RANGE_SIZE = 24,
     HIXL_REPLY_SIZE = 24,
+    HIXL_CHALLENGE_SIZE = 48,
+    HIXL_PROOF_SIZE = 40,
 };
+/* Sizes of a link key, a challenge nonce and a MAC. */
+#define HIXL_KEY_SIZE 32
+#define HIXL_NONCE_SIZE 32
+#define HIXL_MAC_SIZE 32
 
 typedef struct hixl_request_hdr {
     uint8_t op;
@@ -85,6 +112,15 @@ typedef struct hixl_request_hdr {
 void hixl_put_hello(uint8_t *b, uint64_t token);
 /* HIXL_E_PROTO for a foreign magic, kind or version. */
 int hixl_get_hello(const uint8_t *b, uint64_t *token);
+void hixl_put_challenge(uint8_t *b, int32_t status, const uint8_t *nonce);
+int hixl_get_challenge(const uint8_t *b, int32_t *status, uint8_t *nonce);
+void hixl_put_proof(uint8_t *b, const uint8_t *mac);
+int hixl_get_proof(const uint8_t *b, uint8_t *mac);
+/* The MAC a connection of link `token` answers `nonce` with. HIXL_E_IO if
+ * libcrypto fails. */
+int hixl_data_mac(const uint8_t *key, uint64_t token, const uint8_t *nonce, uint8_t *mac);
+/* Fills `nonce` from the kernel's random source. */
+int hixl_fill_random(uint8_t *buf, size_t len);
 void hixl_put_welcome(uint8_t *b, int32_t status);
 int hixl_get_welcome(const uint8_t *b, int32_t *status);
 void hixl_put_request(uint8_t *b, const hixl_request_hdr *h);
@@ -133,7 +169,9 @@ int hixl_tcp_connect(const char *host, uint16_t port, int stop_fd, uint64_t dead
                      int *fd_out, hixl_addr *addr_out);
 int hixl_tcp_connect_addr(const hixl_addr *addr, int stop_fd, uint64_t deadline_ns,
                           int *fd_out);
-/* Initiator side of HELLO/WELCOME; returns the target's status. */
-int hixl_tcp_handshake(int fd, int stop_fd, uint64_t token, uint64_t deadline_ns);
+/* Initiator side of HELLO/CHALLENGE/PROOF/WELCOME; returns the target's
+ * status (E_REFUSED, E_BUSY) or E_PROTO. */
+int hixl_tcp_handshake(int fd, int stop_fd, uint64_t token, const uint8_t *key,
+                       uint64_t deadline_ns);
 
 #endif

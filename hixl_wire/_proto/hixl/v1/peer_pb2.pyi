@@ -8,23 +8,29 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class HelloRequest(_message.Message):
-    __slots__ = ("protocol_version", "daemon_id", "version", "src_cluster_id", "dst_cluster_id", "backend")
+    __slots__ = ("protocol_version", "daemon_id", "version", "src_cluster_id", "dst_cluster_id", "backend", "challenge", "client_nonce", "proof")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     DAEMON_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     SRC_CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     DST_CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
+    CHALLENGE_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_NONCE_FIELD_NUMBER: _ClassVar[int]
+    PROOF_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     daemon_id: str
     version: str
     src_cluster_id: int
     dst_cluster_id: int
     backend: str
-    def __init__(self, protocol_version: _Optional[int] = ..., daemon_id: _Optional[str] = ..., version: _Optional[str] = ..., src_cluster_id: _Optional[int] = ..., dst_cluster_id: _Optional[int] = ..., backend: _Optional[str] = ...) -> None: ...
+    challenge: bytes
+    client_nonce: bytes
+    proof: bytes
+    def __init__(self, protocol_version: _Optional[int] = ..., daemon_id: _Optional[str] = ..., version: _Optional[str] = ..., src_cluster_id: _Optional[int] = ..., dst_cluster_id: _Optional[int] = ..., backend: _Optional[str] = ..., challenge: _Optional[bytes] = ..., client_nonce: _Optional[bytes] = ..., proof: _Optional[bytes] = ...) -> None: ...
 
 class HelloReply(_message.Message):
-    __slots__ = ("protocol_version", "daemon_id", "version", "data_host", "data_port", "link_token", "backend", "lane_port")
+    __slots__ = ("protocol_version", "daemon_id", "version", "data_host", "data_port", "link_token", "backend", "lane_port", "link_key", "server_proof")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     DAEMON_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -33,6 +39,8 @@ class HelloReply(_message.Message):
     LINK_TOKEN_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     LANE_PORT_FIELD_NUMBER: _ClassVar[int]
+    LINK_KEY_FIELD_NUMBER: _ClassVar[int]
+    SERVER_PROOF_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     daemon_id: str
     version: str
@@ -41,7 +49,19 @@ class HelloReply(_message.Message):
     link_token: int
     backend: str
     lane_port: int
-    def __init__(self, protocol_version: _Optional[int] = ..., daemon_id: _Optional[str] = ..., version: _Optional[str] = ..., data_host: _Optional[str] = ..., data_port: _Optional[int] = ..., link_token: _Optional[int] = ..., backend: _Optional[str] = ..., lane_port: _Optional[int] = ...) -> None: ...
+    link_key: bytes
+    server_proof: bytes
+    def __init__(self, protocol_version: _Optional[int] = ..., daemon_id: _Optional[str] = ..., version: _Optional[str] = ..., data_host: _Optional[str] = ..., data_port: _Optional[int] = ..., link_token: _Optional[int] = ..., backend: _Optional[str] = ..., lane_port: _Optional[int] = ..., link_key: _Optional[bytes] = ..., server_proof: _Optional[bytes] = ...) -> None: ...
+
+class ChallengeRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ChallengeReply(_message.Message):
+    __slots__ = ("nonce",)
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    nonce: bytes
+    def __init__(self, nonce: _Optional[bytes] = ...) -> None: ...
 
 class ResolveCacheRequest(_message.Message):
     __slots__ = ("link_token", "ref")

@@ -79,6 +79,11 @@ class PeerStub:
                 request_serializer=hixl_dot_v1_dot_peer__pb2.HcclRegionRequest.SerializeToString,
                 response_deserializer=hixl_dot_v1_dot_peer__pb2.HcclRegionReply.FromString,
                 _registered_method=True)
+        self.Challenge = channel.unary_unary(
+                '/hixl.v1.Peer/Challenge',
+                request_serializer=hixl_dot_v1_dot_peer__pb2.ChallengeRequest.SerializeToString,
+                response_deserializer=hixl_dot_v1_dot_peer__pb2.ChallengeReply.FromString,
+                _registered_method=True)
 
 
 class PeerServicer:
@@ -158,6 +163,14 @@ class PeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Challenge(self, request, context):
+        """security.mode = "token": a fresh nonce that the next Hello answers (once,
+        within 30 s) with an HMAC keyed by the shared secret.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -205,6 +218,11 @@ def add_PeerServicer_to_server(servicer, server):
                     servicer.HcclRegion,
                     request_deserializer=hixl_dot_v1_dot_peer__pb2.HcclRegionRequest.FromString,
                     response_serializer=hixl_dot_v1_dot_peer__pb2.HcclRegionReply.SerializeToString,
+            ),
+            'Challenge': grpc.unary_unary_rpc_method_handler(
+                    servicer.Challenge,
+                    request_deserializer=hixl_dot_v1_dot_peer__pb2.ChallengeRequest.FromString,
+                    response_serializer=hixl_dot_v1_dot_peer__pb2.ChallengeReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -450,6 +468,33 @@ class Peer:
             '/hixl.v1.Peer/HcclRegion',
             hixl_dot_v1_dot_peer__pb2.HcclRegionRequest.SerializeToString,
             hixl_dot_v1_dot_peer__pb2.HcclRegionReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Challenge(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hixl.v1.Peer/Challenge',
+            hixl_dot_v1_dot_peer__pb2.ChallengeRequest.SerializeToString,
+            hixl_dot_v1_dot_peer__pb2.ChallengeReply.FromString,
             options,
             channel_credentials,
             insecure,
