@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ACL_SOURCES = ("acl_double.c", "acl_double_ipc.c", "acl_double_stream.c")
+ACL_SOURCES = ("acl_double.c", "acl_double_ipc.c", "acl_double_stream.c",
+               "acl_double_context.c")
 HCCL_SOURCES = ("hccl_double.c",)
 HEADERS = ("cann_double.h", "acl_double_internal.h")
 CFLAGS = (
