@@ -299,8 +299,8 @@ class AscendConfig(_Section):
         "takes address_<physical id> of /etc/hccn.conf, else none.",
     )
 
-    _unset_if_empty = field_validator("cann_path", "if_ip", "socket_ifname",
-                                      mode="before")(_empty_is_unset)
+    _unset_if_empty = field_validator("cann_path", "if_ip", "socket_ifname", "base_port",
+                                      "connect_timeout_s", mode="before")(_empty_is_unset)
 
     @field_validator("if_ip")
     @classmethod

@@ -919,3 +919,14 @@ DBL_EXPORT int hixl_double_comm_buffer_mb(HcclComm comm)
     comm_unref(c);
     return n;
 }
+
+/* For tests: whether a communicator of `device` is being created now. */
+DBL_EXPORT int hixl_double_init_busy(int device)
+{
+    if (device < 0 || device >= 64)
+        return -1;
+    pthread_mutex_lock(&g_hlock);
+    int busy = g_init_busy[device];
+    pthread_mutex_unlock(&g_hlock);
+    return busy;
+}
