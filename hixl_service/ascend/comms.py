@@ -84,8 +84,9 @@ def check_network(config: AscendConfig) -> None:
         have = sorted(os.listdir("/sys/class/net")) if os.path.isdir("/sys/class/net") else []
         for name in names:
             if not any(h == name if exact else h.startswith(name) for h in have):
-                raise ValueError(f"ascend.socket_ifname: no interface {'named' if exact else 'starting with'} "
-                                 f"{name!r} on this host (have {', '.join(have) or 'none'})")
+                how = "named" if exact else "starting with"
+                raise ValueError(f"ascend.socket_ifname: no interface {how} {name!r} on this "
+                                 f"host (have {', '.join(have) or 'none'})")
 
 
 def host_address(host: str) -> str:

@@ -18,6 +18,7 @@ or by ``--listen HOST:PORT`` on another host for ``--peer HOST:PORT``.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -131,8 +132,8 @@ def _serve(conn: socket.socket, runtime: _ascend.AscendRuntime, device_id: int,
                     rank.join(request, 1)
                 elif op == "fill":
                     rank.buffer.write(0, data(request["n"], request["seed"]))
-                elif op == "read":
-                    reply["data"] = rank.buffer.read(0, request["n"]).hex()
+                elif op == "digest":
+                    reply["sha256"] = hashlib.sha256(rank.buffer.read(0, request["n"])).hexdigest()
                 elif op == "post":
                     rank.post(request["send"], [tuple(r) for r in request["ranges"]])
                 elif op == "sync":
@@ -287,7 +288,7 @@ def exact(me: Rank, worker: Worker, ranges: list[tuple[int, int]], seed: int) ->
     expected = bytearray(old)
     for off, size in ranges:
         expected[off:off + size] = sent[off:off + size]
-    _expect(bytes.fromhex(worker.ask(op="read", n=n)["data"]) == bytes(expected),
+    _expect(worker.ask(op="digest", n=n)["sha256"] == hashlib.sha256(expected).hexdigest(),
             "rank 1's bytes differ after the send")
     back = data(n, seed + 2)
     _expect(worker.ask(op="fill", n=n, seed=seed + 2)["ok"], "fill")

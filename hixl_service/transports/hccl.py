@@ -265,7 +265,12 @@ class HcclLink(_Side):
 
     async def _connect(self, deadline: float) -> None:
         await self._drop()
-        spec = await self._spec(deadline)
+        try:
+            spec = await self._spec(deadline)
+        except (LLMException, AscendError) as exc:
+            error = _fail(exc, "describing this side's HCCL rank")
+            raise LLMException(f"cannot open the HCCL link: {error}",
+                               status_code=LLMStatusCode.LLM_LINK_FAILED) from exc
         local: asyncio.Future[_Channel] = asyncio.ensure_future(asyncio.to_thread(
             _Channel.build, self._device, spec, INITIATOR_RANK, self._settings))
         remote = asyncio.ensure_future(self._peer.hccl_connect(

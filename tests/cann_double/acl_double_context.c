@@ -104,6 +104,7 @@ DBL_EXPORT aclError aclrtCreateContext(void **context, int32_t deviceId)
     g_contexts = ctx;
     pthread_mutex_unlock(&g_lock);
     make_current(ctx);
+    *context = ctx;
     return ACL_SUCCESS;
 }
 

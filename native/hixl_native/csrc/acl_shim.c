@@ -378,8 +378,8 @@ int hixl_acl_set_device(int32_t dev)
         aclError arc = g.aclrtSetDevice(dev);
         if (arc) {
             rc = acl_fail(arc, "aclrtSetDevice");
-        } else if ((arc = g.aclrtCreateContext(&ctx, dev)) != 0) {
-            rc = acl_fail(arc, "aclrtCreateContext");
+        } else if ((arc = g.aclrtCreateContext(&ctx, dev)) != 0 || !ctx) {
+            rc = arc ? acl_fail(arc, "aclrtCreateContext") : no_context(dev);
             g.aclrtResetDevice(dev); /* undo this call's reference */
         } else {
             __atomic_store_n(&g_contexts[dev], ctx, __ATOMIC_RELEASE);
