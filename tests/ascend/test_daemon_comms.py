@@ -34,7 +34,7 @@ async def _pull_once(prompt_target: str, prompt_peer: str, decoder_target: str) 
             [cluster_info(prompt.cluster_id, prompt_peer)], timeout=5000)
         if status != LLMStatusCode.LLM_SUCCESS:
             return int(results[0]) if results else int(status)
-        desc = CacheDesc(2, [4, 1024], DataType.DT_INT8)
+        desc = CacheDesc(2, [1, 4096], DataType.DT_INT8)  # one slot: the pull moves it all
         src = await prompt.cache_manager.allocate_cache(desc)
         data = [os.urandom(desc.size) for _ in range(2)]
         for i, d in enumerate(data):
