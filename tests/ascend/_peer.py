@@ -13,8 +13,10 @@ Roles:
         ``ready``, then serve one line per command, answering ``ok``, ``error
         CODE`` or ``mismatch``: ``send OFF N`` / ``recv OFF N`` (queue one
         operation with rank 0), ``batch KIND:OFF:N ...`` (KIND ``s`` or ``r``),
-        ``write OFF N SEED`` / ``check OFF N SEED`` (the buffer against
-        ``pattern``), ``sync MS``, until ``quit`` (tear down, print ``bye``).
+        ``ranges send|recv HEX`` (`HcclComm.send_ranges` / ``recv_ranges`` of
+        little-endian uint64 pairs), ``write OFF N SEED`` / ``check OFF N SEED``
+        (the buffer against ``pattern``), ``read OFF N`` (answered in hex),
+        ``sync MS``, until ``quit`` (tear down, print ``bye``).
 
 Communicators are created one at a time per process (the shim's lock, as
 CANN asks), so the two ranks of one communicator live in two processes.
@@ -96,6 +98,15 @@ def serve_rank1(lib_dir: str, how: str, blob_hex: str) -> None:
                     make = item.send if kind == "s" else item.recv
                     items.append(make(buf, int(off), int(n), 0))
                 comm.batch_send_recv(items, stream)
+            elif cmd == "ranges":  # send|recv, then the (offset, length) pairs as hex
+                import numpy as np
+
+                pairs = np.frombuffer(bytes.fromhex(args[1]), "<u8").reshape(-1, 2).copy()
+                queue = comm.send_ranges if args[0] == "send" else comm.recv_ranges
+                queue(buf, pairs, 0, stream)
+            elif cmd == "read":
+                off, n = map(int, args)
+                answer = buf.read(off, n).hex()
             elif cmd == "write":
                 off, n, seed = map(int, args)
                 buf.write(off, pattern(n, seed))
