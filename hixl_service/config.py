@@ -502,8 +502,8 @@ def _short_repr(value: object, limit: int = 60) -> str:
 def dump_toml(data: Mapping[str, Mapping[str, object]]) -> str:
     """Render ``{section: {key: value}}`` as TOML.
 
-    Values may be str, int, float, bool, ``os.PathLike``, ``None`` or a list of
-    those; ``None`` becomes ``""``, which the daemon reads as "unset".
+    Values may be str, int, float, bool, ``os.PathLike``, ``None``, or a list or
+    dict of those; ``None`` becomes ``""``, which the daemon reads as "unset".
 
     Args:
         data: The sections to render, in order.
@@ -524,6 +524,9 @@ def dump_toml(data: Mapping[str, Mapping[str, object]]) -> str:
 
 
 def _toml_value(value: object) -> str:
+    if isinstance(value, dict):  # an inline table, keys quoted
+        return "{" + ", ".join(f"{json.dumps(str(k))} = {_toml_value(v)}"
+                               for k, v in value.items()) + "}"
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(item) for item in value) + "]"
     if value is None:
