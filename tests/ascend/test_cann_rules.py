@@ -120,6 +120,29 @@ def test_shim_aborts_before_destroying(runtime: ascend.AscendRuntime,
         assert ascend.live_objects()["abandoned_streams"] == 0
 
 
+def test_receive_without_a_send_tears_down(runtime: ascend.AscendRuntime,
+                                            double_dir: Path) -> None:
+    """A receive whose peer never sends: the synchronize times out; destroying
+    that stream would wait for ever (aclcppdevg_03_0070), so the shim aborts
+    its work first and the destroy returns; the communicator goes after."""
+    device = runtime.set_device(0)
+    root = device.hccl_root_info()
+    with Rank1(double_dir, root_info=root) as peer, device.malloc(1) as buf:
+        comm = ascend.HcclComm(device, root, 2, 0)
+        peer.wait_ready()
+        stream = device.create_stream()
+        comm.recv(buf, 0, 4096, 1, stream)
+        with pytest.raises(ascend.AclError) as caught:
+            stream.synchronize(timeout_ms=200)
+        assert caught.value.code == 507046 and buf.pins == 1
+        done = threading.Thread(target=stream.destroy)
+        done.start()
+        join_bounded(done)
+        assert stream.closed and buf.pins == 0
+        assert ascend.live_objects()["abandoned_streams"] == 0
+        comm.destroy()
+
+
 def test_stream_abort_then_synchronize_reports_it(runtime: ascend.AscendRuntime,
                                                   double: DoubleControl) -> None:
     device = runtime.set_device(0)
