@@ -314,8 +314,11 @@ def test_dump_toml_values() -> None:
     }
     assert tomllib.loads(dump_toml({"a": {"x": [1, "b"], "e": []}})) == {"a": {"x": [1, "b"],
                                                                              "e": []}}
-    with pytest.raises(TypeError, match="dict"):
-        dump_toml({"a": {"x": {"nested": 1}}})
+    # a dict (ascend.device_ips) becomes an inline table
+    assert tomllib.loads(dump_toml({"a": {"x": {0: "10.0.0.1"}, "e": {}}})) == {
+        "a": {"x": {"0": "10.0.0.1"}, "e": {}}}
+    with pytest.raises(TypeError, match="set"):
+        dump_toml({"a": {"x": {1, 2}}})
 
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"

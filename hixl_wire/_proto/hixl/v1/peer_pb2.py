@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from hixl_wire._proto.hixl.v1 import common_pb2 as hixl_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12hixl/v1/peer.proto\x12\x07hixl.v1\x1a\x14hixl/v1/common.proto\"\x8d\x01\n\x0cHelloRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x11\n\tdaemon_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x16\n\x0esrc_cluster_id\x18\x04 \x01(\x04\x12\x16\n\x0e\x64st_cluster_id\x18\x05 \x01(\x04\x12\x0f\n\x07\x62\x61\x63kend\x18\x06 \x01(\t\"\xa8\x01\n\nHelloReply\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x11\n\tdaemon_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x11\n\tdata_host\x18\x04 \x01(\t\x12\x11\n\tdata_port\x18\x05 \x01(\r\x12\x12\n\nlink_token\x18\x06 \x01(\x06\x12\x0f\n\x07\x62\x61\x63kend\x18\x07 \x01(\t\x12\x11\n\tlane_port\x18\x08 \x01(\r\"I\n\x13ResolveCacheRequest\x12\x12\n\nlink_token\x18\x01 \x01(\x06\x12\x1e\n\x03ref\x18\x02 \x01(\x0b\x32\x11.hixl.v1.CacheRef\"\xc0\x01\n\x11ResolveCacheReply\x12\x10\n\x08\x63\x61\x63he_id\x18\x01 \x01(\x03\x12\x11\n\tregion_id\x18\x02 \x01(\x04\x12\x16\n\x0etensor_offsets\x18\x03 \x03(\x04\x12\x13\n\x0btensor_size\x18\x04 \x01(\x04\x12\x0e\n\x06stride\x18\x05 \x01(\x04\x12\x12\n\nbatch_size\x18\x06 \x01(\r\x12\x13\n\x0b\x62\x61tch_index\x18\x07 \x01(\r\x12\x0e\n\x06\x62locks\x18\x08 \x01(\x08\x12\x10\n\x08writable\x18\t \x01(\x08\"_\n\x11ReleaseKeyRequest\x12\x12\n\nlink_token\x18\x01 \x01(\x06\x12\x1e\n\x03key\x18\x02 \x01(\x0b\x32\x11.hixl.v1.CacheKey\x12\x16\n\x0etensor_indices\x18\x03 \x03(\r\"\x11\n\x0fReleaseKeyReply\"#\n\rUnlinkRequest\x12\x12\n\nlink_token\x18\x01 \x01(\x06\"\r\n\x0bUnlinkReply\"P\n\x17ResolveAddressesRequest\x12\x12\n\nlink_token\x18\x01 \x01(\x06\x12\x11\n\taddresses\x18\x02 \x03(\x04\x12\x0e\n\x06length\x18\x03 \x01(\x04\"N\n\x15ResolveAddressesReply\x12\x12\n\nregion_ids\x18\x01 \x03(\x04\x12\x0f\n\x07offsets\x18\x02 \x03(\x04\x12\x10\n\x08writable\x18\x03 \x03(\x08\";\n\x12HcclConnectRequest\x12\x12\n\nlink_token\x18\x01 \x01(\x06\x12\x11\n\troot_info\x18\x02 \x01(\x0c\"%\n\x10HcclConnectReply\x12\x11\n\tone_sided\x18\x01 \x01(\x08\"j\n\x0fHcclPostRequest\x12\x12\n\nlink_token\x18\x01 \x01(\x06\x12\x0c\n\x04send\x18\x02 \x01(\x08\x12\x11\n\tregion_id\x18\x03 \x01(\x04\x12\x0e\n\x06ranges\x18\x04 \x01(\x0c\x12\x12\n\ntimeout_ms\x18\x05 \x01(\r\"\x0f\n\rHcclPostReply\"<\n\x12HcclPrepareRequest\x12\x12\n\nlink_token\x18\x01 \x01(\x06\x12\x12\n\ntimeout_ms\x18\x02 \x01(\r\"\x12\n\x10HcclPrepareReply\":\n\x11HcclRegionRequest\x12\x12\n\nlink_token\x18\x01 \x01(\x06\x12\x11\n\tregion_id\x18\x02 \x01(\x04\"Q\n\x0fHcclRegionReply\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\x04\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\x10\n\x08writable\x18\x03 \x01(\x08\x12\r\n\x05\x62ound\x18\x04 \x01(\x08\x32\xe7\x04\n\x04Peer\x12\x33\n\x05Hello\x12\x15.hixl.v1.HelloRequest\x1a\x13.hixl.v1.HelloReply\x12H\n\x0cResolveCache\x12\x1c.hixl.v1.ResolveCacheRequest\x1a\x1a.hixl.v1.ResolveCacheReply\x12\x42\n\nReleaseKey\x12\x1a.hixl.v1.ReleaseKeyRequest\x1a\x18.hixl.v1.ReleaseKeyReply\x12\x36\n\x06Unlink\x12\x16.hixl.v1.UnlinkRequest\x1a\x14.hixl.v1.UnlinkReply\x12T\n\x10ResolveAddresses\x12 .hixl.v1.ResolveAddressesRequest\x1a\x1e.hixl.v1.ResolveAddressesReply\x12\x45\n\x0bHcclConnect\x12\x1b.hixl.v1.HcclConnectRequest\x1a\x19.hixl.v1.HcclConnectReply\x12<\n\x08HcclPost\x12\x18.hixl.v1.HcclPostRequest\x1a\x16.hixl.v1.HcclPostReply\x12\x45\n\x0bHcclPrepare\x12\x1b.hixl.v1.HcclPrepareRequest\x1a\x19.hixl.v1.HcclPrepareReply\x12\x42\n\nHcclRegion\x12\x1a.hixl.v1.HcclRegionRequest\x1a\x18.hixl.v1.HcclRegionReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12hixl/v1/peer.proto\x12\x07hixl.v1\x1a\x14hixl/v1/common.proto\"\x8d\x01\n\x0cHelloRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x11\n\tdaemon_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x16\n\x0esrc_cluster_id\x18\x04 \x01(\x04\x12\x16\n\x0e\x64st_cluster_id\x18\x05 \x01(\x04\x12\x0f\n\x07\x62\x61\x63kend\x18\x06 \x01(\t\"\xa8\x01\n\nHelloReply\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x11\n\tdaemon_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x11\n\tdata_host\x18\x04 \x01(\t\x12\x11\n\tdata_port\x18\x05 \x01(\r\x12\x12\n\nlink_token\x18\x06 \x01(\x06\x12\x0f\n\x07\x62\x61\x63kend\x18\x07 \x01(\t\x12\x11\n\tlane_port\x18\x08 \x01(\r\"I\n\x13ResolveCacheRequest\x12\x12\n\nlink_token\x18\x01 \x01(\x06\x12\x1e\n\x03ref\x18\x02 \x01(\x0b\x32\x11.hixl.v1.CacheRef\"\xc0\x01\n\x11ResolveCacheReply\x12\x10\n\x08\x63\x61\x63he_id\x18\x01 \x01(\x03\x12\x11\n\tregion_id\x18\x02 \x01(\x04\x12\x16\n\x0etensor_offsets\x18\x03 \x03(\x04\x12\x13\n\x0btensor_size\x18\x04 \x01(\x04\x12\x0e\n\x06stride\x18\x05 \x01(\x04\x12\x12\n\nbatch_size\x18\x06 \x01(\r\x12\x13\n\x0b\x62\x61tch_index\x18\x07 \x01(\r\x12\x0e\n\x06\x62locks\x18\x08 \x01(\x08\x12\x10\n\x08writable\x18\t \x01(\x08\"_\n\x11ReleaseKeyRequest\x12\x12\n\nlink_token\x18\x01 \x01(\x06\x12\x1e\n\x03key\x18\x02 \x01(\x0b\x32\x11.hixl.v1.CacheKey\x12\x16\n\x0etensor_indices\x18\x03 \x03(\r\"\x11\n\x0fReleaseKeyReply\"#\n\rUnlinkRequest\x12\x12\n\nlink_token\x18\x01 \x01(\x06\"\r\n\x0bUnlinkReply\"P\n\x17ResolveAddressesRequest\x12\x12\n\nlink_token\x18\x01 \x01(\x06\x12\x11\n\taddresses\x18\x02 \x03(\x04\x12\x0e\n\x06length\x18\x03 \x01(\x04\"N\n\x15ResolveAddressesReply\x12\x12\n\nregion_ids\x18\x01 \x03(\x04\x12\x0f\n\x07offsets\x18\x02 \x03(\x04\x12\x10\n\x08writable\x18\x03 \x03(\x08\"u\n\x12HcclConnectRequest\x12\x12\n\nlink_token\x18\x01 \x01(\x06\x12\x11\n\troot_info\x18\x02 \x01(\x0c\x12\x12\n\nrank_table\x18\x03 \x01(\t\x12\x11\n\tbuffer_mb\x18\x04 \x01(\r\x12\x11\n\tcomm_name\x18\x05 \x01(\t\"%\n\x10HcclConnectReply\x12\x11\n\tone_sided\x18\x01 \x01(\x08\"j\n\x0fHcclPostRequest\x12\x12\n\nlink_token\x18\x01 \x01(\x06\x12\x0c\n\x04send\x18\x02 \x01(\x08\x12\x11\n\tregion_id\x18\x03 \x01(\x04\x12\x0e\n\x06ranges\x18\x04 \x01(\x0c\x12\x12\n\ntimeout_ms\x18\x05 \x01(\r\"\x0f\n\rHcclPostReply\"<\n\x12HcclPrepareRequest\x12\x12\n\nlink_token\x18\x01 \x01(\x06\x12\x12\n\ntimeout_ms\x18\x02 \x01(\r\"\x12\n\x10HcclPrepareReply\":\n\x11HcclRegionRequest\x12\x12\n\nlink_token\x18\x01 \x01(\x06\x12\x11\n\tregion_id\x18\x02 \x01(\x04\"Q\n\x0fHcclRegionReply\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\x04\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\x10\n\x08writable\x18\x03 \x01(\x08\x12\r\n\x05\x62ound\x18\x04 \x01(\x08\")\n\x13HcclRankInfoRequest\x12\x12\n\nlink_token\x18\x01 \x01(\x06\"A\n\x08HcclRank\x12\x0f\n\x07host_ip\x18\x01 \x01(\t\x12\x11\n\tdevice_id\x18\x02 \x01(\r\x12\x11\n\tdevice_ip\x18\x03 \x01(\t2\xa8\x05\n\x04Peer\x12\x33\n\x05Hello\x12\x15.hixl.v1.HelloRequest\x1a\x13.hixl.v1.HelloReply\x12H\n\x0cResolveCache\x12\x1c.hixl.v1.ResolveCacheRequest\x1a\x1a.hixl.v1.ResolveCacheReply\x12\x42\n\nReleaseKey\x12\x1a.hixl.v1.ReleaseKeyRequest\x1a\x18.hixl.v1.ReleaseKeyReply\x12\x36\n\x06Unlink\x12\x16.hixl.v1.UnlinkRequest\x1a\x14.hixl.v1.UnlinkReply\x12T\n\x10ResolveAddresses\x12 .hixl.v1.ResolveAddressesRequest\x1a\x1e.hixl.v1.ResolveAddressesReply\x12\x45\n\x0bHcclConnect\x12\x1b.hixl.v1.HcclConnectRequest\x1a\x19.hixl.v1.HcclConnectReply\x12<\n\x08HcclPost\x12\x18.hixl.v1.HcclPostRequest\x1a\x16.hixl.v1.HcclPostReply\x12\x45\n\x0bHcclPrepare\x12\x1b.hixl.v1.HcclPrepareRequest\x1a\x19.hixl.v1.HcclPrepareReply\x12\x42\n\nHcclRegion\x12\x1a.hixl.v1.HcclRegionRequest\x1a\x18.hixl.v1.HcclRegionReply\x12?\n\x0cHcclRankInfo\x12\x1c.hixl.v1.HcclRankInfoRequest\x1a\x11.hixl.v1.HcclRankb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -53,21 +53,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RESOLVEADDRESSESREPLY']._serialized_start=888
   _globals['_RESOLVEADDRESSESREPLY']._serialized_end=966
   _globals['_HCCLCONNECTREQUEST']._serialized_start=968
-  _globals['_HCCLCONNECTREQUEST']._serialized_end=1027
-  _globals['_HCCLCONNECTREPLY']._serialized_start=1029
-  _globals['_HCCLCONNECTREPLY']._serialized_end=1066
-  _globals['_HCCLPOSTREQUEST']._serialized_start=1068
-  _globals['_HCCLPOSTREQUEST']._serialized_end=1174
-  _globals['_HCCLPOSTREPLY']._serialized_start=1176
-  _globals['_HCCLPOSTREPLY']._serialized_end=1191
-  _globals['_HCCLPREPAREREQUEST']._serialized_start=1193
-  _globals['_HCCLPREPAREREQUEST']._serialized_end=1253
-  _globals['_HCCLPREPAREREPLY']._serialized_start=1255
-  _globals['_HCCLPREPAREREPLY']._serialized_end=1273
-  _globals['_HCCLREGIONREQUEST']._serialized_start=1275
-  _globals['_HCCLREGIONREQUEST']._serialized_end=1333
-  _globals['_HCCLREGIONREPLY']._serialized_start=1335
-  _globals['_HCCLREGIONREPLY']._serialized_end=1416
-  _globals['_PEER']._serialized_start=1419
-  _globals['_PEER']._serialized_end=2034
+  _globals['_HCCLCONNECTREQUEST']._serialized_end=1085
+  _globals['_HCCLCONNECTREPLY']._serialized_start=1087
+  _globals['_HCCLCONNECTREPLY']._serialized_end=1124
+  _globals['_HCCLPOSTREQUEST']._serialized_start=1126
+  _globals['_HCCLPOSTREQUEST']._serialized_end=1232
+  _globals['_HCCLPOSTREPLY']._serialized_start=1234
+  _globals['_HCCLPOSTREPLY']._serialized_end=1249
+  _globals['_HCCLPREPAREREQUEST']._serialized_start=1251
+  _globals['_HCCLPREPAREREQUEST']._serialized_end=1311
+  _globals['_HCCLPREPAREREPLY']._serialized_start=1313
+  _globals['_HCCLPREPAREREPLY']._serialized_end=1331
+  _globals['_HCCLREGIONREQUEST']._serialized_start=1333
+  _globals['_HCCLREGIONREQUEST']._serialized_end=1391
+  _globals['_HCCLREGIONREPLY']._serialized_start=1393
+  _globals['_HCCLREGIONREPLY']._serialized_end=1474
+  _globals['_HCCLRANKINFOREQUEST']._serialized_start=1476
+  _globals['_HCCLRANKINFOREQUEST']._serialized_end=1517
+  _globals['_HCCLRANK']._serialized_start=1519
+  _globals['_HCCLRANK']._serialized_end=1584
+  _globals['_PEER']._serialized_start=1587
+  _globals['_PEER']._serialized_end=2267
 # @@protoc_insertion_point(module_scope)
