@@ -372,7 +372,7 @@ def run(args: argparse.Namespace) -> int:
         rt = runtime_box[0]
         optional = ("sync_timeout", "ipc", "batch_send_recv", "recent_error_message",
                     "bare_tgid", "error_string", "stream_abort", "rank_table",
-                    "root_info_config", "physical_device_id")
+                    "root_info_config", "physical_device_id", "one_sided", "host_register")
         missing = [f for f in optional if f not in rt.features]
         return (f"{rt.paths[0]}, {rt.paths[1]}; optional entry points found: "
                 f"{', '.join(sorted(rt.features))}; missing: {', '.join(missing) or 'none'}")

@@ -42,6 +42,8 @@ def test_smoke_on_two_devices(double_dir: Path, runtime: object) -> None:
         name = next(n for n in table if n.startswith(check) and "devices 0-1" in n)
         assert table[name] == "ok", name
     assert "optional entry points found:" in done.stdout
+    # the double has every optional entry point hixl knows, the one-sided API too
+    assert "one_sided" in done.stdout and "missing: none" in done.stdout
     assert re.search(r"GB/s", done.stdout)
 
 
