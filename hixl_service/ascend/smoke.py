@@ -5,10 +5,13 @@ the optional entry points found, exports a device buffer to a second process
 and checks it there, builds a two-rank communicator between two devices
 (each rank in its own process, as CANN creates communicators one at a time
 per process) and, given ``--peer``, between two hosts; it moves one range and
-then many, both ways, byte for byte, shows that a receive whose peer never
-sends times out and tears down without hanging, and measures one large range
-and many small ones. It prints a Markdown report to paste into an issue and
-exits 0 when every check passed, 1 otherwise.
+then many, both ways, byte for byte, two-sided (``HcclSend`` / ``HcclRecv``)
+and, where CANN has the one-sided API, one-sided as the daemon does
+(registered, bound and prepared memory, ``HcclBatchPut`` / ``HcclBatchGet``),
+shows that a receive whose peer never sends times out and tears down without
+hanging, and measures one large range and many small ones each way. It
+prints a Markdown report to paste into an issue and exits 0 when every check
+passed, 1 otherwise.
 
 The second rank is a worker process driven over a TCP connection with one
 JSON object per line: started by the test itself for devices on this host,
@@ -32,6 +35,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from hixl_native import _ascend
 
 from .comms import RankInfo, hccn_addresses, rank_table
@@ -63,6 +67,9 @@ class Rank:
         self.buffer = self.device.malloc(nbytes)
         self.stream = self.device.create_stream()
         self.comm: _ascend.HcclComm | None = None
+        # one-sided: the buffer registered once, and whether the communicator holds it
+        self.registered: _ascend.GlobalMemory | None = None
+        self.bound = False
 
     def describe(self, host_ip: str) -> RankInfo:
         physical = _ascend.physical_device_id(self.device)
@@ -76,6 +83,28 @@ class Rank:
         else:
             self.comm = _ascend.HcclComm(self.device, bytes.fromhex(spec["root"]), 2, rank,
                                          buffer_mb=spec["buffer_mb"], name=spec["name"])
+
+    def prepare(self, timeout_s: int) -> None:
+        """Register the buffer (once), bind it and prepare the communicator, as
+        the daemon does right after building one (blocks until the peer prepares)."""
+        assert self.comm is not None
+        if self.registered is None:
+            self.registered = _ascend.GlobalMemory(self.buffer)
+        _ascend.hccl_bind(self.comm, self.registered)
+        self.bound = True
+        _ascend.hccl_prepare(self.comm, timeout_s)
+
+    def one_sided(self, put: bool, ranges: list[tuple[int, int]], far: tuple[int, int]) -> None:
+        """HcclBatchPut (our ranges to the same offsets there) or HcclBatchGet."""
+        assert self.comm is not None
+        triples = np.array([(off, off, size) for off, size in ranges], dtype=np.uint64)
+        queue = _ascend.hccl_batch_put if put else _ascend.hccl_batch_get
+        queue(self.comm, self.buffer, triples, far[0], far[1], 1 - self.comm.rank, self.stream)
+
+    def _unbind(self) -> None:
+        if self.bound and self.comm is not None and self.registered is not None:
+            self.bound = False
+            _ascend.hccl_unbind(self.comm, self.registered)
 
     def post(self, sending: bool, ranges: list[tuple[int, int]]) -> None:
         """One HcclSend / HcclRecv per range (one per peer and direction each)."""
@@ -93,6 +122,7 @@ class Rank:
                 self.stream.abort()
             except _ascend.AclError:
                 pass  # absent on this CANN: the bounded wait decides
+        self._unbind()
         if self.comm is not None:
             self.comm.destroy()
             self.comm = None
@@ -101,9 +131,12 @@ class Rank:
         return time.monotonic() - start
 
     def close(self) -> None:
+        self._unbind()
         if self.comm is not None:
             self.comm.destroy()
         self.stream.destroy(TEARDOWN_WAIT_MS)
+        if self.registered is not None:
+            self.registered.release()
         self.buffer.close()
 
 
@@ -138,6 +171,9 @@ def _serve(conn: socket.socket, runtime: _ascend.AscendRuntime, device_id: int,
                     rank.post(request["send"], [tuple(r) for r in request["ranges"]])
                 elif op == "sync":
                     rank.stream.synchronize(timeout_ms=request["ms"])
+                elif op == "prepare":
+                    rank.prepare(request["s"])
+                    reply["memory"] = [rank.buffer.address, rank.buffer.size]
                 elif op == "leave":
                     reply["s"] = rank.leave()
                 elif op == "quit":
@@ -301,6 +337,58 @@ def exact(me: Rank, worker: Worker, ranges: list[tuple[int, int]], seed: int) ->
     return f"{len(ranges)} x {ranges[0][1]} B both ways, byte-exact"
 
 
+def prepare_pair(me: Rank, worker: Worker) -> tuple[int, int]:
+    """Bind and prepare both ranks at once; returns the worker's memory (address, size)."""
+    worker.send(op="prepare", s=30)
+    me.prepare(30)
+    reply = worker.answer()
+    _expect(reply["ok"], f"rank 1: {reply.get('error')}")
+    address, size = reply["memory"]
+    return int(address), int(size)
+
+
+def move_one_sided(me: Rank, put: bool, ranges: list[tuple[int, int]], far: tuple[int, int],
+                   timeout_ms: int) -> float:
+    """One-sided: only this rank queues work; returns the seconds it took."""
+    start = time.monotonic()
+    me.one_sided(put, ranges, far)
+    me.stream.synchronize(timeout_ms=timeout_ms)
+    return time.monotonic() - start
+
+
+def exact_one_sided(me: Rank, worker: Worker, far: tuple[int, int],
+                    ranges: list[tuple[int, int]], seed: int) -> str:
+    """Put ``ranges`` there and get them back, comparing every byte."""
+    n = max(off + size for off, size in ranges)
+    sent, old = data(n, seed), data(n, seed + 1)
+    me.buffer.write(0, sent)
+    _expect(worker.ask(op="fill", n=n, seed=seed + 1)["ok"], "fill")
+    move_one_sided(me, True, ranges, far, 30_000)
+    expected = bytearray(old)
+    for off, size in ranges:
+        expected[off:off + size] = sent[off:off + size]
+    _expect(worker.ask(op="digest", n=n)["sha256"] == hashlib.sha256(expected).hexdigest(),
+            "rank 1's bytes differ after the put")
+    back = data(n, seed + 2)
+    _expect(worker.ask(op="fill", n=n, seed=seed + 2)["ok"], "fill")
+    me.buffer.write(0, old)
+    move_one_sided(me, False, ranges, far, 30_000)
+    expected = bytearray(old)
+    for off, size in ranges:
+        expected[off:off + size] = back[off:off + size]
+    _expect(me.buffer.read(0, n) == bytes(expected), "our bytes differ after the get")
+    return f"{len(ranges)} x {ranges[0][1]} B put and got, byte-exact"
+
+
+def throughput_one_sided(me: Rank, far: tuple[int, int], ranges: list[tuple[int, int]]) -> str:
+    total = sum(size for _, size in ranges)
+    rates = []
+    for put in (True, False):
+        best = min(move_one_sided(me, put, ranges, far, 60_000) for _ in range(3))
+        rates.append(f"{'put' if put else 'get'} {total / best / 1e9:.2f} GB/s")
+    return f"{len(ranges)} x {ranges[0][1]} B: {', '.join(rates)} (best of 3)"
+
+
 def throughput(me: Rank, worker: Worker, ranges: list[tuple[int, int]]) -> str:
     total = sum(size for _, size in ranges)
     best = min(move(me, worker, True, ranges, 60_000) for _ in range(3))
@@ -337,13 +425,31 @@ def pair_checks(report: Report, runtime: _ascend.AscendRuntime, me: Rank, worker
         me, worker, spread(min(args.blocks, args.size_mb * MIB // (2 * block)), block), 21))
     report.check(f"throughput {args.size_mb} MiB {label}",
                  lambda: throughput(me, worker, [(0, args.size_mb * MIB)]))
+    small = spread(args.blocks, block)[:args.size_mb * MIB // (2 * block)]
     report.check(f"throughput {args.blocks} x {args.block_kib} KiB {label}",
-                 lambda: throughput(me, worker, spread(args.blocks, block)[:args.size_mb * MIB
-                                                                            // (2 * block)]))
+                 lambda: throughput(me, worker, small))
+    if "one_sided" in runtime.features:
+        far: list[tuple[int, int]] = []
+        if report.check(f"one-sided prepare {label}",
+                        lambda: _prepared(far, prepare_pair(me, worker))):
+            report.check(f"one-sided one range {label}",
+                         lambda: exact_one_sided(me, worker, far[0], [(0, MIB)], 31))
+            report.check(f"one-sided many ranges {label}", lambda: exact_one_sided(
+                me, worker, far[0],
+                spread(min(args.blocks, args.size_mb * MIB // (2 * block)), block), 41))
+            report.check(f"one-sided throughput {args.size_mb} MiB {label}",
+                         lambda: throughput_one_sided(me, far[0], [(0, args.size_mb * MIB)]))
+            report.check(f"one-sided throughput {args.blocks} x {args.block_kib} KiB {label}",
+                         lambda: throughput_one_sided(me, far[0], small))
     report.check(f"receive timeout {label}", lambda: receive_timeout(me, worker))
     if me.comm is not None:
         me.leave()
         worker.ask(op="leave")
+
+
+def _prepared(box: list[tuple[int, int]], far: tuple[int, int]) -> str:
+    box.append(far)
+    return f"both buffers registered, bound and prepared; rank 1's at {far[0]:#x}"
 
 
 def ipc_check(me: Rank, worker: Worker) -> str:
