@@ -314,13 +314,21 @@ def move(me: Rank, worker: Worker, sending: bool, ranges: list[tuple[int, int]],
     return time.monotonic() - start
 
 
-def exact(me: Rank, worker: Worker, ranges: list[tuple[int, int]], seed: int) -> str:
-    """Move ``ranges`` there and back and compare every byte."""
+def exact(me: Rank, worker: Worker, ranges: list[tuple[int, int]], seed: int,
+          far: tuple[int, int] | None = None) -> str:
+    """Move ``ranges`` there and back and compare every byte: two-sided, or
+    one-sided (put, then get) into the worker's prepared memory ``far``."""
+    def there_and_back(sending: bool) -> None:
+        if far is None:
+            move(me, worker, sending, ranges, 30_000)
+        else:
+            move_one_sided(me, sending, ranges, far, 30_000)
+
     n = max(off + size for off, size in ranges)
     sent, old = data(n, seed), data(n, seed + 1)
     me.buffer.write(0, sent)
     _expect(worker.ask(op="fill", n=n, seed=seed + 1)["ok"], "fill")
-    move(me, worker, True, ranges, 30_000)
+    there_and_back(True)
     expected = bytearray(old)
     for off, size in ranges:
         expected[off:off + size] = sent[off:off + size]
@@ -329,12 +337,13 @@ def exact(me: Rank, worker: Worker, ranges: list[tuple[int, int]], seed: int) ->
     back = data(n, seed + 2)
     _expect(worker.ask(op="fill", n=n, seed=seed + 2)["ok"], "fill")
     me.buffer.write(0, old)
-    move(me, worker, False, ranges, 30_000)
+    there_and_back(False)
     expected = bytearray(old)
     for off, size in ranges:
         expected[off:off + size] = back[off:off + size]
     _expect(me.buffer.read(0, n) == bytes(expected), "our bytes differ after the receive")
-    return f"{len(ranges)} x {ranges[0][1]} B both ways, byte-exact"
+    how = "two-sided" if far is None else "one-sided (put, then get)"
+    return f"{len(ranges)} x {ranges[0][1]} B both ways {how}, byte-exact"
 
 
 def prepare_pair(me: Rank, worker: Worker) -> tuple[int, int]:
@@ -354,30 +363,6 @@ def move_one_sided(me: Rank, put: bool, ranges: list[tuple[int, int]], far: tupl
     me.one_sided(put, ranges, far)
     me.stream.synchronize(timeout_ms=timeout_ms)
     return time.monotonic() - start
-
-
-def exact_one_sided(me: Rank, worker: Worker, far: tuple[int, int],
-                    ranges: list[tuple[int, int]], seed: int) -> str:
-    """Put ``ranges`` there and get them back, comparing every byte."""
-    n = max(off + size for off, size in ranges)
-    sent, old = data(n, seed), data(n, seed + 1)
-    me.buffer.write(0, sent)
-    _expect(worker.ask(op="fill", n=n, seed=seed + 1)["ok"], "fill")
-    move_one_sided(me, True, ranges, far, 30_000)
-    expected = bytearray(old)
-    for off, size in ranges:
-        expected[off:off + size] = sent[off:off + size]
-    _expect(worker.ask(op="digest", n=n)["sha256"] == hashlib.sha256(expected).hexdigest(),
-            "rank 1's bytes differ after the put")
-    back = data(n, seed + 2)
-    _expect(worker.ask(op="fill", n=n, seed=seed + 2)["ok"], "fill")
-    me.buffer.write(0, old)
-    move_one_sided(me, False, ranges, far, 30_000)
-    expected = bytearray(old)
-    for off, size in ranges:
-        expected[off:off + size] = back[off:off + size]
-    _expect(me.buffer.read(0, n) == bytes(expected), "our bytes differ after the get")
-    return f"{len(ranges)} x {ranges[0][1]} B put and got, byte-exact"
 
 
 def throughput_one_sided(me: Rank, far: tuple[int, int], ranges: list[tuple[int, int]]) -> str:
@@ -433,10 +418,10 @@ def pair_checks(report: Report, runtime: _ascend.AscendRuntime, me: Rank, worker
         if report.check(f"one-sided prepare {label}",
                         lambda: _prepared(far, prepare_pair(me, worker))):
             report.check(f"one-sided one range {label}",
-                         lambda: exact_one_sided(me, worker, far[0], [(0, MIB)], 31))
-            report.check(f"one-sided many ranges {label}", lambda: exact_one_sided(
-                me, worker, far[0],
-                spread(min(args.blocks, args.size_mb * MIB // (2 * block)), block), 41))
+                         lambda: exact(me, worker, [(0, MIB)], 31, far[0]))
+            report.check(f"one-sided many ranges {label}", lambda: exact(
+                me, worker, spread(min(args.blocks, args.size_mb * MIB // (2 * block)), block),
+                41, far[0]))
             report.check(f"one-sided throughput {args.size_mb} MiB {label}",
                          lambda: throughput_one_sided(me, far[0], [(0, args.size_mb * MIB)]))
             report.check(f"one-sided throughput {args.blocks} x {args.block_kib} KiB {label}",
