@@ -262,7 +262,87 @@ class AscendConfig(_Section):
         description="Budget of device pools per device, in bytes or with a unit.",
     )
 
-    _unset_if_empty = field_validator("cann_path", mode="before")(_empty_is_unset)
+    # -- HCCL communicators and network (README "Ascend hosts") --------------------
+    comm_init: Literal["rank_table", "root_info"] = Field(
+        default="rank_table",
+        description='How link communicators are built: "rank_table" '
+        "(HcclCommInitClusterInfoMemConfig with a two-rank table of both daemons' device and "
+        'host, as HIXL does) or "root_info" (HcclGetRootInfo / HcclCommInitRootInfo; not '
+        "on every product).",
+    )
+    hccl_buffer_mb: int = Field(
+        default=200, ge=1, le=1 << 20,
+        description="HCCL buffer per communicator, in MB (hcclBufferSize; HCCL_BUFFSIZE for "
+        "root info without HcclCommInitRootInfoConfig). Each link's communicator reserves "
+        "twice this much device memory, counted against device_pool_max_bytes.",
+    )
+    if_ip: str | None = Field(
+        default=None,
+        description="Host IP address HCCL uses for its own sockets (HCCL_IF_IP), and this "
+        "host's server_id in rank tables; empty leaves HCCL's choice.",
+    )
+    socket_ifname: str | None = Field(
+        default=None,
+        description="Host network interface(s) HCCL picks its IP from (HCCL_SOCKET_IFNAME, "
+        'e.g. "eth0" or "eth0,eth1"); empty leaves HCCL\'s choice. Not with if_ip.',
+    )
+    base_port: int | None = Field(
+        default=None, ge=1024, le=65520,
+        description="First of the host ports HCCL listens on (HCCL_IF_BASE_PORT; it takes 32 "
+        "from there, 60000 when unset).",
+    )
+    connect_timeout_s: int | None = Field(
+        default=None, ge=120, le=7200,
+        description="Seconds HCCL waits for a peer while building a communicator "
+        "(HCCL_CONNECT_TIMEOUT; HCCL's default 120 when unset).",
+    )
+    device_ips: dict[int, str] = Field(
+        default_factory=dict,
+        description="Device NIC IP per device id, for rank tables; a device not named here "
+        "takes address_<physical id> of /etc/hccn.conf, else none.",
+    )
+
+    _unset_if_empty = field_validator("cann_path", "if_ip", "socket_ifname", "base_port",
+                                      "connect_timeout_s", mode="before")(_empty_is_unset)
+
+    @field_validator("if_ip")
+    @classmethod
+    def _check_ip(cls, value: str | None) -> str | None:
+        if value is not None:
+            import ipaddress
+
+            ipaddress.ip_address(value)  # ValueError names the bad address
+        return value
+
+    @field_validator("device_ips")
+    @classmethod
+    def _check_device_ips(cls, value: dict[int, str]) -> dict[int, str]:
+        import ipaddress
+
+        for device, ip in value.items():
+            if device < 0:
+                raise ValueError(f"device id {device} is negative")
+            ipaddress.ip_address(ip)
+        return value
+
+    @field_validator("socket_ifname")
+    @classmethod
+    def _check_ifname(cls, value: str | None) -> str | None:
+        if value is not None:
+            import re
+
+            # HCCL_SOCKET_IFNAME: names or prefixes, comma separated, optionally
+            # "=" (exact) or "^" (exclude) first
+            if not re.fullmatch(r"[=^]?[A-Za-z0-9_.:@-]{1,15}(,[A-Za-z0-9_.:@-]{1,15})*", value):
+                raise ValueError(f"not a list of interface names: {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _one_address_choice(self) -> AscendConfig:
+        if self.if_ip is not None and self.socket_ifname is not None:
+            raise ValueError("set if_ip or socket_ifname, not both (HCCL_IF_IP wins over "
+                             "HCCL_SOCKET_IFNAME)")
+        return self
 
     @field_validator("devices")
     @classmethod
@@ -522,8 +602,8 @@ def dump_toml(data: Mapping[str, Mapping[str, object]]) -> str:
     """Render ``{section: {key: value}}`` as TOML.
 
     Values may be str, int, float, bool, ``os.PathLike``, ``None``, a mapping
-    of those (an inline table) or a list of any of them; ``None`` becomes
-    ``""``, which the daemon reads as "unset".
+    of those (an inline table, keys quoted) or a list of any of them; ``None``
+    becomes ``""``, which the daemon reads as "unset".
 
     Args:
         data: The sections to render, in order.
@@ -544,8 +624,9 @@ def dump_toml(data: Mapping[str, Mapping[str, object]]) -> str:
 
 
 def _toml_value(value: object) -> str:
-    if isinstance(value, Mapping):  # an inline table (allowed_peers)
-        return "{" + ", ".join(f"{key} = {_toml_value(item)}" for key, item in value.items()) + "}"
+    if isinstance(value, Mapping):  # an inline table (allowed_peers, device_ips), keys quoted
+        return "{" + ", ".join(f"{json.dumps(str(k))} = {_toml_value(v)}"
+                               for k, v in value.items()) + "}"
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(item) for item in value) + "]"
     if value is None:

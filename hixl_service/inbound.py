@@ -19,6 +19,7 @@ import hixl_native
 
 from hixl_client.status import LLMException, LLMStatusCode
 
+from .ascend.comms import CommSpec, RankInfo
 from .caches import Caches, peer_writable
 from .cluster import Cluster
 from .links import InboundLink
@@ -191,11 +192,16 @@ class InboundLinks:
         return [(entry.region_id, offset, peer_writable(cluster, entry.writable))
                 for entry, offset in found]
 
-    async def hccl_connect_for_peer(self, token: int, root_info: bytes) -> bool:
+    async def hccl_connect_for_peer(self, token: int, spec: CommSpec) -> bool:
         """Peer side of an HCCL link: join the communicator the linking daemon created;
         True when this side can go one-sided."""
         inbound = self._links.get(token)
-        return await hccl_side(inbound.side if inbound is not None else None).connect(root_info)
+        return await hccl_side(inbound.side if inbound is not None else None).connect(spec)
+
+    async def hccl_rank_info_for_peer(self, token: int) -> RankInfo:
+        """Peer side of an HCCL link: this daemon's rank, for the linking daemon's table."""
+        inbound = self._links.get(token)
+        return await hccl_side(inbound.side if inbound is not None else None).rank_info()
 
     async def hccl_prepare_for_peer(self, token: int, timeout_ms: int) -> None:
         """Peer side of a one-sided HCCL link: bind the cluster's memory, prepare the link."""

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from .ascend.comms import CommSpec, RankInfo
 from .planning import Layout
 from .registry import KeySpec
 
@@ -107,9 +108,11 @@ class PeerApi(Protocol):
     async def resolve_addresses(self, token: int, addresses: Sequence[int], length: int,
                                 timeout_s: float) -> list[tuple[int, int, bool]]: ...
 
-    async def hccl_connect(self, token: int, root_info: bytes, timeout_s: float) -> bool:
+    async def hccl_connect(self, token: int, spec: CommSpec, timeout_s: float) -> bool:
         """Join the link's communicator; True when the far CANN has the one-sided API."""
         ...
+
+    async def hccl_rank_info(self, token: int, timeout_s: float) -> RankInfo: ...
 
     async def hccl_post(self, token: int, send: bool, region_id: int, ranges: bytes,
                         timeout_ms: int, timeout_s: float) -> None: ...

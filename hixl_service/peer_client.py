@@ -22,6 +22,7 @@ from hixl_wire._proto.hixl.v1 import common_pb2, peer_pb2, peer_pb2_grpc
 from hixl_wire.lane import PEER_METHODS, Lane
 from hixl_wire.status import error_from_rpc
 
+from .ascend.comms import CommSpec, RankInfo
 from .interceptors import REQUEST_ID_METADATA_KEY, request_id
 from .peer_api import (
     PROTOCOL_VERSION,
@@ -182,10 +183,17 @@ class PeerClient:
         reply = await self._call(self._stub.ResolveAddresses, request, timeout_s)
         return list(zip(reply.region_ids, reply.offsets, reply.writable, strict=True))
 
-    async def hccl_connect(self, token: int, root_info: bytes, timeout_s: float) -> bool:
-        request = peer_pb2.HcclConnectRequest(link_token=token, root_info=root_info)
+    async def hccl_connect(self, token: int, spec: CommSpec, timeout_s: float) -> bool:
+        request = peer_pb2.HcclConnectRequest(link_token=token, root_info=spec.root_info,
+                                              rank_table=spec.rank_table,
+                                              buffer_mb=spec.buffer_mb, comm_name=spec.name)
         reply = await self._call(self._stub.HcclConnect, request, timeout_s)
         return bool(reply.one_sided)
+
+    async def hccl_rank_info(self, token: int, timeout_s: float) -> RankInfo:
+        reply = await self._call(self._stub.HcclRankInfo,
+                                 peer_pb2.HcclRankInfoRequest(link_token=token), timeout_s)
+        return RankInfo(reply.host_ip, reply.device_id, reply.device_ip)
 
     async def hccl_post(self, token: int, send: bool, region_id: int, ranges: bytes,
                         timeout_ms: int, timeout_s: float) -> None:

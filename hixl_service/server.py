@@ -40,6 +40,7 @@ from hixl_wire.lane import CLIENT_METHODS
 
 from . import __version__, _systemd
 from .ascend.backend import AscendBackend
+from .ascend.comms import host_address
 from .ascend.pools import AscendMemory
 from .completions import CompletionDispatcher
 from .config import DaemonConfig
@@ -153,7 +154,8 @@ class Daemon:
         ascend: AscendBackend | None = None
         if cfg.pool.backend == "hccl":
             # Raises BackendUnavailable (the process exits 2): never a silent fallback.
-            ascend = await asyncio.to_thread(AscendBackend.open, cfg.ascend)
+            ascend = await asyncio.to_thread(AscendBackend.open, cfg.ascend,
+                                             host_address(self.advertise_host))
         # A start that fails part way releases what it had taken (sockets,
         # listeners, the data server) before the error ends the process.
         unwind = contextlib.AsyncExitStack()

@@ -57,6 +57,12 @@ def snapshot(engine: Engine, backend: str, peer_address: str) -> admin_pb2.Daemo
                          remote_daemon_id=inbound.src_daemon_id, direction="inbound",
                          transport=inbound.side.name, alive=inbound.side.alive,
                          data_path=inbound.side.data_path)
+    if deps.ascend is not None:
+        for use in deps.ascend.device_use():
+            status.devices.add(device_id=use.device_id, budget_bytes=use.budget_bytes,
+                               reserved_bytes=use.reserved_bytes,
+                               hccl_buffer_bytes=use.hccl_buffer_bytes,
+                               communicators=use.communicators)
     for pool in engine.pools.pools():
         status.pools.add(pool_id=pool.pool_id, cluster_id=pool.cluster_id,
                          placement=pool.placement.name, size=pool.size,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from hixl_client.status import LLMException, LLMStatusCode
 from hixl_wire._proto.hixl.v1 import peer_pb2, peer_pb2_grpc
 
+from .ascend.comms import CommSpec
 from .calls import CallInfo, GrpcContext, unary
 from .engine import Engine
 from .peer_client import key_from_proto, ref_from_proto
@@ -97,9 +98,17 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
     @unary
     async def HcclConnect(self, request: peer_pb2.HcclConnectRequest,
                           context: CallInfo) -> peer_pb2.HcclConnectReply:
-        one_sided = await self._engine.inbound.hccl_connect_for_peer(request.link_token,
-                                                                     request.root_info)
+        spec = CommSpec(root_info=request.root_info, rank_table=request.rank_table,
+                        buffer_mb=request.buffer_mb, name=request.comm_name)
+        one_sided = await self._engine.inbound.hccl_connect_for_peer(request.link_token, spec)
         return peer_pb2.HcclConnectReply(one_sided=one_sided)
+
+    @unary
+    async def HcclRankInfo(self, request: peer_pb2.HcclRankInfoRequest,
+                           context: CallInfo) -> peer_pb2.HcclRank:
+        info = await self._engine.inbound.hccl_rank_info_for_peer(request.link_token)
+        return peer_pb2.HcclRank(host_ip=info.host_ip, device_id=info.device_id,
+                                 device_ip=info.device_ip)
 
     @unary
     async def HcclPost(self, request: peer_pb2.HcclPostRequest,

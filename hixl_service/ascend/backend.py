@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -29,6 +30,8 @@ from hixl_native._ascend import AscendError, AscendUnavailable
 from hixl_client.status import LLMException, LLMStatusCode
 
 from ..native_errors import to_llm_exception
+from . import comms
+from .comms import CommSettings, RankInfo
 from .onesided import OneSidedMemory
 
 if TYPE_CHECKING:
@@ -55,32 +58,76 @@ class BackendUnavailable(Exception):
 class _DeviceBudget:
     device: _ascend.Device
     budget: int
-    reserved: int = 0
+    reserved: int = 0        # pools and communicator buffers together
+    comm_bytes: int = 0      # of which communicator buffers
+    communicators: int = 0
+
+
+@dataclass(frozen=True)
+class DeviceUse:
+    """One device's budget as the admin status shows it."""
+
+    device_id: int
+    budget_bytes: int
+    reserved_bytes: int
+    hccl_buffer_bytes: int
+    communicators: int
 
 
 class AscendBackend:
     """CANN and the devices this daemon serves."""
 
     def __init__(self, runtime: _ascend.AscendRuntime, devices: dict[int, _ascend.Device],
-                 device_budget: int) -> None:
+                 device_budget: int, config: AscendConfig | None = None,
+                 host_ip: str = "127.0.0.1") -> None:
         self.runtime = runtime
         self._devices = {i: _DeviceBudget(d, device_budget) for i, d in devices.items()}
+        # communicators are built and destroyed on worker threads
+        self._budget_lock = threading.Lock()
         self.tgid = runtime.bare_tgid()
         # Device memory registered for one-sided HCCL, where the loaded CANN has the API.
         self.one_sided = OneSidedMemory(_ascend.one_sided_supported())
+        self._host_ip = host_ip
+        self._device_ips = dict(config.device_ips) if config is not None else {}
+        self._hccn = comms.hccn_addresses()
+        self.comm_settings = CommSettings(
+            mode=config.comm_init if config is not None else "root_info",
+            buffer_mb=config.hccl_buffer_mb if config is not None else 200,
+            describe=self.rank_info, reserve=self.reserve_device_bytes,
+            release=self.release_device_bytes)
 
     @classmethod
-    def open(cls, config: AscendConfig) -> AscendBackend:
+    def open(cls, config: AscendConfig, host_ip: str = "127.0.0.1") -> AscendBackend:
         """Load CANN and open the configured devices (blocking: run it off the loop).
 
+        HCCL's network settings of ``[ascend]`` are checked and exported first
+        (HCCL reads them from the environment).
+
+        Args:
+            config: The ``[ascend]`` section.
+            host_ip: This host in rank tables (``server_id``) when ``ascend.if_ip``
+                is unset.
+
         Raises:
-            BackendUnavailable: CANN is missing or broken, or a device cannot be opened.
+            BackendUnavailable: CANN is missing or broken, lacks what
+                ``ascend.comm_init`` needs, a network setting does not fit this
+                host, or a device cannot be opened.
         """
+        try:
+            comms.check_network(config)
+        except ValueError as exc:
+            raise BackendUnavailable(f"HCCL backend unavailable: {exc}") from None
+        exported = comms.apply_environment(config)
         path = config.cann_path
         try:
             runtime = _ascend.load(path)
         except AscendUnavailable as exc:
             raise BackendUnavailable(str(exc)) from None
+        if config.comm_init == "rank_table" and "rank_table" not in runtime.features:
+            raise BackendUnavailable(
+                "HCCL backend unavailable: this CANN's libhccl.so lacks "
+                "HcclCommInitClusterInfoMemConfig (ascend.comm_init = \"rank_table\"); set "
+                "ascend.comm_init = \"root_info\" where the product supports root info")
         try:
             count = runtime.device_count()
             missing = [d for d in config.devices if d >= count]
@@ -93,11 +140,14 @@ class AscendBackend:
             raise BackendUnavailable(
                 f"HCCL backend unavailable: {to_llm_exception(exc, 'opening the devices')}"
             ) from None
-        backend = cls(runtime, devices, int(config.device_pool_max_bytes))
-        logger.info("Ascend backend: CANN from %s, devices %s, HCCL links %s",
-                    os.path.dirname(runtime.paths[0]), sorted(devices),
+        backend = cls(runtime, devices, int(config.device_pool_max_bytes), config,
+                      config.if_ip or host_ip)
+        logger.info("Ascend backend: CANN from %s, devices %s, communicators by %s, HCCL "
+                    "links %s, HCCL %s", os.path.dirname(runtime.paths[0]), sorted(devices),
+                    config.comm_init,
                     "one-sided where both ends can" if backend.one_sided.enabled
-                    else "two-sided (this CANN lacks the one-sided API)")
+                    else "two-sided (this CANN lacks the one-sided API)",
+                    " ".join(f"{k}={v}" for k, v in sorted(exported.items())))
         return backend
 
     @property
@@ -118,6 +168,47 @@ class AscendBackend:
                                status_code=LLMStatusCode.LLM_PARAM_INVALID)
         return state.device
 
+    # -- communicators -----------------------------------------------------------------
+
+    def rank_info(self, device_id: int) -> RankInfo:
+        """This daemon's rank on a device, as a rank table names it."""
+        device = self.device(device_id)
+        physical = _ascend.physical_device_id(device)
+        ip = self._device_ips.get(device_id) or self._hccn.get(physical, "")
+        return RankInfo(self._host_ip, physical, ip)
+
+    def reserve_device_bytes(self, device_id: int, nbytes: int) -> None:
+        """Count a communicator's buffers against the device's budget.
+
+        Raises:
+            LLMException: LLM_DEVICE_OUT_OF_MEMORY when they do not fit.
+        """
+        self.device(device_id)
+        with self._budget_lock:
+            state = self._devices[device_id]
+            if state.reserved + nbytes > state.budget:
+                raise LLMException(
+                    f"an HCCL communicator's {nbytes}-byte buffers exceed device {device_id}'s "
+                    f"budget ({state.budget - state.reserved} of {state.budget} bytes left; see "
+                    f"ascend.device_pool_max_bytes and ascend.hccl_buffer_mb)",
+                    status_code=LLMStatusCode.LLM_DEVICE_OUT_OF_MEMORY)
+            state.reserved += nbytes
+            state.comm_bytes += nbytes
+            state.communicators += 1
+
+    def release_device_bytes(self, device_id: int, nbytes: int) -> None:
+        with self._budget_lock:
+            state = self._devices[device_id]
+            state.reserved -= nbytes
+            state.comm_bytes -= nbytes
+            state.communicators -= 1
+
+    def device_use(self) -> list[DeviceUse]:
+        """Each device's budget, pools and communicator buffers (admin status)."""
+        with self._budget_lock:
+            return [DeviceUse(i, s.budget, s.reserved, s.comm_bytes, s.communicators)
+                    for i, s in sorted(self._devices.items())]
+
     # -- device pools ---------------------------------------------------------------
 
     async def create_pool(self, device_id: int, memory_size: int, page_shift: int,
@@ -128,17 +219,19 @@ class AscendBackend:
         state = self._devices[device_id]
         unit = max(1 << page_shift, _ascend.DEVICE_ALIGNMENT)
         size = -(-memory_size // unit) * unit
-        if state.reserved + size > state.budget:
-            raise LLMException(
-                f"a {size}-byte pool exceeds device {device_id}'s pool budget "
-                f"({state.budget - state.reserved} of {state.budget} bytes left; see "
-                f"ascend.device_pool_max_bytes)",
-                status_code=LLMStatusCode.LLM_DEVICE_OUT_OF_MEMORY)
-        state.reserved += size
+        with self._budget_lock:
+            if state.reserved + size > state.budget:
+                raise LLMException(
+                    f"a {size}-byte pool exceeds device {device_id}'s pool budget "
+                    f"({state.budget - state.reserved} of {state.budget} bytes left; see "
+                    f"ascend.device_pool_max_bytes)",
+                    status_code=LLMStatusCode.LLM_DEVICE_OUT_OF_MEMORY)
+            state.reserved += size
         try:
             buffer = await asyncio.to_thread(_allocate_exported, device, size)
         except BaseException:
-            state.reserved -= size
+            with self._budget_lock:
+                state.reserved -= size
             raise
         await asyncio.to_thread(self.one_sided.register, buffer, cluster_id)
         return buffer, hixl_native.ExtentAllocator(size, page_shift)
@@ -153,7 +246,8 @@ class AscendBackend:
         except AscendError as exc:
             logger.warning("freeing pool %d: %s", pool.pool_id, to_llm_exception(exc))
         finally:
-            self._devices[buffer.device.id].reserved -= buffer.size
+            with self._budget_lock:
+                self._devices[buffer.device.id].reserved -= buffer.size
 
     @staticmethod
     def share(pool: Pool, tgid: int) -> str:

@@ -68,8 +68,8 @@ async def _open(kit: TransportKit, ends: LinkEnds, hello: PeerHello, peer: PeerA
         return LocalTransport(kit.copier)
     if kit.ascend is not None:
         return await HcclTransport.open(kit.ascend.device(ends.local_device_id), peer,
-                                        hello.token, timeout_s, kit.ascend.one_sided,
-                                        ends.local_cluster_id)
+                                        hello.token, timeout_s, kit.ascend.comm_settings,
+                                        kit.ascend.one_sided, ends.local_cluster_id)
     return await TcpTransport.open(hello.data_host, hello.data_port, hello.token,
                                    kit.streams_per_link, kit.dispatcher, kit.connect_timeout_s,
                                    ends.remote_cluster_id, hello.link_key)
@@ -82,7 +82,8 @@ def inbound_side(kit: TransportKit, same_daemon: bool, device_id: int,
     if same_daemon:
         return PlainInbound(LocalTransport.name)
     if kit.ascend is not None:
-        return HcclInbound(kit.ascend.device(device_id), kit.ascend.one_sided, cluster_id)
+        return HcclInbound(kit.ascend.device(device_id), kit.ascend.comm_settings,
+                           kit.ascend.one_sided, cluster_id)
     return PlainInbound(TcpTransport.name)
 
 

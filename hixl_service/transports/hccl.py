@@ -1,8 +1,13 @@
 """The HCCL transport: one two-rank communicator per link, one-sided where CANN allows.
 
-The linking daemon is rank 0: it creates the root info and sends it with
-``Peer.HcclConnect``, and both daemons build the communicator concurrently,
-each with a stream of its own for the link.
+The linking daemon is rank 0. With ``ascend.comm_init = "rank_table"`` (the
+default, as HIXL does) it asks the other daemon for its rank
+(``Peer.HcclRankInfo``: host, physical device, device NIC), builds the
+two-rank table and sends it with ``Peer.HcclConnect``; with ``"root_info"``
+it sends ``HcclGetRootInfo``'s root info instead. Both daemons then build
+the communicator concurrently (`_Channel.build`, the one place a link's
+communicator is made), each with a stream of its own for the link; the
+shim creates communicators one at a time per process.
 
 **One-sided** (HIXL's direct path), when both daemons' CANN has the API:
 right after the communicator is built, each side binds its cluster's
@@ -24,10 +29,14 @@ receives or sends in the same order and waits for them. Each range is an
 CANN requires). Each side runs one batch of a link at a time, in order, so the
 two sides always pair up.
 
-A batch that fails or runs past its deadline destroys the communicator on the
-side that saw it (aborting what is queued and releasing the memory it pinned);
-the link stays, and its next transfer builds a new communicator. Every wait is
-bounded: building and preparing by the link timeout, batches by the
+A batch that fails or runs past its deadline tears the channel down on the
+side that saw it, in the order CANN allows (`_Channel.destroy`): abort the
+stream's work (``aclrtStreamAbort``), unbind its memory, destroy the
+communicator, then the stream, which is never destroyed while its work has
+not ended (``aclrtDestroyStream`` would wait for it). The link stays, and its
+next transfer builds a new communicator. Each communicator's HCCL buffers
+(twice ``ascend.hccl_buffer_mb``) count against its device's budget. Every
+wait is bounded: building and preparing by the link timeout, batches by the
 transfer's deadline (on the linked side plus a short grace, so that a batch
 the other side never completes times out on the linking side first and is
 reported as a timeout).
@@ -46,6 +55,7 @@ from hixl_native._ascend import AscendError
 
 from hixl_client.status import LLMException, LLMStatusCode
 
+from ..ascend.comms import CommSettings, CommSpec, RankInfo, rank_table
 from ..native_errors import RegionRefused, to_llm_exception
 from .base import InboundSide, Place, Prepared, TransportInfo
 
@@ -72,26 +82,52 @@ NO_COMMUNICATOR = "the link has no HCCL communicator on this side"
 INBOUND_GRACE_S = 0.25
 ONE_SIDED = "one-sided"
 TWO_SIDED = "two-sided"
+# How long a torn-down channel's aborted work may take to end before its
+# stream is abandoned instead of destroyed (the transfer's deadline has
+# passed by then).
+TEARDOWN_WAIT_MS = 2000
+ACL_API_NOT_SUPPORT = 200001  # an optional entry point this CANN lacks
 
 
 class _Channel:
     """A communicator and the stream its batches run on (one side of a link)."""
 
-    def __init__(self, comm: _ascend.HcclComm, stream: _ascend.Stream) -> None:
+    def __init__(self, comm: _ascend.HcclComm, stream: _ascend.Stream, device_bytes: int,
+                 settings: CommSettings) -> None:
         self.comm = comm
         self.stream = stream
+        self._device_bytes = device_bytes
+        self._settings = settings
+        self._device_id = comm.device.id
         # One-sided: the memory bound before the communicator was prepared.
         self.binding: Binding | None = None
         self._memory: OneSidedMemory | None = None
 
     @classmethod
-    def build(cls, device: _ascend.Device, root_info: bytes, rank: int) -> _Channel:
-        """Join the communicator (blocks until both ranks joined or HCCL gives up)."""
-        comm = _ascend.HcclComm(device, root_info, 2, rank)
+    def build(cls, device: _ascend.Device, spec: CommSpec, rank: int,
+              settings: CommSettings) -> _Channel:
+        """Join the communicator (blocks until both ranks joined or HCCL gives up).
+
+        The one place a link's communicator is made: its HCCL buffers are
+        counted against the device's budget first, then the communicator is
+        created from the rank table or the root info, then the link's stream.
+        """
+        settings.reserve(device.id, spec.device_bytes)
         try:
-            return cls(comm, device.create_stream())
+            if spec.rank_table:
+                comm = _ascend.comm_from_rank_table(device, spec.rank_table, rank,
+                                                    buffer_mb=spec.buffer_mb, name=spec.name)
+            else:
+                comm = _ascend.HcclComm(device, spec.root_info, 2, rank,
+                                        buffer_mb=spec.buffer_mb, name=spec.name)
+        except BaseException:
+            settings.release(device.id, spec.device_bytes)
+            raise
+        try:
+            return cls(comm, device.create_stream(), spec.device_bytes, settings)
         except BaseException:
             comm.destroy()
+            settings.release(device.id, spec.device_bytes)
             raise
 
     def prepare_one_sided(self, memory: OneSidedMemory, cluster_id: int,
@@ -127,14 +163,33 @@ class _Channel:
         queue(memory.device, pairs, peer, self.stream)
 
     def destroy(self) -> None:
-        """Unbind its memory, abort queued work and free both (blocking; idempotent)."""
+        """Tear down (blocking; idempotent): abort the stream's unfinished work
+        ("aclrtStreamAbort", CANN API reference aclcppdevg_03_1777; HIXL does the
+        same), unbind its memory (HCCL refuses to deregister memory still bound),
+        destroy the communicator, then the stream. `Stream.destroy` never
+        destroys a stream whose work did not end within its bound: it abandons it
+        ("aclrtDestroyStream", aclcppdevg_03_0070, waits for unfinished tasks)."""
+        if self.comm.closed:
+            return
+        if self.stream.pending:
+            try:
+                self.stream.abort()
+            except AscendError as exc:
+                if exc.code != ACL_API_NOT_SUPPORT:  # absent: the bounded wait below decides
+                    logger.info("aborting an HCCL channel's stream: %s", to_llm_exception(exc))
         if self.binding is not None and self._memory is not None:
             self._memory.unbind(self.binding)
-        for close in (self.comm.destroy, self.stream.destroy):
-            try:
-                close()
-            except AscendError as exc:
-                logger.info("destroying an HCCL channel: %s", to_llm_exception(exc))
+        try:
+            self.comm.destroy()
+        except AscendError as exc:
+            logger.info("destroying an HCCL communicator: %s", to_llm_exception(exc))
+        finally:
+            self._settings.release(self._device_id, self._device_bytes)
+        try:
+            self.stream.destroy(TEARDOWN_WAIT_MS)
+        except AscendError as exc:
+            logger.warning("an HCCL channel's stream did not end its work and is abandoned "
+                           "(its memory stays pinned): %s", to_llm_exception(exc))
 
 
 def _close_when_built(job: asyncio.Future[_Channel]) -> None:
@@ -191,11 +246,12 @@ class _Side:
     """One daemon's side of a link: its channel, and the lock that lets one batch
     (or one rebuild) at a time use it."""
 
-    def __init__(self, device: _ascend.Device, memory: OneSidedMemory | None,
-                 cluster_id: int) -> None:
+    def __init__(self, device: _ascend.Device, settings: CommSettings,
+                 memory: OneSidedMemory | None, cluster_id: int) -> None:
         self._device = device
         self._memory = memory
         self._cluster_id = cluster_id
+        self._settings = settings
         self._channel: _Channel | None = None
         self._lock = asyncio.Lock()
         self.closed = False
@@ -238,8 +294,9 @@ class HcclLink(_Side):
     """The linking daemon's side of one link (rank 0)."""
 
     def __init__(self, device: _ascend.Device, peer: PeerApi, token: int,
-                 memory: OneSidedMemory | None = None, cluster_id: int = 0) -> None:
-        super().__init__(device, memory, cluster_id)
+                 settings: CommSettings, memory: OneSidedMemory | None = None,
+                 cluster_id: int = 0) -> None:
+        super().__init__(device, settings, memory, cluster_id)
         self._peer = peer
         self._token = token
         # Far regions of the current communicator (asked once each).
@@ -248,6 +305,29 @@ class HcclLink(_Side):
         # they move two-sided rather than prepare yet another communicator.
         self._unbound: set[tuple[int, int]] = set()
         self._one_sided_failed = False
+        self._builds = 0
+
+    async def _spec(self, deadline: float) -> CommSpec:
+        """What both ranks build the next communicator from."""
+        self._builds += 1
+        # unique in both processes: HCCL refuses a name in use
+        name = f"hixl-{self._token:016x}-{self._builds}"
+        buffer_mb = self._settings.buffer_mb
+        if self._settings.mode == "rank_table":
+            far = await self._peer.hccl_rank_info(self._token,
+                                                  max(0.001, deadline - time.monotonic()))
+            mine = await asyncio.to_thread(self._settings.describe, self._device.id)
+            try:
+                far.check()
+            except ValueError as exc:
+                raise LLMException(f"the peer's HCCL rank is unusable: {exc}",
+                                   status_code=LLMStatusCode.LLM_LINK_FAILED) from None
+            return CommSpec(rank_table=rank_table(mine, far), buffer_mb=buffer_mb, name=name)
+        try:
+            root_info = await asyncio.to_thread(self._device.hccl_root_info)
+        except AscendError as exc:
+            raise _fail(exc, "creating the HCCL root info") from exc
+        return CommSpec(root_info=root_info, buffer_mb=buffer_mb, name=name)
 
     async def connect(self, timeout_s: float) -> None:
         """Build the communicator with the other daemon, within ``timeout_s``."""
@@ -257,13 +337,15 @@ class HcclLink(_Side):
     async def _connect(self, deadline: float) -> None:
         await self._drop()
         try:
-            root_info = await asyncio.to_thread(self._device.hccl_root_info)
-        except AscendError as exc:
-            raise _fail(exc, "creating the HCCL root info") from exc
+            spec = await self._spec(deadline)
+        except (LLMException, AscendError) as exc:
+            error = _fail(exc, "describing this side's HCCL rank")
+            raise LLMException(f"cannot open the HCCL link: {error}",
+                               status_code=LLMStatusCode.LLM_LINK_FAILED) from exc
         local: asyncio.Future[_Channel] = asyncio.ensure_future(asyncio.to_thread(
-            _Channel.build, self._device, root_info, INITIATOR_RANK))
+            _Channel.build, self._device, spec, INITIATOR_RANK, self._settings))
         remote = asyncio.ensure_future(self._peer.hccl_connect(
-            self._token, root_info, max(0.001, deadline - time.monotonic())))
+            self._token, spec, max(0.001, deadline - time.monotonic())))
         done, _ = await asyncio.wait((local, remote),
                                      timeout=max(0.0, deadline - time.monotonic()))
         failure: BaseException | None = None
@@ -430,25 +512,32 @@ class HcclInbound(_Side):
 
     name = "hccl"
 
-    def __init__(self, device: _ascend.Device, memory: OneSidedMemory | None = None,
-                 cluster_id: int = 0) -> None:
-        super().__init__(device, memory, cluster_id)
+    def __init__(self, device: _ascend.Device, settings: CommSettings,
+                 memory: OneSidedMemory | None = None, cluster_id: int = 0) -> None:
+        super().__init__(device, settings, memory, cluster_id)
         self._batches: set[asyncio.Task[None]] = set()
 
-    async def connect(self, root_info: bytes) -> bool:
+    async def rank_info(self) -> RankInfo:
+        """This side's rank, for the linking daemon's rank table."""
+        try:
+            return await asyncio.to_thread(self._settings.describe, self._device.id)
+        except AscendError as exc:
+            raise _fail(exc, "describing this side's HCCL rank") from exc
+
+    async def connect(self, spec: CommSpec) -> bool:
         """Join a new communicator (replacing an old one once its batch ended).
 
         Returns whether this side can prepare it for one-sided transfers.
         """
-        if len(root_info) != _ascend.HCCL_ROOT_INFO_BYTES:
-            raise LLMException(f"an HCCL root info has {_ascend.HCCL_ROOT_INFO_BYTES} bytes, "
-                               f"not {len(root_info)}",
-                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
+        try:
+            spec.check(_ascend.HCCL_ROOT_INFO_BYTES)
+        except ValueError as exc:
+            raise LLMException(str(exc), status_code=LLMStatusCode.LLM_PARAM_INVALID) from None
         async with self._lock:
             await self._drop()
             try:
-                channel = await asyncio.to_thread(_Channel.build, self._device, root_info,
-                                                  ACCEPTOR_RANK)
+                channel = await asyncio.to_thread(_Channel.build, self._device, spec,
+                                                  ACCEPTOR_RANK, self._settings)
             except AscendError as exc:
                 raise _fail(exc, "joining the HCCL communicator") from exc
             if self.closed:
@@ -535,10 +624,11 @@ class HcclTransport:
 
     @classmethod
     async def open(cls, device: _ascend.Device, peer: PeerApi, token: int, timeout_s: float,
-                   memory: OneSidedMemory | None = None, cluster_id: int = 0) -> HcclTransport:
+                   settings: CommSettings, memory: OneSidedMemory | None = None,
+                   cluster_id: int = 0) -> HcclTransport:
         """Build (and, one-sided, prepare) the link's communicator with the far daemon,
         within ``timeout_s``; ``memory`` holds the device memory of ``cluster_id``."""
-        side = HcclLink(device, peer, token, memory, cluster_id)
+        side = HcclLink(device, peer, token, settings, memory, cluster_id)
         try:
             await side.connect(timeout_s)
         except BaseException:

@@ -92,6 +92,27 @@ cdef extern from "acl_shim.h" nogil:
                         aclrtStream stream)
     int hixl_hccl_comm_destroy(int32_t dev, hccl_comm_t comm)
 
+    # ---- issue 18: contexts, stream abort, configured communicators
+    enum:
+        HIXL_ACL_HAS_STREAM_ABORT
+        HIXL_ACL_HAS_RANK_TABLE
+        HIXL_ACL_HAS_ROOT_CONFIG
+        HIXL_ACL_HAS_PHY_ID
+        HIXL_HCCL_COMM_NAME_MAX
+
+    ctypedef struct hixl_comm_options:
+        uint32_t buffer_mb
+        char name[HIXL_HCCL_COMM_NAME_MAX]
+
+    int hixl_acl_stream_abort(int32_t dev, aclrtStream stream)
+    int hixl_acl_physical_id(int32_t dev, int32_t *phy)
+    int hixl_hccl_comm_init_config(int32_t dev, uint32_t nranks, const HcclRootInfo *root,
+                                   uint32_t rank, const hixl_comm_options *opt,
+                                   hccl_comm_t *out)
+    int hixl_hccl_comm_init_rank_table(int32_t dev, const char *rank_table, uint32_t rank,
+                                       const hixl_comm_options *opt, hccl_comm_t *out)
+    unsigned long hixl_hccl_comm_inits()
+
 
 # ---- one-sided HCCL and pinned host memory (acl_shim.h, its one-sided section) ----
 cdef extern from "acl_shim.h" nogil:

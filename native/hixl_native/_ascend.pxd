@@ -67,6 +67,7 @@ cdef class Stream:
     cdef int _check_open(self) except -1
     cdef void _pin(self, _Memory mem)
     cdef void _unpin_all(self)
+    cdef int _teardown(self, int32_t timeout_ms)
 
 
 cdef class SendRecvItem:

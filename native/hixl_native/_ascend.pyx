@@ -45,6 +45,11 @@ cdef object _U64_MAX = 0xFFFFFFFFFFFFFFFF
 cdef object _I32_MAX = 0x7FFFFFFF
 # Synchronize results that leave work queued on the stream (its pins stay).
 cdef frozenset _STILL_BUSY = frozenset((107019, 107020, 207020, 507046))
+# The shim's code for an absent optional entry point (ACL_ERROR_API_NOT_SUPPORT).
+cdef int _ACL_API_NOT_SUPPORT = 200001
+# How long a stream's aborted work may take to end before the stream is
+# abandoned rather than destroyed (Stream.destroy).
+_ABANDON_WAIT_MS = 2000
 cdef object _TOKEN = object()
 
 cdef enum:
@@ -54,8 +59,9 @@ cdef enum:
     _HOST_REGION = 3
 
 # live counts, for leak checks in tests
-cdef long _live[6]
-_LIVE_NAMES = ("device_buffers", "imports", "host_buffers", "streams", "comms", "host_regions")
+cdef long _live[7]
+_LIVE_NAMES = ("device_buffers", "imports", "host_buffers", "streams", "comms", "host_regions",
+               "abandoned_streams")
 cdef enum:
     _LIVE_DEVBUF = 0
     _LIVE_IMPORT = 1
@@ -63,6 +69,7 @@ cdef enum:
     _LIVE_STREAM = 3
     _LIVE_COMM = 4
     _LIVE_HOSTREGION = 5
+    _LIVE_ABANDONED_STREAM = 6
 
 _FEATURES = (
     (HIXL_ACL_HAS_SYNC_TIMEOUT, "sync_timeout"),
@@ -73,11 +80,16 @@ _FEATURES = (
     (HIXL_ACL_HAS_ERR_STRING, "error_string"),
     (HIXL_ACL_HAS_ONE_SIDED, "one_sided"),
     (HIXL_ACL_HAS_HOST_REGISTER, "host_register"),
+    (HIXL_ACL_HAS_STREAM_ABORT, "stream_abort"),
+    (HIXL_ACL_HAS_RANK_TABLE, "rank_table"),
+    (HIXL_ACL_HAS_ROOT_CONFIG, "root_info_config"),
+    (HIXL_ACL_HAS_PHY_ID, "physical_device_id"),
 )
 
 include "_ascend_errors.pxi"
 include "_ascend_runtime.pxi"
 include "_ascend_memory.pxi"
 include "_ascend_stream.pxi"
+include "_ascend_context.pxi"
 include "_ascend_hccl.pxi"
 include "_ascend_onesided.pxi"

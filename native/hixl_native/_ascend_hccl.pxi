@@ -45,6 +45,13 @@ cdef class HcclComm:
         root_info: `Device.hccl_root_info` of the rank that created the rendezvous.
         nranks: Ranks in the communicator (2 for one link).
         rank: This rank, in [0, nranks).
+        buffer_mb: HCCL buffer of the communicator in MB (``hcclBufferSize``
+            of ``HcclCommInitRootInfoConfig`` where present, else
+            ``HCCL_BUFFSIZE`` applies); 0: HCCL's default of 200.
+        name: Communicator name (unique in the process); "" lets HCCL pick one.
+
+    Communicators are created one at a time per process (the shim's lock), so
+    the ranks of one communicator live in different processes.
 
     Raises:
         HcclError: e.g. 9 (``HCCL_E_TIMEOUT``) when a peer never joins.
@@ -53,7 +60,8 @@ cdef class HcclComm:
     def __cinit__(self, *args, **kwargs):
         self._closed = True
 
-    def __init__(self, Device device not None, root_info, nranks, rank):
+    def __init__(self, Device device not None, root_info, nranks, rank, *, buffer_mb=0,
+                 name=""):
         device._check_open()
         if self._dev is not None:
             raise RuntimeError("HcclComm is already initialized")
@@ -65,17 +73,13 @@ cdef class HcclComm:
         cdef HcclRootInfo ri
         cdef hccl_comm_t c = NULL
         cdef int rc
+        cdef hixl_comm_options opt
+        _comm_options(buffer_mb, name, &opt)
         c_memcpy(ri.internal, <const char *>raw, HIXL_HCCL_ROOT_INFO_BYTES)
         with nogil:
-            rc = hixl_hccl_comm_init(device._id, n, &ri, r, &c)
+            rc = hixl_hccl_comm_init_config(device._id, n, &ri, r, &opt, &c)
         _check(rc)
-        self._dev = device
-        self._c = c
-        self._rank = r
-        self._nranks = n
-        self._closed = False
-        device._adopt()
-        _live[_LIVE_COMM] += 1
+        _adopt_comm(self, device, c, r, n)
 
     def __dealloc__(self):
         if not self._closed and self._dev is not None:

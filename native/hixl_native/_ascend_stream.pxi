@@ -5,6 +5,13 @@ cdef class Stream:
 
     Memory used by queued work stays pinned until `synchronize` returns
     (other than on a timeout) or the stream is destroyed.
+
+    CANN's ``aclrtDestroyStream`` waits for unfinished tasks ("aclrtDestroyStream",
+    CANN API reference, aclcppdevg_03_0070: synchronize first), so a stream whose
+    last synchronize did not complete is never destroyed as is: `destroy` first
+    aborts its work (``aclrtStreamAbort``, aclcppdevg_03_1777, where present) and
+    waits for it within a bound, and abandons the stream (memory stays pinned)
+    if that wait does not end.
     """
 
     def __cinit__(self, *args, **kwargs):
@@ -16,12 +23,32 @@ cdef class Stream:
 
     def __dealloc__(self):
         if not self._closed and self._dev is not None:
+            self._teardown(_ABANDON_WAIT_MS)
+
+    cdef int _teardown(self, int32_t timeout_ms):
+        """Destroy the stream, or abandon it when its work does not end (see the
+        class); returns the destroy's code, or the wait's when abandoned."""
+        cdef int rc = 0
+        cdef int32_t dev = self._dev._id
+        cdef bint can_abort = (hixl_acl_features() & HIXL_ACL_HAS_STREAM_ABORT) != 0
+        if self._pinned:
             with nogil:
-                hixl_acl_stream_destroy(self._dev._id, self._s)
-            self._closed = True
-            self._unpin_all()
-            self._dev._release()
-            _live[_LIVE_STREAM] -= 1
+                if can_abort:
+                    hixl_acl_stream_abort(dev, self._s)
+                rc = hixl_acl_stream_sync(dev, self._s, timeout_ms)
+            if rc in _STILL_BUSY or rc == _ACL_API_NOT_SUPPORT:
+                # still running: destroying it would block (and free pinned memory)
+                self._closed = True
+                _live[_LIVE_STREAM] -= 1
+                _live[_LIVE_ABANDONED_STREAM] += 1
+                return rc
+        with nogil:
+            rc = hixl_acl_stream_destroy(dev, self._s)
+        self._closed = True
+        self._unpin_all()
+        self._dev._release()
+        _live[_LIVE_STREAM] -= 1
+        return rc
 
     cdef int _check_open(self) except -1:
         if self._closed:
@@ -143,17 +170,37 @@ cdef class Stream:
             self._unpin_all()
         _check(rc)
 
-    def destroy(self):
-        """Destroy the stream (``aclrtDestroyStream``), dropping queued work; idempotent."""
+    def destroy(self, timeout_ms=_ABANDON_WAIT_MS):
+        """Destroy the stream (``aclrtDestroyStream``); idempotent.
+
+        Work whose synchronize did not complete is aborted first and waited for
+        up to ``timeout_ms``; if it does not end, the stream is abandoned, not
+        destroyed (its memory stays pinned; counted as ``abandoned_streams`` in
+        `live_objects`).
+
+        Raises:
+            AclError: ``aclrtDestroyStream`` failed, or the stream was abandoned
+                (the wait's code, e.g. 507046).
+        """
         if self._closed:
             return
+        cdef int32_t t = _int_in(timeout_ms, 1, _I32_MAX, "timeout_ms")
+        _check(self._teardown(t))
+
+    def abort(self):
+        """Stop the running task and drop the queued ones (``aclrtStreamAbort``).
+
+        A later `synchronize` reports the abort (107023,
+        ``ACL_ERROR_RT_STREAM_ABORT``) and releases the pins.
+
+        Raises:
+            AclError: 200001 (``ACL_ERROR_API_NOT_SUPPORT``) where this CANN lacks
+                the entry point (`AscendRuntime.features` has no ``stream_abort``).
+        """
+        self._check_open()
         cdef int rc
         with nogil:
-            rc = hixl_acl_stream_destroy(self._dev._id, self._s)
-        self._closed = True
-        self._unpin_all()
-        self._dev._release()
-        _live[_LIVE_STREAM] -= 1
+            rc = hixl_acl_stream_abort(self._dev._id, self._s)
         _check(rc)
 
     close = destroy

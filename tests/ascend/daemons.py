@@ -28,8 +28,10 @@ def daemon_process(backend: str, double_dir: Path, env: dict[str, str] | None = 
     settings: dict[str, Any] = {"pool__max_bytes": "256MiB"}
     extra = dict(DOUBLE_ENV)
     if backend == "hccl":
+        # 1 MB HCCL buffers: each link's communicator takes 2 MiB of the budget
         settings.update(pool__backend="hccl", ascend__cann_path=str(double_dir),
-                        ascend__devices=[0, 1], ascend__device_pool_max_bytes="48MiB")
+                        ascend__devices=[0, 1], ascend__device_pool_max_bytes="48MiB",
+                        ascend__hccl_buffer_mb=1)
     extra.update(env or {})
     settings.update(overrides)
     return DaemonProcess(env=extra, **settings)

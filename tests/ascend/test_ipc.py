@@ -75,6 +75,12 @@ def test_pid_whitelist(runtime: ascend.AscendRuntime, device: ascend.Device, pee
         allowed.write(0, pattern(64, 5))
         key = allowed.export_key()
         assert peer.ask(f"import {key} {allowed.size} 64 5 6") == "error 207006"
+        # the whitelist names bare tgids ("aclrtIpcMemSetImportPid"): the process's
+        # own pid, which differs from it in a container (and always in the double),
+        # is refused
+        assert peer.pid != peer.proc.pid
+        allowed.allow_import([peer.proc.pid])
+        assert peer.ask(f"import {key} {allowed.size} 64 5 6") == "error 207006"
         allowed.allow_import([peer.pid])
         assert peer.ask(f"import {key} {allowed.size} 64 5 6") == "ok"
         assert allowed.read(0, 64) == pattern(64, 6)

@@ -31,7 +31,8 @@ def test_load_from_explicit_dir(runtime: ascend.AscendRuntime, double_dir: Path)
     assert Path(hccl) == double_dir / "libhccl.so"
     assert runtime.features == {
         "sync_timeout", "ipc", "batch_send_recv", "recent_error_message", "bare_tgid",
-        "error_string", "one_sided", "host_register",
+        "error_string", "stream_abort", "rank_table", "root_info_config", "physical_device_id",
+        "one_sided", "host_register",
     }
     assert runtime.device_count() == 2
     assert not runtime.closed

@@ -8,16 +8,16 @@ from __future__ import annotations
 import ctypes
 import subprocess
 import sys
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import hixl_native
 import numpy as np
 import pytest
 
 from tests.ascend._peer import pattern
+from tests.ascend._rank1 import Rank1
 from tests.ascend.conftest import MIB, child_env
 from tests.ascend.test_hccl import comm_pair
 
@@ -30,64 +30,58 @@ HCCL_E_PARA = 1
 ACL_ERROR_RT_PARAM_INVALID = 107000
 
 
-def both(first: Callable[[], Any], second: Callable[[], Any]) -> None:
-    """Run two blocking calls at once (two ranks of one communicator), raising the first error."""
-    errors: list[BaseException] = []
-
-    def run(call: Callable[[], Any]) -> None:
-        try:
-            call()
-        except BaseException as exc:  # re-raised below
-            errors.append(exc)
-
-    other = threading.Thread(target=run, args=(second,))
-    other.start()
-    run(first)
-    other.join(30)
-    assert not other.is_alive()
-    if errors:
-        raise errors[0]
+Pair = tuple["ascend.HcclComm", Rank1]
 
 
 @pytest.fixture
-def pair(runtime: ascend.AscendRuntime) -> Iterator[tuple[ascend.HcclComm, ascend.HcclComm]]:
-    with comm_pair(runtime) as comms:
+def pair(runtime: ascend.AscendRuntime, double_dir: Path) -> Iterator[Pair]:
+    """Rank 0 here, rank 1 in a child process (one communicator creation at a
+    time per process, as CANN asks)."""
+    with comm_pair(runtime, double_dir) as comms:
         yield comms
 
 
 @pytest.fixture
-def streams(runtime: ascend.AscendRuntime) -> Iterator[tuple[ascend.Stream, ascend.Stream]]:
-    s0, s1 = runtime.set_device(0).create_stream(), runtime.set_device(1).create_stream()
-    yield s0, s1
-    s0.destroy()
-    s1.destroy()
+def stream(runtime: ascend.AscendRuntime) -> Iterator[ascend.Stream]:
+    with runtime.set_device(0).create_stream() as s0:
+        yield s0
+
+
+def prepare_both(c0: ascend.HcclComm, peer: Rank1, timeout_s: int = 10) -> None:
+    """HcclCommPrepare on both ranks at once (it returns once both called it)."""
+    peer.tell(f"prepare {timeout_s}")
+    try:
+        ascend.hccl_prepare(c0, timeout_s)
+    finally:
+        answer = peer.answer()
+    assert answer == "ok", answer
 
 
 class Prepared:
-    """Two ranks with one registered, bound and prepared buffer each."""
+    """Two ranks with one registered, bound and prepared buffer each (rank 1's
+    is the child's 8 MiB buffer, reached by its address there)."""
 
-    def __init__(self, runtime: ascend.AscendRuntime, comms: tuple[ascend.HcclComm, ...],
-                 size: int) -> None:
-        self.c0, self.c1 = comms
+    def __init__(self, runtime: ascend.AscendRuntime, pair: Pair, size: int) -> None:
+        self.c0, self.peer = pair
         self.b0 = runtime.set_device(0).malloc(size)
-        self.b1 = runtime.set_device(1).malloc(size)
-        self.g0, self.g1 = ascend.GlobalMemory(self.b0), ascend.GlobalMemory(self.b1)
+        address, far_size = self.peer.ask("address").split()
+        self.far_address, self.far_size = int(address), int(far_size)
+        self.g0 = ascend.GlobalMemory(self.b0)
         ascend.hccl_bind(self.c0, self.g0)
-        ascend.hccl_bind(self.c1, self.g1)
-        both(lambda: ascend.hccl_prepare(self.c0, 10), lambda: ascend.hccl_prepare(self.c1, 10))
+        assert self.peer.ask("register") == "ok"
+        assert self.peer.ask("bind") == "ok"
+        prepare_both(self.c0, self.peer)
 
     def close(self) -> None:
         ascend.hccl_unbind(self.c0, self.g0)
-        ascend.hccl_unbind(self.c1, self.g1)
+        assert self.peer.ask("unbind") == "ok"
         self.g0.release()
-        self.g1.release()
+        assert self.peer.ask("deregister") == "ok"
         self.b0.close()
-        self.b1.close()
 
 
 @pytest.fixture
-def prepared(runtime: ascend.AscendRuntime,
-             pair: tuple[ascend.HcclComm, ...]) -> Iterator[Prepared]:
+def prepared(runtime: ascend.AscendRuntime, pair: Pair) -> Iterator[Prepared]:
     p = Prepared(runtime, pair, 8 * MIB)
     yield p
     p.close()
@@ -126,34 +120,34 @@ def test_the_daemon_goes_two_sided_when_hccl_refuses_the_api(
 
 
 def test_get_and_put_are_byte_exact_and_one_sided(prepared: Prepared,
-                                                  streams: tuple[ascend.Stream, ...]) -> None:
+                                                  stream: ascend.Stream) -> None:
     """Rank 0 reads and writes rank 1's memory; rank 1 queues nothing."""
-    p, (s0, _s1) = prepared, streams
-    p.b1.write(0, pattern(2 * MIB, 5))
+    p, s0 = prepared, stream
+    assert p.peer.ask(f"write 0 {2 * MIB} 5") == "ok"
     # (remote offset, local offset, length)
     got = ascend.hccl_batch_get(p.c0, p.b0, np.array([[0, 64, 2 * MIB]], dtype=np.uint64),
-                                p.b1.address, p.b1.size, 1, s0)
+                                p.far_address, p.far_size, 1, s0)
     assert got == 1
     s0.synchronize(timeout_ms=10_000)
     assert p.b0.read(64, 2 * MIB) == pattern(2 * MIB, 5)
     p.b0.write(4 * MIB, pattern(MIB, 6))
     # (local offset, remote offset, length)
     ascend.hccl_batch_put(p.c0, p.b0, np.array([[4 * MIB, 3 * MIB, MIB]], dtype=np.uint64),
-                          p.b1.address, p.b1.size, 1, s0)
+                          p.far_address, p.far_size, 1, s0)
     s0.synchronize(timeout_ms=10_000)
-    assert p.b1.read(3 * MIB, MIB) == pattern(MIB, 6)
+    assert p.peer.ask(f"check {3 * MIB} {MIB} 6") == "ok"
 
 
 def test_many_ranges_go_in_calls_of_at_most_256(prepared: Prepared,
-                                                streams: tuple[ascend.Stream, ...]) -> None:
+                                                stream: ascend.Stream) -> None:
     """1000 scattered 4 KiB blocks: four HcclBatchGet calls, all landing in place."""
-    p, (s0, _s1) = prepared, streams
-    p.b1.write(0, pattern(8 * MIB, 7))
+    p, s0 = prepared, stream
+    assert p.peer.ask(f"write 0 {8 * MIB} 7") == "ok"
     blocks = np.arange(1000, dtype=np.uint64)
     # remote block i -> local block 999 - i, every other 4 KiB left out (no merging)
     triples = np.stack([blocks * 8192, (999 - blocks) * 8192,
                         np.full(1000, 4096, dtype=np.uint64)], axis=1)
-    assert ascend.hccl_batch_get(p.c0, p.b0, triples, p.b1.address, p.b1.size, 1, s0) == 1000
+    assert ascend.hccl_batch_get(p.c0, p.b0, triples, p.far_address, p.far_size, 1, s0) == 1000
     s0.synchronize(timeout_ms=10_000)
     source = pattern(8 * MIB, 7)
     for i in (0, 1, 255, 256, 511, 999):
@@ -162,24 +156,24 @@ def test_many_ranges_go_in_calls_of_at_most_256(prepared: Prepared,
 
 
 def test_contiguous_neighbours_become_one_descriptor(prepared: Prepared,
-                                                     streams: tuple[ascend.Stream, ...]) -> None:
-    p, (s0, _s1) = prepared, streams
-    p.b1.write(0, pattern(MIB, 8))
+                                                     stream: ascend.Stream) -> None:
+    p, s0 = prepared, stream
+    assert p.peer.ask(f"write 0 {MIB} 8") == "ok"
     triples = np.array([[0, 0, 4096], [4096, 4096, 4096], [8192, 8192, 0],
                         [8192, 8192, MIB - 8192]], dtype=np.uint64)
-    assert ascend.hccl_batch_get(p.c0, p.b0, triples, p.b1.address, p.b1.size, 1, s0) == 1
+    assert ascend.hccl_batch_get(p.c0, p.b0, triples, p.far_address, p.far_size, 1, s0) == 1
     s0.synchronize(timeout_ms=10_000)
     assert p.b0.read(0, MIB) == pattern(MIB, 8)
 
 
 def test_ranges_outside_either_memory_are_refused_before_queueing(
-        prepared: Prepared, streams: tuple[ascend.Stream, ...]) -> None:
-    p, (s0, _s1) = prepared, streams
+        prepared: Prepared, stream: ascend.Stream) -> None:
+    p, s0 = prepared, stream
     assert p.b0.pins == 1  # the registration holds it
-    for bad in ([[p.b1.size - 8, 0, 16]], [[0, p.b0.size - 8, 16]]):
+    for bad in ([[p.far_size - 8, 0, 16]], [[0, p.b0.size - 8, 16]]):
         with pytest.raises(ValueError, match="lies outside"):
-            ascend.hccl_batch_get(p.c0, p.b0, np.array(bad, dtype=np.uint64), p.b1.address,
-                                  p.b1.size, 1, s0)
+            ascend.hccl_batch_get(p.c0, p.b0, np.array(bad, dtype=np.uint64), p.far_address,
+                                  p.far_size, 1, s0)
     assert p.b0.pins == 1 and s0.pending == 0
 
 
@@ -208,51 +202,54 @@ def test_more_than_256_descriptors_in_one_call_are_refused(double_dir: Path,
     assert lib.HcclBatchGet(not_a_comm, 1, descs, 0, not_a_stream) == 0  # nothing to do
 
 
-def test_unbound_or_unprepared_memory_is_refused(runtime: ascend.AscendRuntime,
-                                                 pair: tuple[ascend.HcclComm, ...],
-                                                 streams: tuple[ascend.Stream, ...]) -> None:
-    c0, c1 = pair
-    s0, _s1 = streams
-    d0, d1 = runtime.set_device(0), runtime.set_device(1)
-    with d0.malloc(MIB) as b0, d1.malloc(MIB) as b1, d0.malloc(MIB) as stray:
-        g0, g1 = ascend.GlobalMemory(b0), ascend.GlobalMemory(b1)
+def test_unbound_or_unprepared_memory_is_refused(runtime: ascend.AscendRuntime, pair: Pair,
+                                                 stream: ascend.Stream) -> None:
+    c0, peer = pair
+    s0 = stream
+    d0 = runtime.set_device(0)
+    address, size = map(int, peer.ask("address").split())
+    with d0.malloc(MIB) as b0, d0.malloc(MIB) as stray:
+        g0 = ascend.GlobalMemory(b0)
         one = np.array([[0, 0, 4096]], dtype=np.uint64)
         try:
             ascend.hccl_bind(c0, g0)
-            ascend.hccl_bind(c1, g1)
+            assert peer.ask("register") == "ok"
+            assert peer.ask("bind") == "ok"
             with pytest.raises(ascend.HcclError) as not_prepared:
-                ascend.hccl_batch_get(c0, b0, one, b1.address, b1.size, 1, s0)
+                ascend.hccl_batch_get(c0, b0, one, address, size, 1, s0)
             assert not_prepared.value.code == HCCL_E_PARA
             with pytest.raises(ascend.HcclError):  # bound twice
                 ascend.hccl_bind(c0, g0)
-            both(lambda: ascend.hccl_prepare(c0, 10), lambda: ascend.hccl_prepare(c1, 10))
+            assert peer.ask("bind") == f"error {HCCL_E_PARA}"  # there too
+            prepare_both(c0, peer)
             late = ascend.GlobalMemory(stray)
             with pytest.raises(ascend.HcclError):  # the peer would never see it
                 ascend.hccl_bind(c0, late)
             late.release()
             with pytest.raises(ascend.HcclError) as unbound_local:
-                ascend.hccl_batch_get(c0, stray, one, b1.address, b1.size, 1, s0)
+                ascend.hccl_batch_get(c0, stray, one, address, size, 1, s0)
             assert unbound_local.value.code == HCCL_E_PARA
             with pytest.raises(ascend.HcclError) as deregistered_bound:
                 g0.release()  # still bound to c0
             assert deregistered_bound.value.code == HCCL_E_PARA
-            ascend.hccl_batch_get(c0, b0, one, b1.address, b1.size, 1, s0)
+            assert peer.ask("deregister") == f"error {HCCL_E_PARA}"  # still bound there too
+            ascend.hccl_batch_get(c0, b0, one, address, size, 1, s0)
             s0.synchronize(timeout_ms=10_000)
         finally:
-            for comm, g in ((c0, g0), (c1, g1)):
-                try:
-                    ascend.hccl_unbind(comm, g)
-                except ascend.HcclError:
-                    pass
-                g.release()
+            try:
+                ascend.hccl_unbind(c0, g0)
+            except ascend.HcclError:
+                pass
+            g0.release()
+            peer.ask("unbind")
+            peer.ask("deregister")
 
 
 def test_two_items_to_one_rank_in_one_batch_are_refused(
-        runtime: ascend.AscendRuntime, pair: tuple[ascend.HcclComm, ...],
-        streams: tuple[ascend.Stream, ...]) -> None:
+        runtime: ascend.AscendRuntime, pair: Pair, stream: ascend.Stream) -> None:
     """CANN 8.0's HcclBatchSendRecv page: no duplicate send (or receive) tasks to one rank."""
-    c0, _c1 = pair
-    s0, _s1 = streams
+    c0, _peer = pair
+    s0 = stream
     item = ascend.SendRecvItem
     with runtime.set_device(0).malloc(MIB) as b0:
         for items in ([item.send(b0, 0, 64, 1), item.send(b0, 64, 64, 1)],
@@ -265,24 +262,23 @@ def test_two_items_to_one_rank_in_one_batch_are_refused(
         assert b0.pins == 0
 
 
-def test_send_ranges_put_one_range_per_call(runtime: ascend.AscendRuntime,
-                                            pair: tuple[ascend.HcclComm, ...],
-                                            streams: tuple[ascend.Stream, ...]) -> None:
+def test_send_ranges_put_one_range_per_call(runtime: ascend.AscendRuntime, pair: Pair,
+                                            stream: ascend.Stream) -> None:
     """The two-sided fallback: 300 ranges each way, every call within CANN's rule."""
-    c0, c1 = pair
-    s0, s1 = streams
-    d0, d1 = runtime.set_device(0), runtime.set_device(1)
-    with d0.malloc(4 * MIB) as b0, d1.malloc(4 * MIB) as b1:
+    c0, peer = pair
+    s0 = stream
+    with runtime.set_device(0).malloc(4 * MIB) as b0:
         b0.write(0, pattern(4 * MIB, 9))
         pairs = np.array([[i * 8192, 4096] for i in range(300)], dtype=np.uint64)
         c0.send_ranges(b0, pairs, 1, s0)
-        c1.recv_ranges(b1, pairs[::-1].copy(), 0, s1)  # same lengths, other places
-        s1.synchronize(timeout_ms=10_000)
+        # same lengths, other places, in rank 1's buffer
+        assert peer.ask(f"ranges recv {pairs[::-1].astype('<u8').tobytes().hex()}") == "ok"
+        assert peer.ask("sync 10000") == "ok"
         s0.synchronize(timeout_ms=10_000)
         source = pattern(4 * MIB, 9)
         for i in (0, 1, 299):
             dst = (299 - i) * 8192
-            assert b1.read(dst, 4096) == source[i * 8192:i * 8192 + 4096]
+            assert bytes.fromhex(peer.ask(f"read {dst} 4096")) == source[i * 8192:i * 8192 + 4096]
 
 
 # ---- page-locked host memory -------------------------------------------------------
@@ -326,10 +322,10 @@ def test_host_registration_needs_whole_pages(device: ascend.Device) -> None:
 
 
 def test_the_registry_binds_a_clusters_memory_and_unbinds_it_when_freed(
-        runtime: ascend.AscendRuntime, pair: tuple[ascend.HcclComm, ...]) -> None:
+        runtime: ascend.AscendRuntime, pair: Pair) -> None:
     from hixl_service.ascend.onesided import OneSidedMemory
 
-    c0, _c1 = pair
+    c0, _peer = pair
     d0 = runtime.set_device(0)
     registry = OneSidedMemory(enabled=True)
     with d0.malloc(MIB) as mine, d0.malloc(MIB) as theirs:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -15,6 +16,7 @@ import numpy.typing as npt
 import pytest
 
 from tests.ascend._peer import pattern
+from tests.ascend._rank1 import Rank1
 from tests.ascend.conftest import MIB
 from tests.ascend.test_gil import progress_during
 from tests.ascend.test_hccl import comm_pair
@@ -27,7 +29,7 @@ else:
     ascend = pytest.importorskip("hixl_native._ascend")
     Mapping = pytest.importorskip("hixl_native").Mapping
 
-Ranks = tuple[tuple["ascend.HcclComm", "ascend.HcclComm"], tuple["ascend.Stream", "ascend.Stream"]]
+Ranks = tuple[tuple["ascend.HcclComm", Rank1], tuple["ascend.Stream", "ascend.Stream"]]
 
 
 def ranges(*rows: tuple[int, ...]) -> npt.NDArray[np.uint64]:
@@ -56,11 +58,16 @@ def mapping() -> Iterator[Mapping]:
 
 
 @pytest.fixture
-def ranks(runtime: ascend.AscendRuntime) -> Iterator[Ranks]:
-    """Rank 0 on device 0 and rank 1 on device 1, each with a stream."""
-    with comm_pair(runtime) as comms, runtime.set_device(0).create_stream() as s0, \
+def ranks(runtime: ascend.AscendRuntime, double_dir: Path) -> Iterator[Ranks]:
+    """Rank 0 on device 0 here and rank 1 on device 1 in a child process; a
+    stream on each device here."""
+    with comm_pair(runtime, double_dir) as comms, runtime.set_device(0).create_stream() as s0, \
             runtime.set_device(1).create_stream() as s1:
         yield comms, (s0, s1)
+
+
+def hexed(pairs: npt.NDArray[np.uint64]) -> str:
+    return np.ascontiguousarray(pairs, dtype="<u8").tobytes().hex()
 
 
 # ------------------------------------------------------------ memcpy_ranges
@@ -261,7 +268,7 @@ def test_gil_released_while_queueing(device: ascend.Device, double: DoubleContro
 def test_send_and_recv_ranges_are_byte_exact(runtime: ascend.AscendRuntime,
                                              ranks: Ranks) -> None:
     """300 ranges each way, laid out differently on the two sides."""
-    (c0, c1), (s0, s1) = ranks
+    (c0, peer), (s0, _) = ranks
     count = 300
     lengths = (np.arange(count, dtype=np.uint64) % 17 + 1) * 61
     sent_at = np.cumsum(lengths + 3) - (lengths + 3)  # packed with 3-byte gaps
@@ -271,19 +278,19 @@ def test_send_and_recv_ranges_are_byte_exact(runtime: ascend.AscendRuntime,
     # a pair of length 0 is skipped, so the two lists need not agree on it
     sends = np.concatenate([ranges((5, 0)), sends])
     data = pattern(2 * MIB, 4)
-    with runtime.set_device(0).malloc(2 * MIB) as b0, runtime.set_device(1).malloc(2 * MIB) as b1:
+    with runtime.set_device(0).malloc(2 * MIB) as b0:
         b0.write(0, data)
         c0.send_ranges(b0, sends, 1, s0)
-        c1.recv_ranges(b1, recvs, 0, s1)
+        assert peer.ask(f"ranges recv {hexed(recvs)}") == "ok"
         # and back, queued behind on the same streams, packed from 1 MiB
-        c1.send_ranges(b1, recvs, 0, s1)
+        assert peer.ask(f"ranges send {hexed(recvs)}") == "ok"
         packed = np.cumsum(lengths) - lengths + np.uint64(MIB)
         c0.recv_ranges(b0, np.ascontiguousarray(np.stack([packed, lengths], 1)), 1, s0)
-        assert (b0.pins, s0.pending, b1.pins) == (2, 2, 2)
+        assert (b0.pins, s0.pending) == (2, 2)
         s0.synchronize(timeout_ms=10_000)
-        s1.synchronize(timeout_ms=10_000)
-        assert b0.pins == b1.pins == 0
-        got = b1.read(0, 2 * MIB)
+        assert peer.ask("sync 10000") == "ok"
+        assert b0.pins == 0
+        got = bytes.fromhex(peer.ask(f"read 0 {2 * MIB}"))
         for at, src, n in zip(received_at.tolist(), sent_at.tolist(), lengths.tolist(),
                                strict=True):
             assert got[at:at + n] == data[src:src + n]
@@ -335,29 +342,27 @@ def test_a_batch_failing_mid_transfer(runtime: ascend.AscendRuntime, double: Dou
                                       ranks: Ranks) -> None:
     """The link drops while the batch runs: both sides' synchronize fail (the
     peer receives with a plain recv, so that only the batch meets the fault)."""
-    (c0, c1), (s0, s1) = ranks
-    with runtime.set_device(0).malloc(MIB) as b0, runtime.set_device(1).malloc(MIB) as b1:
+    (c0, peer), (s0, _) = ranks
+    with runtime.set_device(0).malloc(MIB) as b0:
         double.sever("exec:HcclBatchSendRecv", 507056)  # ACL_ERROR_RT_LINK_ERROR
         c0.send_ranges(b0, ranges((0, MIB)), 1, s0)
-        c1.recv(b1, 0, MIB, 0, s1)
+        assert peer.ask(f"recv 0 {MIB}") == "ok"
         with pytest.raises(ascend.AclError) as sent:
             s0.synchronize(timeout_ms=10_000)
-        with pytest.raises(ascend.AclError) as received:
-            s1.synchronize(timeout_ms=10_000)
         assert sent.value.code == 507056
-        assert received.value.code == 507057  # the peer vanished mid-message
-        assert b0.pins == b1.pins == 0
+        assert peer.ask("sync 10000") == "error 507057"  # the peer vanished mid-message
+        assert b0.pins == 0
 
 
 def test_gil_released_while_batching(runtime: ascend.AscendRuntime, double: DoubleControl,
                                      ranks: Ranks) -> None:
-    (c0, c1), (s0, s1) = ranks
-    with runtime.set_device(0).malloc(1) as b0, runtime.set_device(1).malloc(1) as b1:
+    (c0, peer), (s0, _) = ranks
+    with runtime.set_device(0).malloc(1) as b0:
         double.delay("HcclBatchSendRecv", 300)
         calibration, during, elapsed = progress_during(
             lambda: c0.send_ranges(b0, ranges((0, 8), (8, 8)), 1, s0))
-        c1.recv_ranges(b1, ranges((0, 8), (8, 8)), 0, s1)
+        assert peer.ask(f"ranges recv {hexed(ranges((0, 8), (8, 8)))}") == "ok"
         s0.synchronize(timeout_ms=10_000)
-        s1.synchronize(timeout_ms=10_000)
+        assert peer.ask("sync 10000") == "ok"
     assert elapsed >= 0.25
     assert during > calibration, (calibration, during)

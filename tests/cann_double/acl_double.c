@@ -305,36 +305,8 @@ DBL_EXPORT aclError aclrtGetDeviceCount(uint32_t *count)
     return ACL_SUCCESS;
 }
 
-DBL_EXPORT aclError aclrtSetDevice(int32_t deviceId)
-{
-    CALL_PROLOGUE("aclrtSetDevice");
-    if (deviceId < 0 || deviceId >= g_device_count)
-        return hixl_double_fail(ACL_ERROR_RT_INVALID_DEVICEID,
-                                "aclrtSetDevice: device %d does not exist (%d devices)", deviceId,
-                                g_device_count);
-    t_device = deviceId;
-    return ACL_SUCCESS;
-}
-
-DBL_EXPORT aclError aclrtResetDevice(int32_t deviceId)
-{
-    CALL_PROLOGUE("aclrtResetDevice");
-    if (deviceId < 0 || deviceId >= g_device_count)
-        return hixl_double_fail(ACL_ERROR_RT_INVALID_DEVICEID,
-                                "aclrtResetDevice: device %d does not exist", deviceId);
-    if (t_device == deviceId)
-        t_device = -1;
-    return ACL_SUCCESS;
-}
-
-DBL_EXPORT aclError aclrtDeviceGetBareTgid(int32_t *pid)
-{
-    CALL_PROLOGUE("aclrtDeviceGetBareTgid");
-    if (!pid)
-        return hixl_double_fail(ACL_ERROR_INVALID_PARAM, "aclrtDeviceGetBareTgid: pid is NULL");
-    *pid = (int32_t)getpid();
-    return ACL_SUCCESS;
-}
+/* aclrtSetDevice, aclrtResetDevice, contexts and aclrtDeviceGetBareTgid:
+ * acl_double_context.c. */
 
 /* ---------------------------------------------------------------- memory */
 

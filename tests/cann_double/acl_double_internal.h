@@ -42,6 +42,13 @@ extern int g_initialized;
 extern int g_device_count;
 extern __thread int t_device;
 
+/* The double's bare tgid of a process: its pid plus this (see
+ * acl_double_context.c). */
+#define DBL_BARE_TGID_OFFSET 1000000
+DBL_EXPORT int32_t hixl_double_bare_tgid_of(int32_t pid);
+/* The calling thread's current context (acl_double_context.c), or NULL. */
+void *hixl_double_current_context(void);
+
 dbl_mem *find_mem_locked(const void *p, uint64_t n, int want_base);
 void unlink_mem_locked(dbl_mem *m);
 void *map_aligned(int fd, size_t len, void **map_base, size_t *map_len);

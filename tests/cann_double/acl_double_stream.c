@@ -3,9 +3,15 @@
  *
  * A stream is a worker thread running its tasks in submission order. A
  * failed task fails the stream: the tasks queued behind it are dropped and
- * the next synchronize returns the task's error code (once). Destroying a
- * stream aborts the task in progress (its waits watch the stream's abort
- * eventfd) and drops the rest.
+ * the next synchronize returns the task's error code (once).
+ *
+ * "aclrtDestroyStream" (CANN API reference, aclcppdevg_03_0070): a stream
+ * with unfinished tasks is destroyed only after they complete, so the
+ * double's destroy waits for them, without a bound: a destroy behind a
+ * receive whose peer never sends hangs, as on CANN. The stream must be in
+ * the current context. "aclrtStreamAbort" (aclcppdevg_03_1777) stops the
+ * running task (its waits watch the stream's abort eventfd) and drops the
+ * queued ones; a synchronize after it reports ACL_ERROR_RT_STREAM_ABORT.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -37,6 +43,8 @@ typedef struct dbl_stream {
     int error;
     int stopping;
     int abort_fd;
+    int aborting;
+    void *context; /* current when the stream was created */
     pthread_t thread;
 } dbl_stream;
 
@@ -127,6 +135,7 @@ DBL_EXPORT aclError aclrtCreateStream(aclrtStream *stream)
     if (!s)
         return hixl_double_fail(ACL_ERROR_RT_MEMORY_ALLOCATION, "aclrtCreateStream: out of memory");
     s->magic = STREAM_MAGIC;
+    s->context = hixl_double_current_context();
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->abort_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -149,6 +158,17 @@ DBL_EXPORT aclError aclrtDestroyStream(aclrtStream stream)
 {
     CALL_PROLOGUE("aclrtDestroyStream");
     dbl_stream *s = stream;
+    if (!s || !stream_known(s))
+        return hixl_double_fail(ACL_ERROR_RT_PARAM_INVALID, "aclrtDestroyStream: unknown stream %p", stream);
+    if (s->context != hixl_double_current_context())
+        return hixl_double_fail(ACL_ERROR_RT_PARAM_INVALID,
+                                "aclrtDestroyStream: stream %p is not in the current context", stream);
+    /* unfinished tasks complete first (only an abort from another thread
+     * cuts this short) */
+    pthread_mutex_lock(&s->mu);
+    while (s->head || s->busy)
+        pthread_cond_wait(&s->cv, &s->mu);
+    pthread_mutex_unlock(&s->mu);
     int found = 0;
     pthread_mutex_lock(&g_streams_lock);
     for (dbl_stream **pp = &g_streams; *pp; pp = &(*pp)->next) {
@@ -165,8 +185,6 @@ DBL_EXPORT aclError aclrtDestroyStream(aclrtStream stream)
     s->stopping = 1;
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
-    uint64_t one = 1;
-    (void)!write(s->abort_fd, &one, sizeof one);
     pthread_join(s->thread, NULL);
     close(s->abort_fd);
     s->magic = 0;
@@ -249,12 +267,47 @@ DBL_EXPORT int hixl_double_stream_submit(aclrtStream stream, const char *exec_po
     t->ctx = ctx;
     snprintf(t->point, sizeof t->point, "%s", exec_point);
     pthread_mutex_lock(&s->mu);
+    if (s->aborting) {
+        pthread_mutex_unlock(&s->mu);
+        if (release)
+            release(ctx);
+        free(t);
+        return ACL_SUCCESS; /* aclrtStreamAbort: new tasks do not take effect meanwhile */
+    }
     if (s->tail)
         s->tail->next = t;
     else
         s->head = t;
     s->tail = t;
     pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return ACL_SUCCESS;
+}
+
+/* "aclrtStreamAbort" (aclcppdevg_03_1777): stops the running task, drops
+ * the queued ones; tasks submitted meanwhile do not take effect. Returns
+ * once the running task has ended. */
+DBL_EXPORT aclError aclrtStreamAbort(aclrtStream stream)
+{
+    CALL_PROLOGUE("aclrtStreamAbort");
+    dbl_stream *s = stream;
+    if (!s || !stream_known(s))
+        return hixl_double_fail(ACL_ERROR_RT_PARAM_INVALID, "aclrtStreamAbort: unknown stream %p",
+                                stream);
+    pthread_mutex_lock(&s->mu);
+    int had_work = s->head != NULL || s->busy;
+    s->aborting = 1;
+    drop_tasks_locked(s);
+    uint64_t one = 1, drained;
+    (void)!write(s->abort_fd, &one, sizeof one);
+    while (s->busy)
+        pthread_cond_wait(&s->cv, &s->mu);
+    drop_tasks_locked(s);
+    (void)!read(s->abort_fd, &drained, sizeof drained);
+    s->aborting = 0;
+    if (had_work && !s->error)
+        s->error = ACL_ERROR_RT_STREAM_ABORT;
+    pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
     return ACL_SUCCESS;
 }

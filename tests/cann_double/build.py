@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ACL_SOURCES = ("acl_double.c", "acl_double_ipc.c", "acl_double_stream.c", "acl_double_pinned.c")
+ACL_SOURCES = ("acl_double.c", "acl_double_ipc.c", "acl_double_stream.c",
+               "acl_double_context.c", "acl_double_pinned.c")
 HCCL_SOURCES = ("hccl_double.c",)
 # HcclRegisterGlobalMem ... HcclBatchGet: left out of a build with one_sided=False
 HCCL_ONE_SIDED_SOURCES = ("hccl_double_onesided.c",)

@@ -248,6 +248,11 @@ static int connect_root(const root_blob *b, uint32_t rank, uint32_t dir, uint64_
     }
 }
 
+static HcclResult rendezvous(const char *api, const root_blob *bp, uint32_t rank,
+                             const char *name, HcclComm *comm);
+static HcclResult rendezvous_locked(const char *api, const root_blob *bp, uint32_t rank,
+                                    const char *name, HcclComm *comm);
+
 DBL_EXPORT HcclResult HcclCommInitRootInfo(uint32_t nRanks, const HcclRootInfo *rootInfo,
                                            uint32_t rank, HcclComm *comm)
 {
@@ -264,6 +269,60 @@ DBL_EXPORT HcclResult HcclCommInitRootInfo(uint32_t nRanks, const HcclRootInfo *
     memcpy(&b, rootInfo->internal, sizeof b);
     if (memcmp(b.magic, ROOT_MAGIC, 8))
         return hfail(HCCL_E_PARA, "%s: not a root info of the double", "HcclCommInitRootInfo");
+    return rendezvous("HcclCommInitRootInfo", &b, rank, NULL, comm);
+}
+
+/* "HcclCommInitRootInfo" (CANN 8.x HCCL API reference): communicators of
+ * one device are created by one thread at a time; the 8.0.RC2 page of
+ * HcclCommInitRootInfoConfig asks for serial calls only. The double
+ * refuses a creation on a device while another runs in the process. */
+static int g_init_busy[64];
+
+static int begin_init(const char *api)
+{
+    int dev = hixl_double_current_device();
+    if (dev < 0 || dev >= 64)
+        return hfail(15 /* HCCL_E_RUNTIME */, "%s: no device is set on this thread", api);
+    pthread_mutex_lock(&g_hlock);
+    int busy = g_init_busy[dev];
+    if (!busy)
+        g_init_busy[dev] = 1;
+    pthread_mutex_unlock(&g_hlock);
+    if (busy)
+        return hixl_double_fail(7 /* HCCL_E_UNAVAIL */,
+                                "%s: another communicator of device %d is being created "
+                                "concurrently (CANN creates them one at a time per device)",
+                                api, dev);
+    return 0;
+}
+
+static void end_init(void)
+{
+    int dev = hixl_double_current_device();
+    pthread_mutex_lock(&g_hlock);
+    if (dev >= 0 && dev < 64)
+        g_init_busy[dev] = 0;
+    pthread_mutex_unlock(&g_hlock);
+}
+
+/* Both ranks meet at the root's listener (claimed by the rank whose process
+ * holds it) and open their two connections. */
+static HcclResult rendezvous(const char *api, const root_blob *bp, uint32_t rank,
+                             const char *name, HcclComm *comm)
+{
+    int rc = begin_init(api);
+    if (rc)
+        return rc;
+    rc = rendezvous_locked(api, bp, rank, name, comm);
+    end_init();
+    return rc;
+}
+
+static HcclResult rendezvous_locked(const char *api, const root_blob *bp, uint32_t rank,
+                                    const char *name, HcclComm *comm)
+{
+    root_blob b = *bp;
+    int rc;
     const char *env = getenv("HIXL_DOUBLE_CONNECT_TIMEOUT_MS");
     uint64_t deadline = dbl_now_ms() + (env && *env ? strtoull(env, NULL, 0) : 120000u);
 
@@ -287,8 +346,10 @@ DBL_EXPORT HcclResult HcclCommInitRootInfo(uint32_t nRanks, const HcclRootInfo *
         free(c);
         if (!rc)
             rc = HCCL_E_INTERNAL;
-        return hfail(rc, "%s: rendezvous failed", "HcclCommInitRootInfo");
+        return hfail(rc, "%s: rendezvous failed", api);
     }
+    if (name)
+        snprintf(c->name, sizeof c->name, "%s", name);
     pthread_mutex_init(&c->mu, NULL);
     c->refs = 1;
     c->rank = rank;
@@ -684,4 +745,203 @@ DBL_EXPORT HcclResult HcclBatchSendRecv(HcclSendRecvItem *sendRecvInfo, uint32_t
     o->sends = sends;
     o->recvs = recvs;
     return submit_p2p(api, "exec:HcclBatchSendRecv", o, stream);
+}
+
+
+/* --------------------------------------------- configured communicators */
+
+/* hixl's view of HcclCommConfig: the 24-byte header HcclCommConfigInit
+ * writes (size, magic word, version, reserved), then the version-1 and
+ * version-2 fields ("HcclCommConfig", HCCL API reference). */
+typedef struct {
+    size_t size;
+    uint32_t magic;
+    uint32_t version;
+    uint64_t reserved;
+    uint32_t buffer_mb;
+    uint32_t deterministic;
+    char name[128];
+} dbl_comm_config;
+
+#define CONFIG_MAGIC 0xf0f0f0f0u
+#define CONFIG_V1_SIZE 32u
+
+/* "HcclCommInitClusterInfoConfig" / "HcclCommInitRootInfoConfig" (8.0 HCCL
+ * API reference, hcclcpp_07_0004 / _0007): the config must come from
+ * HcclCommConfigInit, hold values in range (hcclBufferSize >= 1 MB) and a
+ * communicator name no other communicator of the process uses. */
+static int check_config(const char *api, const void *config, char *name, uint32_t *buffer_mb)
+{
+    const dbl_comm_config *cfg = config;
+    name[0] = '\0';
+    if (!cfg)
+        return hfail(HCCL_E_PTR, "%s: config is NULL", api);
+    if (cfg->magic != CONFIG_MAGIC || cfg->version < 1 || cfg->size < CONFIG_V1_SIZE)
+        return hfail(HCCL_E_PARA, "%s: config was not initialized by HcclCommConfigInit", api);
+    if (cfg->buffer_mb < 1)
+        return hfail(HCCL_E_PARA, "%s: hcclBufferSize must be at least 1 (MB)", api);
+    *buffer_mb = cfg->buffer_mb;
+    if (cfg->version >= 2 && cfg->size >= sizeof *cfg) {
+        memcpy(name, cfg->name, sizeof cfg->name);
+        name[sizeof cfg->name - 1] = '\0';
+    }
+    if (!name[0])
+        return 0;
+    pthread_mutex_lock(&g_hlock);
+    int taken = 0;
+    for (dbl_comm *c = g_comms; c && !taken; c = c->next)
+        taken = !strcmp(c->name, name);
+    pthread_mutex_unlock(&g_hlock);
+    if (taken)
+        return hixl_double_fail(HCCL_E_PARA, "%s: communicator name %s is in use", api, name);
+    return 0;
+}
+
+static void set_buffer(HcclComm comm, uint32_t buffer_mb)
+{
+    ((dbl_comm *)comm)->buffer_mb = buffer_mb;
+}
+
+DBL_EXPORT HcclResult HcclCommInitRootInfoConfig(uint32_t nRanks, const HcclRootInfo *rootInfo,
+                                                 uint32_t rank, const void *config,
+                                                 HcclComm *comm)
+{
+    const char *api = "HcclCommInitRootInfoConfig";
+    int rc = hccl_prologue(api);
+    if (rc)
+        return rc;
+    char name[128];
+    uint32_t buffer_mb = 0;
+    if (!rootInfo || !comm)
+        return hfail(HCCL_E_PTR, "%s: NULL argument", api);
+    if ((rc = check_config(api, config, name, &buffer_mb)))
+        return rc;
+    if (nRanks != 2)
+        return hfail(HCCL_E_NOT_SUPPORT, "%s: the double supports 2 ranks only", api);
+    if (rank >= nRanks)
+        return hfail(HCCL_E_PARA, "%s: rank out of range", api);
+    root_blob b;
+    memcpy(&b, rootInfo->internal, sizeof b);
+    if (memcmp(b.magic, ROOT_MAGIC, 8))
+        return hfail(HCCL_E_PARA, "%s: not a root info of the double", api);
+    rc = rendezvous(api, &b, rank, name, comm);
+    if (!rc)
+        set_buffer(*comm, buffer_mb);
+    return rc;
+}
+
+/* The rank_id values of a rank table, in order (a scan of the JSON text for
+ * "rank_id": "N" or "rank_id": N); returns how many, or -1. */
+static int table_ranks(const char *t, uint32_t *ranks, int max)
+{
+    int n = 0;
+    for (const char *p = strstr(t, "\"rank_id\""); p; p = strstr(p + 1, "\"rank_id\"")) {
+        const char *q = p + strlen("\"rank_id\"");
+        while (*q == ' ' || *q == ':' || *q == '"' || *q == '\t' || *q == '\n')
+            q++;
+        char *end = NULL;
+        unsigned long v = strtoul(q, &end, 10);
+        if (end == q || n == max)
+            return -1;
+        ranks[n++] = (uint32_t)v;
+    }
+    return n;
+}
+
+/* HcclCommInitClusterInfoMemConfig (HCCL's op_base.h; what HIXL builds its
+ * two-rank communicators with): the rank table's JSON text itself, this
+ * rank's rank_id in it, and a config as for HcclCommInitClusterInfoConfig
+ * (hcclcpp_07_0004: the rank must equal its "rank_id" in the table). The
+ * table follows CANN's rank table format ("Configuring Resource Information
+ * Through the Ranktable File": version, server_count, server_list of
+ * devices with device_id, device_ip, rank_id, and status "completed"). Both
+ * ranks of the double meet at a listener named after the table's text and
+ * the communicator name: rank 0 listens, rank 1 connects. */
+DBL_EXPORT HcclResult HcclCommInitClusterInfoMemConfig(const char *rankTable, uint32_t rank,
+                                                       void *config, HcclComm *comm)
+{
+    const char *api = "HcclCommInitClusterInfoMemConfig";
+    int rc = hccl_prologue(api);
+    if (rc)
+        return rc;
+    if (!rankTable || !comm)
+        return hfail(HCCL_E_PTR, "%s: NULL argument", api);
+    char name[128];
+    uint32_t buffer_mb = 0;
+    if ((rc = check_config(api, config, name, &buffer_mb)))
+        return rc;
+    static const char *const needed[] = {"\"version\"", "\"server_count\"", "\"server_list\"",
+                                         "\"device_id\"", "\"status\""};
+    for (size_t i = 0; i < sizeof needed / sizeof needed[0]; i++)
+        if (!strstr(rankTable, needed[i]))
+            return hixl_double_fail(HCCL_E_PARA, "%s: the rank table lacks %s", api, needed[i]);
+    uint32_t ranks[8];
+    int n = table_ranks(rankTable, ranks, 8);
+    if (n != 2)
+        return hixl_double_fail(n < 0 ? HCCL_E_PARA : HCCL_E_NOT_SUPPORT,
+                                "%s: the double supports rank tables of 2 ranks (found %d)", api, n);
+    if (!((ranks[0] == 0 && ranks[1] == 1) || (ranks[0] == 1 && ranks[1] == 0)))
+        return hixl_double_fail(HCCL_E_PARA, "%s: rank_ids must be 0 and 1", api);
+    if (rank > 1)
+        return hixl_double_fail(HCCL_E_PARA, "%s: rank %u is no rank_id of the table", api, rank);
+    root_blob b;
+    memset(&b, 0, sizeof b);
+    memcpy(b.magic, ROOT_MAGIC, 8);
+    uint64_t h = 1469598103934665603ull; /* FNV-1a of the table and the name */
+    for (const char *p = rankTable; *p; p++)
+        h = (h ^ (uint8_t)*p) * 1099511628211ull;
+    for (const char *p = name; *p; p++)
+        h = (h ^ (uint8_t)*p) * 1099511628211ull;
+    b.id = h;
+    b.pid = 0;
+    if (rank == 0) {
+        struct sockaddr_un a;
+        socklen_t alen = root_address(&b, &a);
+        root_listener *l = calloc(1, sizeof *l);
+        int sfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (!l || sfd < 0 || bind(sfd, (struct sockaddr *)&a, alen) != 0 || listen(sfd, 8) != 0) {
+            if (sfd >= 0)
+                close(sfd);
+            free(l);
+            return hfail(HCCL_E_TCP_CONNECT, "%s: cannot listen (a communicator of this table "
+                         "and name exists)", api);
+        }
+        l->id = b.id;
+        l->fd = sfd;
+        pthread_mutex_lock(&g_hlock);
+        l->next = g_listeners;
+        g_listeners = l;
+        pthread_mutex_unlock(&g_hlock);
+    }
+    rc = rendezvous(api, &b, rank, name, comm);
+    if (!rc) {
+        set_buffer(*comm, buffer_mb);
+    } else if (rank == 0) {
+        root_listener *l = claim_listener(b.id);
+        if (l)
+            drop_listener(l);
+    }
+    return rc;
+}
+
+/* For tests: the HCCL buffer (MB) a communicator was configured with. */
+DBL_EXPORT int hixl_double_comm_buffer_mb(HcclComm comm)
+{
+    dbl_comm *c = comm_ref(comm);
+    if (!c)
+        return -1;
+    int n = (int)c->buffer_mb;
+    comm_unref(c);
+    return n;
+}
+
+/* For tests: whether a communicator of `device` is being created now. */
+DBL_EXPORT int hixl_double_init_busy(int device)
+{
+    if (device < 0 || device >= 64)
+        return -1;
+    pthread_mutex_lock(&g_hlock);
+    int busy = g_init_busy[device];
+    pthread_mutex_unlock(&g_hlock);
+    return busy;
 }

@@ -9,6 +9,8 @@ struct dbl_one_sided; /* hccl_double_onesided.c */
 
 typedef struct dbl_comm {
     struct dbl_comm *next;
+    char name[128];
+    uint32_t buffer_mb;
     pthread_mutex_t mu;
     int refs;
     uint32_t rank, peer;

@@ -318,6 +318,9 @@ def test_dump_toml_values() -> None:
     peers = [{"identity": "spiffe://x/y", "clusters": [1, 2], "write": True}]
     assert tomllib.loads(dump_toml({"security": {"allowed_peers": peers}})) == {
         "security": {"allowed_peers": peers}}
+    # a dict (ascend.device_ips) becomes an inline table
+    assert tomllib.loads(dump_toml({"a": {"x": {0: "10.0.0.1"}, "e": {}}})) == {
+        "a": {"x": {"0": "10.0.0.1"}, "e": {}}}
     with pytest.raises(TypeError, match="set"):
         dump_toml({"a": {"x": {1, 2}}})
 

@@ -39,6 +39,15 @@ typedef struct {
     hixl_HcclBatchSendRecv_fn HcclBatchSendRecv;
     hixl_HcclCommDestroy_fn HcclCommDestroy;
     hixl_HcclGetErrorString_fn HcclGetErrorString;
+    /* issue 18: contexts, stream abort, configured communicators */
+    hixl_aclrtCreateContext_fn aclrtCreateContext;
+    hixl_aclrtDestroyContext_fn aclrtDestroyContext;
+    hixl_aclrtSetCurrentContext_fn aclrtSetCurrentContext;
+    hixl_aclrtGetCurrentContext_fn aclrtGetCurrentContext;
+    hixl_aclrtStreamAbort_fn aclrtStreamAbort;
+    hixl_aclrtGetPhyDevIdByLogicDevId_fn aclrtGetPhyDevIdByLogicDevId;
+    hixl_HcclCommInitClusterInfoMemConfig_fn HcclCommInitClusterInfoMemConfig;
+    hixl_HcclCommInitRootInfoConfig_fn HcclCommInitRootInfoConfig;
     /* one-sided HCCL and pinned host memory */
     hixl_HcclRegisterGlobalMem_fn HcclRegisterGlobalMem;
     hixl_HcclDeregisterGlobalMem_fn HcclDeregisterGlobalMem;
@@ -90,6 +99,15 @@ static const symbol_spec SYMBOLS[] = {
     SYM(HcclCommDestroy, HIXL_LIB_HCCL, 0),
     SYM(HcclBatchSendRecv, HIXL_LIB_HCCL, HIXL_ACL_HAS_BATCH),
     SYM(HcclGetErrorString, HIXL_LIB_HCCL, HIXL_ACL_HAS_ERR_STRING),
+    /* issue 18 */
+    SYM(aclrtCreateContext, HIXL_LIB_ACL, 0),
+    SYM(aclrtDestroyContext, HIXL_LIB_ACL, 0),
+    SYM(aclrtSetCurrentContext, HIXL_LIB_ACL, 0),
+    SYM(aclrtGetCurrentContext, HIXL_LIB_ACL, 0),
+    SYM(aclrtStreamAbort, HIXL_LIB_ACL, HIXL_ACL_HAS_STREAM_ABORT),
+    SYM(aclrtGetPhyDevIdByLogicDevId, HIXL_LIB_ACL, HIXL_ACL_HAS_PHY_ID),
+    SYM(HcclCommInitClusterInfoMemConfig, HIXL_LIB_HCCL, HIXL_ACL_HAS_RANK_TABLE),
+    SYM(HcclCommInitRootInfoConfig, HIXL_LIB_HCCL, HIXL_ACL_HAS_ROOT_CONFIG),
     /* one-sided HCCL and pinned host memory */
     SYM(HcclRegisterGlobalMem, HIXL_LIB_HCCL, HIXL_ACL_HAS_ONE_SIDED),
     SYM(HcclDeregisterGlobalMem, HIXL_LIB_HCCL, HIXL_ACL_HAS_ONE_SIDED),
@@ -110,12 +128,14 @@ static int g_loaded;
 static unsigned g_features;
 static void *g_acl_handle, *g_hccl_handle;
 static char g_acl_path[PATH_MAX], g_hccl_path[PATH_MAX];
-/* Bumped when a device is reset or ACL finalized: every thread rebinds. */
-static unsigned g_bind_gen = 1;
+/* hixl's context of each opened device (hixl_acl_set_device), or NULL. */
+static pthread_mutex_t g_device_lock = PTHREAD_MUTEX_INITIALIZER;
+static aclrtContext g_contexts[HIXL_ACL_MAX_DEVICES];
+/* Serialises communicator creation in the process (see acl_shim.h). */
+static pthread_mutex_t g_comm_init_lock = PTHREAD_MUTEX_INITIALIZER;
+static unsigned long g_comm_inits;
 
 static __thread hixl_acl_status t_status;
-static __thread int32_t t_bound_dev = -1;
-static __thread unsigned t_bound_gen;
 
 /* ------------------------------------------------------------ loading */
 
@@ -131,9 +151,10 @@ static void resolve_path(void *fn, char *out)
 static int resolve_all(void *acl, void *hccl, cann_table *t, unsigned *features, char *err,
                        size_t errlen)
 {
-    unsigned missing = 0, ipc_found = 0;
+    unsigned missing = 0, ipc_found = 0, optional = 0;
     for (size_t i = 0; i < NSYMBOLS; i++) {
         const symbol_spec *s = &SYMBOLS[i];
+        optional |= s->feature;
         void *p = dlsym(s->lib == HIXL_LIB_ACL ? acl : hccl, s->name);
         memcpy((char *)t + s->offset, &p, sizeof p);
         if (p && s->feature == HIXL_ACL_HAS_IPC)
@@ -149,10 +170,7 @@ static int resolve_all(void *acl, void *hccl, cann_table *t, unsigned *features,
         missing |= s->feature;
     }
     /* a feature is usable only when every entry point of it was found */
-    unsigned known = 0;
-    for (size_t i = 0; i < NSYMBOLS; i++)
-        known |= SYMBOLS[i].feature;
-    *features = known & ~missing;
+    *features = optional & ~missing;
     /* IPC is usable only with all four entry points */
     if (ipc_found != ALL_IPC_SYMBOLS)
         *features &= ~(unsigned)HIXL_ACL_HAS_IPC;
@@ -275,27 +293,59 @@ static int absent(int lib, const char *api)
         return rc_ ? hccl_fail(rc_, api) : 0;               \
     } while (0)
 
-/* Makes `dev` current on this thread (cached until a reset/finalize). */
-static int bind_device(int32_t dev)
+/* A call's switch to hixl's context of a device, undone when the wrapper
+ * returns (the cleanup attribute runs ctx_restore on every return path). */
+typedef struct {
+    aclrtContext previous;
+    int restore;
+} ctx_guard;
+
+static void ctx_restore(ctx_guard *guard)
+{
+    if (guard->restore)
+        g.aclrtSetCurrentContext(guard->previous);
+}
+
+static int no_context(int32_t dev)
+{
+    char msg[120];
+    snprintf(msg, sizeof msg, "device %d is not opened by hixl (hixl_acl_set_device)", (int)dev);
+    set_status(HIXL_ACL_ERROR_CONTEXT_NULL, HIXL_LIB_ACL, "aclrtSetCurrentContext", msg);
+    return HIXL_ACL_ERROR_CONTEXT_NULL;
+}
+
+/* Makes hixl's context of `dev` current on this thread for one call. The
+ * thread's previous context (if it had one, and it is another) is put back
+ * by ctx_restore: aclrtSetCurrentContext makes its context's device current
+ * too ("aclrtSetCurrentContext", CANN API reference, aclcppdevg_03_0061). */
+static int enter_device(int32_t dev, ctx_guard *guard)
 {
     if (!hixl_acl_is_loaded())
-        return not_loaded("aclrtSetDevice");
-    unsigned gen = __atomic_load_n(&g_bind_gen, __ATOMIC_ACQUIRE);
-    if (t_bound_dev == dev && t_bound_gen == gen)
+        return not_loaded("aclrtSetCurrentContext");
+    if (dev < 0 || dev >= HIXL_ACL_MAX_DEVICES)
+        return no_context(dev);
+    aclrtContext ctx = __atomic_load_n(&g_contexts[dev], __ATOMIC_ACQUIRE);
+    if (!ctx)
+        return no_context(dev);
+    aclrtContext current = NULL;
+    if (g.aclrtGetCurrentContext(&current) != 0)
+        current = NULL; /* none yet on this thread: nothing to put back */
+    if (current == ctx)
         return 0;
-    aclError rc = g.aclrtSetDevice(dev);
+    aclError rc = g.aclrtSetCurrentContext(ctx);
     if (rc)
-        return acl_fail(rc, "aclrtSetDevice");
-    t_bound_dev = dev;
-    t_bound_gen = gen;
+        return acl_fail(rc, "aclrtSetCurrentContext");
+    guard->previous = current;
+    guard->restore = current != NULL;
     return 0;
 }
 
-#define BIND(dev)                  \
-    do {                           \
-        int brc_ = bind_device(dev);      \
-        if (brc_)                  \
-            return brc_;           \
+#define BIND(dev)                                                           \
+    ctx_guard bind_guard_ __attribute__((cleanup(ctx_restore))) = {NULL, 0}; \
+    do {                                                                    \
+        int brc_ = enter_device(dev, &bind_guard_);                         \
+        if (brc_)                                                           \
+            return brc_;                                                    \
     } while (0)
 
 #define NEED_LOADED(api)                \
@@ -320,7 +370,6 @@ int hixl_acl_init(int *owned)
 int hixl_acl_finalize(void)
 {
     NEED_LOADED("aclFinalize");
-    __atomic_add_fetch(&g_bind_gen, 1, __ATOMIC_ACQ_REL);
     ACL_RET("aclFinalize", g.aclFinalize());
 }
 
@@ -330,16 +379,61 @@ int hixl_acl_device_count(uint32_t *count)
     ACL_RET("aclrtGetDeviceCount", g.aclrtGetDeviceCount(count));
 }
 
+/* Opens `dev` for the process: one aclrtSetDevice and one context
+ * (idempotent while open). aclrtCreateContext also makes the new context
+ * current on the calling thread, so the thread's previous one is put back. */
 int hixl_acl_set_device(int32_t dev)
 {
-    return bind_device(dev);
+    NEED_LOADED("aclrtSetDevice");
+    if (dev < 0 || dev >= HIXL_ACL_MAX_DEVICES) {
+        set_status(HIXL_ACL_ERROR_INVALID_DEVICEID, HIXL_LIB_ACL, "aclrtSetDevice",
+                   "device id out of range");
+        return HIXL_ACL_ERROR_INVALID_DEVICEID;
+    }
+    int rc = 0;
+    pthread_mutex_lock(&g_device_lock);
+    if (!g_contexts[dev]) {
+        aclrtContext previous = NULL, ctx = NULL;
+        if (g.aclrtGetCurrentContext(&previous) != 0)
+            previous = NULL;
+        aclError arc = g.aclrtSetDevice(dev);
+        if (arc) {
+            rc = acl_fail(arc, "aclrtSetDevice");
+        } else if ((arc = g.aclrtCreateContext(&ctx, dev)) != 0 || !ctx) {
+            rc = arc ? acl_fail(arc, "aclrtCreateContext") : no_context(dev);
+            g.aclrtResetDevice(dev); /* undo this call's reference */
+        } else {
+            __atomic_store_n(&g_contexts[dev], ctx, __ATOMIC_RELEASE);
+        }
+        if (previous)
+            g.aclrtSetCurrentContext(previous);
+    }
+    pthread_mutex_unlock(&g_device_lock);
+    return rc;
 }
 
+/* Destroys hixl's context of `dev`, then drops the one reference
+ * hixl_acl_set_device took (aclrtResetDevice's documented order: explicit
+ * streams, then contexts, then the device). */
 int hixl_acl_reset_device(int32_t dev)
 {
     NEED_LOADED("aclrtResetDevice");
-    __atomic_add_fetch(&g_bind_gen, 1, __ATOMIC_ACQ_REL);
-    ACL_RET("aclrtResetDevice", g.aclrtResetDevice(dev));
+    if (dev < 0 || dev >= HIXL_ACL_MAX_DEVICES)
+        return no_context(dev);
+    int rc = 0;
+    pthread_mutex_lock(&g_device_lock);
+    aclrtContext ctx = g_contexts[dev];
+    if (ctx) {
+        __atomic_store_n(&g_contexts[dev], NULL, __ATOMIC_RELEASE);
+        aclError arc = g.aclrtDestroyContext(ctx);
+        if (arc)
+            rc = acl_fail(arc, "aclrtDestroyContext");
+        arc = g.aclrtResetDevice(dev);
+        if (arc && !rc)
+            rc = acl_fail(arc, "aclrtResetDevice");
+    }
+    pthread_mutex_unlock(&g_device_lock);
+    return rc;
 }
 
 int hixl_acl_bare_tgid(int32_t *pid)
@@ -470,7 +564,11 @@ int hixl_hccl_comm_init(int32_t dev, uint32_t nranks, const HcclRootInfo *root, 
                         HcclComm *out)
 {
     BIND(dev);
-    HCCL_RET("HcclCommInitRootInfo", g.HcclCommInitRootInfo(nranks, root, rank, out));
+    pthread_mutex_lock(&g_comm_init_lock);
+    __atomic_add_fetch(&g_comm_inits, 1, __ATOMIC_ACQ_REL);
+    HcclResult rc = g.HcclCommInitRootInfo(nranks, root, rank, out);
+    pthread_mutex_unlock(&g_comm_init_lock);
+    return rc ? hccl_fail(rc, "HcclCommInitRootInfo") : 0;
 }
 
 /* Bytes travel as HCCL_DATA_TYPE_INT8, whose count is the byte count. */
@@ -503,14 +601,82 @@ int hixl_hccl_comm_destroy(int32_t dev, HcclComm comm)
     HCCL_RET("HcclCommDestroy", g.HcclCommDestroy(comm));
 }
 
-
-/* ============== one-sided HCCL and pinned host memory (issue 18) ============== */
-
+/* Optional entry points answer as absent unless every symbol of their
+ * feature was found (resolve_all). */
 #define NEED_FEATURE(bit, lib, api)          \
     do {                                     \
         if (!(g_features & (bit)))           \
             return absent(lib, api);         \
     } while (0)
+
+/* ============== issue 18: stream abort, configured communicators ============== */
+
+int hixl_acl_stream_abort(int32_t dev, aclrtStream stream)
+{
+    BIND(dev);
+    NEED_FEATURE(HIXL_ACL_HAS_STREAM_ABORT, HIXL_LIB_ACL, "aclrtStreamAbort");
+    ACL_RET("aclrtStreamAbort", g.aclrtStreamAbort(stream));
+}
+
+int hixl_acl_physical_id(int32_t dev, int32_t *phy)
+{
+    BIND(dev);
+    if (!(g_features & HIXL_ACL_HAS_PHY_ID)) {
+        *phy = dev;
+        return 0;
+    }
+    ACL_RET("aclrtGetPhyDevIdByLogicDevId", g.aclrtGetPhyDevIdByLogicDevId(dev, phy));
+}
+
+/* What CANN's HcclCommInitConfig would write for a version-2 configuration,
+ * then hixl's settings. */
+static void comm_config(const hixl_comm_options *opt, HcclCommConfig *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->size = sizeof *cfg;
+    cfg->magicWord = HIXL_HCCL_CONFIG_MAGIC;
+    cfg->version = HIXL_HCCL_CONFIG_VERSION;
+    cfg->hcclBufferSize = opt && opt->buffer_mb ? opt->buffer_mb : 200; /* HCCL's default */
+    cfg->hcclDeterministic = 0;
+    if (opt)
+        snprintf(cfg->hcclCommName, sizeof cfg->hcclCommName, "%s", opt->name);
+}
+
+int hixl_hccl_comm_init_config(int32_t dev, uint32_t nranks, const HcclRootInfo *root,
+                               uint32_t rank, const hixl_comm_options *opt, HcclComm *out)
+{
+    if (!hixl_acl_is_loaded() || !(g_features & HIXL_ACL_HAS_ROOT_CONFIG))
+        return hixl_hccl_comm_init(dev, nranks, root, rank, out);
+    BIND(dev);
+    HcclCommConfig cfg;
+    comm_config(opt, &cfg);
+    pthread_mutex_lock(&g_comm_init_lock);
+    __atomic_add_fetch(&g_comm_inits, 1, __ATOMIC_ACQ_REL);
+    HcclResult rc = g.HcclCommInitRootInfoConfig(nranks, root, rank, &cfg, out);
+    pthread_mutex_unlock(&g_comm_init_lock);
+    return rc ? hccl_fail(rc, "HcclCommInitRootInfoConfig") : 0;
+}
+
+int hixl_hccl_comm_init_rank_table(int32_t dev, const char *rank_table, uint32_t rank,
+                                   const hixl_comm_options *opt, HcclComm *out)
+{
+    BIND(dev);
+    NEED_FEATURE(HIXL_ACL_HAS_RANK_TABLE, HIXL_LIB_HCCL, "HcclCommInitClusterInfoMemConfig");
+    HcclCommConfig cfg;
+    comm_config(opt, &cfg);
+    pthread_mutex_lock(&g_comm_init_lock);
+    __atomic_add_fetch(&g_comm_inits, 1, __ATOMIC_ACQ_REL);
+    HcclResult rc = g.HcclCommInitClusterInfoMemConfig(rank_table, rank, &cfg, out);
+    pthread_mutex_unlock(&g_comm_init_lock);
+    return rc ? hccl_fail(rc, "HcclCommInitClusterInfoMemConfig") : 0;
+}
+
+unsigned long hixl_hccl_comm_inits(void)
+{
+    return __atomic_load_n(&g_comm_inits, __ATOMIC_ACQUIRE);
+}
+
+/* ============== one-sided HCCL and pinned host memory (issue 18) ============== */
 
 int hixl_hccl_register_global(int32_t dev, int type, void *addr, uint64_t size, void **handle)
 {

@@ -18,8 +18,9 @@
  * (aclError or HcclResult) and, on failure, fills the calling thread's
  * hixl_acl_status (library, entry point, CANN's own message) for the one
  * Cython function that turns it into an exception. Device-bound wrappers
- * take the device id and make it current on the calling thread first
- * (ACL contexts are per thread; the binding is cached per thread).
+ * take the device id and make hixl's own context of that device current on
+ * the calling thread for the call, restoring the thread's previous context
+ * afterwards (see "device contexts" at the end of this file).
  */
 #ifndef HIXL_ACL_SHIM_H
 #define HIXL_ACL_SHIM_H
@@ -265,5 +266,98 @@ int hixl_hccl_one_sided(int32_t dev, HcclComm comm, int put, uint32_t peer,
 int hixl_acl_host_register(int32_t dev, void *ptr, uint64_t size, void **dev_ptr);
 int hixl_acl_host_unregister(int32_t dev, void *ptr);
 /* ==== end of the one-sided section ==== */
+
+/* ==== issue 18: device contexts, stream abort, communicator configuration ====
+ *
+ * Device contexts. hixl_acl_set_device calls aclrtSetDevice once per
+ * process and device and creates one context for it (aclrtCreateContext);
+ * every device-bound wrapper makes that context current for its call
+ * (aclrtSetCurrentContext) and puts the thread's previous context back
+ * after it, so that a thread of the embedding process (torch_npu's, for
+ * one) keeps its own. hixl_acl_reset_device destroys the context, then
+ * calls aclrtResetDevice once: aclrtSetDevice is reference-counted
+ * ("aclrtResetDevice", CANN 8.0 API reference, aclcppdevg_03_0040), and a
+ * per-thread aclrtSetDevice would leave the count above zero.
+ *
+ * Communicator creation (HcclCommInitRootInfo[Config],
+ * HcclCommInitClusterInfoMemConfig) is serialised by one process-wide lock:
+ * the 8.0.RC2 page of HcclCommInitRootInfoConfig says it may only be called
+ * serially, and HIXL (comm_channel.cc) locks around creation for the same
+ * reason. Two ranks of one communicator therefore cannot both be created
+ * in one process: each rank lives in its own process (as two daemons do).
+ */
+typedef void *aclrtContext;
+
+/* HcclCommConfig as of configuration version 2: CANN's HcclCommConfigInit
+ * (an inline function of hccl.h, not an entry point) writes the first 24
+ * bytes (struct size, magic word, version, reserved), and HCCL reads the
+ * fields a version defines ("HcclCommConfig", HCCL API reference: version
+ * 1 holds the buffer size and the deterministic switch, version 2 adds the
+ * communicator name). hixl fills exactly those. */
+#define HIXL_HCCL_COMM_NAME_MAX 128 /* COMM_NAME_MAX_LENGTH */
+#define HIXL_HCCL_CONFIG_MAGIC 0xf0f0f0f0u
+#define HIXL_HCCL_CONFIG_VERSION 2u
+typedef struct {
+    size_t size;
+    uint32_t magicWord;
+    uint32_t version;
+    uint64_t reserved;
+    uint32_t hcclBufferSize; /* MB, >= 1 */
+    uint32_t hcclDeterministic;
+    char hcclCommName[HIXL_HCCL_COMM_NAME_MAX];
+} HcclCommConfig;
+
+typedef aclError (*hixl_aclrtCreateContext_fn)(aclrtContext *context, int32_t deviceId);
+typedef aclError (*hixl_aclrtDestroyContext_fn)(aclrtContext context);
+typedef aclError (*hixl_aclrtSetCurrentContext_fn)(aclrtContext context);
+typedef aclError (*hixl_aclrtGetCurrentContext_fn)(aclrtContext *context);
+typedef aclError (*hixl_aclrtStreamAbort_fn)(aclrtStream stream);
+typedef aclError (*hixl_aclrtGetPhyDevIdByLogicDevId_fn)(int32_t logicDevId, int32_t *phyDevId);
+/* rankTable is the rank table's JSON text itself, not a file path (HCCL's
+ * op_base.h; HIXL's channel_msg_handler.cc passes the text). */
+typedef HcclResult (*hixl_HcclCommInitClusterInfoMemConfig_fn)(const char *rankTable, uint32_t rank,
+                                                               HcclCommConfig *config,
+                                                               HcclComm *comm);
+typedef HcclResult (*hixl_HcclCommInitRootInfoConfig_fn)(uint32_t nRanks,
+                                                         const HcclRootInfo *rootInfo,
+                                                         uint32_t rank,
+                                                         const HcclCommConfig *config,
+                                                         HcclComm *comm);
+
+/* Optional entry points of this section (high bits: kept apart from the
+ * bits above). */
+enum {
+    HIXL_ACL_HAS_STREAM_ABORT = 1 << 16, /* aclrtStreamAbort */
+    HIXL_ACL_HAS_RANK_TABLE = 1 << 17,   /* HcclCommInitClusterInfoMemConfig */
+    HIXL_ACL_HAS_ROOT_CONFIG = 1 << 18,  /* HcclCommInitRootInfoConfig */
+    HIXL_ACL_HAS_PHY_ID = 1 << 19,       /* aclrtGetPhyDevIdByLogicDevId */
+};
+
+#define HIXL_ACL_MAX_DEVICES 64
+#define HIXL_ACL_ERROR_INVALID_DEVICEID 107001 /* ACL_ERROR_RT_INVALID_DEVICEID */
+#define HIXL_ACL_ERROR_CONTEXT_NULL 107002     /* ACL_ERROR_RT_CONTEXT_NULL */
+
+/* What a new communicator is configured with: buffer_mb 0 means HCCL's
+ * documented default, 200 MB; name "" lets HCCL choose one. */
+typedef struct {
+    uint32_t buffer_mb;
+    char name[HIXL_HCCL_COMM_NAME_MAX];
+} hixl_comm_options;
+
+/* Stops the stream's running tasks and drops its queued ones
+ * (aclrtStreamAbort; HIXL_ACL_HAS_STREAM_ABORT). */
+int hixl_acl_stream_abort(int32_t dev, aclrtStream stream);
+/* The physical id of a logical device (what a rank table's device_id
+ * holds); the logical id itself where the entry point is absent. */
+int hixl_acl_physical_id(int32_t dev, int32_t *phy);
+/* HcclCommInitRootInfoConfig where present, else HcclCommInitRootInfo
+ * (the buffer size then comes from HCCL_BUFFSIZE). */
+int hixl_hccl_comm_init_config(int32_t dev, uint32_t nranks, const HcclRootInfo *root,
+                               uint32_t rank, const hixl_comm_options *opt, HcclComm *out);
+/* HcclCommInitClusterInfoMemConfig (HIXL_ACL_HAS_RANK_TABLE). */
+int hixl_hccl_comm_init_rank_table(int32_t dev, const char *rank_table, uint32_t rank,
+                                   const hixl_comm_options *opt, HcclComm *out);
+/* Communicator creations started in this process (for tests). */
+unsigned long hixl_hccl_comm_inits(void);
 
 #endif

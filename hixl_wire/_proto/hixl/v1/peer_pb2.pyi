@@ -138,12 +138,18 @@ class ResolveAddressesReply(_message.Message):
     def __init__(self, region_ids: _Optional[_Iterable[int]] = ..., offsets: _Optional[_Iterable[int]] = ..., writable: _Optional[_Iterable[bool]] = ...) -> None: ...
 
 class HcclConnectRequest(_message.Message):
-    __slots__ = ("link_token", "root_info")
+    __slots__ = ("link_token", "root_info", "rank_table", "buffer_mb", "comm_name")
     LINK_TOKEN_FIELD_NUMBER: _ClassVar[int]
     ROOT_INFO_FIELD_NUMBER: _ClassVar[int]
+    RANK_TABLE_FIELD_NUMBER: _ClassVar[int]
+    BUFFER_MB_FIELD_NUMBER: _ClassVar[int]
+    COMM_NAME_FIELD_NUMBER: _ClassVar[int]
     link_token: int
     root_info: bytes
-    def __init__(self, link_token: _Optional[int] = ..., root_info: _Optional[bytes] = ...) -> None: ...
+    rank_table: str
+    buffer_mb: int
+    comm_name: str
+    def __init__(self, link_token: _Optional[int] = ..., root_info: _Optional[bytes] = ..., rank_table: _Optional[str] = ..., buffer_mb: _Optional[int] = ..., comm_name: _Optional[str] = ...) -> None: ...
 
 class HcclConnectReply(_message.Message):
     __slots__ = ("one_sided",)
@@ -200,3 +206,19 @@ class HcclRegionReply(_message.Message):
     writable: bool
     bound: bool
     def __init__(self, address: _Optional[int] = ..., size: _Optional[int] = ..., writable: _Optional[bool] = ..., bound: _Optional[bool] = ...) -> None: ...
+
+class HcclRankInfoRequest(_message.Message):
+    __slots__ = ("link_token",)
+    LINK_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    link_token: int
+    def __init__(self, link_token: _Optional[int] = ...) -> None: ...
+
+class HcclRank(_message.Message):
+    __slots__ = ("host_ip", "device_id", "device_ip")
+    HOST_IP_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_IP_FIELD_NUMBER: _ClassVar[int]
+    host_ip: str
+    device_id: int
+    device_ip: str
+    def __init__(self, host_ip: _Optional[str] = ..., device_id: _Optional[int] = ..., device_ip: _Optional[str] = ...) -> None: ...

@@ -84,6 +84,11 @@ class PeerStub:
                 request_serializer=hixl_dot_v1_dot_peer__pb2.ChallengeRequest.SerializeToString,
                 response_deserializer=hixl_dot_v1_dot_peer__pb2.ChallengeReply.FromString,
                 _registered_method=True)
+        self.HcclRankInfo = channel.unary_unary(
+                '/hixl.v1.Peer/HcclRankInfo',
+                request_serializer=hixl_dot_v1_dot_peer__pb2.HcclRankInfoRequest.SerializeToString,
+                response_deserializer=hixl_dot_v1_dot_peer__pb2.HcclRank.FromString,
+                _registered_method=True)
 
 
 class PeerServicer:
@@ -171,6 +176,14 @@ class PeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def HcclRankInfo(self, request, context):
+        """hccl backend: this daemon's rank of the link (host, device) for the
+        two-rank table the caller builds the communicator from.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -223,6 +236,11 @@ def add_PeerServicer_to_server(servicer, server):
                     servicer.Challenge,
                     request_deserializer=hixl_dot_v1_dot_peer__pb2.ChallengeRequest.FromString,
                     response_serializer=hixl_dot_v1_dot_peer__pb2.ChallengeReply.SerializeToString,
+            ),
+            'HcclRankInfo': grpc.unary_unary_rpc_method_handler(
+                    servicer.HcclRankInfo,
+                    request_deserializer=hixl_dot_v1_dot_peer__pb2.HcclRankInfoRequest.FromString,
+                    response_serializer=hixl_dot_v1_dot_peer__pb2.HcclRank.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -495,6 +513,33 @@ class Peer:
             '/hixl.v1.Peer/Challenge',
             hixl_dot_v1_dot_peer__pb2.ChallengeRequest.SerializeToString,
             hixl_dot_v1_dot_peer__pb2.ChallengeReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HcclRankInfo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hixl.v1.Peer/HcclRankInfo',
+            hixl_dot_v1_dot_peer__pb2.HcclRankInfoRequest.SerializeToString,
+            hixl_dot_v1_dot_peer__pb2.HcclRank.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,195 @@
+"""How the hccl backend's link communicators are set up: HCCL's network
+settings, this daemon's rank descriptions, a link's two-rank table, and the
+device memory each communicator's buffer takes.
+
+HCCL reads its network settings from the environment (``HCCL_IF_IP``,
+``HCCL_SOCKET_IFNAME``, ``HCCL_IF_BASE_PORT``, ``HCCL_CONNECT_TIMEOUT``,
+``HCCL_BUFFSIZE``), so `apply_environment` sets them from ``[ascend]`` before
+CANN is loaded; the buffer size also goes into every communicator's
+``HcclCommConfig``. A rank table ("Configuring Resource Information Through
+the Ranktable File", CANN HCCL user guide) names each rank's host
+(``server_id``), physical device (``device_id``), device NIC address
+(``device_ip``) and ``rank_id``; `rank_table` builds the two-rank one of a
+link from both daemons' `RankInfo` (the far one comes over
+``Peer.HcclRankInfo``).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import socket
+from collections.abc import Callable, MutableMapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..config import AscendConfig
+
+MIB = 1 << 20
+HCCN_CONF = Path("/etc/hccn.conf")
+# HCCL_IF_BASE_PORT takes this many ports from the base (CANN 8.2 and later;
+# 16 before), "HCCL_IF_BASE_PORT", CANN environment variable reference.
+HCCL_HOST_PORTS = 32
+HCCL_DEFAULT_BASE_PORT = 60000
+
+
+def hccl_environment(config: AscendConfig) -> dict[str, str]:
+    """The HCCL environment variables ``[ascend]`` sets (unset keys are left alone)."""
+    env = {"HCCL_BUFFSIZE": str(config.hccl_buffer_mb)}
+    if config.if_ip is not None:
+        env["HCCL_IF_IP"] = config.if_ip
+    if config.socket_ifname is not None:
+        env["HCCL_SOCKET_IFNAME"] = config.socket_ifname
+    if config.base_port is not None:
+        env["HCCL_IF_BASE_PORT"] = str(config.base_port)
+    if config.connect_timeout_s is not None:
+        env["HCCL_CONNECT_TIMEOUT"] = str(config.connect_timeout_s)
+    return env
+
+
+def apply_environment(config: AscendConfig,
+                      environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
+    """Set HCCL's variables before its first call; returns what was set."""
+    target = os.environ if environ is None else environ
+    env = hccl_environment(config)
+    target.update(env)
+    return env
+
+
+def check_network(config: AscendConfig) -> None:
+    """Check the host-dependent network settings at start.
+
+    Raises:
+        ValueError: ``if_ip`` is not an address of this host, or no interface
+            matches ``socket_ifname``.
+    """
+    if config.if_ip is not None:
+        family = socket.AF_INET6 if ipaddress.ip_address(config.if_ip).version == 6 \
+            else socket.AF_INET
+        try:
+            with socket.socket(family, socket.SOCK_DGRAM) as probe:
+                probe.bind((config.if_ip, 0))
+        except OSError as exc:
+            raise ValueError(f"ascend.if_ip = {config.if_ip} is not an address of this host "
+                             f"({exc.strerror})") from None
+    if config.socket_ifname is not None:
+        spec = config.socket_ifname
+        exact, exclude = spec.startswith("="), spec.startswith("^")
+        if exclude:
+            return  # any interface but these: nothing to find
+        names = spec.lstrip("=").split(",")
+        have = sorted(os.listdir("/sys/class/net")) if os.path.isdir("/sys/class/net") else []
+        for name in names:
+            if not any(h == name if exact else h.startswith(name) for h in have):
+                how = "named" if exact else "starting with"
+                raise ValueError(f"ascend.socket_ifname: no interface {how} {name!r} on this "
+                                 f"host (have {', '.join(have) or 'none'})")
+
+
+def host_address(host: str) -> str:
+    """The IP address of a host name (as given, if it is one), for ``server_id``;
+    127.0.0.1 for a wildcard or a name that does not resolve."""
+    try:
+        address = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        try:
+            return socket.gethostbyname(host)
+        except OSError:
+            return "127.0.0.1"
+    return "127.0.0.1" if address.is_unspecified else str(address)
+
+
+def hccn_addresses(path: Path = HCCN_CONF) -> dict[int, str]:
+    """Device NIC addresses of ``/etc/hccn.conf`` (``address_<physical id>=<ip>``)."""
+    found: dict[int, str] = {}
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return found
+    for line in lines:
+        key, _, value = line.strip().partition("=")
+        if key.startswith("address_") and key[8:].isdigit() and value:
+            found[int(key[8:])] = value.strip()
+    return found
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """One rank of a link as a rank table names it."""
+
+    host_ip: str    # server_id: the host HCCL's sockets use
+    device_id: int  # the physical device id
+    device_ip: str  # the device NIC's address; "" where none is known
+
+    def check(self) -> None:
+        """Raises ValueError for a description a rank table cannot hold."""
+        ipaddress.ip_address(self.host_ip)
+        if self.device_ip:
+            ipaddress.ip_address(self.device_ip)
+        if not 0 <= self.device_id < 1 << 16:
+            raise ValueError(f"device id {self.device_id} out of range")
+
+
+def rank_table(rank0: RankInfo, rank1: RankInfo) -> str:
+    """The JSON rank table of a two-rank communicator (rank_id 0 and 1).
+
+    Ranks on one host share a ``server_list`` entry; HCCL's format lists each
+    server once.
+    """
+    def device(info: RankInfo, rank: int) -> dict[str, str]:
+        return {"device_id": str(info.device_id), "device_ip": info.device_ip,
+                "rank_id": str(rank)}
+
+    if rank0.host_ip == rank1.host_ip:
+        servers = [{"server_id": rank0.host_ip,
+                    "device": [device(rank0, 0), device(rank1, 1)]}]
+    else:
+        servers = [{"server_id": rank0.host_ip, "device": [device(rank0, 0)]},
+                   {"server_id": rank1.host_ip, "device": [device(rank1, 1)]}]
+    return json.dumps({"version": "1.0", "server_count": str(len(servers)),
+                       "server_list": servers, "status": "completed"}, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class CommSpec:
+    """How both ranks build one communicator: what the linking daemon (rank 0)
+    sends in ``Peer.HcclConnect``. Exactly one of root_info and rank_table is set;
+    the buffer size and the name must be the same on both ranks (HCCL requires
+    one config per communicator)."""
+
+    root_info: bytes = b""
+    rank_table: str = ""
+    buffer_mb: int = 200
+    name: str = ""
+
+    def check(self, root_info_bytes: int) -> None:
+        """Raises ValueError for a spec a peer may not send."""
+        if bool(self.root_info) == bool(self.rank_table):
+            raise ValueError("an HCCL connect names a root info or a rank table (one of them)")
+        if self.root_info and len(self.root_info) != root_info_bytes:
+            raise ValueError(f"an HCCL root info has {root_info_bytes} bytes, not "
+                             f"{len(self.root_info)}")
+        if not 1 <= self.buffer_mb <= 1 << 20:
+            raise ValueError(f"an HCCL buffer of {self.buffer_mb} MB")
+        if len(self.name) >= 128 or not self.name.isascii():
+            raise ValueError(f"not a communicator name: {self.name!r}")
+
+    @property
+    def device_bytes(self) -> int:
+        """Device memory the communicator reserves: twice its buffer (HCCL keeps
+        an input and an output buffer of HCCL_BUFFSIZE each)."""
+        return 2 * self.buffer_mb * MIB
+
+
+@dataclass(frozen=True)
+class CommSettings:
+    """What a link needs of the backend to build its communicators."""
+
+    mode: str                                # "rank_table" or "root_info"
+    buffer_mb: int
+    describe: Callable[[int], RankInfo]      # this daemon's rank on a (logical) device
+    reserve: Callable[[int, int], None]      # (device, bytes): count, or raise LLMException
+    release: Callable[[int, int], None]      # (device, bytes)
