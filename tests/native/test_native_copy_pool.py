@@ -61,11 +61,15 @@ def test_memory_stays_pinned_until_the_copy_ends(
         copy_pair: tuple[SharedPool, SharedPool], cq: CompletionQueue, pool: CopyPool) -> None:
     dst, src = copy_pair
     before = dst.exports, src.exports
-    pool.submit(1, dst, src, np.array([0, 0, 4 * MIB], dtype=np.uint64))
-    pool.submit(2, dst, src, np.array([0, 0, 4096], dtype=np.uint64))  # queued behind it
+    # Enough copies queued (tens of milliseconds of copying) that the last one
+    # is still waiting when the next line reads the pins, however loaded the host.
+    queued = 32
+    for request_id in range(1, queued):
+        pool.submit(request_id, dst, src, np.array([0, 0, 4 * MIB], dtype=np.uint64))
+    pool.submit(queued, dst, src, np.array([0, 0, 4096], dtype=np.uint64))
     # Pinned from submit on: neither mapping can be unmapped meanwhile.
     assert dst.exports > before[0] and src.exports > before[1]
-    assert sorted(wait_completions(cq, 2)) == [(1, hn.OK), (2, hn.OK)]
+    assert sorted(wait_completions(cq, queued)) == [(i, hn.OK) for i in range(1, queued + 1)]
     assert (dst.exports, src.exports) == before
     assert bytes(dst.view(0, 4096)) == bytes(src.view(0, 4096))
 
