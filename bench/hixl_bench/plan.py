@@ -98,6 +98,7 @@ SERVE_LAYOUTS = {
 # blocks of other requests and the free ones among which a request's lie.
 SERVE_SLACK = 1.25
 SERVE_SLACK_BLOCKS = 8
+SERVE_POOL_MAX_BYTES = 1 << 30
 SERVE_BUDGET = Budget(0.5, 5, 2000, 2)
 SERVE_QUICK_BUDGET = Budget(0.3, 3, 500, 1)
 
@@ -269,6 +270,8 @@ def serve_plan(quick: bool, models: list[str] | None = None,
                  for c in _serve(chosen, "fp16", lengths, [16, 128], memory=memory,
                                  client=client)]
         cases += _serve(chosen, "bf16", lengths, [16], conc=4)
+        # Pools are allocated whole and pre-faulted in both daemons: only small ones.
+        cases = [c for c in cases if c.memory != "pool" or c.cache_bytes <= SERVE_POOL_MAX_BYTES]
         return tuple(cases), SERVE_QUICK_BUDGET
     small = "kv-2x16k"
     cases = []

@@ -57,7 +57,7 @@ SUITE = "serve"
 REF_4K = "hixl-4k"  # the repeated 4 KiB pull by cache id the small rows compare with
 # Block tables each request slot cycles through.
 ROTATIONS = 4
-_SALT = 0x5EED_B10C
+_KEY_MULTIPLIER = 0x9E37_79B1  # odd
 _DTYPES = {"fp16": DataType.DT_FLOAT16, "bf16": DataType.DT_BF16}
 # The facade's process: start-up (imports, init, link) and its fills take a
 # while beside the row's own time.
@@ -103,11 +103,13 @@ def tensor_view(addr: int, case: ServeCase) -> np.ndarray:
 
 
 def pattern(case: ServeCase, tensor: int, blocks: np.ndarray) -> np.ndarray:
-    """The source's words of ``blocks`` of ``tensor``: unique per tensor, block and word."""
-    words = _words(case)
-    base = (np.uint64(tensor * case.pool_blocks) + blocks.astype(np.uint64))[:, None]
-    index = base * np.uint64(words) + np.arange(words, dtype=np.uint64)[None, :]
-    words_of: np.ndarray = index.astype(np.uint32) ^ np.uint32(_SALT)
+    """The source's words of ``blocks`` of ``tensor``: word i of a block is i xor
+    the block's own key. Keys are the (tensor, block) ids times an odd constant
+    (a bijection modulo 2**32), so a block landing in the wrong place differs
+    in every word, and a word out of place within a block differs too."""
+    ids = np.uint64(tensor * case.pool_blocks) + blocks.astype(np.uint64)
+    keys = (ids * np.uint64(_KEY_MULTIPLIER)).astype(np.uint32)
+    words_of: np.ndarray = np.arange(_words(case), dtype=np.uint32)[None, :] ^ keys[:, None]
     return words_of
 
 
