@@ -269,7 +269,8 @@ def serve_plan(quick: bool, models: list[str] | None = None,
         cases = [c for memory in SERVE_MEMORY for client in SERVE_CLIENTS
                  for c in _serve(chosen, "fp16", lengths, [16, 128], memory=memory,
                                  client=client)]
-        cases += _serve(chosen, "bf16", lengths, [16], conc=4)
+        cases += [c for client in SERVE_CLIENTS
+                  for c in _serve(chosen, "bf16", lengths, [16], conc=4, client=client)]
         # Pools are allocated whole and pre-faulted in both daemons: only small ones.
         cases = [c for c in cases if c.memory != "pool" or c.cache_bytes <= SERVE_POOL_MAX_BYTES]
         return tuple(cases), SERVE_QUICK_BUDGET

@@ -32,6 +32,7 @@ import contextlib
 import ctypes
 import json
 import random
+import subprocess
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
@@ -62,6 +63,8 @@ _DTYPES = {"fp16": DataType.DT_FLOAT16, "bf16": DataType.DT_BF16}
 # The facade's process: start-up (imports, init, link) and its fills take a
 # while beside the row's own time.
 WORKER_START_S = 120
+# The last lines of the worker's stderr (its traceback) that a failed row shows.
+WORKER_ERROR_LINES = 12
 
 
 def desc_of(case: ServeCase) -> CacheDesc:
@@ -304,23 +307,29 @@ def worker_pool(case: ServeCase) -> int:
 
 
 async def run_worker(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """Run ``serve_worker`` on ``spec``; its one JSON line, or an error record."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "hixl_bench.serve_worker", stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    """Run ``serve_worker`` on ``spec``; its one JSON line, or an error record.
+
+    Started by ``subprocess`` from a worker thread, not by the event loop:
+    CPython spawns with vfork, which runs no fork handlers, while a child
+    forked as gRPC's threads are busy has died before it ran (SIGSEGV). The
+    spec goes as an argument (a few KiB)."""
+    command = [sys.executable, "-X", "faulthandler", "-m", "hixl_bench.serve_worker",
+               json.dumps(spec)]
     try:
-        out, err = await asyncio.wait_for(proc.communicate(json.dumps(spec).encode()), timeout)
-    except asyncio.TimeoutError:
-        proc.kill()
-        await proc.wait()
+        done = await asyncio.to_thread(subprocess.run, command, stdin=subprocess.DEVNULL,
+                                       capture_output=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
         return {"error": f"the facade's worker ran past {timeout:.0f} s"}
-    for line in reversed(out.decode(errors="replace").splitlines()):
+    tail = " | ".join(done.stderr.decode(errors="replace").strip()
+                      .splitlines()[-WORKER_ERROR_LINES:])
+    for line in reversed(done.stdout.decode(errors="replace").splitlines()):
         with contextlib.suppress(json.JSONDecodeError):
             record = json.loads(line)
             if isinstance(record, dict):
+                if "error" in record and tail:
+                    record["error"] += f" ({tail})"
                 return record
-    tail = err.decode(errors="replace").strip().splitlines()[-3:]
-    return {"error": f"the facade's worker exited ({proc.returncode}): {' | '.join(tail)}"}
+    return {"error": f"the facade's worker exited ({done.returncode}): {tail}"}
 
 
 async def serve_row(pair: Daemons, env: Clusters, case: ServeCase, index: int,

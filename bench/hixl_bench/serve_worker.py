@@ -1,7 +1,7 @@
 """The serving suite's blocking-facade rows: a decode instance on ``hixl_client.sync``.
 
-Run by ``serve`` as ``python -m hixl_bench.serve_worker`` with a JSON spec on
-stdin (the daemon, the cluster to be, the prefill cluster to link to, the
+Run by ``serve`` as ``python -m hixl_bench.serve_worker SPEC``, SPEC a JSON
+object (the daemon, the cluster to be, the prefill cluster to link to, the
 case, the budget). A process of its own, since grpc.aio serves one event
 loop per process and the facade runs its own. It registers the decode side's
 memory, links, checks pulls byte-exact, times ``conc`` threads each pulling
@@ -15,6 +15,7 @@ import json
 import sys
 import threading
 import time
+import traceback
 from typing import Any
 
 import numpy as np
@@ -157,10 +158,11 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> int:
-    spec = json.loads(sys.stdin.read())
+    spec = json.loads(sys.argv[1])
     try:
         record = measure(spec)
     except Exception as exc:  # the parent turns it into the row's status
+        traceback.print_exc()  # the parent shows its last lines with the error
         record = {"error": f"{type(exc).__name__}: {exc}"}
     print(json.dumps(record), flush=True)
     return 0

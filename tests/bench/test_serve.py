@@ -140,7 +140,8 @@ def test_a_tiny_serve_run_pulls_byte_exact_rows(tmp_path: Path) -> None:
     # shareable and pool memory on both clients, and several in flight
     assert {(r["memory"], r["client"]) for r in ok} >= {
         ("shareable", "async"), ("shareable", "sync"), ("pool", "async"), ("pool", "sync")}
-    assert any(r["conc"] == 4 and r["dtype"] == "bf16" for r in ok)
+    assert {r["client"] for r in ok if r["conc"] == 4 and r["dtype"] == "bf16"} == {
+        "async", "sync"}
     for row in ok:
         # checked byte-exact before (every table) and after the timed pulls (the last ones)
         assert row["verified_pulls"] == (serve.ROTATIONS + 1) * row["conc"], row
