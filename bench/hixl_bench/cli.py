@@ -24,10 +24,18 @@ from hixl_bench import (
     runner,
     scale,
     security,
+    serve,
+    targets,
 )
 from hixl_bench.model import GIB, MIB, Case, Row
 
-SUITES = ("block", "batch", "conc", "scale", "kv")
+SUITES = ("block", "batch", "conc", "scale", "kv", "serve")
+# The serving suite is run on its own (--suites serve): it would double the full sweep.
+DEFAULT_SUITES = ("block", "batch", "conc", "scale", "kv")
+# The serving suite's clusters (ids offset from the sweep's and the KV suite's);
+# the blocking facade's decode cluster is one of its own.
+SERVE_ID_BASE = 20
+SERVE_FACADE_ID = 29
 
 
 def _csv(choices: tuple[str, ...]) -> Any:
@@ -51,8 +59,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="a smoke run, well under two minutes")
     p.add_argument("--json-out", type=Path, help="write JSON lines (one record per row) here")
     p.add_argument("--plot", type=Path, help="write a PNG of GB/s against block size here")
-    p.add_argument("--suites", type=_csv(SUITES), default=list(SUITES),
-                   help="comma-separated: block,batch,conc,scale,kv (default all)")
+    p.add_argument("--suites", type=_csv(SUITES), default=list(DEFAULT_SUITES),
+                   help="comma-separated: block,batch,conc,scale,kv,serve (default all but "
+                   "serve, the serving pattern, which runs on its own)")
     p.add_argument("--ops", type=_csv(plan.OPS), default=list(plan.OPS), help="pull,push")
     p.add_argument("--paths", type=_csv(plan.PATHS), default=list(plan.PATHS), help="local,tcp")
     p.add_argument("--peers", type=_csv(tuple(peers.PEERS)), default=list(peers.PEERS),
@@ -65,7 +74,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--budget-scale", type=float, default=1.0, help="scale every row's time")
     p.add_argument("--repeat", type=int, default=1,
                    help="whole runs to make; the table shows each row's medians over them")
-    p.add_argument("--models", type=_csv(tuple(plan.PRESETS)), help="KV presets")
+    p.add_argument("--models", type=_csv((*plan.PRESETS, *plan.SERVE_LAYOUTS)),
+                   help="KV presets (kv, serve; the kv-2x* layouts: serve only)")
     p.add_argument("--tokens", type=_ints, help="KV prompt lengths, e.g. 1024,4096")
     p.add_argument("--page-tokens", type=int, default=128, help="tokens per KV page")
     p.add_argument("--no-uvloop", action="store_true", help="run on asyncio's default loop")
@@ -78,11 +88,17 @@ def parser() -> argparse.ArgumentParser:
 
 def make_plan(args: argparse.Namespace) -> plan.Plan:
     build = plan.quick_plan if args.quick else plan.full_plan
-    made = build(args.models, args.tokens, args.page_tokens, args.budget_scale)
+    kv_models = [m for m in args.models or [] if m in plan.PRESETS] or None
+    made = build(kv_models if args.models else None, args.tokens, args.page_tokens,
+                 args.budget_scale)
     cases = tuple(c for c in made.cases if c.suite in args.suites and c.path in args.paths
                   and c.op in args.ops)
     kv = tuple(k for k in made.kv_cases if "kv" in args.suites and k.path in args.paths)
     made = dataclasses.replace(made, cases=cases, kv_cases=kv)
+    if "serve" in args.suites and "tcp" in args.paths and "pull" in args.ops:
+        serve_cases, serve_budget = plan.serve_plan(args.quick, args.models, args.tokens)
+        made = dataclasses.replace(made, serve_cases=serve_cases,
+                                   serve_budget=serve_budget.scaled(args.budget_scale))
     if args.cold_mib:
         made = dataclasses.replace(made, cold_bytes=args.cold_mib * MIB)
     return dataclasses.replace(made, cold_bytes=plan.cold_bytes_for(made))
@@ -99,8 +115,11 @@ def _budgets(p: plan.Plan, paths: tuple[str, ...]) -> tuple[int, int, int, int]:
     """(sweep pool, KV pool, budget of daemon A, budget of daemon B) in bytes."""
     sweep_pool = env.pool_bytes_for(p.cold_bytes)
     kv_pool = max([k.prompt_bytes for k in p.kv_cases] or [0]) + 64 * MIB
-    a = max(sweep_pool * (1 + ("local" in paths)), kv_pool)
-    b = max(sweep_pool, kv_pool)
+    # The serving suite: its clusters' pools, and on A the facade's cluster's beside them.
+    serve_pool = serve.pool_bytes(p.serve_cases) if p.serve_cases else 0
+    facade = max([serve.worker_pool(c) for c in p.serve_cases if c.client == "sync"] or [0])
+    a = max(sweep_pool * (1 + ("local" in paths)), kv_pool, serve_pool + facade)
+    b = max(sweep_pool, kv_pool, serve_pool)
     return sweep_pool, kv_pool, a + 256 * MIB, b + 256 * MIB
 
 
@@ -126,7 +145,7 @@ async def run_hixl(p: plan.Plan, args: argparse.Namespace, native: ceilings.Nati
     rows: list[Row] = []
     counts = _scale_counts(args)
     paths = tuple(sorted({c.path for c in p.cases} | ({"tcp"} if counts else set())))
-    if not paths and not p.kv_cases:
+    if not paths and not p.kv_cases and not p.serve_cases:
         return rows
     sweep_pool, kv_pool, budget_a, budget_b = _budgets(p, paths)
     progress.note(f"starting two daemons (pool budgets {budget_a / GIB:.1f} and "
@@ -161,7 +180,33 @@ async def run_hixl(p: plan.Plan, args: argparse.Namespace, native: ceilings.Nati
                     rows += await native.measure(kv.ceiling_shape(p.cold_bytes), {kv.path})
                     rows.append(await kvshape.run_kv(linked, kv, p.kv_budget))
                     progress(rows[-1])
+        if p.serve_cases:
+            rows += await _serve_rows(p, pair, native, progress)
     return rows
+
+
+async def _serve_rows(p: plan.Plan, pair: env.Daemons, native: ceilings.NativeCeilings,
+                      progress: report.Progress) -> list[Row]:
+    """The serving suite: the 4 KiB reference pull, then each case after its TCP ceiling."""
+    rows: list[Row] = []
+    async with env.clusters(pair, serve.pool_bytes(p.serve_cases), ("tcp",),
+                            id_base=SERVE_ID_BASE) as linked:
+        rows.append(await serve.ref_4k_row(linked, p.serve_budget))
+        progress(rows[-1])
+        for index, case in enumerate(p.serve_cases):
+            rows += await native.measure(case.ceiling_shape(p.cold_bytes), {"tcp"})
+            rows.append(await serve.serve_row(pair, linked, case, index, p.cold_bytes,
+                                              p.serve_budget, SERVE_FACADE_ID))
+            progress(rows[-1])
+    return rows
+
+
+def serve_peer_cases(p: plan.Plan) -> list[Case]:
+    """The serving shapes peers run (as ``peers`` does: as many ranges of the same
+    size, one request in flight), those whose two requests fit the cold buffers."""
+    shapes = sorted({(c.block_bytes, c.ranges) for c in p.serve_cases
+                     if c.conc == 1 and 2 * c.request_bytes <= p.cold_bytes})
+    return [Case("serve", "pull", "tcp", block, n) for block, n in shapes]
 
 
 async def run_measurements(p: plan.Plan, args: argparse.Namespace,
@@ -171,7 +216,8 @@ async def run_measurements(p: plan.Plan, args: argparse.Namespace,
     if not p.cases and not _scale_counts(args):  # no probes: the gRPC ceiling comes first
         rows.append(await ceilings.grpc_row(p.budget))
         progress(rows[-1])
-    paths = {c.path for c in p.cases} | {k.path for k in p.kv_cases}
+    paths = {c.path for c in p.cases} | {k.path for k in p.kv_cases} | \
+        ({"tcp"} if p.serve_cases else set())
     streams = sorted({1, args.streams}) if "tcp" in paths else []
     native = ceilings.NativeCeilings(p.cold_bytes, streams, "local" in paths, p.budget, progress)
     try:
@@ -181,10 +227,11 @@ async def run_measurements(p: plan.Plan, args: argparse.Namespace,
         await native.close()
     if args.security:
         rows += await security.security_rows(args.security, args.streams, p.budget, progress)
-    if p.peer_cases():
+    peer_cases = p.peer_cases() + serve_peer_cases(p)
+    if peer_cases:
         pythons = {name: path for name, path in (("mooncake", args.mooncake_python),
                                                  ("nixl", args.nixl_python)) if path}
-        rows += await peers.peer_rows(args.peers, p.peer_cases(), p.cold_bytes, p.budget,
+        rows += await peers.peer_rows(args.peers, peer_cases, p.cold_bytes, p.budget,
                                       pythons, progress)
     return rows
 
@@ -205,21 +252,25 @@ def _count(p: plan.Plan, args: argparse.Namespace) -> int:
     ceiling_rows: set[tuple[str, tuple[int, int]]] = set()
     shapes = [shape for _, group in _by_shape(p.cases) for shape in _ceilings_of(group)]
     shapes += [(k.ceiling_shape(p.cold_bytes), {k.path}) for k in p.kv_cases]
+    shapes += [(c.ceiling_shape(p.cold_bytes), {"tcp"}) for c in p.serve_cases]
     for shape, paths in shapes:
         names = (["memcpy"] if "local" in paths else []) + (tcp_names if "tcp" in paths else [])
         ceiling_rows |= {(name, shape) for name in names}
     counts = _scale_counts(args)
     paths = {c.path for c in p.cases} | ({"tcp"} if counts else set())
     probes = (1 + 2 * len(paths)) if paths else 0  # no-op; tiny and keyed per path
+    serving = len(p.serve_cases) + 1 if p.serve_cases else 0  # and the 4 KiB reference
     return 1 + len(ceiling_rows) + probes + len(p.cases) + len(counts) + len(p.kv_cases) + \
-        len(args.peers) * len(p.peer_cases()) + len(args.security) * len(security.BLOCKS)
+        serving + len(args.peers) * len(p.peer_cases() + serve_peer_cases(p)) + \
+        len(args.security) * len(security.BLOCKS)
 
 
 async def run(args: argparse.Namespace) -> int:
     p = make_plan(args)
     progress = report.Progress(_count(p, args) * args.repeat, quiet=args.quiet)
     progress.note(f"{'quick' if args.quick else 'full'} run: {len(p.cases)} sweep cases, "
-                  f"{len(p.kv_cases)} KV cases, cold buffers {p.cold_bytes // MIB} MiB per side"
+                  f"{len(p.kv_cases)} KV cases, {len(p.serve_cases)} serving cases, "
+                  f"cold buffers {p.cold_bytes // MIB} MiB per side"
                   + (f", {args.repeat} times" if args.repeat > 1 else ""))
     started = time.monotonic()
     runs = []
@@ -232,6 +283,10 @@ async def run(args: argparse.Namespace) -> int:
     print()
     report.print_table(rows)
     meta = _meta(p, args, time.monotonic() - started, peaks)
+    if p.serve_cases:
+        outcomes = targets.check(rows)
+        report.print_targets(outcomes)
+        meta["serve_targets"] = [o.to_json() for o in outcomes]
     if peaks:
         print("\ndaemon memory beside its pools (RssAnon + RssFile), peak over the run: "
               + ", ".join(f"{name} {mib} MiB" for name, mib in

@@ -1,0 +1,370 @@
+"""The serving suite: a decode instance pulling prompts from a prefill instance.
+
+What vLLM-Ascend's and MindIE's connectors do per request, between two real
+daemons: the prefill side (daemon B) holds a paged KV cache keyed
+``BlocksCacheKey(prefill_cluster, model_id)``; the decode side (daemon A)
+pulls one prompt with
+
+    pull_blocks(BlocksCacheKey(prefill_cluster, model_id), dst, src_blocks, dst_blocks,
+                src_layer_range=range(layers), dst_layer_range=range(layers))
+
+Block tables are drawn at random from each side's cache, differently on the
+two sides (seeded), as a long-running cache leaves its free blocks; the
+requests in flight use disjoint blocks. Memory, the same on both sides:
+
+* ``shareable``: ``alloc_shareable`` + ``register_blocks_cache``;
+* ``pool``: ``allocate_blocks_cache`` from the cluster's pool;
+* ``engine``: a numpy array the engine allocated itself, registered with
+  ``register_blocks_cache``; a build whose daemon cannot reach such memory
+  refuses it, and the row says so (skipped), measuring once it can.
+
+The ``async`` client runs here; the blocking facade (``sync``) runs in a
+process of its own (``serve_worker``), since grpc.aio serves one event loop
+per process. Every row checks its pulls byte-exact (before and after the
+timed requests): each source block holds a pattern of its tensor and block
+index, so the decode side knows what must have landed where.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import json
+import random
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from hixl_bench.env import Clusters, Daemons, options
+from hixl_bench.model import HIXL, PROBE, Budget, Row, Timing, drive
+from hixl_bench.plan import ServeCase
+from hixl_bench.runner import Caches, Pull
+from hixl_client import (
+    BlocksCacheKey,
+    Cache,
+    CacheDesc,
+    CacheManager,
+    DataType,
+    LLMException,
+    alloc_shareable,
+)
+
+SUITE = "serve"
+REF_4K = "hixl-4k"  # the repeated 4 KiB pull by cache id the small rows compare with
+# Block tables each request slot cycles through.
+ROTATIONS = 4
+_KEY_MULTIPLIER = 0x9E37_79B1  # odd
+_DTYPES = {"fp16": DataType.DT_FLOAT16, "bf16": DataType.DT_BF16}
+# The facade's process: start-up (imports, init, link) and its fills take a
+# while beside the row's own time.
+WORKER_START_S = 120
+# The last lines of the worker's stderr (its traceback) that a failed row shows.
+WORKER_ERROR_LINES = 12
+
+
+def desc_of(case: ServeCase) -> CacheDesc:
+    m = case.model
+    return CacheDesc(case.tensors, [case.pool_blocks, case.block_tokens, m.kv_heads, m.head_dim],
+                     _DTYPES[case.dtype])
+
+
+def block_tables(case: ServeCase, seed: int) -> list[list[list[int]]]:
+    """``[slot][rotation]`` -> one prompt's block indices on one side.
+
+    The cache's blocks are shuffled and dealt to the ``conc`` request slots,
+    so requests in flight never share a block; each table is a random sample
+    of its slot's share in random order: the scattered free blocks of a
+    cache that has served for a while."""
+    rng = random.Random(seed)
+    order = list(range(case.pool_blocks))
+    rng.shuffle(order)
+    share = case.pool_blocks // case.conc
+    return [[rng.sample(order[slot * share:(slot + 1) * share], case.blocks)
+             for _ in range(ROTATIONS)] for slot in range(case.conc)]
+
+
+def side_tables(case: ServeCase, index: int) -> tuple[list[list[list[int]]],
+                                                      list[list[list[int]]]]:
+    """(prefill tables, decode tables) of the ``index``-th case: different seeds."""
+    return block_tables(case, 2 * index), block_tables(case, 2 * index + 1)
+
+
+def _words(case: ServeCase) -> int:
+    return case.block_bytes // 4
+
+
+def tensor_view(addr: int, case: ServeCase) -> np.ndarray:
+    """One tensor as ``[pool_blocks, words]`` uint32, over memory at ``addr`` in this process."""
+    raw = (ctypes.c_uint8 * (case.pool_blocks * case.block_bytes)).from_address(addr)
+    view: np.ndarray = np.frombuffer(memoryview(raw).cast("B"), dtype=np.uint32)
+    return view.reshape(case.pool_blocks, _words(case))
+
+
+def pattern(case: ServeCase, tensor: int, blocks: np.ndarray) -> np.ndarray:
+    """The source's words of ``blocks`` of ``tensor``: word i of a block is i xor
+    the block's own key. Keys are the (tensor, block) ids times an odd constant
+    (a bijection modulo 2**32), so a block landing in the wrong place differs
+    in every word, and a word out of place within a block differs too."""
+    ids = np.uint64(tensor * case.pool_blocks) + blocks.astype(np.uint64)
+    keys = (ids * np.uint64(_KEY_MULTIPLIER)).astype(np.uint32)
+    words_of: np.ndarray = np.arange(_words(case), dtype=np.uint32)[None, :] ^ keys[:, None]
+    return words_of
+
+
+def fill_source(case: ServeCase, addrs: list[int]) -> None:
+    everything = np.arange(case.pool_blocks)
+    for tensor, addr in enumerate(addrs):
+        tensor_view(addr, case)[:] = pattern(case, tensor, everything)
+
+
+def clear_blocks(case: ServeCase, addrs: list[int], blocks: list[int]) -> None:
+    for addr in addrs:
+        tensor_view(addr, case)[blocks] = 0
+
+
+def check_blocks(case: ServeCase, addrs: list[int], src: list[int], dst: list[int]) -> None:
+    """Raise unless block ``dst[i]`` of every tensor holds source block ``src[i]``."""
+    src_blocks = np.asarray(src)
+    for tensor, addr in enumerate(addrs):
+        got = tensor_view(addr, case)[dst]
+        if not np.array_equal(got, pattern(case, tensor, src_blocks)):
+            bad = int(np.flatnonzero((got != pattern(case, tensor, src_blocks)).any(axis=1))[0])
+            raise RuntimeError(f"pull_blocks was not byte-exact: tensor {tensor}, block "
+                               f"{src[bad]} -> {dst[bad]}")
+
+
+@dataclass
+class Side:
+    """One side's cache of a case and how to give it back."""
+
+    cache: Cache
+    addrs: list[int]
+    release: Callable[[], Awaitable[None]]
+
+
+class Unsupported(Exception):
+    """This build refuses the case's memory: the row is skipped, not failed."""
+
+
+async def open_side(cm: CacheManager, case: ServeCase,
+                    key: BlocksCacheKey | None) -> Side:
+    """The case's cache on one side, in its memory mode (see the module docstring)."""
+    desc = desc_of(case)
+    if case.memory == "pool":
+        cache = await cm.allocate_blocks_cache(desc, key)
+
+        async def free_pool() -> None:
+            await cm.deallocate_blocks_cache(cache)
+        return Side(cache, list(cache.tensor_addrs), free_pool)
+    tensor_bytes = case.pool_blocks * case.block_bytes
+    owner: Any
+    if case.memory == "shareable":
+        owner = alloc_shareable(case.cache_bytes)
+        base = owner.address
+    else:  # engine: memory hixl did not allocate
+        owner = np.zeros(case.cache_bytes, dtype=np.uint8)
+        base = owner.ctypes.data
+    addrs = [base + t * tensor_bytes for t in range(case.tensors)]
+    try:
+        cache = await cm.register_blocks_cache(desc, addrs, key)
+    except LLMException as exc:
+        if case.memory == "engine":
+            raise Unsupported(refused(exc)) from exc
+        raise
+
+    async def unregister() -> None:
+        await cm.unregister_cache(cache.cache_id)
+        if case.memory == "shareable":
+            owner.close()
+    return Side(cache, addrs, unregister)
+
+
+def refused(exc: LLMException) -> str:
+    """The skipped status of a row whose engine-allocated memory this build refuses."""
+    reason = str(exc).split(",")[0]
+    return f"unsupported: this build refuses engine-allocated memory ({reason})"
+
+
+def row_of(case: ServeCase, cold_bytes: int) -> Row:
+    _, ceiling_nblocks = case.ceiling_shape(cold_bytes)
+    return Row(HIXL, "hixl", SUITE, "pull", "tcp", case.block_bytes, case.ranges, case.conc,
+               extra={"model": case.model.name, "dtype": case.dtype, "tokens": case.tokens,
+                      "block_tokens": case.block_tokens, "memory": case.memory,
+                      "client": case.client, "request_bytes": case.request_bytes,
+                      "pool_blocks": case.pool_blocks, "ceiling_nblocks": ceiling_nblocks})
+
+
+def case_spec(case: ServeCase) -> dict[str, Any]:
+    spec = asdict(case)
+    spec["model"] = asdict(case.model)
+    return spec
+
+
+def case_from_spec(spec: dict[str, Any]) -> ServeCase:
+    from hixl_bench.plan import ModelPreset
+
+    return ServeCase(**{**spec, "model": ModelPreset(**spec["model"])})
+
+
+class Prefill:
+    """The prefill side of one case: its cache filled with the source pattern."""
+
+    def __init__(self, env: Clusters, case: ServeCase, model_id: int) -> None:
+        self.env, self.case, self.model_id = env, case, model_id
+        self.key = BlocksCacheKey(env.target_id("tcp"), model_id)
+        self.side: Side | None = None
+
+    async def open(self) -> None:
+        self.side = await open_side(self.env.target_cm("tcp"), self.case, self.key)
+        await asyncio.to_thread(fill_source, self.case, self.side.addrs)
+
+    async def close(self) -> None:
+        if self.side is not None:
+            await self.side.release()
+
+
+async def _verify(cm: CacheManager, case: ServeCase, key: BlocksCacheKey, dst: Side,
+                  pairs: list[tuple[list[int], list[int]]]) -> int:
+    """Pull each (src, dst) table pair into cleared blocks and check the bytes."""
+    layers = range(case.model.layers)
+    for src, dst_blocks in pairs:
+        clear_blocks(case, dst.addrs, dst_blocks)
+        await cm.pull_blocks(key, dst.cache, src, dst_blocks, src_layer_range=layers,
+                             dst_layer_range=layers)
+        await asyncio.to_thread(check_blocks, case, dst.addrs, src, dst_blocks)
+    return len(pairs)
+
+
+def verify_pairs(src: list[list[list[int]]], dst: list[list[list[int]]],
+                 rotations: range) -> list[tuple[list[int], list[int]]]:
+    """The (src, dst) tables of every slot in ``rotations``.
+
+    Checked before the timed pulls with every rotation, the pairs are also
+    their warm-up: every block a timed pull moves has been moved once, so no
+    timed pull pays for the first touch of a page in either daemon's
+    mapping, which a serving cache that has run a while does not either."""
+    return [(src[slot][r], dst[slot][r]) for r in rotations for slot in range(len(src))]
+
+
+BEFORE, AFTER = range(ROTATIONS), range(ROTATIONS - 1, ROTATIONS)
+
+
+async def _async_row(env: Clusters, case: ServeCase, index: int, prefill: Prefill,
+                     budget: Budget, row: Row) -> None:
+    cm = env.cm
+    src, dst = side_tables(case, index)
+    decode = await open_side(cm, case, None)
+    try:
+        verified = await _verify(cm, case, prefill.key, decode, verify_pairs(src, dst, BEFORE))
+        layers = range(case.model.layers)
+        free_slots = list(range(case.conc))
+
+        async def request(i: int) -> None:
+            slot = free_slots.pop()
+            try:
+                rotation = i % ROTATIONS
+                await cm.pull_blocks(prefill.key, decode.cache, src[slot][rotation],
+                                     dst[slot][rotation], src_layer_range=layers,
+                                     dst_layer_range=layers)
+            finally:
+                free_slots.append(slot)
+
+        timing = await drive(request, case.conc, budget)
+        verified += await _verify(cm, case, prefill.key, decode,
+                                  verify_pairs(src, dst, AFTER))
+        row.fill(timing, case.request_bytes)
+        row.extra["verified_pulls"] = verified
+    finally:
+        await decode.release()
+
+
+async def _sync_row(pair: Daemons, env: Clusters, case: ServeCase, index: int,
+                    prefill: Prefill, budget: Budget, row: Row, cluster_id: int) -> None:
+    """The blocking facade's row, from ``serve_worker`` in a process of its own."""
+    spec = {"daemon": pair.a.client_target, "cluster_id": cluster_id,
+            "options": options(worker_pool(case)),
+            "prefill": {"cluster_id": env.target_id("tcp"), "peer": pair.b.peer_address,
+                        "model_id": prefill.model_id},
+            "case": case_spec(case), "index": index, "budget": asdict(budget)}
+    record = await run_worker(spec, 3 * budget.seconds + WORKER_START_S)
+    if "skipped" in record:
+        row.status = f"skipped: {record['skipped']}"
+    elif "latencies" in record:
+        row.fill(Timing(record["latencies"], record["wall_s"]), case.request_bytes)
+        row.extra["verified_pulls"] = record["verified_pulls"]
+    else:
+        row.status = f"error: {record.get('error', record)}"
+
+
+def worker_pool(case: ServeCase) -> int:
+    """The facade cluster's pool: the case's cache in pool mode, else a token pool."""
+    return case.cache_bytes + (16 << 20) if case.memory == "pool" else 16 << 20
+
+
+async def run_worker(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """Run ``serve_worker`` on ``spec``; its one JSON line, or an error record.
+
+    Started by ``subprocess`` from a worker thread, not by the event loop:
+    CPython spawns with vfork, which runs no fork handlers, while a child
+    forked as gRPC's threads are busy has died before it ran (SIGSEGV). The
+    spec goes as an argument (a few KiB)."""
+    command = [sys.executable, "-X", "faulthandler", "-m", "hixl_bench.serve_worker",
+               json.dumps(spec)]
+    try:
+        done = await asyncio.to_thread(subprocess.run, command, stdin=subprocess.DEVNULL,
+                                       capture_output=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return {"error": f"the facade's worker ran past {timeout:.0f} s"}
+    tail = " | ".join(done.stderr.decode(errors="replace").strip()
+                      .splitlines()[-WORKER_ERROR_LINES:])
+    for line in reversed(done.stdout.decode(errors="replace").splitlines()):
+        with contextlib.suppress(json.JSONDecodeError):
+            record = json.loads(line)
+            if isinstance(record, dict):
+                if "error" in record and tail:
+                    record["error"] += f" ({tail})"
+                return record
+    return {"error": f"the facade's worker exited ({done.returncode}): {tail}"}
+
+
+async def serve_row(pair: Daemons, env: Clusters, case: ServeCase, index: int,
+                    cold_bytes: int, budget: Budget, worker_cluster_id: int) -> Row:
+    """Measure one case; a refused memory mode or a failure becomes the row's status."""
+    row = row_of(case, cold_bytes)
+    prefill = Prefill(env, case, model_id=index + 1)
+    try:
+        await prefill.open()
+        if case.client == "async":
+            await _async_row(env, case, index, prefill, budget, row)
+        else:
+            await _sync_row(pair, env, case, index, prefill, budget, row, worker_cluster_id)
+    except Unsupported as exc:
+        row.status = f"skipped: {exc}"
+    except Exception as exc:  # reported in the row; the run goes on
+        row.status = f"error: {type(exc).__name__}: {exc}"
+    finally:
+        await prefill.close()
+    return row
+
+
+async def ref_4k_row(env: Clusters, budget: Budget) -> Row:
+    """The repeated 4 KiB ``pull_cache`` by cache id that the small rows' p50 compares with."""
+    desc = CacheDesc(1, [2, 4096], DataType.DT_UINT8)
+    local = await env.cm.allocate_cache(desc)
+    remote = await env.target_cm("tcp").allocate_cache(desc)
+    try:
+        timing = await drive(Pull(env, "tcp", Caches(local, remote, 2)).request, 1, budget)
+    finally:
+        await env.cm.deallocate_cache(local)
+        await env.target_cm("tcp").deallocate_cache(remote)
+    return Row(PROBE, REF_4K, SUITE, "pull", "tcp", 4096, 1).fill(timing, 4096)
+
+
+def pool_bytes(cases: tuple[ServeCase, ...]) -> int:
+    """Each serving cluster's pool: the largest pool-mode cache and the 4 KiB probe's."""
+    return max([c.cache_bytes for c in cases if c.memory == "pool"] or [0]) + (64 << 20)

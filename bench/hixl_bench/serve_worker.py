@@ -1,0 +1,172 @@
+"""The serving suite's blocking-facade rows: a decode instance on ``hixl_client.sync``.
+
+Run by ``serve`` as ``python -m hixl_bench.serve_worker SPEC``, SPEC a JSON
+object (the daemon, the cluster to be, the prefill cluster to link to, the
+case, the budget). A process of its own, since grpc.aio serves one event
+loop per process and the facade runs its own. It registers the decode side's
+memory, links, checks pulls byte-exact, times ``conc`` threads each pulling
+with its own block tables, checks again, and prints one JSON line:
+``{"latencies", "wall_s", "verified_pulls"}``, ``{"skipped"}`` or ``{"error"}``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+import numpy as np
+
+from hixl_bench.model import Budget
+from hixl_bench.plan import ServeCase
+from hixl_bench.serve import (
+    AFTER,
+    BEFORE,
+    ROTATIONS,
+    case_from_spec,
+    check_blocks,
+    clear_blocks,
+    desc_of,
+    refused,
+    side_tables,
+    verify_pairs,
+)
+from hixl_client import alloc_shareable, sync
+from hixl_service.testing import cluster_info
+
+_LINK_TIMEOUT_MS = 10000
+
+
+def drive_threads(request: Any, conc: int, budget: Budget) -> tuple[list[float], float]:
+    """Like ``model.drive`` for blocking calls: ``conc`` threads, thread k pulling
+    with slot k; returns (latencies, wall seconds)."""
+    for index in range(max(1, budget.warmup)):
+        request(0, index)
+    latencies: list[float] = []
+    lock = threading.Lock()
+    counter = iter(range(1 << 62))
+    started = time.perf_counter()
+    deadline = started + budget.seconds
+
+    def worker(slot: int) -> None:
+        while True:
+            with lock:
+                if len(latencies) >= budget.max_requests or (
+                        time.perf_counter() >= deadline and len(latencies) >= budget.min_requests):
+                    return
+                index = next(counter)
+            t0 = time.perf_counter()
+            request(slot, index)
+            with lock:
+                latencies.append(time.perf_counter() - t0)
+
+    threads = [threading.Thread(target=worker, args=(slot,)) for slot in range(conc)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return latencies, time.perf_counter() - started
+
+
+class _Decode:
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.case: ServeCase = case_from_spec(spec["case"])
+        self.spec = spec
+        prefill = spec["prefill"]
+        self.key = sync.BlocksCacheKey(prefill["cluster_id"], prefill["model_id"])
+        sync.set_daemon(spec["daemon"])
+        self.dd = sync.LLMDataDist(sync.LLMRole.DECODER, spec["cluster_id"])
+        self.owner: Any = None
+
+    def open(self) -> list[int]:
+        case = self.case
+        self.dd.init(self.spec["options"])
+        cm = self.dd.cache_manager
+        desc = desc_of(case)
+        if case.memory == "pool":
+            self.cache = cm.allocate_blocks_cache(desc)
+            addrs = list(self.cache.tensor_addrs)
+        else:
+            if case.memory == "shareable":
+                self.owner = alloc_shareable(case.cache_bytes)
+                base = self.owner.address
+            else:
+                self.owner = np.zeros(case.cache_bytes, dtype=np.uint8)
+                base = self.owner.ctypes.data
+            tensor_bytes = case.pool_blocks * case.block_bytes
+            addrs = [base + t * tensor_bytes for t in range(case.tensors)]
+            try:
+                self.cache = cm.register_blocks_cache(desc, addrs)
+            except sync.LLMException as exc:
+                if case.memory == "engine":
+                    raise _Unsupported(refused(exc)) from exc
+                raise
+        prefill = self.spec["prefill"]
+        status, per_cluster = self.dd.link_clusters(
+            [cluster_info(prefill["cluster_id"], prefill["peer"])], timeout=_LINK_TIMEOUT_MS)
+        if status != sync.LLMStatusCode.LLM_SUCCESS:
+            raise RuntimeError(f"link_clusters failed: {status} {per_cluster}")
+        return addrs
+
+    def pull(self, src: list[int], dst: list[int]) -> None:
+        layers = range(self.case.model.layers)
+        self.dd.cache_manager.pull_blocks(self.key, self.cache, src, dst,
+                                          src_layer_range=layers, dst_layer_range=layers)
+
+    def close(self) -> None:
+        self.dd.finalize()  # a no-op when init never succeeded
+        if self.owner is not None and hasattr(self.owner, "close"):
+            self.owner.close()
+
+
+class _Unsupported(Exception):
+    pass
+
+
+def measure(spec: dict[str, Any]) -> dict[str, Any]:
+    decode = _Decode(spec)
+    case = decode.case
+    try:
+        addrs = decode.open()
+        src, dst = side_tables(case, spec["index"])
+        verified = 0
+
+        def verify(rotations: range) -> None:
+            nonlocal verified
+            for s, d in verify_pairs(src, dst, rotations):
+                clear_blocks(case, addrs, d)
+                decode.pull(s, d)
+                check_blocks(case, addrs, s, d)
+                verified += 1
+
+        verify(BEFORE)  # and the warm-up: see serve.verify_pairs
+
+        def request(slot: int, index: int) -> None:
+            rotation = index % ROTATIONS
+            decode.pull(src[slot][rotation], dst[slot][rotation])
+
+        latencies, wall = drive_threads(request, case.conc, Budget(**spec["budget"]))
+        verify(AFTER)
+        return {"latencies": latencies, "wall_s": wall, "verified_pulls": verified}
+    except _Unsupported as exc:
+        return {"skipped": str(exc)}
+    finally:
+        decode.close()
+
+
+def main() -> int:
+    spec = json.loads(sys.argv[1])
+    try:
+        record = measure(spec)
+    except Exception as exc:  # the parent turns it into the row's status
+        traceback.print_exc()  # the parent shows its last lines with the error
+        record = {"error": f"{type(exc).__name__}: {exc}"}
+    print(json.dumps(record), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
