@@ -160,6 +160,15 @@ async def pull_ok(prompt: LLMDataDist, decoder: LLMDataDist, req_id: int) -> Non
     await decoder.cache_manager.deallocate_cache(dst)
 
 
+async def failed_pull(decoder: LLMDataDist, key: CacheKey, dst: Cache) -> tuple[LLMException,
+                                                                               float]:
+    """The exception a pull that must fail raised, and the seconds it took."""
+    started = time.monotonic()
+    with pytest.raises(LLMException) as info:
+        await decoder.cache_manager.pull_cache(key, dst)
+    return info.value, time.monotonic() - started
+
+
 async def no_cluster(daemon: DaemonProcess, cluster_id: int) -> None:
     """A failed init left nothing behind: no cluster, no pool, no session."""
     status = await daemon_status(daemon.client_target)
@@ -281,12 +290,10 @@ async def test_hccl_error_mid_transfer_fails_the_pull_and_the_link_recovers(
         async with linked(faulty, decode, next_cluster_id) as (prompt, decoder):
             key, data = await source(prompt, 3)
             dst = await decoder.cache_manager.allocate_cache(DESC)
-            started = time.monotonic()
-            with pytest.raises(LLMException) as info:
-                await decoder.cache_manager.pull_cache(key, dst)
-            assert time.monotonic() - started < SLACK_S
-            message = str(info.value)
-            assert info.value.status_code in (S.LLM_SUSPECT_REMOTE_ERROR, S.LLM_LINK_FAILED)
+            error, elapsed = await failed_pull(decoder, key, dst)
+            assert elapsed < SLACK_S
+            message = str(error)
+            assert error.status_code in (S.LLM_SUSPECT_REMOTE_ERROR, S.LLM_LINK_FAILED)
             assert "HCCL batch" in message and seen_by_decoder in message, message
             await logged(faulty, seen_by_prompt)  # the daemon that saw the error logs it
             link = await outbound_link(decode, decoder.cluster_id)
@@ -313,11 +320,9 @@ async def test_one_sided_error_fails_the_pull_and_the_link_recovers(
             assert (link.data_path, link.alive) == ("one-sided", True)
             key, data = await source(prompt, 3)
             dst = await decoder.cache_manager.allocate_cache(DESC)
-            started = time.monotonic()
-            with pytest.raises(LLMException) as info:
-                await decoder.cache_manager.pull_cache(key, dst)
-            assert time.monotonic() - started < SLACK_S
-            assert "one-sided HCCL transfer" in str(info.value), info.value
+            error, elapsed = await failed_pull(decoder, key, dst)
+            assert elapsed < SLACK_S
+            assert "one-sided HCCL transfer" in str(error), error
             link = await outbound_link(faulty, decoder.cluster_id)
             assert (link.transport, link.alive) == ("hccl", False)  # communicator dropped
             await decoder.cache_manager.pull_cache(key, dst)  # rebuilt and prepared again
@@ -336,11 +341,8 @@ async def test_one_sided_read_that_never_completes_times_out(
         async with linked(prefill, stuck, next_cluster_id) as (prompt, decoder):
             key, data = await source(prompt, 5)
             dst = await decoder.cache_manager.allocate_cache(DESC)
-            started = time.monotonic()
-            with pytest.raises(LLMException) as info:
-                await decoder.cache_manager.pull_cache(key, dst)
-            elapsed = time.monotonic() - started
-            assert info.value.status_code == S.LLM_TIMEOUT, info.value
+            error, elapsed = await failed_pull(decoder, key, dst)
+            assert error.status_code == S.LLM_TIMEOUT, error
             assert SYNC_MS / 1000 * 0.9 < elapsed < SLACK_S, elapsed
             await decoder.cache_manager.pull_cache(key, dst)
             assert contents(dst) == data
@@ -356,13 +358,10 @@ async def test_peer_that_never_posts_times_out_then_the_link_recovers(
         async with linked(stuck, decode, next_cluster_id) as (prompt, decoder):
             key, data = await source(prompt, 5)
             dst = await decoder.cache_manager.allocate_cache(DESC)
-            started = time.monotonic()
-            with pytest.raises(LLMException) as info:
-                await decoder.cache_manager.pull_cache(key, dst)
-            elapsed = time.monotonic() - started
-            assert info.value.status_code == S.LLM_TIMEOUT, info.value
+            error, elapsed = await failed_pull(decoder, key, dst)
+            assert error.status_code == S.LLM_TIMEOUT, error
             assert SYNC_MS / 1000 * 0.9 < elapsed < SLACK_S, elapsed
-            assert "ACL_ERROR_RT_STREAM_SYNC_TIMEOUT" in str(info.value), info.value
+            assert "ACL_ERROR_RT_STREAM_SYNC_TIMEOUT" in str(error), error
             await decoder.cache_manager.pull_cache(key, dst)
             assert contents(dst) == data
             await pull_ok(prompt, decoder, 6)
