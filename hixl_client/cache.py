@@ -184,5 +184,6 @@ class Cache:
                               f"stride; export them one at a time with Cache.numpy(i)")
         span = step * (len(offsets) - 1) + size
         flat = np.frombuffer(self._pool.view(offsets[0], span), dtype=dtype)
-        inner = np.empty(tuple(desc.shape), dtype=dtype).strides
+        # each tensor is C-contiguous: its strides are those of its first one
+        inner = flat[:size // dtype.itemsize].reshape(tuple(desc.shape)).strides
         return as_strided(flat, shape=(len(offsets), *desc.shape), strides=(step, *inner))

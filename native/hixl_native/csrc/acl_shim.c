@@ -99,7 +99,7 @@ static const symbol_spec SYMBOLS[] = {
     SYM(HcclCommDestroy, HIXL_LIB_HCCL, 0),
     SYM(HcclBatchSendRecv, HIXL_LIB_HCCL, HIXL_ACL_HAS_BATCH),
     SYM(HcclGetErrorString, HIXL_LIB_HCCL, HIXL_ACL_HAS_ERR_STRING),
-    /* issue 18 */
+    /* explicit contexts, safe tear-down, rank-table and configured communicators */
     SYM(aclrtCreateContext, HIXL_LIB_ACL, 0),
     SYM(aclrtDestroyContext, HIXL_LIB_ACL, 0),
     SYM(aclrtSetCurrentContext, HIXL_LIB_ACL, 0),
