@@ -44,20 +44,42 @@ def _plain_int(value: Any, low: int, high: int) -> bool:
     return type(value) is int and low <= value <= high
 
 
+_PULL_KWARG_NAMES = frozenset(PULL_KWARGS)
+
+
+def _plain_layers(layers: Any) -> bool:
+    """None, or a step-1 range whose layers are all uint32: the checks would pass."""
+    return layers is None or (type(layers) is range and layers.step == 1 and (
+        not layers or (0 <= layers.start and layers.stop <= _UINT32_MAX + 1)))
+
+
+def _layer_tensors(layers: range | None, per_layer: int) -> list[int]:
+    """The tensor indices of ``layers`` (already checked); none means every tensor."""
+    if not layers:
+        return []
+    return list(range(layers.start * per_layer, layers.stop * per_layer))
+
+
 def check_tensor_num_per_layer(value: Any) -> int:
     check_uint32("tensor_num_per_layer", value)
     raise_if_false(value > 0, "tensor_num_per_layer should be > 0, but got {0}.", value)
     return int(value)
 
 
-def check_blocks_list(name: str, blocks: Any) -> list[int]:
-    """A list/tuple of uint64 block indices (TypeError / ValueError as LLM-DataDist)."""
-    check_isinstance(name, blocks, [list, tuple], allow_none=False)
-    # Block tables run to thousands of entries: check them with C-level builtins,
-    # and walk them one by one only to word the error of a bad one.
-    if all(type(b) is int for b in blocks) and (
-            not blocks or (min(blocks) >= 0 and max(blocks) < 2**64)):
-        return list(blocks)
+_INT_ONLY = {int}
+
+
+def check_blocks_list(name: str, blocks: Any) -> Sequence[int]:
+    """A list/tuple of uint64 block indices (TypeError / ValueError as LLM-DataDist).
+
+    Returns the list or tuple itself: the request message copies it.
+    """
+    # Block tables run to thousands of entries: check them with C-level builtins
+    # (exact ints only: a bool is refused as the reference refuses it), and walk
+    # them one by one only to word the error of a bad one.
+    if type(blocks) in (list, tuple) and (not blocks or (
+            set(map(type, blocks)) == _INT_ONLY and min(blocks) >= 0 and max(blocks) < 2**64)):
+        return blocks  # type: ignore[no-any-return]
     check_isinstance(name, blocks, [list, tuple], int, allow_none=False)
     check_list_uint64(name, blocks)
     return list(blocks)
@@ -86,6 +108,14 @@ class TransferOps(ManagerBase):
     def _pull_args(self, kwargs: dict[str, Any]) -> tuple[int, list[int], list[int]]:
         if not kwargs:  # every tensor, two per layer
             return 2, [], []
+        per_layer = kwargs.get("tensor_num_per_layer", 2)
+        src_range, dst_range = kwargs.get("src_layer_range"), kwargs.get("dst_layer_range")
+        # What engines pass on every request, decided without the checks' calls;
+        # anything else takes the full checks below and their messages.
+        if (not kwargs.keys() - _PULL_KWARG_NAMES and _plain_int(per_layer, 1, _UINT32_MAX)
+                and _plain_layers(src_range) and _plain_layers(dst_range)):
+            return per_layer, _layer_tensors(src_range, per_layer), \
+                _layer_tensors(dst_range, per_layer)
         unknown = set(kwargs) - set(PULL_KWARGS)
         if unknown:
             raise TypeError(f"unexpected keyword arguments {sorted(unknown)}")
@@ -191,17 +221,22 @@ class TransferOps(ManagerBase):
                 transfer, as for `pull_cache`.
         """
         self._check_is_inited()
-        self._check_source_key("src_cache_key", src_cache_key, blocks_ok=True)
-        check_isinstance("dst_cache", dst_cache, Cache, allow_none=False)
-        raise_if_false(dst_cache.is_blocks_cache, "pull_blocks only supports blocks cache as "
-                       "dst_cache, please use pull_cache.")
+        if type(src_cache_key) is not BlocksCacheKey:  # allowed in every mode
+            self._check_source_key("src_cache_key", src_cache_key, blocks_ok=True)
+        if type(dst_cache) is not Cache:
+            check_isinstance("dst_cache", dst_cache, Cache, allow_none=False)
+        if not dst_cache.is_blocks_cache:
+            raise_if_false(False, "pull_blocks only supports blocks cache as dst_cache, "
+                           "please use pull_cache.")
         src_list = check_blocks_list("src_blocks", src_blocks or ())
         dst_list = check_blocks_list("dst_blocks", dst_blocks)
-        raise_if_false(len(dst_list) > 0, "dst_blocks should not be empty.")
+        if not dst_list:
+            raise_if_false(False, "dst_blocks should not be empty.")
         per_layer, src_indices, dst_indices = self._pull_args(kwargs)
         if isinstance(src_cache_key, BlocksCacheKey):
-            raise_if_false(len(src_list) > 0, "src_blocks should not be empty when "
-                           "src_cache_key is BlocksCacheKey.")
+            if not src_list:
+                raise_if_false(False, "src_blocks should not be empty when "
+                               "src_cache_key is BlocksCacheKey.")
         else:
             raise_if_false(len(src_list) == 0, "src_blocks should be empty when "
                            "src_cache_key is not BlocksCacheKey.")

@@ -14,7 +14,7 @@ from hixl_client.status import LLMException, LLMStatusCode
 from .cluster import Cluster
 from .engine import Engine
 from .memory.base import Memory
-from .planning import Blocks, Layout, plan_blocks, plan_slot_copy, total_bytes
+from .planning import Blocks, Layout, TensorRun, plan_blocks, plan_slot_copy, total_bytes
 
 
 def _invalid(message: str) -> LLMException:
@@ -80,7 +80,7 @@ async def copy_blocks(engine: Engine, cluster: Cluster, cache_id: int,
     if not entry.blocks:
         raise _invalid("copy_blocks needs a blocks cache")
     layout = entry.layout
-    pairs = [(i, i) for i in range(entry.num_tensors)]
+    pairs = TensorRun(0, 0, entry.num_tensors)
     ranges = plan_blocks(layout, layout, pairs, src_blocks, dst_blocks)
     await engine.deps.copier.copy(entry.memory, entry.memory, ranges)
     return total_bytes(ranges)
@@ -98,7 +98,7 @@ async def swap_blocks(engine: Engine, cluster: Cluster, src_operand: Operand,
     if src.layout.num_tensors != dst.layout.num_tensors:
         raise _invalid(f"num_tensors differ: {src.layout.num_tensors} and "
                        f"{dst.layout.num_tensors}")
-    pairs = [(i, i) for i in range(src.layout.num_tensors)]
+    pairs = TensorRun(0, 0, src.layout.num_tensors)
     ranges = plan_blocks(src.layout, dst.layout, pairs, src_blocks, dst_blocks)
     await engine.deps.copier.copy(dst.memory, src.memory, ranges)
     return total_bytes(ranges)

@@ -4,10 +4,11 @@ Pure functions over offsets: the engine feeds them layouts of the source
 (region offsets on the remote daemon, or pool offsets locally) and of the
 destination (pool offsets), and gets back merged (src, dst, length) ranges
 for the transport, as an ``(n, 3)`` uint64 array that goes to the native
-layer as it is. Block lists are handled with numpy, and a run of tensors by
-one native loop (``run_ranges``), so the Python work of a request does not
-grow with its number of blocks or tensors; a plan of a few ranges is built
-from plain tuples, which costs less than numpy's per-call overhead.
+layer as it is. Block tables are planned by one native loop
+(``block_ranges``) and a run of tensors by another (``run_ranges``), so the
+Python work of a request does not grow with its number of blocks or
+tensors; a plan of a few ranges is built from plain tuples, which costs less
+than numpy's per-call overhead.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from hixl_native._core import run_ranges
+from hixl_native._core import block_ranges, run_ranges
 
 from hixl_client.status import LLMException, LLMStatusCode
 
@@ -225,32 +226,38 @@ def merge_ranges(ranges: Ranges) -> Ranges:
     return merged
 
 
-def block_runs(src_blocks: Blocks, dst_blocks: Blocks) -> Ranges:
-    """Merge block pairs into runs (src, dst, count) where both sides advance by one.
-
-    Contiguous runs become single ranges before they reach the data plane, so
-    a request of 128 neighbouring blocks costs one range per tensor, not 128.
-    """
-    runs = np.empty((len(src_blocks), 3), dtype=U64)
-    runs[:, 0], runs[:, 1], runs[:, 2] = src_blocks, dst_blocks, 1
-    return merge_ranges(runs)
+def _u64_blocks(blocks: Blocks) -> Any:
+    """Block indices as the contiguous uint64 array the native planner reads in place."""
+    if type(blocks) is np.ndarray and blocks.dtype == U64 and blocks.flags.c_contiguous:
+        return blocks
+    return np.ascontiguousarray(blocks, dtype=U64)
 
 
-def _check_blocks(name: str, blocks: Blocks, num_blocks: int) -> None:
-    if len(blocks) == 0:
-        raise _invalid(f"{name} must not be empty")
-    largest = int(np.max(blocks))
-    if largest >= num_blocks:
-        raise _invalid(f"{name} holds block {largest}, out of range [0, {num_blocks})")
+def _tensor_bases(src: Layout, dst: Layout, pairs: Pairs) -> tuple[Sequence[int], Sequence[int]]:
+    """The offsets of the paired tensors on each side."""
+    if isinstance(pairs, TensorRun):  # a slice, no per-tensor work in Python
+        return (src.tensor_offsets[pairs.src_first:pairs.src_first + pairs.count],
+                dst.tensor_offsets[pairs.dst_first:pairs.dst_first + pairs.count])
+    index = _pair_array(pairs)
+    return _bases(src, index[:, 0]).tolist(), _bases(dst, index[:, 1]).tolist()
 
 
-def _spread(src_bases: Any, dst_bases: Any, pieces: Ranges) -> Ranges:
-    """Pieces (src, dst, length) repeated at every pair of tensor bases, then merged."""
-    out = np.empty((len(src_bases), len(pieces), 3), dtype=U64)
-    out[:, :, 0] = src_bases[:, None] + pieces[:, 0]
-    out[:, :, 1] = dst_bases[:, None] + pieces[:, 1]
-    out[:, :, 2] = pieces[:, 2]
-    return merge_ranges(out.reshape(-1, 3))
+def _block_plan(src: Layout, src_add: int, dst: Layout, pairs: Pairs, src_blocks: Blocks | None,
+                dst_blocks: Blocks, block: int) -> Ranges:
+    """Every (tensor pair, block) piece, merged, in one native loop; ``src_blocks``
+    None: the source blocks follow each other from ``src_add``."""
+    if len(dst_blocks) == 0:
+        raise _invalid(f"{'dst_blocks' if src_blocks is None else 'src_blocks'} must not be empty")
+    src_bases, dst_bases = _tensor_bases(src, dst, pairs)
+    try:
+        flat = block_ranges(src_bases, src_add, dst_bases, 0,
+                            None if src_blocks is None else _u64_blocks(src_blocks),
+                            _u64_blocks(dst_blocks), block,
+                            src.batch_size if src_blocks is not None else 2**64 - 1,
+                            dst.batch_size)
+    except IndexError as error:  # a block out of range: the caller's mistake
+        raise _invalid(str(error)) from None
+    return np.frombuffer(flat, dtype=U64).reshape(-1, 3)
 
 
 def plan_blocks(src: Layout, dst: Layout, pairs: Pairs,
@@ -259,14 +266,10 @@ def plan_blocks(src: Layout, dst: Layout, pairs: Pairs,
     if len(src_blocks) != len(dst_blocks):
         raise _invalid(f"{len(src_blocks)} source blocks do not match "
                        f"{len(dst_blocks)} destination blocks")
-    _check_blocks("src_blocks", src_blocks, src.batch_size)
-    _check_blocks("dst_blocks", dst_blocks, dst.batch_size)
     if src.stride != dst.stride:
         raise _invalid(f"block sizes differ: {src.stride} bytes at the source, "
                        f"{dst.stride} at the destination")
-    runs = block_runs(src_blocks, dst_blocks) * U64(src.stride)
-    index = _pair_array(pairs)
-    return _spread(_bases(src, index[:, 0]), _bases(dst, index[:, 1]), runs)
+    return _block_plan(src, 0, dst, pairs, src_blocks, dst_blocks, src.stride)
 
 
 def plan_slot_to_blocks(src: Layout, src_batch: int, dst: Layout,
@@ -275,15 +278,11 @@ def plan_slot_to_blocks(src: Layout, src_batch: int, dst: Layout,
     """Ranges scattering one continuous slot, block by block, into dst_blocks."""
     if not 0 <= src_batch < src.batch_size:
         raise _invalid(f"source batch index {src_batch} is out of range [0, {src.batch_size})")
-    _check_blocks("dst_blocks", dst_blocks, dst.batch_size)
     block = dst.stride
     if len(dst_blocks) * block > src.stride:
         raise _invalid(f"{len(dst_blocks)} blocks of {block} bytes exceed the source slot "
                        f"of {src.stride} bytes")
-    runs = block_runs(np.arange(len(dst_blocks), dtype=U64), dst_blocks) * U64(block)
-    index = _pair_array(pairs)
-    return _spread(_bases(src, index[:, 0]) + U64(src_batch * src.stride),
-                   _bases(dst, index[:, 1]), runs)
+    return _block_plan(src, src_batch * src.stride, dst, pairs, None, dst_blocks, block)
 
 
 def plan_slot_copy(src: Layout, src_batch: int, dst: Layout, dst_batch: int, offset: int,

@@ -11,7 +11,8 @@ whatever the host did meanwhile.
 
 Operations: ``pull`` (pull_cache by cache id: the repeat path after the
 first request), ``push`` (push_cache by cache id, likewise) and ``blocks``
-(pull_blocks by BlocksCacheKey: the full path every time).
+(pull_blocks by BlocksCacheKey with layer ranges, as engines call it: the
+full path every time).
 
 The daemons are profiled on their event-loop thread only, between two
 signals this tool sends; a ``sitecustomize`` module placed on their
@@ -57,6 +58,7 @@ if _out and "hixl_service" in " ".join(sys.orig_argv):
     signal.signal({int(STOP)}, _stop)
 """
 SLOTS = 64
+LAYERS = range(1)  # the blocks caches hold one layer of two tensors
 BLOCKS = 256
 WARM_UP = 200
 DUMP_WAIT_S = 10.0
@@ -73,7 +75,8 @@ def _requests(env: Clusters, op: str, path: str, nblocks: int,
 
         async def pull_blocks(i: int) -> None:
             src, dst = blocks(i)
-            await env.cm.pull_blocks(BlocksCacheKey(target, 1), local, src, dst)
+            await env.cm.pull_blocks(BlocksCacheKey(target, 1), local, src, dst,
+                                     src_layer_range=LAYERS, dst_layer_range=LAYERS)
         return pull_blocks
 
     async def by_id(i: int) -> None:

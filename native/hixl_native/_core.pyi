@@ -100,6 +100,17 @@ def run_ranges(
     count: int,
     length: int,
 ) -> bytearray: ...
+def block_ranges(
+    src_bases: Sequence[int],
+    src_add: int,
+    dst_bases: Sequence[int],
+    dst_add: int,
+    src_blocks: Any | None,
+    dst_blocks: Any,
+    block: int,
+    src_limit: int,
+    dst_limit: int,
+) -> bytearray: ...
 
 class CompletionQueue:
     def __init__(self) -> None: ...

@@ -10,7 +10,6 @@ from hixl_service.planning import (
     Layout,
     as_ranges,
     block_list,
-    block_runs,
     merge_ranges,
     plan_blocks,
     plan_cache_pull,
@@ -86,9 +85,53 @@ def test_merge_keeps_gaps_apart() -> None:
     assert merged.tolist() == [[0, 0, 8], [16, 8, 4]]
 
 
-def test_block_runs_merge_neighbours_on_both_sides() -> None:
-    runs = block_runs([0, 1, 2, 10, 20, 21, 5], [5, 6, 7, 0, 30, 31, 1])
-    assert runs.tolist() == [[0, 5, 3], [10, 0, 1], [20, 30, 2], [5, 1, 1]]
+def test_block_pairs_merge_where_both_sides_advance_by_one() -> None:
+    one = layout(1, 32 * 8, 32)
+    ranges = plan_blocks(one, one, [(0, 0)], [0, 1, 2, 10, 20, 21, 5], [5, 6, 7, 0, 30, 31, 1])
+    assert (ranges // 8).tolist() == [[0, 5, 3], [10, 0, 1], [20, 30, 2], [5, 1, 1]]
+
+
+def _naive_block_plan(src_bases: list[int], dst_bases: list[int], src_blocks: list[int],
+                      dst_blocks: list[int], block: int) -> list[list[int]]:
+    pieces = [(s + sb * block, d + db * block, block) for s, d in zip(src_bases, dst_bases,
+                                                                       strict=True)
+              for sb, db in zip(src_blocks, dst_blocks, strict=True)]
+    return merge_ranges(as_ranges(pieces)).tolist()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_native_block_planner_agrees_with_a_plain_reference(seed: int) -> None:
+    """Random tensor layouts (some tensors adjacent) and block tables (some runs)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    blocks, block, tensors = 16, 64, int(rng.integers(1, 6))
+    tensor_size = blocks * block
+    src_offsets = np.cumsum(rng.choice([tensor_size, tensor_size + 64], tensors)).tolist()
+    dst_offsets = np.cumsum(rng.choice([tensor_size, 2 * tensor_size], tensors)).tolist()
+    src, dst = Layout(src_offsets, tensor_size, blocks), Layout(dst_offsets, tensor_size, blocks)
+    count = int(rng.integers(1, blocks + 1))
+    start = int(rng.integers(0, blocks - count + 1))
+    src_blocks = rng.permutation(blocks)[:count].tolist() if seed % 2 else \
+        list(range(start, start + count))
+    dst_blocks = rng.permutation(blocks)[:count].tolist()
+    pairs = tensor_pairs(src, dst, [], [], 1)
+    expected = _naive_block_plan(src_offsets, dst_offsets, src_blocks, dst_blocks, block)
+    for form in (pairs, np.asarray(pairs), list(pairs)):
+        assert plan_blocks(src, dst, form, src_blocks, dst_blocks).tolist() == expected
+        assert plan_blocks(src, dst, form, np.array(src_blocks, dtype=np.uint64),
+                           np.array(dst_blocks, dtype=np.int64)).tolist() == expected
+
+
+def test_block_indices_out_of_range_name_the_list() -> None:
+    cache = layout(1, 4 * 64, 4)
+    for src_blocks, dst_blocks, name in (([4], [0], "src_blocks"), ([0], [9], "dst_blocks")):
+        with pytest.raises(LLMException) as info:
+            plan_blocks(cache, cache, [(0, 0)], src_blocks, dst_blocks)
+        assert info.value.status_code == LLMStatusCode.LLM_PARAM_INVALID
+        assert name in str(info.value) and "out of range [0, 4)" in str(info.value)
+    with pytest.raises(LLMException, match="src_blocks must not be empty"):
+        plan_blocks(cache, cache, [(0, 0)], [], [])
 
 
 def test_plan_blocks_spreads_runs_over_tensors_and_merges_them() -> None:
@@ -141,3 +184,23 @@ def test_pairs_of_all_tensors_and_mismatched_counts() -> None:
         tensor_pairs(src, layout(10, 64, 1), [], [], 2)
     with pytest.raises(LLMException, match="contiguous"):
         tensor_pairs(src, dst, [*range(9), 10], list(range(10)), 1)
+
+
+def test_a_large_block_plan_matches_the_reference_too() -> None:
+    """Past the size where the native planner lets go of the GIL."""
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    tensors, blocks, block = 64, 256, 64
+    src = Layout([t * blocks * block for t in range(tensors)], blocks * block, blocks)
+    dst = Layout([(2 * t + 1) * blocks * block for t in range(tensors)], blocks * block, blocks)
+    src_blocks = rng.permutation(blocks)[:128].tolist()
+    dst_blocks = sorted(rng.permutation(blocks)[:128].tolist())
+    expected = _naive_block_plan(src.tensor_offsets, dst.tensor_offsets, src_blocks, dst_blocks,
+                                 block)
+    pairs = tensor_pairs(src, dst, [], [], 2)
+    assert plan_blocks(src, dst, pairs, src_blocks, dst_blocks).tolist() == expected
+    sliced = plan_slot_to_blocks(Layout(src.tensor_offsets, blocks * block, 1), 0, dst, pairs,
+                                 dst_blocks)
+    assert sliced.tolist() == _naive_block_plan(src.tensor_offsets, dst.tensor_offsets,
+                                                list(range(128)), dst_blocks, block)
