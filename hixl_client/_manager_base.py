@@ -69,6 +69,11 @@ class ManagerBase:
             options.get("llm.EnableRemoteCacheAccessible") == "1")
         self._sync_timeout_s = int(options.get("llm.SyncKvCacheWaitTime", "1000")) / 1000.0
 
+    @property
+    def connection(self) -> DaemonConnection:
+        """The session's connection to the local daemon."""
+        return self._connection
+
     def _check_is_inited(self) -> None:
         if not self._initialized:
             raise LLMException("the LLMDataDist that created this cache manager was finalized",

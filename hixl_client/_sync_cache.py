@@ -2,15 +2,20 @@
 
 Each method runs the async `hixl_client.CacheManager` coroutine of the same
 name on the facade's loop thread and returns its result; the async layer does
-all validation. A method the async CacheManager of this release lacks raises
+all validation. Block transfers, the calls engines make per request, run on
+the calling thread instead: the async layer checks them and builds the
+request there, and the thread's own lane connection carries it
+(``_blocking_lane``). A method the async CacheManager of this release lacks raises
 ``LLMException(LLM_FEATURE_NOT_ENABLED)``.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ._sync_loop import call_method
+from ._blocking_lane import ThreadLanes
+from ._sync_loop import call_method, ensure_not_in_loop
 from .cache import Cache
 from .status import LLMStatusCode
 
@@ -98,9 +103,31 @@ class CacheManager:
 
     def __init__(self, cache_manager: Any) -> None:
         self._async = cache_manager
+        self._lanes_made = threading.Lock()
+        self._lanes: ThreadLanes | None = None  # made by the first block transfer
 
     def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         return call_method(self._async, _OWNER, name, *args, **kwargs)
+
+    def _transfer_here(self, operation: str, request: Any) -> None:
+        """Send a checked transfer from this thread, on its lane; through the
+        loop thread when there is none (no transfer lane, or the request is too
+        large for one frame)."""
+        if self._lanes is None:
+            with self._lanes_made:
+                if self._lanes is None:
+                    self._lanes = ThreadLanes(self._async.connection)
+        lane = self._lanes.lane() if ThreadLanes.fits(request) else None
+        if lane is None:
+            self._call("_call_transfer", operation, request)
+        else:
+            self._async.call_transfer_here(operation, request, lane)
+
+    def close_lanes(self) -> None:
+        """Close the calling threads' lanes (at finalize)."""
+        with self._lanes_made:
+            if self._lanes is not None:
+                self._lanes.close()
 
     def allocate_cache(self, cache_desc: CacheDesc,
                        cache_keys: tuple[CacheKey, ...] | list[CacheKey] = ()) -> Cache:
@@ -207,7 +234,10 @@ class CacheManager:
             dst_blocks: local block indices, pairwise with ``src_blocks``.
             **kwargs: ``src_layer_range``, ``dst_layer_range``, ``tensor_num_per_layer``.
         """
-        self._call("pull_blocks", src_cache_key, dst_cache, src_blocks, dst_blocks, **kwargs)
+        ensure_not_in_loop()
+        request = self._async.pull_blocks_request(src_cache_key, dst_cache, src_blocks,
+                                                  dst_blocks, **kwargs)
+        self._transfer_here("pull_blocks", request)
 
     def push_cache(self, dst_cache_key: CacheKeyByIdAndIndex, src_cache: Cache,
                    src_batch_index: int = 0, src_layer_range: range | None = None,
@@ -223,8 +253,12 @@ class CacheManager:
                     src_layer_range: range | None = None, dst_layer_range: range | None = None,
                     tensor_num_per_layer: int = 2) -> None:
         """Write local blocks into a remote blocks cache (remote-cache-accessible mode)."""
-        self._call("push_blocks", dst_cache_key, src_cache, src_blocks, dst_blocks,
-                   src_layer_range, dst_layer_range, tensor_num_per_layer)
+        ensure_not_in_loop()
+        request = self._async.push_blocks_request(dst_cache_key, src_cache, src_blocks,
+                                                  dst_blocks, src_layer_range, dst_layer_range,
+                                                  tensor_num_per_layer)
+        if request is not None:
+            self._transfer_here("push_blocks", request)
 
     def transfer_cache_async(
         self, src_cache: Cache, layer_synchronizer: LayerSynchronizer,

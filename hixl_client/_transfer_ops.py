@@ -124,12 +124,24 @@ class TransferOps(ManagerBase):
             kwargs.get("src_layer_range"), kwargs.get("dst_layer_range"), per_layer)
         return per_layer, src_indices, dst_indices
 
+    @property
+    def transfer_timeout_s(self) -> float:
+        """How long a transfer call may take: ``sync_kv_timeout`` plus the margin."""
+        return self._sync_timeout_s + PULL_RPC_MARGIN_S
+
     async def _call_transfer(self, operation: str, request: Any) -> Any:
         started = time.perf_counter()
         reply = await self._connection.transfer(_RPC_OF[operation], request,
-                                                timeout=self._sync_timeout_s + PULL_RPC_MARGIN_S)
+                                                timeout=self.transfer_timeout_s)
         timing.record(operation, time.perf_counter() - started, reply)
         return reply
+
+    def call_transfer_here(self, operation: str, request: Any, lane: Any) -> None:
+        """Run a transfer built by a ``*_request`` method on ``lane``, a
+        `_blocking_lane.BlockingLane` of the calling thread (the blocking facade)."""
+        started = time.perf_counter()
+        reply = lane.call(_RPC_OF[operation], request, self.transfer_timeout_s)
+        timing.record(operation, time.perf_counter() - started, reply)
 
     async def _repeated(self, operation: str, shape: TransferShape, src_batch: int,
                         dst_batch: int) -> bool:
@@ -220,6 +232,15 @@ class TransferOps(ManagerBase):
             LLMException: a broken block rule (``LLM_PARAM_INVALID``) or a failed
                 transfer, as for `pull_cache`.
         """
+        await self._call_transfer("pull_blocks", self.pull_blocks_request(
+            src_cache_key, dst_cache, src_blocks, dst_blocks, **kwargs))
+
+    def pull_blocks_request(
+            self, src_cache_key: CacheKey | CacheKeyByIdAndIndex | BlocksCacheKey,
+            dst_cache: Cache, src_blocks: Sequence[int] | None = (),
+            dst_blocks: Sequence[int] = (), **kwargs: Any) -> client_pb2.PullCacheRequest:
+        """`pull_blocks`' checks, and the request it sends: for a caller that
+        sends it itself (the blocking facade, from its calling thread)."""
         self._check_is_inited()
         if type(src_cache_key) is not BlocksCacheKey:  # allowed in every mode
             self._check_source_key("src_cache_key", src_cache_key, blocks_ok=True)
@@ -242,10 +263,10 @@ class TransferOps(ManagerBase):
                            "src_cache_key is not BlocksCacheKey.")
             if isinstance(src_cache_key, CacheKey):
                 check_cache_key(src_cache_key)
-        await self._call_transfer("pull_blocks", client_pb2.PullCacheRequest(
+        return client_pb2.PullCacheRequest(
             src=ref_to_proto(src_cache_key), dst_cache_id=dst_cache.cache_id, size=-1,
             src_tensor_indices=src_indices, dst_tensor_indices=dst_indices,
-            tensor_num_per_layer=per_layer, src_blocks=src_list, dst_blocks=dst_list))
+            tensor_num_per_layer=per_layer, src_blocks=src_list, dst_blocks=dst_list)
 
     def _check_push_mode(self) -> None:
         raise_if_false(self._enable_remote_cache_accessible, "push is only supported while "
@@ -303,6 +324,19 @@ class TransferOps(ManagerBase):
             LLMException: not in remote-cache-accessible mode, a broken rule
                 (``LLM_PARAM_INVALID``) or a failed transfer.
         """
+        request = self.push_blocks_request(dst_cache_key, src_cache, src_blocks, dst_blocks,
+                                           src_layer_range, dst_layer_range,
+                                           tensor_num_per_layer)
+        if request is not None:
+            await self._call_transfer("push_blocks", request)
+
+    def push_blocks_request(self, dst_cache_key: BlocksCacheKey, src_cache: Cache,
+                            src_blocks: Sequence[int] = (), dst_blocks: Sequence[int] = (),
+                            src_layer_range: range | None = None,
+                            dst_layer_range: range | None = None,
+                            tensor_num_per_layer: int = 2) -> client_pb2.PushRequest | None:
+        """`push_blocks`' checks, and the request it sends (None: no whole layer
+        to push), for a caller that sends it itself, as `pull_blocks_request`."""
         self._check_is_inited()
         self._check_push_mode()
         check_isinstance("dst_cache_key", dst_cache_key, BlocksCacheKey, allow_none=False)
@@ -316,11 +350,11 @@ class TransferOps(ManagerBase):
         src_indices, dst_indices = push_layer_indices(src_cache, src_layer_range,
                                                       dst_layer_range, per_layer)
         if not src_indices:
-            return
-        await self._call_transfer("push_blocks", client_pb2.PushRequest(
+            return None
+        return client_pb2.PushRequest(
             dst=ref_to_proto(dst_cache_key), src_cache_id=src_cache.cache_id,
             src_tensor_indices=src_indices, dst_tensor_indices=dst_indices,
-            tensor_num_per_layer=per_layer, src_blocks=src_list, dst_blocks=dst_list))
+            tensor_num_per_layer=per_layer, src_blocks=src_list, dst_blocks=dst_list)
 
     def transfer_cache_async(
             self, src_cache: Cache, layer_synchronizer: LayerSynchronizer,

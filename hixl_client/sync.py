@@ -202,6 +202,8 @@ class LLMDataDist:
             try:
                 run(self._async.finalize)
             finally:
+                if self._manager is not None:
+                    self._manager[1].close_lanes()
                 if LLMDataDist.llm_engine_instance is self:
                     LLMDataDist.llm_engine_instance = None
 
