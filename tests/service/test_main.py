@@ -135,6 +135,14 @@ def test_env_error_exits_2(capsys: pytest.CaptureFixture[str], clean_env: None) 
     assert "$HIXL_TRANSFER__STREAMS_PER_LINK" in err
 
 
+@pytest.mark.parametrize("name", ["HIXL_BOGUS__X", "HIXL_SERVER_PEER_PORT"])
+def test_misspelt_variable_exits_2_naming_it(name: str) -> None:
+    result = run_cli("--check", env={name: "1"})
+    assert result.returncode == 2, result.stdout
+    assert f"${name}: unknown variable" in result.stderr
+    assert "configuration OK" not in result.stdout
+
+
 # -- logging -----------------------------------------------------------------------
 
 
