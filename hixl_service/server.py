@@ -8,7 +8,9 @@ every listener; with ``security.mode = "mtls"`` every TCP listener requires
 client certificates (``trust``), and listeners are checked before they
 start (``listeners``). Readiness (ready file, sd_notify) is announced only once
 everything listens; SIGTERM/SIGINT stop taking work, end sessions, and free
-the pools before the process exits.
+the pools before the process exits. Under systemd a task on the loop sends
+watchdog pings and ``STATUS=`` lines; SIGHUP reloads what can be reloaded
+(``reload``).
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ import logging
 import os
 import secrets
 import signal
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 import grpc.aio
 import hixl_native
@@ -43,7 +47,7 @@ from .ascend.backend import AscendBackend
 from .ascend.comms import host_address
 from .ascend.pools import AscendMemory
 from .completions import CompletionDispatcher
-from .config import DaemonConfig
+from .config import ConfigError, DaemonConfig, load_config
 from .copier import Copier
 from .engine import Engine, EngineDeps
 from .fd_server import FdServer
@@ -68,7 +72,8 @@ from .memory.host import HostMemory
 from .peer_api import PeerApi
 from .peer_client import PeerClient
 from .pools import PoolManager
-from .servicer_admin import AdminServicer
+from .reload import ReloadPlan, apply_reload, plan_reload
+from .servicer_admin import AdminServicer, summary
 from .servicer_client import ClientServicer
 from .servicer_peer import PeerServicer
 from .trust import Trust
@@ -117,8 +122,11 @@ def _write_ready_file(path: Path, record: dict[str, object]) -> None:
 class Daemon:
     """Everything one running daemon owns, started and stopped in order."""
 
-    def __init__(self, config: DaemonConfig) -> None:
+    def __init__(self, config: DaemonConfig, config_path: Path | None = None) -> None:
         self.config = config
+        self.config_path = config_path  # read again on SIGHUP
+        self._reload_lock = asyncio.Lock()
+        self._background: set[asyncio.Task[object]] = set()
         self.daemon_id = secrets.token_hex(8)
         server_cfg = config.server
         self.socket_path = server_cfg.client_socket
@@ -141,6 +149,35 @@ class Daemon:
     def stop(self) -> None:
         """Begin the graceful stop that SIGTERM begins."""
         self._stop.set()
+
+    # -- systemd and SIGHUP (README "Operating hixl") ---------------------------
+
+    def _in_background(self, coro: Coroutine[Any, Any, object]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def reload(self) -> ReloadPlan | None:
+        """Read the configuration again and apply what a running daemon can (SIGHUP).
+
+        See ``reload``: the log level, ``[limits]`` and the allow-list change
+        now, other changes are logged as needing a restart. Returns the plan,
+        or None when the configuration did not load (logged; nothing changes).
+        """
+        async with self._reload_lock:
+            _systemd.notify(f"RELOADING=1\nMONOTONIC_USEC={_systemd.monotonic_usec()}\n"
+                            "STATUS=reloading the configuration")
+            plan: ReloadPlan | None = None
+            try:
+                loaded = await asyncio.to_thread(load_config, self.config_path)
+            except ConfigError as exc:
+                logger.error("reload refused, the running configuration stays: %s", exc)
+            else:
+                plan = plan_reload(self.config, loaded)
+                apply_reload(plan, self.trust)
+                self.config = plan.config
+            _systemd.notify(f"READY=1\nSTATUS={summary(self.engine)}")
+            return plan
 
     async def run(self, handle_signals: bool = True) -> None:
         """Serve until stopped; ``handle_signals=False`` leaves SIGTERM and SIGINT
@@ -259,6 +296,7 @@ class Daemon:
         if handle_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self._stop.set)
+            loop.add_signal_handler(signal.SIGHUP, lambda: self._in_background(self.reload()))
         record = {"pid": os.getpid(), "client_target": client_target,
                   "peer_address": peer_address,
                   "data_address": f"{self.advertise_host}:{data_server.port}",
@@ -270,8 +308,14 @@ class Daemon:
                     client_target, peer_address, record["data_address"])
         self.peer_address = peer_address
         self.ready.set()
+        self._in_background(_systemd.keep_alive(lambda: summary(engine),
+                                                _systemd.watchdog_interval()))
 
         await self._stop.wait()
+        if handle_signals:
+            loop.remove_signal_handler(signal.SIGHUP)
+        for task in self._background:
+            task.cancel()
 
         logger.info("stopping: draining sessions and transfers")
         _systemd.notify("STOPPING=1")
@@ -296,6 +340,7 @@ class Daemon:
 __all__ = ["Daemon", "StartRefused", "run_daemon"]
 
 
-async def run_daemon(config: DaemonConfig) -> None:
-    """Run a daemon until SIGTERM or SIGINT, then stop it cleanly."""
-    await Daemon(config).run()
+async def run_daemon(config: DaemonConfig, config_path: Path | None = None) -> None:
+    """Run a daemon until SIGTERM or SIGINT, then stop it cleanly; SIGHUP reloads
+    ``config_path`` (and the environment)."""
+    await Daemon(config, config_path).run()

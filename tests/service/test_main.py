@@ -232,6 +232,21 @@ def test_notify_abstract_socket(monkeypatch: pytest.MonkeyPatch) -> None:
         assert server.recv(4096) == b"READY=1"
 
 
+@pytest.mark.parametrize(
+    ("environ", "interval"),
+    [
+        ({}, None),
+        ({"WATCHDOG_USEC": "0"}, None),
+        ({"WATCHDOG_USEC": "soon"}, None),
+        ({"WATCHDOG_USEC": "30000000"}, 15.0),
+        ({"WATCHDOG_USEC": "30000000", "WATCHDOG_PID": str(os.getpid())}, 15.0),
+        ({"WATCHDOG_USEC": "30000000", "WATCHDOG_PID": "1"}, None),
+    ],
+)
+def test_watchdog_interval(environ: dict[str, str], interval: float | None) -> None:
+    assert _systemd.watchdog_interval(environ) == interval
+
+
 def test_notify_outside_systemd(monkeypatch: pytest.MonkeyPatch, short_tmp: Path) -> None:
     monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
     assert _systemd.notify("READY=1") is False
@@ -322,7 +337,7 @@ FAKE_DAEMON = textwrap.dedent(
     """
     import asyncio, json, os, signal, sys, time, types
 
-    async def run_daemon(config):
+    async def run_daemon(config, config_path=None):
         mode = os.environ.get("FAKE_MODE", "ok")
         if mode == "fail":
             raise RuntimeError("fake daemon cannot start")
