@@ -3,10 +3,11 @@
 Two grpc.aio servers share one event loop: the client server (unix socket,
 optionally TCP) carries the Client and Admin services, the peer server (TCP)
 carries the Peer service only, so that nothing of sessions or clients
-reaches peers. Both carry health and reflection, so ``grpcurl`` works on
-every listener; with ``security.mode = "mtls"`` every TCP listener requires
-client certificates (``trust``), and listeners are checked before they
-start (``listeners``). Readiness (ready file, sd_notify) is announced only once
+reaches peers. Both carry health (each answering for its own services only)
+and reflection (v1 and v1alpha), so ``grpcurl`` works on every listener;
+with ``security.mode = "mtls"`` every TCP listener requires client
+certificates (``trust``), and listeners are checked before they start
+(``listeners``). Readiness (ready file, sd_notify) is announced only once
 everything listens; SIGTERM/SIGINT stop taking work, end sessions, and free
 the pools before the process exits. Under systemd a task on the loop sends
 watchdog pings and ``STATUS=`` lines; SIGHUP reloads what can be reloaded
@@ -29,7 +30,6 @@ from typing import Any
 import grpc.aio
 import hixl_native
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from hixl_wire._proto.hixl.v1 import (
     admin_pb2,
@@ -72,6 +72,7 @@ from .memory.host import HostMemory
 from .peer_api import PeerApi
 from .peer_client import PeerClient
 from .pools import PoolManager
+from .reflection import enable_reflection
 from .reload import ReloadPlan, apply_reload, plan_reload
 from .servicer_admin import AdminServicer, summary
 from .servicer_client import ClientServicer
@@ -91,11 +92,30 @@ ADMIN_NAME = admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name
 SERVER_OPTIONS = (("grpc.so_reuseport", 0),)
 
 
-def _add_common(server: grpc.aio.Server, health_servicer: health.aio.HealthServicer,
-                services: tuple[str, ...]) -> None:
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, generic_only(server))
-    reflection.enable_server_reflection(
-        (*services, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+class _Health:
+    """The health servicers, one per gRPC server: each answers for the services its
+    own server serves (and "", the server as a whole), NOT_FOUND for the others."""
+
+    def __init__(self) -> None:
+        self._servicers: dict[tuple[str, ...], health.aio.HealthServicer] = {}
+
+    def servicer(self, services: tuple[str, ...]) -> health.aio.HealthServicer:
+        return self._servicers.setdefault(services, health.aio.HealthServicer())
+
+    async def serving(self) -> None:
+        for services, servicer in self._servicers.items():
+            for name in ("", *services):
+                await servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+    async def enter_graceful_shutdown(self) -> None:
+        for servicer in self._servicers.values():
+            await servicer.enter_graceful_shutdown()
+
+
+def _add_common(server: grpc.aio.Server, healths: _Health, services: tuple[str, ...]) -> None:
+    health_pb2_grpc.add_HealthServicer_to_server(healths.servicer(services),
+                                                 generic_only(server))
+    enable_reflection(server, (*services, health.SERVICE_NAME))
 
 
 def _add_port(server: grpc.aio.Server, address: str, what: str,
@@ -222,7 +242,7 @@ class Daemon:
                 backend=cfg.pool.backend, ascend=ascend, trust=trust))
             unwind.callback(dispatcher.close)
             unwind.callback(engine.deps.copier.close)  # its threads post to the dispatcher
-            health_servicer = health.aio.HealthServicer()
+            health_servicer = _Health()
             install_log_record_factory()
             credentials = trust.server_credentials()
             peer_server = grpc.aio.server(interceptors=[RequestIdInterceptor()],
@@ -291,8 +311,7 @@ class Daemon:
             await unwind.aclose()
             unlink_all(created)
             raise
-        for name in ("", *SERVICE_NAMES["client"], *SERVICE_NAMES["peer"], ADMIN_NAME):
-            await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        await health_servicer.serving()
         if handle_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self._stop.set)
