@@ -76,7 +76,7 @@ OTHER_ENV_VARIABLES = frozenset({
     "HIXL_TRANSFER_LANE",  # clients: "0" keeps transfer calls on gRPC
     "HIXL_TEST_LOOP",  # the test suite: which event loop the tests run on
     "HIXL_DEBUG",  # setup.py: a debug build of the native extension
-    "HIXL_BENCH_CALLS_DIR",  # hixl-bench: where `python -m hixl_bench.calls` writes profiles
+    "HIXL_BENCH_CALLS_DIR",  # hixl-bench: where its calls tool writes profiles
 })
 OTHER_ENV_PREFIXES = ("HIXL_DOUBLE_",)  # the CANN test double's knobs (tests/cann_double)
 # sun_path holds 108 bytes on Linux and 104 on macOS, including the final NUL.

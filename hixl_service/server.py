@@ -146,6 +146,7 @@ class Daemon:
         self.config = config
         self.config_path = config_path  # read again on SIGHUP
         self._reload_lock = asyncio.Lock()
+        self._reload_when_ready = False
         self._background: set[asyncio.Task[object]] = set()
         self.daemon_id = secrets.token_hex(8)
         server_cfg = config.server
@@ -177,6 +178,16 @@ class Daemon:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    def _on_sighup(self) -> None:
+        # Handled from the start of run(): SIGHUP's default action would end
+        # the process. One that comes while the daemon starts is served once
+        # it is ready (the file may have changed after it was read).
+        if self.ready.is_set():
+            self._in_background(self.reload())
+        else:
+            logger.info("SIGHUP while starting: reloading once the daemon is ready")
+            self._reload_when_ready = True
+
     async def reload(self) -> ReloadPlan | None:
         """Read the configuration again and apply what a running daemon can (SIGHUP).
 
@@ -205,6 +216,8 @@ class Daemon:
         cfg = self.config
         loop = asyncio.get_running_loop()
         # Refusals (exit 2) come before anything listens.
+        if handle_signals:
+            loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
         check_exposure(cfg)
         self.trust = trust = Trust(cfg.security, cfg.limits)
         prepare_socket_dir(self.fd_path.parent)
@@ -315,7 +328,6 @@ class Daemon:
         if handle_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self._stop.set)
-            loop.add_signal_handler(signal.SIGHUP, lambda: self._in_background(self.reload()))
         record = {"pid": os.getpid(), "client_target": client_target,
                   "peer_address": peer_address,
                   "data_address": f"{self.advertise_host}:{data_server.port}",
@@ -329,6 +341,8 @@ class Daemon:
         self.ready.set()
         self._in_background(_systemd.keep_alive(lambda: summary(engine),
                                                 _systemd.watchdog_interval()))
+        if self._reload_when_ready:
+            self._in_background(self.reload())
 
         await self._stop.wait()
         if handle_signals:
