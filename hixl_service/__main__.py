@@ -148,7 +148,7 @@ def _loop_runner(config: DaemonConfig) -> Callable[[Coroutine[Any, Any, None]], 
     return asyncio.run
 
 
-def _run(config: DaemonConfig) -> int:
+def _run(config: DaemonConfig, config_path: Path | None) -> int:
     # Before any thread or large allocation exists (see _glibc).
     if not return_large_allocations():
         logger.debug("not glibc: large allocations keep the C library's default")
@@ -166,7 +166,7 @@ def _run(config: DaemonConfig) -> int:
             os.getpid(),
             "asyncio" if runner is asyncio.run else "uvloop",
         )
-        runner(run_daemon(config))
+        runner(run_daemon(config, config_path))
     except (BackendUnavailable, StartRefused) as exc:
         logger.critical("%s", exc)
         return EXIT_CONFIG
@@ -206,7 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(f"{_PROG}: configuration OK ({source})\n")
         return EXIT_OK
     configure_logging(config.logging)
-    return _run(config)
+    return _run(config, args.config)
 
 
 if __name__ == "__main__":

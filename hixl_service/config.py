@@ -9,14 +9,18 @@ offending fields.
 
 Environment variables use ``HIXL_<SECTION>__<FIELD>``, for example
 ``HIXL_SERVER__PEER_PORT=26001`` or ``HIXL_POOL__MAX_BYTES=2GiB``. Only the
-section prefixes are read, so client variables such as ``HIXL_DAEMON`` are
-left alone. TOML has no null, so optional fields take an empty string to mean
-"unset".
+section prefixes are read as settings; the ``HIXL_*`` variables other parts of
+hixl read (:data:`OTHER_ENV_VARIABLES`, such as the client's ``HIXL_DAEMON``)
+are left alone, and any other ``HIXL_*`` variable is an error, as an unknown
+TOML key is: ``HIXL_SERVER_PEER_PORT`` (one underscore) would otherwise be
+ignored without a word. TOML has no null, so optional fields take an empty
+string to mean "unset".
 """
 
 from __future__ import annotations
 
 import contextvars
+import difflib
 import json
 import math
 import os
@@ -45,6 +49,8 @@ from pydantic_settings import (
 
 __all__ = [
     "ENV_PREFIX",
+    "OTHER_ENV_PREFIXES",
+    "OTHER_ENV_VARIABLES",
     "AllowedPeer",
     "AscendConfig",
     "ConfigError",
@@ -61,6 +67,18 @@ __all__ = [
 
 ENV_PREFIX = "HIXL_"
 _ENV_NESTED_DELIMITER = "__"
+# HIXL_* variables that are not daemon settings but are read elsewhere: the
+# daemon accepts them in its environment (a shell that runs clients and a
+# daemon has them set) and any other HIXL_* name is refused. A new variable
+# read anywhere in hixl is added here.
+OTHER_ENV_VARIABLES = frozenset({
+    "HIXL_DAEMON",  # clients: which daemon to dial
+    "HIXL_TRANSFER_LANE",  # clients: "0" keeps transfer calls on gRPC
+    "HIXL_TEST_LOOP",  # the test suite: which event loop the tests run on
+    "HIXL_DEBUG",  # setup.py: a debug build of the native extension
+    "HIXL_BENCH_CALLS_DIR",  # hixl-bench: where its calls tool writes profiles
+})
+OTHER_ENV_PREFIXES = ("HIXL_DOUBLE_",)  # the CANN test double's knobs (tests/cann_double)
 # sun_path holds 108 bytes on Linux and 104 on macOS, including the final NUL.
 _MAX_UNIX_PATH = 103 if sys.platform == "darwin" else 107
 _WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", "[::]"})
@@ -564,6 +582,10 @@ def load_config(path: Path | None, env: Mapping[str, str] | None = None) -> Daem
     where = f"config file {path}" if path is not None else "no config file"
     if path is not None and not path.is_file():
         raise ConfigError(f"{where}: no such file", path=path)
+    unknown = _unknown_variables(environ)
+    if unknown:
+        message = f"invalid environment ({where}):\n" + "\n".join(f"  {p}" for p in unknown)
+        raise ConfigError(message, path=path, problems=unknown)
     token = _LOAD_REQUEST.set(_LoadRequest(path, environ))
     try:
         return DaemonConfig()
@@ -576,6 +598,42 @@ def load_config(path: Path | None, env: Mapping[str, str] | None = None) -> Daem
         raise ConfigError(f"cannot load configuration ({where}): {exc}", path=path) from exc
     finally:
         _LOAD_REQUEST.reset(token)
+
+
+def _unknown_variables(environ: Mapping[str, str]) -> tuple[str, ...]:
+    """One line for each ``HIXL_*`` variable that is neither a setting nor read elsewhere.
+
+    ``HIXL_<SECTION>`` and ``HIXL_<SECTION>__<anything>`` are left to the
+    settings themselves, which name a misspelt field as the TOML file's would.
+    """
+    sections = DaemonConfig.model_fields
+    problems = []
+    for key in environ:
+        name = key.upper()
+        if not name.startswith(ENV_PREFIX) or name in OTHER_ENV_VARIABLES or name.startswith(
+                OTHER_ENV_PREFIXES):
+            continue
+        section = name[len(ENV_PREFIX):].partition(_ENV_NESTED_DELIMITER)[0].lower()
+        if section in sections:
+            continue
+        line = f"${key}: unknown variable (neither a daemon setting nor one hixl reads)"
+        close = difflib.get_close_matches(name, _known_variables(), n=1, cutoff=0.8)
+        if close:
+            line += f"; did you mean ${close[0]}?"
+        problems.append(line)
+    return tuple(sorted(problems))
+
+
+def _known_variables() -> list[str]:
+    names = sorted(OTHER_ENV_VARIABLES)
+    for section, info in DaemonConfig.model_fields.items():
+        prefix = f"{ENV_PREFIX}{section.upper()}"
+        names.append(prefix)
+        model = info.annotation
+        if isinstance(model, type) and issubclass(model, BaseModel):
+            names.extend(f"{prefix}{_ENV_NESTED_DELIMITER}{field.upper()}"
+                         for field in model.model_fields)
+    return names
 
 
 def _describe(error: Any, environ: Mapping[str, str]) -> str:

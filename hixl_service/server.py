@@ -3,12 +3,15 @@
 Two grpc.aio servers share one event loop: the client server (unix socket,
 optionally TCP) carries the Client and Admin services, the peer server (TCP)
 carries the Peer service only, so that nothing of sessions or clients
-reaches peers. Both carry health and reflection, so ``grpcurl`` works on
-every listener; with ``security.mode = "mtls"`` every TCP listener requires
-client certificates (``trust``), and listeners are checked before they
-start (``listeners``). Readiness (ready file, sd_notify) is announced only once
+reaches peers. Both carry health (each answering for its own services only)
+and reflection (v1 and v1alpha), so ``grpcurl`` works on every listener;
+with ``security.mode = "mtls"`` every TCP listener requires client
+certificates (``trust``), and listeners are checked before they start
+(``listeners``). Readiness (ready file, sd_notify) is announced only once
 everything listens; SIGTERM/SIGINT stop taking work, end sessions, and free
-the pools before the process exits.
+the pools before the process exits. Under systemd a task on the loop sends
+watchdog pings and ``STATUS=`` lines; SIGHUP reloads what can be reloaded
+(``reload``).
 """
 
 from __future__ import annotations
@@ -20,12 +23,13 @@ import logging
 import os
 import secrets
 import signal
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 import grpc.aio
 import hixl_native
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from hixl_wire._proto.hixl.v1 import (
     admin_pb2,
@@ -43,7 +47,7 @@ from .ascend.backend import AscendBackend
 from .ascend.comms import host_address
 from .ascend.pools import AscendMemory
 from .completions import CompletionDispatcher
-from .config import DaemonConfig
+from .config import ConfigError, DaemonConfig, load_config
 from .copier import Copier
 from .engine import Engine, EngineDeps
 from .fd_server import FdServer
@@ -68,7 +72,9 @@ from .memory.host import HostMemory
 from .peer_api import PeerApi
 from .peer_client import PeerClient
 from .pools import PoolManager
-from .servicer_admin import AdminServicer
+from .reflection import enable_reflection
+from .reload import ReloadPlan, apply_reload, plan_reload
+from .servicer_admin import AdminServicer, summary
 from .servicer_client import ClientServicer
 from .servicer_peer import PeerServicer
 from .trust import Trust
@@ -86,11 +92,30 @@ ADMIN_NAME = admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name
 SERVER_OPTIONS = (("grpc.so_reuseport", 0),)
 
 
-def _add_common(server: grpc.aio.Server, health_servicer: health.aio.HealthServicer,
-                services: tuple[str, ...]) -> None:
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, generic_only(server))
-    reflection.enable_server_reflection(
-        (*services, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+class _Health:
+    """The health servicers, one per gRPC server: each answers for the services its
+    own server serves (and "", the server as a whole), NOT_FOUND for the others."""
+
+    def __init__(self) -> None:
+        self._servicers: dict[tuple[str, ...], health.aio.HealthServicer] = {}
+
+    def servicer(self, services: tuple[str, ...]) -> health.aio.HealthServicer:
+        return self._servicers.setdefault(services, health.aio.HealthServicer())
+
+    async def serving(self) -> None:
+        for services, servicer in self._servicers.items():
+            for name in ("", *services):
+                await servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+    async def enter_graceful_shutdown(self) -> None:
+        for servicer in self._servicers.values():
+            await servicer.enter_graceful_shutdown()
+
+
+def _add_common(server: grpc.aio.Server, healths: _Health, services: tuple[str, ...]) -> None:
+    health_pb2_grpc.add_HealthServicer_to_server(healths.servicer(services),
+                                                 generic_only(server))
+    enable_reflection(server, (*services, health.SERVICE_NAME))
 
 
 def _add_port(server: grpc.aio.Server, address: str, what: str,
@@ -117,8 +142,12 @@ def _write_ready_file(path: Path, record: dict[str, object]) -> None:
 class Daemon:
     """Everything one running daemon owns, started and stopped in order."""
 
-    def __init__(self, config: DaemonConfig) -> None:
+    def __init__(self, config: DaemonConfig, config_path: Path | None = None) -> None:
         self.config = config
+        self.config_path = config_path  # read again on SIGHUP
+        self._reload_lock = asyncio.Lock()
+        self._reload_when_ready = False
+        self._background: set[asyncio.Task[object]] = set()
         self.daemon_id = secrets.token_hex(8)
         server_cfg = config.server
         self.socket_path = server_cfg.client_socket
@@ -142,12 +171,53 @@ class Daemon:
         """Begin the graceful stop that SIGTERM begins."""
         self._stop.set()
 
+    # -- systemd and SIGHUP (README "Operating hixl") ---------------------------
+
+    def _in_background(self, coro: Coroutine[Any, Any, object]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _on_sighup(self) -> None:
+        # Handled from the start of run(): SIGHUP's default action would end
+        # the process. One that comes while the daemon starts is served once
+        # it is ready (the file may have changed after it was read).
+        if self.ready.is_set():
+            self._in_background(self.reload())
+        else:
+            logger.info("SIGHUP while starting: reloading once the daemon is ready")
+            self._reload_when_ready = True
+
+    async def reload(self) -> ReloadPlan | None:
+        """Read the configuration again and apply what a running daemon can (SIGHUP).
+
+        See ``reload``: the log level, ``[limits]`` and the allow-list change
+        now, other changes are logged as needing a restart. Returns the plan,
+        or None when the configuration did not load (logged; nothing changes).
+        """
+        async with self._reload_lock:
+            _systemd.notify(f"RELOADING=1\nMONOTONIC_USEC={_systemd.monotonic_usec()}\n"
+                            "STATUS=reloading the configuration")
+            plan: ReloadPlan | None = None
+            try:
+                loaded = await asyncio.to_thread(load_config, self.config_path)
+            except ConfigError as exc:
+                logger.error("reload refused, the running configuration stays: %s", exc)
+            else:
+                plan = plan_reload(self.config, loaded)
+                apply_reload(plan, self.trust)
+                self.config = plan.config
+            _systemd.notify(f"READY=1\nSTATUS={summary(self.engine)}")
+            return plan
+
     async def run(self, handle_signals: bool = True) -> None:
         """Serve until stopped; ``handle_signals=False`` leaves SIGTERM and SIGINT
         to the caller (a daemon run inside a test process)."""
         cfg = self.config
         loop = asyncio.get_running_loop()
         # Refusals (exit 2) come before anything listens.
+        if handle_signals:
+            loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
         check_exposure(cfg)
         self.trust = trust = Trust(cfg.security, cfg.limits)
         prepare_socket_dir(self.fd_path.parent)
@@ -185,7 +255,7 @@ class Daemon:
                 backend=cfg.pool.backend, ascend=ascend, trust=trust))
             unwind.callback(dispatcher.close)
             unwind.callback(engine.deps.copier.close)  # its threads post to the dispatcher
-            health_servicer = health.aio.HealthServicer()
+            health_servicer = _Health()
             install_log_record_factory()
             credentials = trust.server_credentials()
             peer_server = grpc.aio.server(interceptors=[RequestIdInterceptor()],
@@ -254,8 +324,7 @@ class Daemon:
             await unwind.aclose()
             unlink_all(created)
             raise
-        for name in ("", *SERVICE_NAMES["client"], *SERVICE_NAMES["peer"], ADMIN_NAME):
-            await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        await health_servicer.serving()
         if handle_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self._stop.set)
@@ -270,8 +339,16 @@ class Daemon:
                     client_target, peer_address, record["data_address"])
         self.peer_address = peer_address
         self.ready.set()
+        self._in_background(_systemd.keep_alive(lambda: summary(engine),
+                                                _systemd.watchdog_interval()))
+        if self._reload_when_ready:
+            self._in_background(self.reload())
 
         await self._stop.wait()
+        if handle_signals:
+            loop.remove_signal_handler(signal.SIGHUP)
+        for task in self._background:
+            task.cancel()
 
         logger.info("stopping: draining sessions and transfers")
         _systemd.notify("STOPPING=1")
@@ -296,6 +373,7 @@ class Daemon:
 __all__ = ["Daemon", "StartRefused", "run_daemon"]
 
 
-async def run_daemon(config: DaemonConfig) -> None:
-    """Run a daemon until SIGTERM or SIGINT, then stop it cleanly."""
-    await Daemon(config).run()
+async def run_daemon(config: DaemonConfig, config_path: Path | None = None) -> None:
+    """Run a daemon until SIGTERM or SIGINT, then stop it cleanly; SIGHUP reloads
+    ``config_path`` (and the environment)."""
+    await Daemon(config, config_path).run()

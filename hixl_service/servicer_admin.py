@@ -71,6 +71,17 @@ def snapshot(engine: Engine, backend: str, peer_address: str) -> admin_pb2.Daemo
     return status
 
 
+def summary(engine: Engine) -> str:
+    """One line for ``STATUS=`` (what ``systemctl status`` shows): counts, not lists."""
+    clusters = engine.clusters.values()
+    outbound = sum(len(cluster.links) for cluster in clusters)
+    inbound = sum(1 for _ in engine.inbound.all())
+    pools = engine.pools
+    return (f"serving: {len(engine.sessions.values())} sessions, {len(clusters)} clusters, "
+            f"{outbound} links out, {inbound} in, {engine.deps.load.running} transfers under "
+            f"way; pools {pools.reserved_bytes >> 20} of {pools.budget_bytes >> 20} MiB")
+
+
 class AdminServicer(admin_pb2_grpc.AdminServicer):
     """Handlers of the Admin service."""
 

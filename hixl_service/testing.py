@@ -56,7 +56,8 @@ _POLL_S = 0.02
 _LOG_TAIL_BYTES = 4000
 _MAX_SOCKET_PATH = 100
 # Inherited variables that would reconfigure or misdirect the child daemon.
-_SCRUBBED_ENV = ("NOTIFY_SOCKET", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES")
+_SCRUBBED_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID",
+                 "LISTEN_FDNAMES")
 
 
 def _all_threads_stopped(pid: int) -> bool:

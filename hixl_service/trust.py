@@ -226,6 +226,15 @@ class Trust:
         self.challenges = Challenges()
         self.hello_gate = HelloGate(limits.hello_rate, limits.hello_burst)
 
+    def update(self, allowed_peers: list[AllowedPeer], limits: LimitsConfig) -> None:
+        """Take a reloaded allow-list and limits (SIGHUP); they apply to new links from now
+        on, links already made stay. The credentials and the mode stay as started."""
+        self._allowed = {p.identity: p for p in allowed_peers}
+        if (limits.hello_rate, limits.hello_burst) != (self.limits.hello_rate,
+                                                       self.limits.hello_burst):
+            self.hello_gate = HelloGate(limits.hello_rate, limits.hello_burst)
+        self.limits = limits
+
     # -- gRPC credentials ---------------------------------------------------
 
     def server_credentials(self) -> grpc.ServerCredentials | None:

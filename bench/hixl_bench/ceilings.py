@@ -17,6 +17,7 @@ import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Protocol
 
+from hixl_bench import spawn
 from hixl_bench.model import CEILING, Budget, Row, Timing, drive, drive_sync
 
 MEMCPY, TCP_C, GRPC_RTT = "memcpy", "tcp-c", "grpc-rtt"
@@ -133,26 +134,22 @@ async def echo_server() -> AsyncIterator[str]:
     socket_path = os.path.join(tmpdir, "echo.sock")
     proc = None
     try:
-        # A child forked while gRPC's threads are busy has been seen to exit
-        # before it listens (rarely; exit status in the message): try again.
+        # Started without fork (``spawn``); a child that still exits before it
+        # listens (exit status in the message) is tried again.
         for attempt in range(1, ECHO_START_ATTEMPTS + 1):
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "hixl_bench.grpc_echo", socket_path,
-                stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL)
-            assert proc.stdout is not None
-            line = await asyncio.wait_for(proc.stdout.readline(), 20)
+            proc = await spawn.start([sys.executable, "-m", "hixl_bench.grpc_echo", socket_path],
+                                     stdout=spawn.PIPE)
+            line = await proc.readline(20)
             if line.strip() == b"ready":
                 break
-            code = await proc.wait()
+            code = await proc.wait(10)
             if attempt == ECHO_START_ATTEMPTS:
                 raise RuntimeError(f"the gRPC echo server did not start: {line!r}, "
                                    f"exit status {code}")
         yield f"unix:{socket_path}"
     finally:
         if proc is not None:
-            if proc.returncode is None:
-                proc.terminate()
-            await proc.wait()
+            await proc.terminate()
         await asyncio.to_thread(shutil.rmtree, tmpdir, True)
 
 

@@ -209,8 +209,14 @@ def serve_peer_cases(p: plan.Plan) -> list[Case]:
     return [Case("serve", "pull", "tcp", block, n) for block, n in shapes]
 
 
+def _pythons(args: argparse.Namespace) -> dict[str, str]:
+    return {name: path for name, path in (("mooncake", args.mooncake_python),
+                                          ("nixl", args.nixl_python)) if path}
+
+
 async def run_measurements(p: plan.Plan, args: argparse.Namespace,
-                           progress: report.Progress, peaks: dict[str, int]) -> list[Row]:
+                           progress: report.Progress, peaks: dict[str, int],
+                           absent: dict[str, str]) -> list[Row]:
     """hixl interleaved with the native ceilings (and the gRPC one), then the peers."""
     rows: list[Row] = []
     if not p.cases and not _scale_counts(args):  # no probes: the gRPC ceiling comes first
@@ -229,10 +235,8 @@ async def run_measurements(p: plan.Plan, args: argparse.Namespace,
         rows += await security.security_rows(args.security, args.streams, p.budget, progress)
     peer_cases = p.peer_cases() + serve_peer_cases(p)
     if peer_cases:
-        pythons = {name: path for name, path in (("mooncake", args.mooncake_python),
-                                                 ("nixl", args.nixl_python)) if path}
         rows += await peers.peer_rows(args.peers, peer_cases, p.cold_bytes, p.budget,
-                                      pythons, progress)
+                                      _pythons(args), progress, absent)
     return rows
 
 
@@ -246,8 +250,8 @@ def _meta(p: plan.Plan, args: argparse.Namespace, elapsed: float,
                                              for name, peak in sorted(peaks.items())}}
 
 
-def _count(p: plan.Plan, args: argparse.Namespace) -> int:
-    """Rows the run will print (a peer that is not installed prints fewer)."""
+def _count(p: plan.Plan, args: argparse.Namespace, absent: dict[str, str]) -> int:
+    """Rows the run will print: a peer in ``absent`` (not installed) prints one."""
     tcp_names = [f"tcp{n}" for n in {1, args.streams}]
     ceiling_rows: set[tuple[str, tuple[int, int]]] = set()
     shapes = [shape for _, group in _by_shape(p.cases) for shape in _ceilings_of(group)]
@@ -261,13 +265,26 @@ def _count(p: plan.Plan, args: argparse.Namespace) -> int:
     probes = (1 + 2 * len(paths)) if paths else 0  # no-op; tiny and keyed per path
     serving = len(p.serve_cases) + 1 if p.serve_cases else 0  # and the 4 KiB reference
     return 1 + len(ceiling_rows) + probes + len(p.cases) + len(counts) + len(p.kv_cases) + \
-        serving + len(args.peers) * len(p.peer_cases() + serve_peer_cases(p)) + \
+        serving + _peer_count(p, args, absent) + \
         len(args.security) * len(security.BLOCKS)
+
+
+def _peer_count(p: plan.Plan, args: argparse.Namespace, absent: dict[str, str]) -> int:
+    cases = len(p.peer_cases() + serve_peer_cases(p))
+    if not cases:
+        return 0  # run_measurements calls no peer
+    return sum(1 if name in absent else cases for name in args.peers)
 
 
 async def run(args: argparse.Namespace) -> int:
     p = make_plan(args)
-    progress = report.Progress(_count(p, args) * args.repeat, quiet=args.quiet)
+    absent = await peers.missing(args.peers, _pythons(args))
+    with report.Progress(_count(p, args, absent) * args.repeat, quiet=args.quiet) as progress:
+        return await _run(p, args, absent, progress)
+
+
+async def _run(p: plan.Plan, args: argparse.Namespace, absent: dict[str, str],
+               progress: report.Progress) -> int:
     progress.note(f"{'quick' if args.quick else 'full'} run: {len(p.cases)} sweep cases, "
                   f"{len(p.kv_cases)} KV cases, {len(p.serve_cases)} serving cases, "
                   f"cold buffers {p.cold_bytes // MIB} MiB per side"
@@ -276,7 +293,7 @@ async def run(args: argparse.Namespace) -> int:
     runs = []
     peaks: dict[str, int] = {}  # over every run
     for _ in range(args.repeat):
-        rows = await run_measurements(p, args, progress, peaks)
+        rows = await run_measurements(p, args, progress, peaks, absent)
         report.add_ratios(rows, args.streams)  # within each run, between neighbouring rows
         runs.append(rows)
     rows = repeat.median_of_runs(runs)
@@ -299,10 +316,12 @@ async def run(args: argparse.Namespace) -> int:
 
         problem = plot([{"kind": "meta", **meta}, *(r.to_json() for r in rows)], args.plot)
         print(f"plot: {problem or args.plot}")
+    else:
+        problem = None
     failed = [r for r in rows if r.status.startswith("error")]
     print(f"\n{len(rows)} rows in {meta['elapsed_s']} s; {len(failed)} failed, "
           f"{sum(r.status.startswith('skipped') for r in rows)} skipped")
-    return 1 if failed else 0
+    return 1 if failed or problem else 0
 
 
 def run_cli(argv: list[str]) -> int:
@@ -312,6 +331,12 @@ def run_cli(argv: list[str]) -> int:
         parser().error("--streams must be in [1, 64]")
     if not 1 <= args.repeat <= 20:
         parser().error("--repeat must be in [1, 20]")
+    if args.plot:
+        from hixl_bench.plot import missing_matplotlib
+
+        hint = missing_matplotlib()
+        if hint:  # before the run, not after minutes of it
+            parser().error(hint)
     if args.no_uvloop:
         return asyncio.run(run(args))
     import uvloop

@@ -9,7 +9,6 @@ interpreter) is reported as skipped, never faked.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -19,11 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hixl_bench import spawn
 from hixl_bench.model import PEER, Budget, Case, Row, Timing
 
 _WORKER = str(Path(__file__).with_name("peer_worker.py"))
-# A case's line carries every latency it measured.
-_LINE_LIMIT = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -51,46 +49,38 @@ def _failed(peer: Peer, case: Case, status: str) -> Row:
 async def _check_import(python: str, module: str) -> str | None:
     """None if ``module`` imports under ``python``, else the reason it does not."""
     try:
-        proc = await asyncio.create_subprocess_exec(
-            python, "-c", f"import {module}", stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL)
+        proc = await spawn.start([python, "-c", f"import {module}"], stderr=spawn.PIPE)
     except OSError as exc:
         return f"cannot run {python}: {exc}"
-    _, err = await asyncio.wait_for(proc.communicate(), 120)
+    _, err = await proc.communicate(120)
     if proc.returncode == 0:
         return None
     lines = err.decode(errors="replace").strip().splitlines()
     return f"not installed ({lines[-1] if lines else 'import failed'})"
 
 
-async def _spawn(python: str, peer: Peer, role: str, cold: int) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        python, "-u", _WORKER, role, peer.engine, str(cold),
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL, env={**os.environ, **peer.env},
-        limit=_LINE_LIMIT)
+async def _spawn(python: str, peer: Peer, role: str, cold: int) -> spawn.Child:
+    return await spawn.start([python, "-u", _WORKER, role, peer.engine, str(cold)],
+                             stdin=spawn.PIPE, stdout=spawn.PIPE,
+                             env={**os.environ, **peer.env})
 
 
-async def _read_json(proc: asyncio.subprocess.Process, timeout: float) -> dict[str, Any]:
-    assert proc.stdout is not None
+async def _read_json(proc: spawn.Child, timeout: float) -> dict[str, Any]:
     while True:
-        line = await asyncio.wait_for(proc.stdout.readline(), timeout)
+        line = await proc.readline(timeout)
         if not line:
-            raise RuntimeError(f"the worker exited (code {await proc.wait()})")
+            raise RuntimeError(f"the worker exited (code {await proc.wait(10)})")
         with contextlib.suppress(json.JSONDecodeError):
             record = json.loads(line)
             if isinstance(record, dict):
                 return record
 
 
-async def _stop(proc: asyncio.subprocess.Process) -> None:
-    if proc.stdin is not None and not proc.stdin.is_closing():
-        proc.stdin.close()
-    try:
-        await asyncio.wait_for(proc.wait(), 10)
-    except asyncio.TimeoutError:
-        proc.kill()
-        await proc.wait()
+async def _stop(proc: spawn.Child) -> None:
+    stdin = proc.popen.stdin
+    if stdin is not None and not stdin.closed:
+        stdin.close()
+    await proc.wait(10)  # killed if it does not end by then
 
 
 async def _measure(python: str, peer: Peer, cases: list[Case], cold: int, budget: Budget,
@@ -98,7 +88,7 @@ async def _measure(python: str, peer: Peer, cases: list[Case], cold: int, budget
     rows: list[Row] = []
     per_case = 3 * budget.seconds + 20
     target = await _spawn(python, peer, "target", cold)
-    initiator: asyncio.subprocess.Process | None = None
+    initiator: spawn.Child | None = None
     try:
         ready = await _read_json(target, 120)
         if "info" not in ready:
@@ -107,9 +97,7 @@ async def _measure(python: str, peer: Peer, cases: list[Case], cold: int, budget
         spec = {"info": ready["info"], "cases": [[c.op, c.block, c.nblocks] for c in cases],
                 "budget": {"seconds": budget.seconds, "min_requests": budget.min_requests,
                            "max_requests": budget.max_requests, "warmup": budget.warmup}}
-        assert initiator.stdin is not None
-        initiator.stdin.write(json.dumps(spec).encode())
-        initiator.stdin.close()
+        await initiator.write_and_close_stdin(json.dumps(spec).encode())
         for case in cases:
             record = await _read_json(initiator, per_case + 120)
             row = Row(PEER, peer.name, case.suite, case.op, case.path, case.block, case.nblocks)
@@ -128,8 +116,23 @@ async def _measure(python: str, peer: Peer, cases: list[Case], cold: int, budget
     return rows
 
 
+async def missing(names: list[str], pythons: dict[str, str]) -> dict[str, str]:
+    """Why each peer of ``names`` that does not import cannot run; installed ones are absent.
+
+    Checked before the run, so that its row count (one skipped row for a
+    missing peer, one per case for an installed one) is known up front.
+    """
+    reasons = {}
+    for name in names:
+        reason = await _check_import(pythons.get(name, sys.executable), PEERS[name].module)
+        if reason is not None:
+            reasons[name] = reason
+    return reasons
+
+
 async def peer_rows(names: list[str], cases: list[Case], cold: int, budget: Budget,
-                    pythons: dict[str, str], progress: Callable[[Row], None]) -> list[Row]:
+                    pythons: dict[str, str], progress: Callable[[Row], None],
+                    absent: dict[str, str]) -> list[Row]:
     """Rows of every peer in ``names`` for ``cases``; one skipped row for a peer not installed.
 
     Args:
@@ -139,12 +142,13 @@ async def peer_rows(names: list[str], cases: list[Case], cold: int, budget: Budg
         budget: per case.
         pythons: an interpreter per peer name (default: this one).
         progress: called with each row as it completes.
+        absent: :func:`missing`'s answer for ``names``.
     """
     rows: list[Row] = []
     for name in names:
         peer = PEERS[name]
         python = pythons.get(name, sys.executable)
-        reason = await _check_import(python, peer.module)
+        reason = absent.get(name)
         if reason is not None:  # one row says so; no per-case rows are invented
             rows.append(Row(PEER, peer.name, "peer", "-", "tcp", status=f"skipped: {reason}"))
             progress(rows[-1])

@@ -8,6 +8,7 @@ hixl-bench calls :func:`plot` itself with ``--plot``. Needs matplotlib (the
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import sys
 from collections import defaultdict
@@ -27,6 +28,19 @@ def _series(records: list[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]
     return {name: sorted(points) for name, points in series.items()}
 
 
+def missing_matplotlib() -> str | None:
+    """None if matplotlib imports, else what to install, for this interpreter.
+
+    The hint names matplotlib itself: hixl-bench may have come from a wheel,
+    a checkout (``pip install -e './bench[plot]'`` there) or elsewhere, and
+    ``python -m pip install matplotlib`` is right for all of them.
+    """
+    if importlib.util.find_spec("matplotlib") is not None:
+        return None
+    return (f"--plot needs matplotlib, which is not installed: {sys.executable} -m pip "
+            "install matplotlib (the plot extra of hixl-bench)")
+
+
 def plot(records: list[dict[str, Any]], path: Path, title: str = "") -> str | None:
     """Write the PNG; returns None, or why it could not (matplotlib missing, no data)."""
     try:
@@ -34,7 +48,7 @@ def plot(records: list[dict[str, Any]], path: Path, title: str = "") -> str | No
         matplotlib.use("Agg")
         plt: Any = importlib.import_module("matplotlib.pyplot")
     except ImportError:
-        return "matplotlib is not installed (pip install 'hixl-bench[plot]', or -e './bench[plot]')"
+        return missing_matplotlib() or "matplotlib does not import"
     series = _series(records)
     if not series:
         return "no block-size rows to plot"

@@ -191,19 +191,49 @@ def print_targets(outcomes: list[Outcome], out: TextIO = sys.stdout) -> None:
 
 
 class Progress:
-    """Prints each row as it completes (stderr), with a running count."""
+    """A progress bar over the rows the run will print (rich, on stderr), each row
+    printed above it as it completes, with a running count.
+
+    ``total`` is counted from the plan before the run starts (``cli._count``);
+    :meth:`close` says so if the run printed another number of rows, which
+    would be a counting bug. Use as a context manager.
+    """
 
     def __init__(self, total: int, out: TextIO = sys.stderr, quiet: bool = False) -> None:
-        self.total, self.done, self.out, self.quiet = total, 0, out, quiet
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+        from rich.progress import Progress as Bar
+
+        self.total, self.done, self.quiet = total, 0, quiet
+        self._console = Console(file=out, highlight=False, soft_wrap=True)
+        # Drawn only on a terminal; a log file gets the row lines alone.
+        self._bar = Bar(TextColumn("rows"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=self._console, transient=True,
+                        disable=quiet or not self._console.is_terminal)
+        self._task = self._bar.add_task("rows", total=total)
+
+    def __enter__(self) -> Progress:
+        self._bar.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._bar.stop()
+        if self.done != self.total and not self.quiet:
+            self.note(f"counted {self.total} rows ahead, printed {self.done}")
 
     def __call__(self, row: Row) -> None:
         self.done += 1
+        self._bar.update(self._task, completed=self.done)
         if not self.quiet:
-            print(f"[{self.done:>3}/{self.total}] {format_row(row)}", file=self.out, flush=True)
+            self._console.print(f"[{self.done:>3}/{self.total}] {format_row(row)}",
+                                markup=False)
 
     def note(self, text: str) -> None:
         if not self.quiet:
-            print(f"# {text}", file=self.out, flush=True)
+            self._console.print(f"# {text}", markup=False)
 
 
 def write_json(path: Path, rows: list[Row], meta: dict[str, Any]) -> None:

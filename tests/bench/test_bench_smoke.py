@@ -6,7 +6,9 @@ never from timed assertions.
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -43,10 +45,18 @@ def test_quick_run_prints_ratios_and_writes_json_lines(tmp_path: Path) -> None:
     out = tmp_path / "bench.jsonl"
     command = [sys.executable, "-m", "hixl_bench", "--quick", "--json-out", str(out),
                "--budget-scale", "0.3", "--models", "tiny", "--tokens", "256",
-               "--page-tokens", "64", "--quiet"]
+               "--page-tokens", "64"]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=170,
                           check=False)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    # The progress count was right: it ends at its total, which the summary repeats.
+    counts = re.findall(r"^\[ *(\d+)/(\d+)\] ", done.stderr, re.MULTILINE)
+    assert counts and counts[-1][0] == counts[-1][1], counts[-3:]
+    assert [int(n) for n, _ in counts] == list(range(1, len(counts) + 1))
+    assert f"\n{counts[-1][1]} rows in " in done.stdout
+    assert "counted" not in done.stderr
+    # No child forked while gRPC's threads ran (gRPC says so when one is).
+    assert "fork" not in done.stderr, [line for line in done.stderr.splitlines() if "fork" in line]
     header = next(line for line in done.stdout.splitlines() if line.startswith("what"))
     for column in ("GB/s", "p50 us", "p99 us", "client", "ctrl", "data", "ratio", "p50/rtt"):
         assert column in header
@@ -102,3 +112,15 @@ def test_security_suite_rows_in_each_mode(tmp_path: Path) -> None:
     assert {(row["security"], row["block"]) for row in sec} == {
         (mode, block) for mode in ("none", "token", "mtls") for block in (4096, 1 << 20)}
     assert all(row["status"] == "ok" and row["link_setup_ms"] > 0 for row in sec), sec
+
+
+@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is not None,
+                    reason="matplotlib is installed: --plot would plot")
+def test_plot_without_matplotlib_fails_at_once_with_the_hint(tmp_path: Path) -> None:
+    out = tmp_path / "plot.png"
+    done = subprocess.run([sys.executable, "-m", "hixl_bench", "--quick", "--plot", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2
+    assert f"{sys.executable} -m pip install matplotlib" in done.stderr
+    assert "[  1/" not in done.stderr  # refused before the run
+    assert not out.exists()

