@@ -19,6 +19,7 @@ from hixl_wire.lane import RepeatFrame
 
 from . import copies
 from .calls import CallInfo, GrpcContext, call_info_of, unary
+from .cluster import Cluster
 from .engine import Engine, NewCache, Session
 from .layerwise import LayerwiseTask
 from .memory.base import Pool
@@ -214,19 +215,29 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         cluster = self._engine.cluster_of(self._session(context))
         if not request.clusters:
             return client_pb2.LinkClustersReply(status=LLMStatusCode.LLM_PARAM_INVALID)
-        timeout_s = max(request.timeout_ms, 1) / 1000.0
+        # One deadline for the whole call: links queued behind the first
+        # MAX_PARALLEL_LINKS get what is left of the timeout, not a fresh one,
+        # so the call answers within its timeout (README, "Bounded calls").
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(request.timeout_ms, 1) / 1000.0
         gate = asyncio.Semaphore(MAX_PARALLEL_LINKS)
 
         async def one(target: client_pb2.ClusterLink) -> client_pb2.LinkResult:
             async with gate:
                 try:
+                    left_s = deadline - loop.time()
                     if unlink:
-                        await self._engine.outbound.unlink(cluster, target.remote_cluster_id,
-                                                  request.force)
+                        await _unlink_within(self._engine, cluster, target.remote_cluster_id,
+                                             request.force, left_s)
                         return client_pb2.LinkResult(status=LLMStatusCode.LLM_SUCCESS)
+                    if left_s <= 0:
+                        # as a link that timed out answers (outbound)
+                        raise LLMException("link_clusters' timeout passed before this link "
+                                           "could start",
+                                           status_code=LLMStatusCode.LLM_LINK_FAILED)
                     link = await self._engine.outbound.link(
                         cluster, target.remote_cluster_id,
-                        f"{target.remote_host}:{target.remote_port}", timeout_s)
+                        f"{target.remote_host}:{target.remote_port}", left_s)
                     return client_pb2.LinkResult(status=LLMStatusCode.LLM_SUCCESS,
                                                  transport=link.transport.name)
                 except LLMException as exc:
@@ -488,6 +499,27 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
             if task.failed or task.ended:  # the stream reported why, or was cancelled
                 return client_pb2.LayerReadyReply()
             return client_pb2.LayerReadyReply(reports=await task.send_layer(request.layer))
+
+
+async def _unlink_within(engine: Engine, cluster: Cluster, remote_cluster_id: int,
+                         force: bool, left_s: float) -> None:
+    """Unlink, answering within ``left_s``: the unlink itself (closing the link,
+    telling the far daemon) goes on in the background if it takes longer, and
+    is never cut off half way."""
+    unlinking = asyncio.ensure_future(engine.outbound.unlink(cluster, remote_cluster_id, force))
+    try:
+        await asyncio.wait_for(asyncio.shield(unlinking), max(left_s, 0.0))
+    except asyncio.TimeoutError:
+        unlinking.add_done_callback(_log_late_unlink)
+        raise LLMException(f"unlinking from cluster {remote_cluster_id} did not end within "
+                           f"unlink_clusters' timeout; the link is closed, telling cluster "
+                           f"{remote_cluster_id} goes on in the background",
+                           status_code=LLMStatusCode.LLM_NOTIFY_PROMPT_UNLINK_FAILED) from None
+
+
+def _log_late_unlink(unlinking: asyncio.Future[None]) -> None:
+    if not unlinking.cancelled() and unlinking.exception() is not None:
+        logger.warning("an unlink that outlived its call failed: %s", unlinking.exception())
 
 
 def _repeat_reply(repeat: Repeat, started: float, outcome: Outcome) -> Any:
