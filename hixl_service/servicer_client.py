@@ -10,8 +10,6 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import grpc.aio
-
 from hixl_client.status import LLMException, LLMStatusCode
 from hixl_client.types import DataType, LLMRole, Placement, bytes_per_element
 from hixl_wire._proto.hixl.v1 import client_pb2, client_pb2_grpc, common_pb2
@@ -137,9 +135,8 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
     async def Attach(self, request: client_pb2.AttachRequest, context: GrpcContext) -> None:
         try:
             session = self._engine.sessions.attach(request.client_pid, request.client_name)
-        except LLMException as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
-            return
+        except LLMException as exc:  # the daemon is draining (UNAVAILABLE)
+            await abort_with(context, exc)
         try:
             await context.write(client_pb2.SessionEvent(attached=client_pb2.Attached(
                 session_id=session.session_id, daemon_id=self._engine.daemon_id,
@@ -158,6 +155,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
     @unary
     async def Init(self, request: client_pb2.InitRequest,
                    context: CallInfo) -> client_pb2.InitReply:
+        self._engine.drain.refuse_new("clusters")
         session = self._session(context)
         cluster = await self._engine.init_cluster(session, request.cluster_id,
                                                   LLMRole(request.role), dict(request.options))
@@ -254,6 +252,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
     @unary
     async def LinkClusters(self, request: client_pb2.LinkClustersRequest,
                            context: CallInfo) -> client_pb2.LinkClustersReply:
+        self._engine.drain.refuse_new("links")
         return await self._link_all(request, context, unlink=False)
 
     @unary
@@ -333,6 +332,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
     @unary
     async def PullCache(self, request: client_pb2.PullCacheRequest,
                         context: CallInfo) -> client_pb2.PullCacheReply:
+        self._engine.drain.refuse_new("transfers")
         started = time.perf_counter()
         cluster = self._engine.cluster_of(self._session(context))
         spec = self._pull_spec(request, False)
@@ -350,6 +350,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
 
     async def _again(self, request: RepeatFrame, context: CallInfo, push: bool) -> Any:
         """RepeatPull and RepeatPush: the reply of the PullCache or PushCache they repeat."""
+        self._engine.drain.refuse_new("transfers")
         started = time.perf_counter()
         cluster = self._engine.cluster_of(self._session(context))
         repeat = cluster.repeats.get(request.handle, push=push)
@@ -361,6 +362,8 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         """RepeatPull or RepeatPush answered in the transfer lane's frame callback
         (``lane_server.AtOnce``): the reply when the transfer ended there, an
         awaitable of it while bytes move, or None: the call runs as usual."""
+        if self._engine.drain.draining:
+            return None  # the call itself answers with the refusal
         started = time.perf_counter()
         try:
             cluster = self._engine.cluster_of(self._session(context))
@@ -383,6 +386,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
     @unary
     async def PullBlocks(self, request: client_pb2.PullCacheRequest,
                          context: CallInfo) -> client_pb2.PullCacheReply:
+        self._engine.drain.refuse_new("transfers")
         started = time.perf_counter()
         cluster = self._engine.cluster_of(self._session(context))
         outcome = await pull(cluster, self._pull_spec(request, True))
@@ -391,6 +395,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
 
     async def _push(self, request: client_pb2.PushRequest, context: CallInfo,
                     blocks: bool) -> client_pb2.PushReply:
+        self._engine.drain.refuse_new("transfers")
         started = time.perf_counter()
         cluster = self._engine.cluster_of(self._session(context))
         dst = ref_from_proto(request.dst)
@@ -429,6 +434,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
     @unary
     async def CopyCache(self, request: client_pb2.CopyCacheRequest,
                         context: CallInfo) -> client_pb2.CopyReply:
+        self._engine.drain.refuse_new("transfers")
         cluster = self._engine.cluster_of(self._session(context))
         if request.size < -1 or request.size == 0:
             raise _invalid(f"size must be -1 or > 0, got {request.size}")
@@ -440,6 +446,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
     @unary
     async def CopyBlocks(self, request: client_pb2.CopyBlocksRequest,
                          context: CallInfo) -> client_pb2.CopyReply:
+        self._engine.drain.refuse_new("transfers")
         cluster = self._engine.cluster_of(self._session(context))
         moved = await copies.copy_blocks(self._engine, cluster, request.cache_id,
                                          block_list(request.src_blocks),
@@ -449,6 +456,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
     @unary
     async def SwapBlocks(self, request: client_pb2.SwapBlocksRequest,
                          context: CallInfo) -> client_pb2.CopyReply:
+        self._engine.drain.refuse_new("transfers")
         cluster = self._engine.cluster_of(self._session(context))
         moved = await copies.swap_blocks(self._engine, cluster, _operand(request.src),
                                          _operand(request.dst), block_list(request.src_blocks),
@@ -459,15 +467,18 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
                             context: GrpcContext) -> None:
         lane_key: tuple[str, str] | None = None
         task: LayerwiseTask | None = None
+        drain = self._engine.drain
         try:
             session = self._session(call_info_of(context))
             cluster = self._engine.cluster_of(session)
             first = await anext(aiter(request_iterator), None)
             if first is None or not first.HasField("start"):
                 raise _invalid("a transfer stream starts with its task")
+            drain.refuse_new("transfers")
             if first.start.lane_task_id:
                 lane_key = (session.session_id, first.start.lane_task_id)
             task = LayerwiseTask(cluster, first.start)
+            drain.layerwise_tasks += 1  # a drain lets it end (drain.py)
             for report in await task.prepare():
                 await context.write(report)
             if lane_key is not None:
@@ -483,6 +494,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         finally:
             if task is not None:
                 task.ended = True
+                drain.layerwise_tasks -= 1
             if lane_key is not None:
                 self._lane_tasks.end(lane_key)
 
