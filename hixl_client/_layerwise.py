@@ -28,7 +28,7 @@ from hixl_wire.defaults import SESSION_METADATA_KEY
 from hixl_wire.status import error_from_rpc
 
 from . import timing
-from ._transport import CALL_MARGIN_S
+from ._transport import CALL_MARGIN_S, LANE_GRACE_S
 from .status import LLMException, LLMStatusCode
 from .timing import LayerLag
 from .transfer_config import TransferConfig, TransferWithCacheKeyConfig
@@ -355,7 +355,14 @@ async def drive(task: CacheTask, connection: DaemonConnection, start: client_pb2
                 await asyncio.wait((asyncio.gather(*out, return_exceptions=True), reader),
                                    timeout=bound_s, return_when=asyncio.FIRST_COMPLETED)
             await _send(call, None)
-            await asyncio.wait_for(reader, bound_s)
+            # The stream's last reports; after a failed layer (its status is
+            # recorded) only briefly, so a hung daemon adds no second bound.
+            failed = task._failed()
+            try:
+                await asyncio.wait_for(reader, LANE_GRACE_S if failed else bound_s)
+            except asyncio.TimeoutError:
+                if not failed:
+                    raise
         finally:
             reader.cancel()
     except grpc.aio.AioRpcError as err:

@@ -31,10 +31,12 @@ from hixl_client import (
     CacheDesc,
     CacheKeyByIdAndIndex,
     DataType,
+    LayerSynchronizer,
     LLMDataDist,
     LLMException,
     LLMRole,
     LLMStatusCode,
+    TransferWithCacheKeyConfig,
 )
 from hixl_client._transport import CALL_MARGIN_S, CONTROL_TIMEOUT_OPTION, LANE_GRACE_S
 from hixl_service.testing import DaemonProcess, start_daemon
@@ -259,20 +261,22 @@ async def test_blocking_facade_calls_whose_daemon_hangs_end_by_their_timeout(
         prompt = LLMDataDist(LLMRole.PROMPT, next_cluster_id(), daemon=prefill.client_target)
         await prompt.init(_cluster_options())
         src = await prompt.cache_manager.allocate_cache(DESC)
-        client = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", FACADE, decode.client_target, prefill.peer_address,
-            str(next_cluster_id()), json.dumps(_cluster_options()), str(prompt.cluster_id),
-            str(src.cache_id), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        errors = decode.tmpdir / "facade.err"  # the client's stderr, for failures
+        with errors.open("wb") as stderr:
+            client = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", FACADE, decode.client_target, prefill.peer_address,
+                str(next_cluster_id()), json.dumps(_cluster_options()), str(prompt.cluster_id),
+                str(src.cache_id), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr)
         assert client.stdin is not None and client.stdout is not None
         try:
             line = await asyncio.wait_for(client.stdout.readline(), 60)
-            assert line == b"ready\n", line
+            assert line == b"ready\n", (line, errors.read_text())
             with _paused(decode):
                 client.stdin.write(b"go\n")
                 line = await asyncio.wait_for(client.stdout.readline(), 60)
             results = json.loads(line)
             client.stdin.write(b"done\n")
-            assert await asyncio.wait_for(client.wait(), 60) == 0
+            assert await asyncio.wait_for(client.wait(), 60) == 0, errors.read_text()
         finally:
             if client.returncode is None:
                 client.kill()
@@ -282,3 +286,41 @@ async def test_blocking_facade_calls_whose_daemon_hangs_end_by_their_timeout(
         assert results["allocate_cache"][0] == "LLM_TIMEOUT", results
         _assert_within(results["allocate_cache"][1], CONTROL_TIMEOUT_MS / 1000)
         await prompt.finalize()
+
+
+class _AllReady(LayerSynchronizer):
+    """An ``async def`` synchronizer: every layer is ready at once."""
+
+    async def synchronize_layer(  # type: ignore[override]
+            self, layer_index: int, timeout_in_millis: int | None) -> bool:
+        return True
+
+
+async def test_a_layerwise_task_whose_daemon_hangs_ends_by_its_layers_timeout(
+        next_cluster_id: Callable[[], int]) -> None:
+    async with start_daemon(pool__max_bytes="512MiB") as sender_side, \
+            start_daemon(pool__max_bytes="512MiB") as receiver_side:
+        sender = LLMDataDist(LLMRole.DECODER, next_cluster_id(),
+                             daemon=sender_side.client_target)
+        receiver = LLMDataDist(LLMRole.PROMPT, next_cluster_id(),
+                               daemon=receiver_side.client_target)
+        accessible = {"llm.EnableRemoteCacheAccessible": "1"}
+        await receiver.init(_cluster_options(**accessible))
+        await sender.init(_cluster_options(**accessible))
+        status, results = await sender.link_clusters(
+            [cluster_info(receiver.cluster_id, receiver_side.peer_address)], timeout=5000)
+        assert status == LLMStatusCode.LLM_SUCCESS, results
+        desc = CacheDesc(4, [1, 64 * 1024], DataType.DT_UINT8)  # 2 layers
+        src = await sender.cache_manager.allocate_cache(desc)
+        dst = await receiver.cache_manager.allocate_cache(desc)
+        config = TransferWithCacheKeyConfig(
+            CacheKeyByIdAndIndex(receiver.cluster_id, dst.cache_id, 0), range(2), range(2))
+        with _paused(sender_side):
+            started = time.monotonic()
+            task = sender.cache_manager.transfer_cache_async(src, _AllReady(), [config])
+            statuses = await asyncio.wait_for(task.get_results(), 60)
+            elapsed = time.monotonic() - started
+        assert statuses == [LLMStatusCode.LLM_TIMEOUT], statuses
+        _assert_within(elapsed, SYNC_KV_TIMEOUT_MS / 1000)
+        await sender.finalize()
+        await receiver.finalize()
