@@ -138,11 +138,13 @@ async def test_a_repeated_pull_whose_daemon_hangs_ends_by_its_timeout(
         _assert_within(elapsed, SYNC_KV_TIMEOUT_MS / 1000)
 
 
+@pytest.mark.parametrize("transfer_lane", [True, False], ids=["lane", "grpc"])
 async def test_control_calls_whose_daemon_hangs_end_by_the_control_timeout(
-        next_cluster_id: Callable[[], int]) -> None:
+        next_cluster_id: Callable[[], int], transfer_lane: bool) -> None:
     """allocate, deallocate, copy and switch_role have no timeout of LLM-DataDist's:
-    they end by hixl.ControlCallTimeout."""
-    async with _linked(next_cluster_id) as (decode, _prompt, decoder, _src, dst):
+    they end by hixl.ControlCallTimeout (copies take the lane when it is open)."""
+    async with _linked(next_cluster_id, transfer_lane) as (decode, _prompt, decoder, _src,
+                                                           dst):
         manager = decoder.cache_manager
         other = await manager.allocate_cache(DESC)
         calls: list[tuple[str, Callable[[], Awaitable[Any]]]] = [
