@@ -9,9 +9,9 @@ the call as the async client does, writes the lane frame itself and waits in
 connection, bound to the session by HELLO like every lane connection, so
 replies never need sorting between threads.
 
-Every wait is bounded: a call waits for its own timeout plus the client's
-margin, and a connection that timed out is closed, since its reply may still
-come. Control calls still go through the loop thread.
+Every wait is bounded as on the other lanes (``_transport``): the frame
+carries the call's deadline, the thread gives up LANE_GRACE_S after it, and a
+connection that timed out is closed, since its reply may still come. Control calls still go through the loop thread.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from hixl_wire.lane import (
     reply_of,
 )
 
+from ._transport import LANE_GRACE_S
 from .status import LLMException, LLMStatusCode
 
 logger = logging.getLogger(__name__)
@@ -68,8 +69,9 @@ class BlockingLane:
         return self._sock is not None
 
     def call(self, method: str, request: Any, timeout_s: float) -> Any:
-        """Run ``method`` with ``request``, waiting at most ``timeout_s`` (the
-        daemon's deadline for it too); raises LLMException as a lane call does."""
+        """Run ``method`` with ``request`` under the deadline ``timeout_s`` (the
+        frame carries it to the daemon), waiting LANE_GRACE_S longer at most;
+        raises LLMException as a lane call does."""
         lane_method = CLIENT_METHODS[method]
         return self._exchange(lane_method.kind, lane_method.write_request(request), timeout_s,
                               lane_method.read_reply)
@@ -81,7 +83,7 @@ class BlockingLane:
                                status_code=LLMStatusCode.LLM_FAILED)
         self._next_id = call_id = (self._next_id + 1) & 0xFFFFFFFF
         try:
-            sock.settimeout(timeout_s)
+            sock.settimeout(timeout_s + LANE_GRACE_S)
             sock.sendall(frame_of(call_id, kind, timeout_s, 0, body))
             while True:
                 data = sock.recv(_READ_BYTES)

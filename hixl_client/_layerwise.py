@@ -28,6 +28,7 @@ from hixl_wire.defaults import SESSION_METADATA_KEY
 from hixl_wire.status import error_from_rpc
 
 from . import timing
+from ._transport import CALL_MARGIN_S, LANE_GRACE_S
 from .status import LLMException, LLMStatusCode
 from .timing import LayerLag
 from .transfer_config import TransferConfig, TransferWithCacheKeyConfig
@@ -292,7 +293,10 @@ async def drive(task: CacheTask, connection: DaemonConnection, start: client_pb2
     the lane whose reply is that layer's progress (one lane round trip instead
     of two stream messages); the stream carries the task's start and end. A
     blocking synchronizer's thread sends those calls itself (``_ThreadFrames``).
+    ``timeout_s`` bounds each layer (sync_kv_timeout); every wait here ends
+    CALL_MARGIN_S after it at the latest, even when the daemon stopped answering.
     """
+    bound_s = timeout_s + CALL_MARGIN_S
     call = connection.stub.TransferCache(
         metadata=((SESSION_METADATA_KEY, connection.session_id),))
     on_lane = connection.has_lane
@@ -312,7 +316,7 @@ async def drive(task: CacheTask, connection: DaemonConnection, start: client_pb2
     layer_calls: list[asyncio.Task[None]] = []
     frames = None
     if on_lane and layers and not inspect.iscoroutinefunction(synchronizer.synchronize_layer):
-        frames = await _thread_frames(connection, start.lane_task_id, layers, timeout_s)
+        frames = await _thread_frames(connection, start.lane_task_id, layers, bound_s)
     asking = _Synchronizer(synchronizer, layers, None if frames is None else frames.send)
     try:
         await call.write(client_pb2.TransferMessage(start=start))
@@ -349,9 +353,16 @@ async def drive(task: CacheTask, connection: DaemonConnection, start: client_pb2
             # callback for each, which took CPU from the last layer's bytes.
             if out := [layer_call for layer_call in layer_calls if not layer_call.done()]:
                 await asyncio.wait((asyncio.gather(*out, return_exceptions=True), reader),
-                                   timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+                                   timeout=bound_s, return_when=asyncio.FIRST_COMPLETED)
             await _send(call, None)
-            await asyncio.wait_for(reader, timeout_s)
+            # The stream's last reports; after a failed layer (its status is
+            # recorded) only briefly, so a hung daemon adds no second bound.
+            failed = task._failed()
+            try:
+                await asyncio.wait_for(reader, LANE_GRACE_S if failed else bound_s)
+            except asyncio.TimeoutError:
+                if not failed:
+                    raise
         finally:
             reader.cancel()
     except grpc.aio.AioRpcError as err:

@@ -18,9 +18,6 @@ if TYPE_CHECKING:
     from .device_buffer import DeviceShareableBuffer
     from .shareable import ShareableBuffer
 
-# The daemon bounds a pull by sync_kv_timeout; the RPC deadline only guards
-# against a daemon that stopped answering altogether.
-PULL_RPC_MARGIN_S = 10.0
 PULL_KWARGS = ("src_layer_range", "dst_layer_range", "tensor_num_per_layer")
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hixl_wire.lane import (
+    DEADLINE_GRACE_S,
     KIND_HELLO,
     REPLY_OK,
     CallBook,
@@ -60,13 +61,14 @@ class ThreadCall:
 class ThreadLane:
     """One lane connection: frames written by a worker thread, replies read by the loop."""
 
-    def __init__(self, sock: socket.socket, methods: Methods, what: str) -> None:
+    def __init__(self, sock: socket.socket, methods: Methods, what: str,
+                 grace_s: float = DEADLINE_GRACE_S) -> None:
         self._sock = sock
         self._fd = sock.fileno()
         self._methods = methods
         self._what = what
         self._loop = asyncio.get_running_loop()
-        self._calls = CallBook(what, LLMStatusCode.LLM_FAILED)
+        self._calls = CallBook(what, LLMStatusCode.LLM_FAILED, grace_s)
         self._reader = FrameReader()
         self._writing = threading.Lock()
         self._closing = False
@@ -74,14 +76,15 @@ class ThreadLane:
 
     @classmethod
     async def connect_unix(cls, path: str, methods: Methods, what: str, timeout_s: float,
-                           hello: bytes) -> ThreadLane:
-        """Connect to the transfer lane's unix socket and bind it with ``hello``."""
+                           hello: bytes, grace_s: float = DEADLINE_GRACE_S) -> ThreadLane:
+        """Connect to the transfer lane's unix socket and bind it with ``hello``;
+        ``grace_s``: how long past a call's deadline its reply may come."""
         loop = asyncio.get_running_loop()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.setblocking(False)
             await asyncio.wait_for(loop.sock_connect(sock, path), timeout_s)
-            lane = cls(sock, methods, what)
+            lane = cls(sock, methods, what, grace_s)
         except BaseException:
             sock.close()
             raise

@@ -11,7 +11,8 @@ from hixl_wire.lane import RepeatFrame
 
 from . import timing
 from ._layerwise import CacheTask, build_start, drive
-from ._manager_base import PULL_KWARGS, PULL_RPC_MARGIN_S, ManagerBase, ref_to_proto
+from ._manager_base import PULL_KWARGS, ManagerBase, ref_to_proto
+from ._transport import CALL_MARGIN_S
 from ._validation import (
     check_int64,
     check_isinstance,
@@ -124,15 +125,12 @@ class TransferOps(ManagerBase):
             kwargs.get("src_layer_range"), kwargs.get("dst_layer_range"), per_layer)
         return per_layer, src_indices, dst_indices
 
-    @property
-    def transfer_timeout_s(self) -> float:
-        """How long a transfer call may take: ``sync_kv_timeout`` plus the margin."""
-        return self._sync_timeout_s + PULL_RPC_MARGIN_S
-
     async def _call_transfer(self, operation: str, request: Any) -> Any:
         started = time.perf_counter()
+        # The daemon bounds the transfer by sync_kv_timeout; the connection adds
+        # the margin that bounds a daemon which stopped answering.
         reply = await self._connection.transfer(_RPC_OF[operation], request,
-                                                timeout=self.transfer_timeout_s)
+                                                timeout=self._sync_timeout_s)
         timing.record(operation, time.perf_counter() - started, reply)
         return reply
 
@@ -140,7 +138,7 @@ class TransferOps(ManagerBase):
         """Run a transfer built by a ``*_request`` method on ``lane``, a
         `_blocking_lane.BlockingLane` of the calling thread (the blocking facade)."""
         started = time.perf_counter()
-        reply = lane.call(_RPC_OF[operation], request, self.transfer_timeout_s)
+        reply = lane.call(_RPC_OF[operation], request, self._sync_timeout_s + CALL_MARGIN_S)
         timing.record(operation, time.perf_counter() - started, reply)
 
     async def _repeated(self, operation: str, shape: TransferShape, src_batch: int,
@@ -155,7 +153,7 @@ class TransferOps(ManagerBase):
         started = time.perf_counter()
         method = "RepeatPull" if operation == "pull_cache" else "RepeatPush"
         reply = await lane.call(method, RepeatFrame(handle, src_batch, dst_batch),
-                                self._sync_timeout_s + PULL_RPC_MARGIN_S)
+                                self._sync_timeout_s + CALL_MARGIN_S)
         timing.record(operation, time.perf_counter() - started, reply)
         return True
 
@@ -390,7 +388,7 @@ class TransferOps(ManagerBase):
         start = build_start(src_cache.cache_id, transfer_configs, src_block_indices,
                             dst_block_indices, dst_block_memory_size)
         task._start(drive(task, self._connection, start, layer_synchronizer, num_layers,
-                          self._sync_timeout_s + PULL_RPC_MARGIN_S))
+                          self._sync_timeout_s))
         return task
 
 

@@ -29,9 +29,21 @@ from .status import LLMException, LLMStatusCode
 
 logger = logging.getLogger(__name__)
 
-# Daemon calls that do only control work; transfers pass their own deadline.
-CONTROL_TIMEOUT_S = 30.0
-ATTACH_TIMEOUT_S = 10.0
+# Every call ends by its own timeout plus a fixed margin, even when the local
+# daemon stops answering (hung, SIGSTOPped): the daemon bounds its work by the
+# call's timeout and answers a late call itself (LLM_TIMEOUT), and the
+# margin only covers a daemon that answers nothing at all. Over gRPC the
+# deadline is the timeout plus CALL_MARGIN_S; on the transfer lane the frame
+# carries the same deadline and the client gives up LANE_GRACE_S after it,
+# within one watchdog tick (hixl_wire.lane.WATCHDOG_TICK_S). README, "Bounded
+# calls", lists each call's timeout.
+CALL_MARGIN_S = 0.5
+LANE_GRACE_S = 0.2
+# Calls without a timeout of LLM-DataDist's own (attach, init's control part,
+# allocate, register, deallocate, copies, switch_role, finalize): this bound,
+# or the cluster option CONTROL_TIMEOUT_OPTION (milliseconds).
+CONTROL_TIMEOUT_S = 10.0
+CONTROL_TIMEOUT_OPTION = "hixl.ControlCallTimeout"
 # Idle thread lanes kept for the next layer-wise tasks (one per task in flight).
 IDLE_THREAD_LANES = 4
 
@@ -42,8 +54,11 @@ class DaemonConnection:
     """A channel to the local daemon plus the session that ties us to it."""
 
     def __init__(self, target: str, client_name: str = "",
-                 transfer_lane: bool | None = None) -> None:
+                 transfer_lane: bool | None = None,
+                 control_timeout_s: float = CONTROL_TIMEOUT_S) -> None:
         self.target = target
+        # The timeout of calls that have none of their own (see CONTROL_TIMEOUT_S).
+        self.control_timeout_s = control_timeout_s
         self._use_lane = transfer_lane_enabled() if transfer_lane is None else transfer_lane
         self.lane: Lane | None = None
         self._idle_thread_lanes: list[ThreadLane] = []
@@ -80,15 +95,16 @@ class DaemonConnection:
         self._attach = self._stub.Attach(
             client_pb2.AttachRequest(client_pid=os.getpid(), client_name=self._client_name),
             wait_for_ready=False)
+        attach_s = self.control_timeout_s + CALL_MARGIN_S
         try:
-            event = await asyncio.wait_for(self._attach.read(), ATTACH_TIMEOUT_S)
+            event = await asyncio.wait_for(self._attach.read(), attach_s)
         except grpc.aio.AioRpcError as err:
             await self.close()
             raise error_from_rpc(err, f"hixl daemon at {self.target}") from None
         except asyncio.TimeoutError:
             await self.close()
             raise LLMException(f"hixl daemon at {self.target} did not answer within "
-                               f"{ATTACH_TIMEOUT_S} s",
+                               f"{attach_s:g} s",
                                status_code=LLMStatusCode.LLM_TIMEOUT) from None
         if event is grpc.aio.EOF or not event.HasField("attached"):
             await self.close()
@@ -109,7 +125,9 @@ class DaemonConnection:
         try:
             self.lane = await Lane.connect_unix(path, CLIENT_METHODS,
                                                 f"hixl daemon at {self.target}",
-                                                ATTACH_TIMEOUT_S, hello=self.session_id.encode())
+                                                self.control_timeout_s,
+                                                hello=self.session_id.encode(),
+                                                grace_s=LANE_GRACE_S)
         except (OSError, asyncio.TimeoutError, LLMException) as exc:
             logger.warning("hixl daemon at %s: transfer lane %s unavailable, transfers use "
                            "gRPC: %s", self.target, path, exc or type(exc).__name__)
@@ -126,13 +144,18 @@ class DaemonConnection:
                 self.lost = f"the session ended: {err.code().name}"
 
     async def call(self, method: Callable[..., Awaitable[Reply]], request: Any,
-                   timeout: float = CONTROL_TIMEOUT_S) -> Reply:
-        """Run one unary call in the session, mapping failures to LLMException."""
+                   timeout: float | None = None) -> Reply:
+        """Run one unary call in the session, mapping failures to LLMException.
+
+        ``timeout``: the call's own timeout in seconds (None: the control
+        timeout); the call ends CALL_MARGIN_S after it at the latest."""
         if self.lost is not None:
             raise LLMException(f"hixl daemon at {self.target}: {self.lost}",
                                status_code=LLMStatusCode.LLM_FAILED)
+        timeout_s = self.control_timeout_s if timeout is None else timeout
         try:
-            return await method(request, timeout=timeout, metadata=self._metadata)
+            return await method(request, timeout=timeout_s + CALL_MARGIN_S,
+                                metadata=self._metadata)
         except grpc.aio.AioRpcError as err:
             raise error_from_rpc(err, f"hixl daemon at {self.target}") from None
 
@@ -141,17 +164,18 @@ class DaemonConnection:
         """Transfer calls go over the transfer lane (open, and the session alive)."""
         return self.lane is not None and self.lane.is_open and self.lost is None
 
-    async def transfer(self, name: str, request: Any,
-                       timeout: float = CONTROL_TIMEOUT_S) -> Any:
-        """Run transfer call ``name`` on the lane when it is open, else over gRPC."""
+    async def transfer(self, name: str, request: Any, timeout: float | None = None) -> Any:
+        """Run transfer call ``name`` on the lane when it is open, else over gRPC;
+        ``timeout`` as for :meth:`call`."""
         return await self.begin_transfer(name, request, timeout)
 
     def begin_transfer(self, name: str, request: Any,
-                       timeout: float = CONTROL_TIMEOUT_S) -> Coroutine[Any, Any, Any]:
+                       timeout: float | None = None) -> Coroutine[Any, Any, Any]:
         """:meth:`transfer` as a coroutine to await later; on the lane the call
         is already sent when this returns (see :meth:`Lane.begin`)."""
         if self.lane is not None and self.has_lane and request.ByteSize() <= MAX_BODY:
-            return self.lane.begin(name, request, timeout)
+            timeout_s = self.control_timeout_s if timeout is None else timeout
+            return self.lane.begin(name, request, timeout_s + CALL_MARGIN_S)
         return self.call(self.method(name), request, timeout)
 
     async def take_thread_lane(self) -> ThreadLane | None:
@@ -167,7 +191,8 @@ class DaemonConnection:
         try:
             return await ThreadLane.connect_unix(self.lane_socket, CLIENT_METHODS,
                                                  f"hixl daemon at {self.target}",
-                                                 ATTACH_TIMEOUT_S, self.session_id.encode())
+                                                 self.control_timeout_s,
+                                                 self.session_id.encode(), LANE_GRACE_S)
         except (OSError, asyncio.TimeoutError, LLMException) as exc:
             logger.warning("hixl daemon at %s: no thread lane, layers are sent from the "
                            "event loop: %s", self.target, exc or type(exc).__name__)

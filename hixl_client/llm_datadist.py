@@ -16,7 +16,7 @@ from hixl_wire._proto.hixl.v1 import client_pb2
 from ._comm_ops import CommOps
 from ._defaults import default_daemon_target
 from ._memory import PoolMapping, map_pools
-from ._transport import CONTROL_TIMEOUT_S, DaemonConnection
+from ._transport import CONTROL_TIMEOUT_OPTION, CONTROL_TIMEOUT_S, DaemonConnection
 from ._validation import check_int32, check_isinstance, check_uint64
 from .cache_manager import CacheManager
 from .config import LLMClusterInfo, int_to_ip
@@ -33,7 +33,6 @@ OPT_TRANSFER_BACKEND = "llm.TransferBackend"
 OPT_LISTEN_IP_INFO = "llm.listenIpInfo"
 OPT_FLOW_GRAPH_MEM = "ge.flowGraphMemMaxSize"
 OPT_POOLS = ("llm.MemPoolConfig", "llm.HostMemPoolConfig")
-LINK_RPC_MARGIN_S = 10.0
 # Init creates the cluster's pools, and the daemon maps, pre-faults and writes
 # every page of them first (0.7 s per GiB on the slow VMs hixl is developed
 # on): Init may take this long per GiB on top of a control call, so a large
@@ -41,9 +40,26 @@ LINK_RPC_MARGIN_S = 10.0
 POOL_SETUP_S_PER_GIB = 2.0
 
 
-def init_timeout_s(options: dict[str, str]) -> float:
-    """How long Init may take: a control call, plus the setup of the pools it
-    asks for. Pool options the daemon will refuse count for nothing here."""
+def control_timeout_s(options: dict[str, str]) -> float:
+    """The timeout of calls without one of LLM-DataDist's own, in seconds: the
+    option ``hixl.ControlCallTimeout`` (milliseconds, a positive int32), else
+    CONTROL_TIMEOUT_S.
+
+    Raises:
+        LLMException: the option is not a positive int32 (``LLM_PARAM_INVALID``).
+    """
+    value = options.get(CONTROL_TIMEOUT_OPTION)
+    if value is None:
+        return CONTROL_TIMEOUT_S
+    raise_if_false(isinstance(value, str) and value.isdigit() and 0 < int(value) < 2**31,
+                   "{0} must be milliseconds in [1, 2**31-1], got {1!r}.",
+                   CONTROL_TIMEOUT_OPTION, value)
+    return int(value) / 1000.0
+
+
+def init_timeout_s(options: dict[str, str], control_s: float = CONTROL_TIMEOUT_S) -> float:
+    """How long Init may take: a control call (``control_s``), plus the setup of
+    the pools it asks for. Pool options the daemon will refuse count for nothing here."""
     pool_bytes = 0
     for name in OPT_POOLS:
         try:
@@ -52,7 +68,7 @@ def init_timeout_s(options: dict[str, str]) -> float:
             continue
         if isinstance(size, int) and not isinstance(size, bool) and size > 0:
             pool_bytes += size
-    return CONTROL_TIMEOUT_S + POOL_SETUP_S_PER_GIB * pool_bytes / 2**30
+    return control_s + POOL_SETUP_S_PER_GIB * pool_bytes / 2**30
 
 
 def normalize_options(options: dict[str, str], role: LLMRole) -> dict[str, str]:
@@ -185,12 +201,14 @@ class LLMDataDist(CommOps):
         if normalized.get(OPT_CACHE_MANAGER) != "1":
             raise ImportError("hixl implements LLM-DataDist's cache-manager mode only; set "
                               "LLMConfig.enable_cache_manager = True")
-        connection = DaemonConnection(self._daemon, transfer_lane=self._transfer_lane)
+        control_s = control_timeout_s(normalized)
+        connection = DaemonConnection(self._daemon, transfer_lane=self._transfer_lane,
+                                      control_timeout_s=control_s)
         await connection.open()
         try:
             reply = await connection.call(connection.stub.Init, client_pb2.InitRequest(
                 cluster_id=self._cluster_id, role=int(self._role), options=normalized),
-                init_timeout_s(normalized))
+                init_timeout_s(normalized, control_s))
 
             async def share(tgid: int) -> client_pb2.ShareDevicePoolsReply:
                 reply: client_pb2.ShareDevicePoolsReply = await connection.call(
@@ -215,6 +233,11 @@ class LLMDataDist(CommOps):
 
         A no-op when not initialized. The old ``cache_manager`` raises
         ``LLM_ENGINE_FINALIZED`` afterwards; a later ``init`` creates a new one.
+        Never raises for the daemon's sake: when it went away (closed the
+        session, died) or does not answer within the control timeout, the
+        failure is logged and the session ends anyway, which frees what the
+        daemon holds for it; so ``async with`` never hides the error that
+        left its block.
         """
         connection, self._connection = self._connection, None
         manager, self._cache_manager = self._cache_manager, None
@@ -227,6 +250,9 @@ class LLMDataDist(CommOps):
         self._close_pools()
         try:
             await connection.call(connection.stub.Finalize, client_pb2.FinalizeRequest())
+        except LLMException as exc:
+            logger.warning("finalizing cluster %d: %s; the session ends anyway", self._cluster_id,
+                           exc)
         finally:
             await connection.close()
 
@@ -272,7 +298,7 @@ class LLMDataDist(CommOps):
                                 else client_pb2.LinkClustersRequest)
             reply = await connection.call(
                 method, request_cls(clusters=targets, timeout_ms=timeout, force=force),
-                timeout=timeout / 1000.0 + LINK_RPC_MARGIN_S)
+                timeout=timeout / 1000.0)
             for target, answer in zip(targets, reply.results, strict=True):
                 if answer.status != LLMStatusCode.LLM_SUCCESS:
                     # LLM-DataDist returns statuses only: the daemon's reason goes to the log.

@@ -152,10 +152,18 @@ def _run(config: DaemonConfig, config_path: Path | None) -> int:
     # Before any thread or large allocation exists (see _glibc).
     if not return_large_allocations():
         logger.debug("not glibc: large allocations keep the C library's default")
+    from hixl_service.listeners import StartRefused, check_start
+
+    # A start that must be refused is, before the slow imports below and
+    # before anything is created: it exits 2 at once and leaves nothing.
+    try:
+        check_start(config)
+    except StartRefused as exc:
+        logger.critical("%s", exc)
+        return EXIT_CONFIG
     # Imported only now: the server pulls in grpc and the native module,
     # which --check and --print-config do not need.
     from hixl_service.ascend.backend import BackendUnavailable
-    from hixl_service.listeners import StartRefused
     from hixl_service.server import run_daemon
 
     try:

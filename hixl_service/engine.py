@@ -31,6 +31,7 @@ from .caches import Caches, NewCache
 from .cluster import Cluster, ClusterSettings
 from .completions import CompletionDispatcher
 from .copier import Copier
+from .drain import Drain
 from .inbound import DaemonFacts, InboundLinks, PeerLaneInfo
 from .load import TransferLoad
 from .outbound import OutboundLinks
@@ -82,6 +83,7 @@ class Engine:
         self.clusters: dict[int, Cluster] = {}
         self._initializing: set[int] = set()
         self.sessions = Sessions()
+        self.drain = Drain(deps.load)
         self.kit = TransportKit(deps.copier, deps.dispatcher, deps.ascend,
                                 deps.streams_per_link, deps.connect_timeout_s)
         self.regions = Regions(deps.data_server)
@@ -186,6 +188,12 @@ class Engine:
             raise LLMException("unlink every cluster before switching roles",
                                status_code=LLMStatusCode.LLM_EXIST_LINK)
         cluster.role = role
+
+    def begin_drain(self) -> bool:
+        """Refuse new sessions, links and transfers from now on (``drain``); False if
+        the drain had begun already."""
+        self.sessions.closing = True
+        return self.drain.begin()
 
     async def close(self) -> None:
         """Drain: end every session, then release native resources."""

@@ -1,13 +1,15 @@
 """Listeners the daemon can trust: where its sockets live and what it exposes.
 
 Checks that refuse a start (``StartRefused``, exit 2), each naming what to
-change:
+change (``check_start`` makes the ones that need nothing created yet, first):
 
 * the socket directory is created 0750 and must be owned by the daemon's
   user with no group or other write, so nobody else can replace a socket in
   it (a squatted or loosened directory is refused, never "fixed");
 * unix sockets are bound under a umask that gives them 0660 from the start,
   never chmod'ed after they listen;
+* a client socket that another daemon serves is refused before anything is
+  created; a leftover of a killed daemon is removed;
 * a TCP port that is already served is refused at once (SO_REUSEPORT is off
   on every listener), before anything else of the daemon listens;
 * a TCP listener off loopback that nothing authenticates is refused (peers:
@@ -59,6 +61,14 @@ def prepare_socket_dir(directory: Path) -> None:
         raise StartRefused(f"socket directory {directory} has mode "
                            f"{stat.S_IMODE(info.st_mode):04o}: group or others may write "
                            f"in it; chmod it to 0750 (or stricter)")
+
+
+def check_start(config: DaemonConfig) -> None:
+    """The refusals a start can make before it creates anything (exit 2 at once):
+    unauthenticated exposure, and a client socket another daemon serves."""
+    check_exposure(config)
+    if config.server.client_socket is not None:
+        clear_stale_socket(config.server.client_socket)
 
 
 def clear_stale_socket(path: Path) -> None:

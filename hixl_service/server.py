@@ -8,8 +8,12 @@ and reflection (v1 and v1alpha), so ``grpcurl`` works on every listener;
 with ``security.mode = "mtls"`` every TCP listener requires client
 certificates (``trust``), and listeners are checked before they start
 (``listeners``). Readiness (ready file, sd_notify) is announced only once
-everything listens; SIGTERM/SIGINT stop taking work, end sessions, and free
-the pools before the process exits. Under systemd a task on the loop sends
+everything listens. SIGTERM, SIGINT and ``Admin/Drain`` begin the drain
+(``drain``): new sessions, links and transfers are refused, the transfers
+and layer-wise tasks in flight get ``server.grace_period_s`` to end, then the
+sessions end (their links closed, peers told) and the pools are freed; the
+process exits 0. Every way out of :meth:`Daemon.run` removes the sockets it
+created; a refused start creates none. Under systemd a task on the loop sends
 watchdog pings and ``STATUS=`` lines; SIGHUP reloads what can be reloaded
 (``reload``).
 """
@@ -60,7 +64,7 @@ from .interceptors import (
 from .lane_server import LaneServer
 from .listeners import (
     StartRefused,
-    check_exposure,
+    check_start,
     clear_stale_socket,
     prepare_socket_dir,
     refuse_busy_port,
@@ -168,8 +172,21 @@ class Daemon:
         return client
 
     def stop(self) -> None:
-        """Begin the graceful stop that SIGTERM begins."""
+        """Begin the graceful stop that SIGTERM begins (the drain)."""
         self._stop.set()
+
+    def _handle_signals(self, loop: asyncio.AbstractEventLoop, on: bool) -> None:
+        # From the start on: a stop asked for while starting drains once
+        # serving, and SIGHUP (whose default would end the process) reloads.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            if on:
+                loop.add_signal_handler(sig, self.stop)
+            else:
+                loop.remove_signal_handler(sig)
+        if on:
+            loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
+        else:
+            loop.remove_signal_handler(signal.SIGHUP)
 
     # -- systemd and SIGHUP (README "Operating hixl") ---------------------------
 
@@ -215,12 +232,23 @@ class Daemon:
         to the caller (a daemon run inside a test process)."""
         cfg = self.config
         loop = asyncio.get_running_loop()
-        # Refusals (exit 2) come before anything listens.
-        if handle_signals:
-            loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
-        check_exposure(cfg)
-        self.trust = trust = Trust(cfg.security, cfg.limits)
+        # Refusals (exit 2) come before anything listens or is created.
+        check_start(cfg)
+        self.trust = Trust(cfg.security, cfg.limits)
         prepare_socket_dir(self.fd_path.parent)
+        if handle_signals:
+            self._handle_signals(loop, on=True)
+        created: list[Path] = []  # sockets and the ready file: removed on every way out
+        try:
+            await self._run(cfg, loop, created)
+        finally:
+            unlink_all(created)
+            if handle_signals:
+                self._handle_signals(loop, on=False)
+
+    async def _run(self, cfg: DaemonConfig, loop: asyncio.AbstractEventLoop,
+                   created: list[Path]) -> None:
+        trust = self.trust
         ascend: AscendBackend | None = None
         if cfg.pool.backend == "hccl":
             # Raises BackendUnavailable (the process exits 2): never a silent fallback.
@@ -229,7 +257,6 @@ class Daemon:
         # A start that fails part way releases what it had taken (sockets,
         # listeners, the data server) before the error ends the process.
         unwind = contextlib.AsyncExitStack()
-        created: list[Path] = []  # sockets to remove if the start fails
         try:
             data_address = f"{cfg.server.peer_host}:{cfg.server.data_port}"
             try:
@@ -301,12 +328,13 @@ class Daemon:
             client_pb2_grpc.add_ClientServicer_to_server(client_servicer,
                                                          generic_only(client_server))
             admin_pb2_grpc.add_AdminServicer_to_server(
-                AdminServicer(engine, cfg.pool.backend, peer_address),
+                AdminServicer(engine, cfg.pool.backend, peer_address, self.stop,
+                              cfg.server.grace_period_s),
                 generic_only(client_server))
             _add_common(client_server, health_servicer, (*SERVICE_NAMES["client"], ADMIN_NAME))
             client_target = ""
             if self.socket_path is not None:
-                clear_stale_socket(self.socket_path)
+                clear_stale_socket(self.socket_path)  # checked at the start; gone since?
                 created.append(self.socket_path)
                 with socket_umask():  # 0660 from the start, never chmod'ed once it listens
                     _add_port(client_server, f"unix:{self.socket_path}", "clients", None)
@@ -322,18 +350,15 @@ class Daemon:
             await client_server.start()
         except BaseException:
             await unwind.aclose()
-            unlink_all(created)
             raise
         await health_servicer.serving()
-        if handle_signals:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, self._stop.set)
         record = {"pid": os.getpid(), "client_target": client_target,
                   "peer_address": peer_address,
                   "data_address": f"{self.advertise_host}:{data_server.port}",
                   "daemon_id": self.daemon_id}
         if cfg.server.ready_file is not None:
             _write_ready_file(cfg.server.ready_file, record)
+            created.append(cfg.server.ready_file)
         _systemd.notify("READY=1\nSTATUS=serving")
         logger.info("hixl-serviced %s ready: clients %s, peers %s, data %s", __version__,
                     client_target, peer_address, record["data_address"])
@@ -350,23 +375,27 @@ class Daemon:
         for task in self._background:
             task.cancel()
 
-        logger.info("stopping: draining sessions and transfers")
-        _systemd.notify("STOPPING=1")
-        await health_servicer.enter_graceful_shutdown()
-        client_servicer.stop_sessions()
+        # The drain (drain.py): refuse new work, let what runs end, then stop.
         grace = cfg.server.grace_period_s
-        lanes = [lane.stop(grace) for lane in (lane_server, peer_lane) if lane is not None]
-        await asyncio.gather(client_server.stop(grace), peer_server.stop(grace), *lanes)
+        deadline = loop.time() + grace
+        engine.begin_drain()
+        _systemd.notify("STOPPING=1\nSTATUS=draining")
+        logger.info("draining: refusing new sessions, links and transfers; %s in flight get "
+                    "up to %g s to end", engine.drain.in_flight(), grace)
+        await health_servicer.enter_graceful_shutdown()
+        if not await engine.drain.wait_idle(grace):
+            logger.warning("grace_period_s (%g s) is over with %s still running: they are "
+                           "cancelled", grace, engine.drain.in_flight())
+        client_servicer.stop_sessions()  # their links close, the peers told
+        left = max(0.0, deadline - loop.time())
+        lanes = [lane.stop(left) for lane in (lane_server, peer_lane) if lane is not None]
+        await asyncio.gather(client_server.stop(left), peer_server.stop(left), *lanes)
         await client_servicer.wait_cleanups()
         await engine.close()
         await fd_server.close()
         for peer in self._peers.values():
             await peer.close()
         await asyncio.to_thread(data_server.close)
-        if self.socket_path is not None:
-            self.socket_path.unlink(missing_ok=True)
-        if cfg.server.ready_file is not None:
-            cfg.server.ready_file.unlink(missing_ok=True)
         logger.info("stopped")
 
 

@@ -1,13 +1,18 @@
-"""The Admin service: a read-only snapshot of the daemon for operators."""
+"""The Admin service: a snapshot of the daemon for operators, and its drain."""
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Callable
 
+from hixl_client.status import LLMException, LLMStatusCode
 from hixl_wire._proto.hixl.v1 import admin_pb2, admin_pb2_grpc
 
 from .calls import CallInfo, unary
 from .engine import Engine
+
+logger = logging.getLogger(__name__)
 
 
 def snapshot(engine: Engine, backend: str, peer_address: str) -> admin_pb2.DaemonStatus:
@@ -85,12 +90,30 @@ def summary(engine: Engine) -> str:
 class AdminServicer(admin_pb2_grpc.AdminServicer):
     """Handlers of the Admin service."""
 
-    def __init__(self, engine: Engine, backend: str, peer_address: str) -> None:
+    def __init__(self, engine: Engine, backend: str, peer_address: str,
+                 on_drain: Callable[[], None] | None = None, grace_period_s: float = 0.0
+                 ) -> None:
         self._engine = engine
         self._backend = backend
         self._peer_address = peer_address
+        self._on_drain = on_drain  # begins the daemon's graceful stop (server.Daemon.stop)
+        self._grace_period_s = grace_period_s
 
     @unary
     async def GetStatus(self, request: admin_pb2.GetStatusRequest,
                         context: CallInfo) -> admin_pb2.DaemonStatus:
         return snapshot(self._engine, self._backend, self._peer_address)
+
+    # branch lifecycle: Admin/Drain, the graceful stop of SIGTERM (drain.py).
+    @unary
+    async def Drain(self, request: admin_pb2.DrainRequest,
+                    context: CallInfo) -> admin_pb2.DrainReply:
+        if self._on_drain is None:
+            raise LLMException("this daemon cannot be drained over Admin",
+                               status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
+        already = self._engine.drain.draining
+        logger.info("Admin/Drain: %s", "the drain has begun already" if already
+                    else "beginning the graceful stop")
+        self._on_drain()
+        return admin_pb2.DrainReply(already_draining=already,
+                                    grace_period_s=self._grace_period_s)

@@ -10,8 +10,6 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import grpc.aio
-
 from hixl_client.status import LLMException, LLMStatusCode
 from hixl_client.types import DataType, LLMRole, Placement, bytes_per_element
 from hixl_wire._proto.hixl.v1 import client_pb2, client_pb2_grpc, common_pb2
@@ -19,6 +17,7 @@ from hixl_wire.lane import RepeatFrame
 
 from . import copies
 from .calls import CallInfo, GrpcContext, call_info_of, unary
+from .cluster import Cluster
 from .engine import Engine, NewCache, Session
 from .layerwise import LayerwiseTask
 from .memory.base import Pool
@@ -136,9 +135,8 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
     async def Attach(self, request: client_pb2.AttachRequest, context: GrpcContext) -> None:
         try:
             session = self._engine.sessions.attach(request.client_pid, request.client_name)
-        except LLMException as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
-            return
+        except LLMException as exc:  # the daemon is draining (UNAVAILABLE)
+            await abort_with(context, exc)
         try:
             await context.write(client_pb2.SessionEvent(attached=client_pb2.Attached(
                 session_id=session.session_id, daemon_id=self._engine.daemon_id,
@@ -157,6 +155,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
     @unary
     async def Init(self, request: client_pb2.InitRequest,
                    context: CallInfo) -> client_pb2.InitReply:
+        self._engine.drain.refuse_new("clusters")
         session = self._session(context)
         cluster = await self._engine.init_cluster(session, request.cluster_id,
                                                   LLMRole(request.role), dict(request.options))
@@ -214,19 +213,29 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         cluster = self._engine.cluster_of(self._session(context))
         if not request.clusters:
             return client_pb2.LinkClustersReply(status=LLMStatusCode.LLM_PARAM_INVALID)
-        timeout_s = max(request.timeout_ms, 1) / 1000.0
+        # One deadline for the whole call: links queued behind the first
+        # MAX_PARALLEL_LINKS get what is left of the timeout, not a fresh one,
+        # so the call answers within its timeout (README, "Bounded calls").
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(request.timeout_ms, 1) / 1000.0
         gate = asyncio.Semaphore(MAX_PARALLEL_LINKS)
 
         async def one(target: client_pb2.ClusterLink) -> client_pb2.LinkResult:
             async with gate:
                 try:
+                    left_s = deadline - loop.time()
                     if unlink:
-                        await self._engine.outbound.unlink(cluster, target.remote_cluster_id,
-                                                  request.force)
+                        await _unlink_within(self._engine, cluster, target.remote_cluster_id,
+                                             request.force, left_s)
                         return client_pb2.LinkResult(status=LLMStatusCode.LLM_SUCCESS)
+                    if left_s <= 0:
+                        # as a link that timed out answers (outbound)
+                        raise LLMException("link_clusters' timeout passed before this link "
+                                           "could start",
+                                           status_code=LLMStatusCode.LLM_LINK_FAILED)
                     link = await self._engine.outbound.link(
                         cluster, target.remote_cluster_id,
-                        f"{target.remote_host}:{target.remote_port}", timeout_s)
+                        f"{target.remote_host}:{target.remote_port}", left_s)
                     return client_pb2.LinkResult(status=LLMStatusCode.LLM_SUCCESS,
                                                  transport=link.transport.name)
                 except LLMException as exc:
@@ -243,6 +252,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
     @unary
     async def LinkClusters(self, request: client_pb2.LinkClustersRequest,
                            context: CallInfo) -> client_pb2.LinkClustersReply:
+        self._engine.drain.refuse_new("links")
         return await self._link_all(request, context, unlink=False)
 
     @unary
@@ -322,6 +332,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
     @unary
     async def PullCache(self, request: client_pb2.PullCacheRequest,
                         context: CallInfo) -> client_pb2.PullCacheReply:
+        self._engine.drain.refuse_new("transfers")
         started = time.perf_counter()
         cluster = self._engine.cluster_of(self._session(context))
         spec = self._pull_spec(request, False)
@@ -339,6 +350,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
 
     async def _again(self, request: RepeatFrame, context: CallInfo, push: bool) -> Any:
         """RepeatPull and RepeatPush: the reply of the PullCache or PushCache they repeat."""
+        self._engine.drain.refuse_new("transfers")
         started = time.perf_counter()
         cluster = self._engine.cluster_of(self._session(context))
         repeat = cluster.repeats.get(request.handle, push=push)
@@ -350,6 +362,8 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         """RepeatPull or RepeatPush answered in the transfer lane's frame callback
         (``lane_server.AtOnce``): the reply when the transfer ended there, an
         awaitable of it while bytes move, or None: the call runs as usual."""
+        if self._engine.drain.draining:
+            return None  # the call itself answers with the refusal
         started = time.perf_counter()
         try:
             cluster = self._engine.cluster_of(self._session(context))
@@ -372,6 +386,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
     @unary
     async def PullBlocks(self, request: client_pb2.PullCacheRequest,
                          context: CallInfo) -> client_pb2.PullCacheReply:
+        self._engine.drain.refuse_new("transfers")
         started = time.perf_counter()
         cluster = self._engine.cluster_of(self._session(context))
         outcome = await pull(cluster, self._pull_spec(request, True))
@@ -380,6 +395,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
 
     async def _push(self, request: client_pb2.PushRequest, context: CallInfo,
                     blocks: bool) -> client_pb2.PushReply:
+        self._engine.drain.refuse_new("transfers")
         started = time.perf_counter()
         cluster = self._engine.cluster_of(self._session(context))
         dst = ref_from_proto(request.dst)
@@ -418,6 +434,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
     @unary
     async def CopyCache(self, request: client_pb2.CopyCacheRequest,
                         context: CallInfo) -> client_pb2.CopyReply:
+        self._engine.drain.refuse_new("transfers")
         cluster = self._engine.cluster_of(self._session(context))
         if request.size < -1 or request.size == 0:
             raise _invalid(f"size must be -1 or > 0, got {request.size}")
@@ -429,6 +446,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
     @unary
     async def CopyBlocks(self, request: client_pb2.CopyBlocksRequest,
                          context: CallInfo) -> client_pb2.CopyReply:
+        self._engine.drain.refuse_new("transfers")
         cluster = self._engine.cluster_of(self._session(context))
         moved = await copies.copy_blocks(self._engine, cluster, request.cache_id,
                                          block_list(request.src_blocks),
@@ -438,6 +456,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
     @unary
     async def SwapBlocks(self, request: client_pb2.SwapBlocksRequest,
                          context: CallInfo) -> client_pb2.CopyReply:
+        self._engine.drain.refuse_new("transfers")
         cluster = self._engine.cluster_of(self._session(context))
         moved = await copies.swap_blocks(self._engine, cluster, _operand(request.src),
                                          _operand(request.dst), block_list(request.src_blocks),
@@ -448,15 +467,18 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
                             context: GrpcContext) -> None:
         lane_key: tuple[str, str] | None = None
         task: LayerwiseTask | None = None
+        drain = self._engine.drain
         try:
             session = self._session(call_info_of(context))
             cluster = self._engine.cluster_of(session)
             first = await anext(aiter(request_iterator), None)
             if first is None or not first.HasField("start"):
                 raise _invalid("a transfer stream starts with its task")
+            drain.refuse_new("transfers")
             if first.start.lane_task_id:
                 lane_key = (session.session_id, first.start.lane_task_id)
             task = LayerwiseTask(cluster, first.start)
+            drain.layerwise_tasks += 1  # a drain lets it end (drain.py)
             for report in await task.prepare():
                 await context.write(report)
             if lane_key is not None:
@@ -472,6 +494,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         finally:
             if task is not None:
                 task.ended = True
+                drain.layerwise_tasks -= 1
             if lane_key is not None:
                 self._lane_tasks.end(lane_key)
 
@@ -488,6 +511,27 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
             if task.failed or task.ended:  # the stream reported why, or was cancelled
                 return client_pb2.LayerReadyReply()
             return client_pb2.LayerReadyReply(reports=await task.send_layer(request.layer))
+
+
+async def _unlink_within(engine: Engine, cluster: Cluster, remote_cluster_id: int,
+                         force: bool, left_s: float) -> None:
+    """Unlink, answering within ``left_s``: the unlink itself (closing the link,
+    telling the far daemon) goes on in the background if it takes longer, and
+    is never cut off half way."""
+    unlinking = asyncio.ensure_future(engine.outbound.unlink(cluster, remote_cluster_id, force))
+    try:
+        await asyncio.wait_for(asyncio.shield(unlinking), max(left_s, 0.0))
+    except asyncio.TimeoutError:
+        unlinking.add_done_callback(_log_late_unlink)
+        raise LLMException(f"unlinking from cluster {remote_cluster_id} did not end within "
+                           f"unlink_clusters' timeout; the link is closed, telling cluster "
+                           f"{remote_cluster_id} goes on in the background",
+                           status_code=LLMStatusCode.LLM_NOTIFY_PROMPT_UNLINK_FAILED) from None
+
+
+def _log_late_unlink(unlinking: asyncio.Future[None]) -> None:
+    if not unlinking.cancelled() and unlinking.exception() is not None:
+        logger.warning("an unlink that outlived its call failed: %s", unlinking.exception())
 
 
 def _repeat_reply(repeat: Repeat, started: float, outcome: Outcome) -> Any:

@@ -28,6 +28,7 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                         context: GrpcContext) -> peer_pb2.ChallengeReply:
         trust = self._engine.deps.trust
         try:
+            self._engine.drain.refuse_new("links")
             trust.hello_gate.admit()
             if trust.mode != "token":
                 raise LLMException(f"this daemon does not use token authentication "
@@ -41,6 +42,7 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                     context: GrpcContext) -> peer_pb2.HelloReply:
         trust = self._engine.deps.trust
         try:
+            self._engine.drain.refuse_new("links")
             trust.hello_gate.admit()
             identity = trust.identity_of(context)
             facts = (HelloFacts(request.challenge, request.client_nonce, request.daemon_id,

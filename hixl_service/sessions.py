@@ -8,9 +8,10 @@ from dataclasses import dataclass
 
 import grpc
 
-from hixl_client.status import LLMException, LLMStatusCode
+from hixl_client.status import LLMStatusCode
 
 from .cluster import Cluster
+from .drain import refusal
 from .rpc_errors import CallRefused
 
 logger = logging.getLogger(__name__)
@@ -50,8 +51,7 @@ class Sessions:
 
     def attach(self, client_pid: int, client_name: str) -> Session:
         if self.closing:
-            raise LLMException("the daemon is shutting down",
-                               status_code=LLMStatusCode.LLM_FAILED)
+            raise refusal("sessions")
         session = Session(secrets.token_hex(16), client_pid, client_name)
         self._by_id[session.session_id] = session
         logger.info("session %s attached (pid %d, %s)", session.session_id, client_pid,

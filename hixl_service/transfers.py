@@ -2,7 +2,8 @@
 
 One deadline per call (the cluster's ``sync_kv_timeout``) covers finding
 the far cache and moving its bytes; the link's transport receives what is
-left of it, so every transfer ends by then whatever the peer does.
+left of it, so every transfer ends by then whatever the peer does. A pull by
+key then tells the owner, within ``RELEASE_SLACK_S`` past that deadline.
 
 A pull_cache or push_cache by cache id can be repeated by handle: its
 Outcome carries the plan and the far end it used, from which ``prepared``
@@ -12,6 +13,7 @@ makes the transfer that repeats start again.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -33,8 +35,15 @@ from .planning import (
 )
 from .registry import CacheEntry
 
+logger = logging.getLogger(__name__)
+
 # Above this many blocks a request's ranges are planned off the event loop.
 PLAN_OFF_LOOP_BLOCKS = 4096
+# How long past sync_kv_timeout a pull by key may wait for the owner to take
+# its release. Less than the half second past its timeout at which the
+# client's deadline ends the call (README, "Bounded calls"): the pull answers
+# success (a release not confirmed is logged) before that cuts it off.
+RELEASE_SLACK_S = 0.25
 
 
 def _invalid(message: str) -> LLMException:
@@ -203,8 +212,21 @@ async def pull(cluster: Cluster, spec: PullSpec) -> Outcome:
                           lambda source: plan_pull(source, dst, spec), into_dst, outcome,
                           len(spec.dst_blocks))
     if isinstance(spec.src, KeyRef):
-        await link.far.release_key(spec.src, spec.src_tensor_indices)
+        await _release_key(link, spec.src, spec.src_tensor_indices, deadline)
     return outcome
+
+
+async def _release_key(link: OutboundLink, ref: KeyRef, tensor_indices: list[int],
+                       deadline: float) -> None:
+    """Tell the owner that a pull by key moved its tensors, by the deadline plus
+    RELEASE_SLACK_S; the bytes have arrived, so a late owner is logged, not failed."""
+    left_s = deadline + RELEASE_SLACK_S - asyncio.get_running_loop().time()
+    try:
+        # wait_for, not asyncio.timeout: a lane call may get here in its eager first step
+        await asyncio.wait_for(link.far.release_key(ref, tensor_indices), max(left_s, 0.01))
+    except asyncio.TimeoutError:
+        logger.warning("pulled %s but cluster %d did not take its release in time",
+                       ref.key, ref.cluster_id)
 
 
 def plan_push(src: CacheEntry, target: FarCache, spec: PushSpec) -> Ranges:

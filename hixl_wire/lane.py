@@ -111,12 +111,13 @@ PEER_METHODS: Methods = {
     "HcclRegion": message_method(4, peer_pb2.HcclRegionRequest, peer_pb2.HcclRegionReply),
 }
 # Bounds the wait for a daemon that stopped answering, just beyond the call's
-# own deadline (which the daemon enforces and answers with LLM_TIMEOUT).
+# own deadline (which the daemon enforces and answers with LLM_TIMEOUT); a
+# lane may be given another (a client's lane to its own daemon: a unix socket).
 DEADLINE_GRACE_S = 0.5
 # How often a lane with calls in flight looks for calls past that bound: one
 # timer per lane rather than one per call (arming and cancelling a timer is
 # a noticeable part of a small call), so the bound holds to within a tick.
-WATCHDOG_TICK_S = 0.25
+WATCHDOG_TICK_S = 0.1
 _CALL_IDS = 2**32
 
 
@@ -208,9 +209,11 @@ class CallBook:
     Runs on the event loop thread only.
     """
 
-    def __init__(self, what: str, lost_status: LLMStatusCode) -> None:
+    def __init__(self, what: str, lost_status: LLMStatusCode,
+                 grace_s: float = DEADLINE_GRACE_S) -> None:
         self.what = what  # "hixl daemon at ...", for messages
         self.lost_status = lost_status  # of calls in flight when the connection drops
+        self.grace_s = grace_s  # how long past a call's deadline its reply may come
         self._pending: dict[int, asyncio.Future[tuple[int, bytes]]] = {}
         # call id -> loop time past which the far side is deemed gone (see _watch)
         self._give_up_at: dict[int, float] = {}
@@ -234,7 +237,7 @@ class CallBook:
         # The far side answers a late call itself (LLM_TIMEOUT); the watchdog only
         # bounds the wait for a far side that stopped answering altogether.
         loop = asyncio.get_running_loop()
-        self._give_up_at[call_id] = loop.time() + timeout_s + DEADLINE_GRACE_S
+        self._give_up_at[call_id] = loop.time() + timeout_s + self.grace_s
         if self._watchdog is None:
             self._watchdog = loop.call_later(WATCHDOG_TICK_S, self._watch)
 
@@ -305,20 +308,25 @@ class Lane(asyncio.Protocol):
     :meth:`connect_tcp`."""
 
     def __init__(self, methods: Methods, what: str,
-                 lost_status: LLMStatusCode = LLMStatusCode.LLM_FAILED) -> None:
+                 lost_status: LLMStatusCode = LLMStatusCode.LLM_FAILED,
+                 grace_s: float = DEADLINE_GRACE_S) -> None:
         self._methods = methods
         self._what = what  # "hixl daemon at ...", for messages
         self._transport: asyncio.Transport | None = None
         self._reader = FrameReader()
-        self._calls = CallBook(what, lost_status)
+        self._calls = CallBook(what, lost_status, grace_s)
 
     @classmethod
     async def connect_unix(cls, path: str, methods: Methods, what: str, timeout_s: float,
-                           hello: bytes | None = None) -> Lane:
-        """Connect to a lane's unix socket; ``hello`` binds it (the session id)."""
+                           hello: bytes | None = None,
+                           grace_s: float = DEADLINE_GRACE_S) -> Lane:
+        """Connect to a lane's unix socket; ``hello`` binds it (the session id);
+        ``grace_s``: how long past a call's deadline its reply may come."""
         loop = asyncio.get_running_loop()
         _, lane = await asyncio.wait_for(
-            loop.create_unix_connection(lambda: cls(methods, what), path), timeout_s)
+            loop.create_unix_connection(
+                lambda: cls(methods, what, LLMStatusCode.LLM_FAILED, grace_s), path),
+            timeout_s)
         return await lane._greet(hello, timeout_s)
 
     @classmethod

@@ -449,3 +449,17 @@ def test_init_waits_longer_for_larger_pools() -> None:
     assert init_timeout_s({}) == CONTROL_TIMEOUT_S
     for bad in ("not json", "[]", '{"memory_size": true}', '{"memory_size": -1}', "{}"):
         assert init_timeout_s({"llm.MemPoolConfig": bad}) == CONTROL_TIMEOUT_S
+
+
+def test_the_control_timeout_option() -> None:
+    """hixl.ControlCallTimeout (ms) bounds the calls without an LLM-DataDist timeout."""
+    from hixl_client._transport import CONTROL_TIMEOUT_OPTION, CONTROL_TIMEOUT_S
+    from hixl_client.llm_datadist import control_timeout_s, init_timeout_s
+
+    assert control_timeout_s({}) == CONTROL_TIMEOUT_S
+    assert control_timeout_s({CONTROL_TIMEOUT_OPTION: "2500"}) == 2.5
+    assert init_timeout_s({}, 2.5) == 2.5
+    for bad in ("0", "-1", "1.5", "abc", "", str(2**31)):
+        with pytest.raises(LLMException) as info:
+            control_timeout_s({CONTROL_TIMEOUT_OPTION: bad})
+        assert info.value.status_code == LLMStatusCode.LLM_PARAM_INVALID

@@ -29,12 +29,12 @@ from hixl_client import (
     LLMStatusCode,
 )
 from hixl_client._manager_base import ref_to_proto
+from hixl_client._transport import LANE_GRACE_S
 from hixl_service.lane_server import MAX_CALLS_IN_FLIGHT
 from hixl_service.testing import DaemonProcess, start_daemon
 from hixl_wire._proto.hixl.v1 import client_pb2
 from hixl_wire.lane import (
     CLIENT_METHODS,
-    DEADLINE_GRACE_S,
     HEADER,
     KIND_CANCEL,
     KIND_HELLO,
@@ -255,10 +255,10 @@ def _pull_request(pair: Pair, src: Cache, dst: Cache) -> client_pb2.PullCacheReq
 
 
 def _assert_bounded(elapsed_s: float, timeout_s: float) -> None:
-    """The call's deadline, the grace, at most one watchdog tick late, and a loaded
-    host's slack."""
-    assert timeout_s + DEADLINE_GRACE_S <= elapsed_s < \
-        timeout_s + DEADLINE_GRACE_S + WATCHDOG_TICK_S + 2
+    """The call's deadline, the grace of a client's lane, at most one watchdog tick
+    late, and a loaded host's slack."""
+    assert timeout_s + LANE_GRACE_S <= elapsed_s < \
+        timeout_s + LANE_GRACE_S + WATCHDOG_TICK_S + 2
 
 
 async def test_lost_daemon_fails_lane_calls_promptly(next_cluster_id: Callable[[], int]) -> None:

@@ -164,3 +164,15 @@ class DeviceStatus(_message.Message):
     hccl_buffer_bytes: int
     communicators: int
     def __init__(self, device_id: _Optional[int] = ..., budget_bytes: _Optional[int] = ..., reserved_bytes: _Optional[int] = ..., hccl_buffer_bytes: _Optional[int] = ..., communicators: _Optional[int] = ...) -> None: ...
+
+class DrainRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DrainReply(_message.Message):
+    __slots__ = ("already_draining", "grace_period_s")
+    ALREADY_DRAINING_FIELD_NUMBER: _ClassVar[int]
+    GRACE_PERIOD_S_FIELD_NUMBER: _ClassVar[int]
+    already_draining: bool
+    grace_period_s: float
+    def __init__(self, already_draining: _Optional[bool] = ..., grace_period_s: _Optional[float] = ...) -> None: ...

@@ -1,0 +1,77 @@
+"""The graceful stop: refuse new work, let the work in flight end, then stop.
+
+SIGTERM, SIGINT and ``Admin/Drain`` start it (``server``). From then on the
+daemon refuses new sessions, cluster inits, links (its clusters' and peers'
+Hello) and transfers, each with ``LLM_FAILED`` and gRPC UNAVAILABLE and a
+message that says the daemon is stopping; the calls that end work already
+under way still run (a started layer-wise task's layers, unlinks,
+deallocations, finalize). The daemon waits up to ``server.grace_period_s``
+for the transfer calls under way (``load.TransferLoad``: pulls, pushes,
+copies and LayerReady calls, on the lane and over gRPC) and the layer-wise
+tasks still open to end, and only then ends the sessions, which closes their
+links with the peers told.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+
+from hixl_client.status import LLMStatusCode
+
+from .load import TransferLoad
+from .rpc_errors import CallRefused
+
+logger = logging.getLogger(__name__)
+
+# How often the drain looks whether the work in flight has ended.
+_POLL_S = 0.02
+
+
+class Drain:
+    """Whether the daemon still takes new work, and the layer-wise tasks it waits for."""
+
+    def __init__(self, load: TransferLoad) -> None:
+        self._load = load
+        self.draining = False
+        self.layerwise_tasks = 0  # TransferCache streams that started a task and still run
+
+    def begin(self) -> bool:
+        """Stop taking new work; False if the drain had begun already."""
+        if self.draining:
+            return False
+        self.draining = True
+        return True
+
+    def refuse_new(self, what: str) -> None:
+        """Refuse new work of kind ``what`` ("transfers", "links", ...) while draining."""
+        if self.draining:
+            raise refusal(what)
+
+    @property
+    def busy(self) -> bool:
+        return self._load.running > 0 or self.layerwise_tasks > 0
+
+    def in_flight(self) -> str:
+        return (f"{self._load.running} transfer calls and {self.layerwise_tasks} layer-wise "
+                f"tasks")
+
+    async def wait_idle(self, grace_s: float) -> bool:
+        """Wait until no transfer call and no layer-wise task runs, at most ``grace_s``;
+        whether they all ended."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_s
+        while self.busy:
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(_POLL_S)
+        return True
+
+
+def refusal(what: str) -> CallRefused:
+    """The refusal of new work during the drain: UNAVAILABLE, as for a daemon that is down."""
+    return CallRefused(f"the hixl daemon is stopping (draining): it takes no new {what}; "
+                       f"use another daemon, or this one once it was restarted",
+                       LLMStatusCode.LLM_FAILED, grpc.StatusCode.UNAVAILABLE)
