@@ -11,7 +11,8 @@ replies never need sorting between threads.
 
 Every wait is bounded as on the other lanes (``_transport``): the frame
 carries the call's deadline, the thread gives up LANE_GRACE_S after it, and a
-connection that timed out is closed, since its reply may still come. Control calls still go through the loop thread.
+connection that timed out is closed, since its reply may still come. Control
+calls still go through the loop thread.
 """
 
 from __future__ import annotations

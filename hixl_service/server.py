@@ -370,8 +370,6 @@ class Daemon:
             self._in_background(self.reload())
 
         await self._stop.wait()
-        if handle_signals:
-            loop.remove_signal_handler(signal.SIGHUP)
         for task in self._background:
             task.cancel()
 
