@@ -3,9 +3,11 @@
 Two grpc.aio servers share one event loop: the client server (unix socket,
 optionally TCP) carries the Client and Admin services, the peer server (TCP)
 carries the Peer service only, so that nothing of sessions or clients
-reaches peers. Both carry health and reflection, so ``grpcurl`` works on
-every listener; with ``security.mode = "mtls"`` every TCP listener requires
-client certificates (``trust``), and listeners are checked before they
+reaches peers (a cluster whose options name listen_ip_info gets a Peer
+server of its own there, built the same way: ``cluster_listeners``). Both
+carry health and reflection, so ``grpcurl`` works on every listener; with
+``security.mode = "mtls"`` every TCP listener requires client certificates
+(``trust``), and listeners are checked before they
 start (``listeners``). Readiness (ready file, sd_notify) is announced only once
 everything listens; SIGTERM/SIGINT stop taking work, end sessions, and free
 the pools before the process exits.
@@ -42,6 +44,7 @@ from . import __version__, _systemd
 from .ascend.backend import AscendBackend
 from .ascend.comms import host_address
 from .ascend.pools import AscendMemory
+from .cluster_listeners import DaemonPort, PeerListeners
 from .completions import CompletionDispatcher
 from .config import DaemonConfig
 from .copier import Copier
@@ -91,6 +94,18 @@ def _add_common(server: grpc.aio.Server, health_servicer: health.aio.HealthServi
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, generic_only(server))
     reflection.enable_server_reflection(
         (*services, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+
+
+def _peer_server(cfg: DaemonConfig, servicer: PeerServicer,
+                 health_servicer: health.aio.HealthServicer) -> grpc.aio.Server:
+    """A server of the Peer service, no port yet: the daemon's peer port and every
+    cluster's own listener (``cluster_listeners``) are built here, so they cannot
+    differ in what they serve."""
+    server = grpc.aio.server(interceptors=[RequestIdInterceptor()], options=SERVER_OPTIONS,
+                             maximum_concurrent_rpcs=cfg.server.max_concurrent_rpcs)
+    peer_pb2_grpc.add_PeerServicer_to_server(servicer, generic_only(server))
+    _add_common(server, health_servicer, SERVICE_NAMES["peer"])
+    return server
 
 
 def _add_port(server: grpc.aio.Server, address: str, what: str,
@@ -188,19 +203,21 @@ class Daemon:
             health_servicer = health.aio.HealthServicer()
             install_log_record_factory()
             credentials = trust.server_credentials()
-            peer_server = grpc.aio.server(interceptors=[RequestIdInterceptor()],
-                                          options=SERVER_OPTIONS,
-                                          maximum_concurrent_rpcs=cfg.server.max_concurrent_rpcs)
+            peer_servicer = PeerServicer(engine)
+            peer_server = _peer_server(cfg, peer_servicer, health_servicer)
             peer_port = _add_port(peer_server, f"{cfg.server.peer_host}:{cfg.server.peer_port}",
                                   "the peer service", credentials)
             peer_address = f"{self.advertise_host}:{peer_port}"
+            engine.listeners = PeerListeners(
+                lambda cluster_id: _peer_server(cfg, PeerServicer(engine, cluster_id),
+                                                health_servicer),
+                credentials, trust.mode, cfg.security.insecure,
+                DaemonPort(cfg.server.peer_host, self.advertise_host, peer_port))
             fd_server = FdServer(self.fd_path, pools.take_fd, engine.caches.add_user_buffer)
             created.append(self.fd_path)
             with socket_umask():
                 await fd_server.start()
             unwind.push_async_callback(fd_server.close)
-            peer_servicer = PeerServicer(engine)
-            peer_pb2_grpc.add_PeerServicer_to_server(peer_servicer, generic_only(peer_server))
             peer_lane: LaneServer | None = None
             # The peer lane has no credentials of its own: with authenticated
             # peers its calls go over the (mTLS) gRPC channel instead.
@@ -213,7 +230,6 @@ class Daemon:
                 except OSError as exc:
                     raise refuse_busy_port("the peer lane", lane_address, exc) from None
                 unwind.push_async_callback(peer_lane.stop, 0)
-            _add_common(peer_server, health_servicer, SERVICE_NAMES["peer"])
 
             transfers = [f"/{SERVICE_NAMES['client'][0]}/{name}" for name in CLIENT_METHODS]
             client_server = grpc.aio.server(
