@@ -20,6 +20,7 @@ from hixl_service.cluster_listeners import (
     parse_listen_ip_info,
 )
 
+
 @pytest.mark.parametrize(("text", "expected"), [
     ("", None),
     ("127.0.0.1:26000", ListenAddress("127.0.0.1", 26000)),
