@@ -7,10 +7,10 @@ reaches peers (a cluster whose options name listen_ip_info gets a Peer
 server of its own there, built the same way: ``cluster_listeners``). Both
 carry health and reflection, so ``grpcurl`` works on every listener; with
 ``security.mode = "mtls"`` every TCP listener requires client certificates
-(``trust``), and listeners are checked before they
-start (``listeners``). Readiness (ready file, sd_notify) is announced only once
-everything listens; SIGTERM/SIGINT stop taking work, end sessions, and free
-the pools before the process exits.
+(``trust``), and listeners are checked before they start (``listeners``).
+Readiness (ready file, sd_notify) is announced only once everything listens;
+SIGTERM/SIGINT stop taking work, end sessions, and free the pools before the
+process exits.
 """
 
 from __future__ import annotations
