@@ -469,6 +469,56 @@ async def test_token_and_mtls_through_the_listener(
         await prompt.finalize()
 
 
+async def test_allowed_peers_hold_at_the_listener(
+        ca: CertificateAuthority, next_cluster_id: Callable[[], int]) -> None:
+    """mtls: an identity outside allowed_peers is refused there; a read-only one reads."""
+    prompt_id = next_cluster_id()
+    allowed = [{"identity": DECODE_ID, "clusters": [prompt_id], "write": False}]
+    owner_settings = mtls_settings(ca.issue("listen-owner", spiffe=PREFILL_ID),
+                                   allowed_peers=allowed)
+    address = f"127.0.0.1:{free_port()}"
+    with daemon_process(security=owner_settings) as owner, \
+            daemon_process(security=mtls_settings(ca.issue("listen-reader", spiffe=DECODE_ID))
+                           ) as reader, \
+            daemon_process(security=mtls_settings(ca.issue("listen-other",
+                                                           spiffe="spiffe://hixl.test/x"))
+                           ) as other:
+        prompt = LLMDataDist(LLMRole.PROMPT, prompt_id, daemon=owner.client_target)
+        await prompt.init(listen_options(address, remote_accessible=True))
+        try:
+            outsider = LLMDataDist(LLMRole.DECODER, next_cluster_id(), daemon=other.client_target)
+            await outsider.init(options(pool_bytes=2**20))
+            try:
+                _, results = await outsider.link_clusters([cluster_info(prompt_id, address)],
+                                                          timeout=5000)
+                assert results == [LLMStatusCode.LLM_LINK_FAILED]
+            finally:
+                await outsider.finalize()
+            decoder = LLMDataDist(LLMRole.DECODER, next_cluster_id(),
+                                  daemon=reader.client_target)
+            await decoder.init(options(pool_bytes=8 * 2**20, remote_accessible=True))
+            try:
+                status, results = await decoder.link_clusters(
+                    [cluster_info(prompt_id, address)], timeout=5000)
+                assert status == LLMStatusCode.LLM_SUCCESS, results
+                await pull_by_id(prompt, decoder)
+                desc = CacheDesc(2, [4, 4096], DataType.DT_UINT8)
+                key = BlocksCacheKey(prompt_id, model_id=2)
+                remote = await prompt.cache_manager.allocate_blocks_cache(desc, key)
+                fill(remote)
+                before = [blocks_of(remote, i).copy() for i in range(2)]
+                local = await decoder.cache_manager.allocate_blocks_cache(desc)
+                fill(local)
+                with pytest.raises(LLMException):
+                    await decoder.cache_manager.push_blocks(key, local, [0, 1], [2, 3])
+                for i in range(2):
+                    np.testing.assert_array_equal(blocks_of(remote, i), before[i])
+            finally:
+                await decoder.finalize()
+        finally:
+            await prompt.finalize()
+
+
 # -- the blocking facade -------------------------------------------------------------
 
 FACADE_PRELUDE = textwrap.dedent("""
