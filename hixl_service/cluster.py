@@ -15,6 +15,12 @@ from typing import TYPE_CHECKING
 from hixl_client.status import LLMException, LLMStatusCode
 from hixl_client.types import LLMRole, Placement
 
+from .cluster_listeners import (
+    OPT_LISTEN_IP_INFO,
+    ClusterListener,
+    ListenAddress,
+    parse_listen_ip_info,
+)
 from .memory.base import Pool, PoolSpec, UserBuffer
 from .peer_api import CacheRefSpec, IdRef, KeyRef
 from .registry import CacheEntry, CacheRegistry
@@ -54,6 +60,8 @@ class ClusterSettings:
     # link_clusters' own timeout), in up to this many attempts.
     link_total_s: int = 0
     link_attempts: int = 1
+    # listen_ip_info: the cluster's own peer listener (cluster_listeners.py); None: none.
+    listen: ListenAddress | None = None
 
     @property
     def sync_timeout_s(self) -> float:
@@ -85,6 +93,7 @@ class ClusterSettings:
                            f"got {attempts!r}")
         pools = {name: PoolSpec.parse(name, options[name])
                  for name in (OPT_MEM_POOL, OPT_HOST_MEM_POOL) if options.get(name)}
+        listen = parse_listen_ip_info(options.get(OPT_LISTEN_IP_INFO, ""))
         return cls(
             sync_timeout_ms=int(timeout),
             device_pool=pools.get(OPT_MEM_POOL),
@@ -93,6 +102,7 @@ class ClusterSettings:
             device_id=int(device),
             link_total_s=int(link_total),
             link_attempts=int(attempts),
+            listen=listen,
         )
 
 
@@ -112,6 +122,8 @@ class Cluster:
     # Handles for transfers of a shape seen before (repeats.py).
     repeats: RepeatTable = field(default_factory=RepeatTable)
     upload_token: bytes = field(default_factory=lambda: secrets.token_bytes(16))
+    # The peer listener at its listen_ip_info, owned here: closed at finalize.
+    listener: ClusterListener | None = None
     closed: bool = False
 
     def pool_for(self, placement: Placement) -> Pool:

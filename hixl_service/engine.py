@@ -7,7 +7,8 @@ other daemons. Each part owns one concern:
 * ``sessions.Sessions``: attached clients;
 * ``caches.Caches``: caches and registered memory of every cluster;
 * ``regions.Regions``: what linked peers may reach;
-* ``outbound.OutboundLinks`` / ``inbound.InboundLinks``: the two sides of links.
+* ``outbound.OutboundLinks`` / ``inbound.InboundLinks``: the two sides of links;
+* ``cluster_listeners``: a cluster's own peer listener at its listen_ip_info.
 
 ``Engine`` itself owns the cluster table and a cluster's life (init,
 finalize) and the daemon's stop.
@@ -29,6 +30,7 @@ from hixl_client.types import LLMRole, Placement
 
 from .caches import Caches, NewCache
 from .cluster import Cluster, ClusterSettings
+from .cluster_listeners import ListenerFactory, NoListeners
 from .completions import CompletionDispatcher
 from .copier import Copier
 from .drain import Drain
@@ -94,6 +96,9 @@ class Engine:
                                     self.caches, self.kit, deps.trust)
         self.outbound = OutboundLinks(deps.daemon_id, deps.backend, self, self.kit,
                                       deps.peer_factory, deps.connect_timeout_s)
+        # Opens the listener of a cluster with listen_ip_info; the server sets the
+        # real one (cluster_listeners.PeerListeners) once its peer port is bound.
+        self.listeners: ListenerFactory = NoListeners()
 
     # -- what far_caches.DaemonCaches reads of this daemon ------------------------
 
@@ -133,26 +138,34 @@ class Engine:
         # Creating pools awaits: hold the id meanwhile, so that it cannot be taken twice.
         self._initializing.add(cluster_id)
         try:
+            # The listener first: a taken port fails init before pools are made.
+            if settings.listen is not None:
+                cluster.listener = await self.listeners.open(cluster_id, settings.listen)
             for placement, spec in ((Placement.DEVICE, settings.device_pool),
                                     (Placement.HOST, settings.host_pool)):
                 if spec is not None:
                     cluster.pools[placement] = await self.pools.create(
                         cluster_id, placement, spec, settings.device_id)
         except BaseException:
-            for pool in cluster.pools.values():
-                await self.pools.destroy(pool)
+            await self._undo_init(cluster)
             raise
         finally:
             self._initializing.discard(cluster_id)
         if session.session_id not in self.sessions:  # the client left while we waited
-            for pool in cluster.pools.values():
-                await self.pools.destroy(pool)
+            await self._undo_init(cluster)
             raise LLMException("the session ended during init",
                                status_code=LLMStatusCode.LLM_FAILED)
         self.clusters[cluster_id] = cluster
         session.cluster = cluster
         logger.info("cluster %d initialized (%s)", cluster_id, role.name)
         return cluster
+
+    async def _undo_init(self, cluster: Cluster) -> None:
+        """Release what a failed init had made: nothing of it stays behind."""
+        if cluster.listener is not None:
+            await cluster.listener.close()
+        for pool in cluster.pools.values():
+            await self.pools.destroy(pool)
 
     def cluster_of(self, session: Session) -> Cluster:
         if session.cluster is None or session.cluster.closed:
@@ -167,6 +180,8 @@ class Engine:
             return
         cluster.closed = True
         self.clusters.pop(cluster.cluster_id, None)
+        if cluster.listener is not None:  # no new link reaches the cluster there
+            await cluster.listener.close()
         links = list(cluster.links.values())
         cluster.links.clear()
         await asyncio.gather(*(self.outbound.close(link, notify=True) for link in links))

@@ -78,12 +78,17 @@ class InboundLinks:
 
     def accept_link(self, protocol_version: int, src_daemon_id: str, src_cluster_id: int,
                     dst_cluster_id: int, backend: str = "host", identity: str = "",
-                    facts: HelloFacts | None = None, proof: bytes = b"") -> PeerHello:
+                    facts: HelloFacts | None = None, proof: bytes = b"",
+                    listener_of: int | None = None) -> PeerHello:
         """Peer side of a link: check who links, then authorize a token and a key for
         one of our clusters at the data server.
 
         ``identity`` is the caller's (``Trust.identity_of``); in token mode
-        ``facts`` and ``proof`` are the Hello's answer to its challenge."""
+        ``facts`` and ``proof`` are the Hello's answer to its challenge.
+        ``listener_of``: the Hello came to that cluster's own listener
+        (``cluster_listeners``), so it must name that cluster; checked after
+        the proof and allowed_peers, so a caller that may not link learns
+        nothing more there than on the daemon's port."""
         trust = self._trust
         if trust.mode == "token":
             if facts is None:
@@ -100,6 +105,11 @@ class InboundLinks:
                                f"{mine.daemon_id} the {mine.backend!r} one; link daemons "
                                f"of one backend", status_code=LLMStatusCode.LLM_LINK_FAILED)
         may_write = trust.permission(identity, dst_cluster_id)
+        if listener_of is not None and dst_cluster_id != listener_of:
+            raise LLMException(f"this address is the listen_ip_info of cluster {listener_of}, "
+                               f"not of cluster {dst_cluster_id}: link with that cluster's "
+                               f"id, or to its own address",
+                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
         cluster = self._clusters.get(dst_cluster_id)
         if cluster is None:
             raise LLMException(f"cluster {dst_cluster_id} is not initialized on daemon "
@@ -143,6 +153,11 @@ class InboundLinks:
 
     def has_inbound(self, token: int) -> bool:
         return token in self._links
+
+    def dst_cluster_of(self, token: int) -> int | None:
+        """The cluster an inbound link reaches; None for an unknown token."""
+        inbound = self._links.get(token)
+        return inbound.dst_cluster_id if inbound is not None else None
 
     def drop_inbound(self, token: int) -> None:
         """Revoke an inbound link's token and close what its transport kept here."""

@@ -3,19 +3,20 @@
 Two grpc.aio servers share one event loop: the client server (unix socket,
 optionally TCP) carries the Client and Admin services, the peer server (TCP)
 carries the Peer service only, so that nothing of sessions or clients
-reaches peers. Both carry health (each answering for its own services only)
-and reflection (v1 and v1alpha), so ``grpcurl`` works on every listener;
-with ``security.mode = "mtls"`` every TCP listener requires client
-certificates (``trust``), and listeners are checked before they start
-(``listeners``). Readiness (ready file, sd_notify) is announced only once
-everything listens. SIGTERM, SIGINT and ``Admin/Drain`` begin the drain
-(``drain``): new sessions, links and transfers are refused, the transfers
-and layer-wise tasks in flight get ``server.grace_period_s`` to end, then the
-sessions end (their links closed, peers told) and the pools are freed; the
-process exits 0. Every way out of :meth:`Daemon.run` removes the sockets it
-created; a refused start creates none. Under systemd a task on the loop sends
-watchdog pings and ``STATUS=`` lines; SIGHUP reloads what can be reloaded
-(``reload``).
+reaches peers (a cluster whose options name listen_ip_info gets a Peer
+server of its own there, built the same way: ``cluster_listeners``). Both
+carry health (each answering for its own services only) and reflection (v1
+and v1alpha), so ``grpcurl`` works on every listener; with
+``security.mode = "mtls"`` every TCP listener requires client certificates
+(``trust``), and listeners are checked before they start (``listeners``).
+Readiness (ready file, sd_notify) is announced only once everything listens.
+SIGTERM, SIGINT and ``Admin/Drain`` begin the drain (``drain``): new
+sessions, links and transfers are refused, the transfers and layer-wise tasks
+in flight get ``server.grace_period_s`` to end, then the sessions end (their
+links closed, peers told) and the pools are freed; the process exits 0. Every
+way out of :meth:`Daemon.run` removes the sockets it created; a refused start
+creates none. Under systemd a task on the loop sends watchdog pings and
+``STATUS=`` lines; SIGHUP reloads what can be reloaded (``reload``).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from . import __version__, _systemd
 from .ascend.backend import AscendBackend
 from .ascend.comms import host_address
 from .ascend.pools import AscendMemory
+from .cluster_listeners import DaemonPort, PeerListeners
 from .completions import CompletionDispatcher
 from .config import ConfigError, DaemonConfig, load_config
 from .copier import Copier
@@ -120,6 +122,18 @@ def _add_common(server: grpc.aio.Server, healths: _Health, services: tuple[str, 
     health_pb2_grpc.add_HealthServicer_to_server(healths.servicer(services),
                                                  generic_only(server))
     enable_reflection(server, (*services, health.SERVICE_NAME))
+
+
+def _peer_server(cfg: DaemonConfig, servicer: PeerServicer,
+                 health_servicer: _Health) -> grpc.aio.Server:
+    """A server of the Peer service, no port yet: the daemon's peer port and every
+    cluster's own listener (``cluster_listeners``) are built here, so they cannot
+    differ in what they serve."""
+    server = grpc.aio.server(interceptors=[RequestIdInterceptor()], options=SERVER_OPTIONS,
+                             maximum_concurrent_rpcs=cfg.server.max_concurrent_rpcs)
+    peer_pb2_grpc.add_PeerServicer_to_server(servicer, generic_only(server))
+    _add_common(server, health_servicer, SERVICE_NAMES["peer"])
+    return server
 
 
 def _add_port(server: grpc.aio.Server, address: str, what: str,
@@ -285,19 +299,21 @@ class Daemon:
             health_servicer = _Health()
             install_log_record_factory()
             credentials = trust.server_credentials()
-            peer_server = grpc.aio.server(interceptors=[RequestIdInterceptor()],
-                                          options=SERVER_OPTIONS,
-                                          maximum_concurrent_rpcs=cfg.server.max_concurrent_rpcs)
+            peer_servicer = PeerServicer(engine)
+            peer_server = _peer_server(cfg, peer_servicer, health_servicer)
             peer_port = _add_port(peer_server, f"{cfg.server.peer_host}:{cfg.server.peer_port}",
                                   "the peer service", credentials)
             peer_address = f"{self.advertise_host}:{peer_port}"
+            engine.listeners = PeerListeners(
+                lambda cluster_id: _peer_server(cfg, PeerServicer(engine, cluster_id),
+                                                health_servicer),
+                credentials, trust.mode, cfg.security.insecure,
+                DaemonPort(cfg.server.peer_host, self.advertise_host, peer_port))
             fd_server = FdServer(self.fd_path, pools.take_fd, engine.caches.add_user_buffer)
             created.append(self.fd_path)
             with socket_umask():
                 await fd_server.start()
             unwind.push_async_callback(fd_server.close)
-            peer_servicer = PeerServicer(engine)
-            peer_pb2_grpc.add_PeerServicer_to_server(peer_servicer, generic_only(peer_server))
             peer_lane: LaneServer | None = None
             # The peer lane has no credentials of its own: with authenticated
             # peers its calls go over the (mTLS) gRPC channel instead.
@@ -310,7 +326,6 @@ class Daemon:
                 except OSError as exc:
                     raise refuse_busy_port("the peer lane", lane_address, exc) from None
                 unwind.push_async_callback(peer_lane.stop, 0)
-            _add_common(peer_server, health_servicer, SERVICE_NAMES["peer"])
 
             transfers = [f"/{SERVICE_NAMES['client'][0]}/{name}" for name in CLIENT_METHODS]
             client_server = grpc.aio.server(

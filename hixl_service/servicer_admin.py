@@ -40,7 +40,9 @@ def snapshot(engine: Engine, backend: str, peer_address: str) -> admin_pb2.Daemo
                             keys=cluster.registry.key_count, options=cluster.options,
                             repeat_shapes=len(cluster.repeats),
                             repeated_transfers=cluster.repeats.repeated,
-                            repeats_answered_at_once=cluster.repeats.answered_at_once)
+                            repeats_answered_at_once=cluster.repeats.answered_at_once,
+                            listen_address=cluster.listener.address if cluster.listener else "",
+                            listen_shared=bool(cluster.listener and cluster.listener.shared))
         for link in cluster.links.values():
             info = link.info()
             status.links.add(local_cluster_id=link.local_cluster_id,

@@ -3,6 +3,11 @@
 Challenge and Hello are gRPC only (never on the peer lane): they need the
 call's credentials, which say who links (``trust.Trust.identity_of``), and
 both count against the Hello rate before anything else is looked at.
+
+A servicer bound to a cluster serves that cluster's own listener (its
+listen_ip_info, ``cluster_listeners``): a Hello there must name the cluster,
+and a call naming a link by token is served only for links to it (another
+link's token is answered as an unknown one).
 """
 
 from __future__ import annotations
@@ -21,8 +26,17 @@ from .trust import HelloFacts
 class PeerServicer(peer_pb2_grpc.PeerServicer):
     """Handlers of the Peer service."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, cluster_id: int | None = None) -> None:
         self._engine = engine
+        self._cluster_id = cluster_id  # None: the daemon's peer port, every cluster
+
+    def _token(self, token: int) -> int:
+        """``token``, if a call naming it may be served here."""
+        if self._cluster_id is not None:
+            found = self._engine.inbound.dst_cluster_of(token)
+            if found is not None and found != self._cluster_id:
+                raise LLMException("unknown link", status_code=LLMStatusCode.LLM_NOT_YET_LINK)
+        return token
 
     async def Challenge(self, request: peer_pb2.ChallengeRequest,
                         context: GrpcContext) -> peer_pb2.ChallengeReply:
@@ -51,7 +65,7 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
             hello = self._engine.inbound.accept_link(
                 request.protocol_version, request.daemon_id, request.src_cluster_id,
                 request.dst_cluster_id, request.backend or "host", identity, facts,
-                request.proof)
+                request.proof, listener_of=self._cluster_id)
         except Exception as exc:
             await abort_with(context, handler_error("Hello", exc))
         return peer_pb2.HelloReply(protocol_version=request.protocol_version,
@@ -68,7 +82,8 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         if ref is None:
             raise LLMException("the request names no cache",
                                status_code=LLMStatusCode.LLM_PARAM_INVALID)
-        found = self._engine.inbound.resolve_for_peer(request.link_token, ref)
+        token = self._token(request.link_token)
+        found = self._engine.inbound.resolve_for_peer(token, ref)
         return peer_pb2.ResolveCacheReply(
             cache_id=found.cache_id, region_id=found.region_id,
             tensor_offsets=found.tensor_offsets, tensor_size=found.tensor_size,
@@ -78,15 +93,17 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
     @unary
     async def ReleaseKey(self, request: peer_pb2.ReleaseKeyRequest,
                          context: CallInfo) -> peer_pb2.ReleaseKeyReply:
-        await self._engine.inbound.release_for_peer(request.link_token, key_from_proto(request.key),
+        token = self._token(request.link_token)
+        await self._engine.inbound.release_for_peer(token, key_from_proto(request.key),
                                             list(request.tensor_indices))
         return peer_pb2.ReleaseKeyReply()
 
     @unary
     async def ResolveAddresses(self, request: peer_pb2.ResolveAddressesRequest,
                                context: CallInfo) -> peer_pb2.ResolveAddressesReply:
+        token = self._token(request.link_token)
         found = self._engine.inbound.resolve_addresses_for_peer(
-            request.link_token, list(request.addresses), request.length)
+            token, list(request.addresses), request.length)
         return peer_pb2.ResolveAddressesReply(region_ids=[r for r, _, _ in found],
                                               offsets=[o for _, o, _ in found],
                                               writable=[w for _, _, w in found])
@@ -94,7 +111,8 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
     @unary
     async def Unlink(self, request: peer_pb2.UnlinkRequest,
                      context: CallInfo) -> peer_pb2.UnlinkReply:
-        self._engine.inbound.drop_inbound_link(request.link_token)
+        token = self._token(request.link_token)
+        self._engine.inbound.drop_inbound_link(token)
         return peer_pb2.UnlinkReply()
 
     @unary
@@ -102,20 +120,23 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                           context: CallInfo) -> peer_pb2.HcclConnectReply:
         spec = CommSpec(root_info=request.root_info, rank_table=request.rank_table,
                         buffer_mb=request.buffer_mb, name=request.comm_name)
-        one_sided = await self._engine.inbound.hccl_connect_for_peer(request.link_token, spec)
+        token = self._token(request.link_token)
+        one_sided = await self._engine.inbound.hccl_connect_for_peer(token, spec)
         return peer_pb2.HcclConnectReply(one_sided=one_sided)
 
     @unary
     async def HcclRankInfo(self, request: peer_pb2.HcclRankInfoRequest,
                            context: CallInfo) -> peer_pb2.HcclRank:
-        info = await self._engine.inbound.hccl_rank_info_for_peer(request.link_token)
+        token = self._token(request.link_token)
+        info = await self._engine.inbound.hccl_rank_info_for_peer(token)
         return peer_pb2.HcclRank(host_ip=info.host_ip, device_id=info.device_id,
                                  device_ip=info.device_ip)
 
     @unary
     async def HcclPost(self, request: peer_pb2.HcclPostRequest,
                        context: CallInfo) -> peer_pb2.HcclPostReply:
-        await self._engine.inbound.hccl_post_for_peer(request.link_token, request.send,
+        token = self._token(request.link_token)
+        await self._engine.inbound.hccl_post_for_peer(token, request.send,
                                               request.region_id, request.ranges,
                                               max(1, request.timeout_ms))
         return peer_pb2.HcclPostReply()
@@ -123,13 +144,15 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
     @unary
     async def HcclPrepare(self, request: peer_pb2.HcclPrepareRequest,
                           context: CallInfo) -> peer_pb2.HcclPrepareReply:
-        await self._engine.inbound.hccl_prepare_for_peer(request.link_token,
+        token = self._token(request.link_token)
+        await self._engine.inbound.hccl_prepare_for_peer(token,
                                                          max(1, request.timeout_ms))
         return peer_pb2.HcclPrepareReply()
 
     @unary
     async def HcclRegion(self, request: peer_pb2.HcclRegionRequest,
                          context: CallInfo) -> peer_pb2.HcclRegionReply:
-        found = self._engine.inbound.hccl_region_for_peer(request.link_token, request.region_id)
+        token = self._token(request.link_token)
+        found = self._engine.inbound.hccl_region_for_peer(token, request.region_id)
         return peer_pb2.HcclRegionReply(address=found.address, size=found.size,
                                         writable=found.writable, bound=found.bound)

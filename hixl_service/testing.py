@@ -400,8 +400,8 @@ async def start_daemon(
 
 def cluster_info(remote_cluster_id: int, peer_address: str) -> LLMClusterInfo:
     """What ``link_clusters`` takes to reach cluster ``remote_cluster_id`` of the daemon
-    whose peer address is ``peer_address`` (``DaemonProcess.peer_address``), from a
-    cluster on this host."""
+    whose peer address is ``peer_address`` (``DaemonProcess.peer_address``, or the
+    cluster's own ``listen_ip_info``), from a cluster on this host."""
     from hixl_client import LLMClusterInfo
 
     host, port = peer_address.rsplit(":", 1)

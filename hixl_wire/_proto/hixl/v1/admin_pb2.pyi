@@ -29,7 +29,7 @@ class SessionStatus(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., client_pid: _Optional[int] = ..., client_name: _Optional[str] = ..., has_cluster: _Optional[bool] = ..., cluster_id: _Optional[int] = ..., lane_connections: _Optional[int] = ..., lane_calls: _Optional[int] = ...) -> None: ...
 
 class ClusterStatus(_message.Message):
-    __slots__ = ("cluster_id", "role", "session_id", "caches", "keys", "options", "repeat_shapes", "repeated_transfers", "repeats_answered_at_once")
+    __slots__ = ("cluster_id", "role", "session_id", "caches", "keys", "options", "repeat_shapes", "repeated_transfers", "repeats_answered_at_once", "listen_address", "listen_shared")
     class OptionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -46,6 +46,8 @@ class ClusterStatus(_message.Message):
     REPEAT_SHAPES_FIELD_NUMBER: _ClassVar[int]
     REPEATED_TRANSFERS_FIELD_NUMBER: _ClassVar[int]
     REPEATS_ANSWERED_AT_ONCE_FIELD_NUMBER: _ClassVar[int]
+    LISTEN_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    LISTEN_SHARED_FIELD_NUMBER: _ClassVar[int]
     cluster_id: int
     role: str
     session_id: str
@@ -55,7 +57,9 @@ class ClusterStatus(_message.Message):
     repeat_shapes: int
     repeated_transfers: int
     repeats_answered_at_once: int
-    def __init__(self, cluster_id: _Optional[int] = ..., role: _Optional[str] = ..., session_id: _Optional[str] = ..., caches: _Optional[int] = ..., keys: _Optional[int] = ..., options: _Optional[_Mapping[str, str]] = ..., repeat_shapes: _Optional[int] = ..., repeated_transfers: _Optional[int] = ..., repeats_answered_at_once: _Optional[int] = ...) -> None: ...
+    listen_address: str
+    listen_shared: bool
+    def __init__(self, cluster_id: _Optional[int] = ..., role: _Optional[str] = ..., session_id: _Optional[str] = ..., caches: _Optional[int] = ..., keys: _Optional[int] = ..., options: _Optional[_Mapping[str, str]] = ..., repeat_shapes: _Optional[int] = ..., repeated_transfers: _Optional[int] = ..., repeats_answered_at_once: _Optional[int] = ..., listen_address: _Optional[str] = ..., listen_shared: _Optional[bool] = ...) -> None: ...
 
 class LinkStatus(_message.Message):
     __slots__ = ("local_cluster_id", "remote_cluster_id", "remote_daemon_id", "remote_peer_address", "transport", "streams", "alive", "direction", "data_path")
