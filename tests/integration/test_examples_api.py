@@ -27,6 +27,8 @@ EXAMPLES: dict[str, list[str]] = {
                        "--host-blocks", "4"],
     "register_memory.py": ["--requests", "2", "--layers", "2", "--tokens", "32"],
     "sync_facade.py": ["--requests", "3", "--layers", "2", "--tokens", "32"],
+    # issue 20's conformance example: the connectors' sequence, unchanged
+    "engine_connector.py": ["--requests", "4", "--layers", "3", "--num-blocks", "24"],
 }
 
 
