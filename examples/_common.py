@@ -13,7 +13,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-from collections.abc import AsyncIterator, Iterable
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -32,6 +35,7 @@ __all__ = [
     "example_parser",
     "fill_random",
     "link_info",
+    "run_two_processes",
     "slot_bytes",
     "two_daemons",
 ]
@@ -121,6 +125,41 @@ async def two_daemons(
     async with start_daemon(**limits(budget)) as prefill_daemon, \
             start_daemon(**decode_limits) as decode_daemon:
         yield prefill_daemon, decode_daemon
+
+
+def run_two_processes(script: str, first: list[str], second: Callable[[str, str], list[str]],
+                      budget: int | None = None) -> None:
+    """Run ``script`` as two LLM-DataDist processes on two daemons of their own.
+
+    The first (``script first...``, given ``--daemon=<target>``) prints one
+    line once its cluster is ready, and holds it until the second has ended;
+    the second (``script *second(that line, the first daemon's peer
+    address)``) finds its daemon in ``$HIXL_DAEMON``, as a ported application
+    would.
+
+    Raises:
+        SystemExit: either process failed.
+    """
+    from hixl_service.testing import DaemonProcess  # only the launcher starts daemons
+
+    me = [sys.executable, script]
+    limits: dict[str, Any] = {} if budget is None else {"pool__max_bytes": budget}
+    with DaemonProcess(**limits) as first_daemon, DaemonProcess(**limits) as second_daemon, \
+            subprocess.Popen([*me, *first, f"--daemon={first_daemon.client_target}"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True) as first_side:
+        assert first_side.stdin is not None and first_side.stdout is not None
+        ready = first_side.stdout.readline().strip()
+        if not ready:
+            raise SystemExit(f"the {first[0]} process failed")
+        env = {**os.environ, "HIXL_DAEMON": second_daemon.client_target}
+        second_side = subprocess.run([*me, *second(ready, first_daemon.peer_address)], env=env,
+                                     check=False, timeout=120)
+        first_side.stdin.write("done\n")
+        first_side.stdin.flush()
+        if first_side.wait(timeout=30) or second_side.returncode:
+            raise SystemExit(f"{first[0]} exited {first_side.returncode}, "
+                             f"the other process {second_side.returncode}")
 
 
 def fill_random(cache: Cache, rng: np.random.Generator,

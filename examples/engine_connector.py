@@ -29,11 +29,10 @@ import ipaddress
 import os
 import random
 import socket
-import subprocess
 import sys
 
 import numpy as np
-from _common import example_parser
+from _common import example_parser, run_two_processes
 
 from hixl_client.sync import (
     BlocksCacheKey,
@@ -147,29 +146,15 @@ def free_port() -> int:
 
 
 def run_both(args: argparse.Namespace) -> None:
-    from hixl_service.testing import DaemonProcess  # only the launcher starts daemons
-
-    me = [sys.executable, os.path.abspath(__file__)]
     sizes = [f"--requests={args.requests}", f"--layers={args.layers}",
              f"--num-blocks={args.num_blocks}"]
     prompt_listen, decode_listen = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
-    with DaemonProcess() as prompt_daemon, DaemonProcess() as decode_daemon, \
-            subprocess.Popen([*me, "prompt", f"--daemon={prompt_daemon.client_target}",
-                              f"--listen={prompt_listen}", *sizes], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True) as prompt_side:
-        assert prompt_side.stdin is not None and prompt_side.stdout is not None
-        line = prompt_side.stdout.readline().split()
-        if line[:1] != ["listening"]:
-            raise SystemExit("the prompt process failed")
-        decode_side = subprocess.run(
-            [*me, "decode", f"--listen={decode_listen}", f"--remote={line[1]}", *sizes],
-            env={**os.environ, "HIXL_DAEMON": decode_daemon.client_target},
-            check=False, timeout=120)
-        prompt_side.stdin.write("done\n")
-        prompt_side.stdin.flush()
-        if prompt_side.wait(timeout=30) or decode_side.returncode:
-            raise SystemExit(f"prompt exited {prompt_side.returncode}, "
-                             f"decode {decode_side.returncode}")
+
+    def decode_args(ready: str, _: str) -> list[str]:  # "listening <its listen_ip_info>"
+        return ["decode", f"--listen={decode_listen}", f"--remote={ready.split()[-1]}", *sizes]
+
+    run_two_processes(os.path.abspath(__file__), ["prompt", f"--listen={prompt_listen}", *sizes],
+                      decode_args)
     print("two connector processes (prompt, decode), linked by listen_ip_info, "
           "both finalized cleanly")
 

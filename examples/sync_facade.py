@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
@@ -29,6 +28,7 @@ from _common import (
     engine_options,
     example_parser,
     link_info,
+    run_two_processes,
 )
 
 from hixl_client.sync import (
@@ -104,29 +104,13 @@ def decode(args: argparse.Namespace) -> None:
 
 
 def run_both(args: argparse.Namespace) -> None:
-    from hixl_service.testing import DaemonProcess  # only the launcher starts daemons
-
-    me = [sys.executable, os.path.abspath(__file__)]
     sizes = [f"--{name.replace('_', '-')}={getattr(args, name)}" for name in
              ("requests", "layers", "tokens", "kv_heads", "head_dim")]
-    budget = pool_size(args) + (8 << 20)
-    with DaemonProcess(pool__max_bytes=budget) as prefill_daemon, \
-            DaemonProcess(pool__max_bytes=budget) as decode_daemon, \
-            subprocess.Popen([*me, "prefill", f"--daemon={prefill_daemon.client_target}",
-                              *sizes], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             text=True) as prompt_side:
-        assert prompt_side.stdin is not None and prompt_side.stdout is not None
-        if prompt_side.stdout.readline().strip() != "ready":
-            raise SystemExit("the prefill process failed")
-        decode_side = subprocess.run(
-            [*me, "decode", f"--peer={prefill_daemon.peer_address}", *sizes],
-            env={**os.environ, "HIXL_DAEMON": decode_daemon.client_target},
-            check=False, timeout=120)
-        prompt_side.stdin.write("done\n")
-        prompt_side.stdin.flush()
-        if prompt_side.wait(timeout=30) or decode_side.returncode:
-            raise SystemExit(f"prefill exited {prompt_side.returncode}, "
-                             f"decode {decode_side.returncode}")
+    def decode_args(_: str, prefill_peer: str) -> list[str]:
+        return ["decode", f"--peer={prefill_peer}", *sizes]
+
+    run_two_processes(os.path.abspath(__file__), ["prefill", *sizes], decode_args,
+                      budget=pool_size(args) + (8 << 20))
     print("two facade processes (prefill, decode) over two daemons: tcp pulls, "
           "both finalized cleanly")
 
