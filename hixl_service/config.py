@@ -472,6 +472,35 @@ class LimitsConfig(_Section):
     )
 
 
+# branch metrics: [metrics]
+class MetricsConfig(_Section):
+    """The Prometheus endpoint (``/metrics``, plain HTTP); off unless ``listen`` is set."""
+
+    listen: str | None = Field(
+        default=None,
+        description='host:port of the /metrics HTTP listener, e.g. "127.0.0.1:9464" '
+        "(port 0: ephemeral); unset or empty: no listener. Off loopback it is refused "
+        "unless allow_remote.",
+    )
+    allow_remote: bool = Field(
+        default=False,
+        description="Accept a listen address off loopback: /metrics has no authentication, "
+        "so anyone who reaches it reads the daemon's counters; warned at every start.",
+    )
+
+    _empty_listen = field_validator("listen", mode="before")(_empty_is_unset)
+
+    @field_validator("listen")
+    @classmethod
+    def _host_port(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit() or int(port) > 65535:
+            raise ValueError(f'listen must be "host:port", got {value!r}')
+        return value
+
+
 @dataclass(frozen=True)
 class _LoadRequest:
     path: Path | None
@@ -517,6 +546,8 @@ class DaemonConfig(BaseSettings):
         default_factory=SecurityConfig, description="Peer authentication and authorization."
     )
     limits: LimitsConfig = Field(default_factory=LimitsConfig, description="Limits on peers.")
+    metrics: MetricsConfig = Field(  # branch metrics
+        default_factory=MetricsConfig, description="The Prometheus endpoint.")
 
     @classmethod
     def settings_customise_sources(

@@ -39,6 +39,7 @@ from .pools import PoolManager
 from .regions import Regions
 from .registry import KeySpec
 from .sessions import Session, Sessions
+from .stats import DaemonStats
 from .transports.factory import TransportKit
 from .trust import Trust, insecure_trust
 
@@ -70,6 +71,8 @@ class EngineDeps:
     load: TransferLoad = field(default_factory=TransferLoad)
     # [security] and [limits]: who may link, and the links' keys.
     trust: Trust = field(default_factory=insecure_trust)
+    # What the daemon counts of its work, for /metrics and the Admin status.
+    stats: DaemonStats = field(default_factory=DaemonStats)
 
 
 class Engine:
@@ -89,9 +92,9 @@ class Engine:
         facts = DaemonFacts(deps.daemon_id, deps.version, deps.data_host, deps.backend,
                             deps.peer_lane)
         self.inbound = InboundLinks(facts, self.clusters, deps.data_server, self.regions,
-                                    self.caches, self.kit, deps.trust)
+                                    self.caches, self.kit, deps.trust, deps.stats)
         self.outbound = OutboundLinks(deps.daemon_id, deps.backend, self, self.kit,
-                                      deps.peer_factory, deps.connect_timeout_s)
+                                      deps.peer_factory, deps.connect_timeout_s, deps.stats)
 
     # -- what far_caches.DaemonCaches reads of this daemon ------------------------
 

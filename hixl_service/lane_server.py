@@ -56,7 +56,7 @@ from .inbound import PeerLaneInfo
 from .interceptors import new_request_id, request_id
 from .listeners import socket_umask
 from .load import TransferLoad
-from .rpc_errors import handler_error
+from .rpc_errors import handler_error, report_failure
 from .sessions import Session
 
 logger = logging.getLogger(__name__)
@@ -72,8 +72,9 @@ MAX_CALLS_IN_FLIGHT = 256
 # anything; the handler then runs and answers with the error.
 AtOnce = Callable[[Any, CallInfo], Any]
 # The ERROR reply body of a call cancelled by its own deadline.
-DEADLINE_ERROR = call_error_of(LLMException(
-    "the call's deadline passed", status_code=LLMStatusCode.LLM_TIMEOUT)).SerializeToString()
+DEADLINE_EXCEPTION = LLMException("the call's deadline passed",
+                                  status_code=LLMStatusCode.LLM_TIMEOUT)
+DEADLINE_ERROR = call_error_of(DEADLINE_EXCEPTION).SerializeToString()
 
 
 class Binding:
@@ -309,12 +310,14 @@ class _Connection(asyncio.Protocol):
             reply = await handler(request, call)
         except asyncio.CancelledError:
             if call_id in self._timed_out:  # our deadline, not the caller's cancel
+                report_failure(self._server.servicer, name, DEADLINE_EXCEPTION)
                 self._reply(call_id, REPLY_ERROR, DEADLINE_ERROR)
                 return
             raise
         except Exception as exc:  # what the same gRPC call would end with
-            self._reply(call_id, REPLY_ERROR,
-                        call_error_of(handler_error(name, exc)).SerializeToString())
+            error = handler_error(name, exc)
+            report_failure(self._server.servicer, name, error)
+            self._reply(call_id, REPLY_ERROR, call_error_of(error).SerializeToString())
         else:
             self._reply(call_id, REPLY_OK, reply.SerializeToString())
         finally:
@@ -342,6 +345,7 @@ class LaneServer:
         ``needs_hello`` a new connection is bound at once (with an empty body).
         ``load``: where calls count from their frame on (the transfer lane's)."""
         self.name = name
+        self.servicer = servicer
         self.load = load
         # kind -> (request reader, the servicer's handler, the method's name)
         self.handlers: dict[int, tuple[Callable[[bytes], Any], LaneHandler, str]] = {

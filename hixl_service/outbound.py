@@ -18,6 +18,7 @@ from .cluster import Cluster
 from .far_caches import Daemon, DaemonCaches, PeerCaches
 from .links import FarCaches, OutboundLink
 from .peer_api import PeerApi
+from .stats import DaemonStats
 from .transports.factory import LinkEnds, TransportKit, open_transport
 
 logger = logging.getLogger(__name__)
@@ -30,8 +31,10 @@ class OutboundLinks:
     """Opens and closes the links of this daemon's clusters."""
 
     def __init__(self, daemon_id: str, backend: str, daemon: Daemon, kit: TransportKit,
-                 peer_factory: Callable[[str], PeerApi], connect_timeout_s: float) -> None:
+                 peer_factory: Callable[[str], PeerApi], connect_timeout_s: float,
+                 stats: DaemonStats | None = None) -> None:
         self._daemon_id = daemon_id
+        self._stats = stats if stats is not None else DaemonStats()
         self._backend = backend
         self._daemon = daemon
         self._kit = kit
@@ -53,6 +56,7 @@ class OutboundLinks:
             raise LLMException(f"already linked to cluster {remote_cluster_id}",
                                status_code=LLMStatusCode.LLM_ALREADY_LINK)
         cluster.links[remote_cluster_id] = link
+        self._stats.link_state("outbound", "up")
         logger.info("cluster %d linked to cluster %d at %s over %s", cluster.cluster_id,
                     remote_cluster_id, address, link.transport.name)
         return link
@@ -118,6 +122,7 @@ class OutboundLinks:
                                status_code=LLMStatusCode.LLM_NOTIFY_PROMPT_UNLINK_FAILED)
 
     async def close(self, link: OutboundLink, notify: bool) -> bool:
+        self._stats.link_state("outbound", "closed")
         await link.transport.close()
         return await link.far.tell_unlinked(self._connect_timeout_s) if notify else True
 

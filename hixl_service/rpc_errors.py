@@ -14,7 +14,7 @@ writes the same two numbers into its CallError reply
 from __future__ import annotations
 
 import logging
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 import grpc
 import grpc.aio
@@ -31,9 +31,12 @@ class CallRefused(LLMException):
     CallError carries the same code (``hixl_wire.lane.call_error_of``)."""
 
     def __init__(self, message: str, status_code: LLMStatusCode,
-                 grpc_code: grpc.StatusCode) -> None:
+                 grpc_code: grpc.StatusCode, reason: str = "") -> None:
         super().__init__(message, status_code=status_code)
         self.grpc_code = grpc_code
+        # A short label for the refusals metric (stats.DaemonStats.refused): what
+        # was refused, without ids; the gRPC code's name when the raiser names none.
+        self.reason = reason or grpc_code.name.lower()
 
 
 def handler_error(name: str, exc: Exception) -> LLMException:
@@ -48,6 +51,20 @@ def handler_error(name: str, exc: Exception) -> LLMException:
     logger.error("%s failed unexpectedly", name, exc_info=exc)
     return LLMException("internal daemon error; see the daemon log",
                         status_code=LLMStatusCode.LLM_FAILED)
+
+
+class FailureHook(Protocol):
+    """A servicer's ``call_failed``: told of each handler failure, after
+    :func:`handler_error` made it the call's answer (for counting)."""
+
+    def __call__(self, method: str, error: LLMException) -> None: ...
+
+
+def report_failure(servicer: object, method: str, error: LLMException) -> None:
+    """Tell ``servicer`` that its handler of ``method`` answered ``error``, if it listens."""
+    hook: FailureHook | None = getattr(servicer, "call_failed", None)
+    if hook is not None:
+        hook(method, error)
 
 
 async def abort_with(context: grpc.aio.ServicerContext[Any, Any], exc: LLMException) -> NoReturn:

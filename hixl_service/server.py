@@ -65,10 +65,11 @@ from .listeners import (
 )
 from .load import TransferLoad
 from .memory.host import HostMemory
+from .metrics import MetricsServer, check_metrics_exposure
 from .peer_api import PeerApi
 from .peer_client import PeerClient
 from .pools import PoolManager
-from .servicer_admin import AdminServicer
+from .servicer_admin import AdminFacts, AdminServicer
 from .servicer_client import ClientServicer
 from .servicer_peer import PeerServicer
 from .trust import Trust
@@ -149,6 +150,7 @@ class Daemon:
         loop = asyncio.get_running_loop()
         # Refusals (exit 2) come before anything listens.
         check_exposure(cfg)
+        check_metrics_exposure(cfg.metrics)
         self.trust = trust = Trust(cfg.security, cfg.limits)
         prepare_socket_dir(self.fd_path.parent)
         ascend: AscendBackend | None = None
@@ -230,8 +232,16 @@ class Daemon:
                 unwind.push_async_callback(lane_server.stop, 0)
             client_pb2_grpc.add_ClientServicer_to_server(client_servicer,
                                                          generic_only(client_server))
+            # branch metrics: /metrics, bound here so that a busy port refuses the start
+            metrics: MetricsServer | None = None
+            if cfg.metrics.listen is not None:
+                metrics = MetricsServer.start(cfg.metrics, engine, loop, __version__)
+                unwind.callback(metrics.close)
+            admin_facts = AdminFacts(cfg.pool.backend, peer_address,
+                                     metrics.address if metrics is not None else "",
+                                     lane_socket)
             admin_pb2_grpc.add_AdminServicer_to_server(
-                AdminServicer(engine, cfg.pool.backend, peer_address),
+                AdminServicer(engine, cfg.pool.backend, peer_address, admin_facts, self.stop),
                 generic_only(client_server))
             _add_common(client_server, health_servicer, (*SERVICE_NAMES["client"], ADMIN_NAME))
             client_target = ""
@@ -263,11 +273,14 @@ class Daemon:
                   "peer_address": peer_address,
                   "data_address": f"{self.advertise_host}:{data_server.port}",
                   "daemon_id": self.daemon_id}
+        if metrics is not None:
+            record["metrics_address"] = metrics.address
         if cfg.server.ready_file is not None:
             _write_ready_file(cfg.server.ready_file, record)
         _systemd.notify("READY=1\nSTATUS=serving")
-        logger.info("hixl-serviced %s ready: clients %s, peers %s, data %s", __version__,
-                    client_target, peer_address, record["data_address"])
+        logger.info("hixl-serviced %s ready: clients %s, peers %s, data %s%s", __version__,
+                    client_target, peer_address, record["data_address"],
+                    f", metrics http://{metrics.address}/metrics" if metrics else "")
         self.peer_address = peer_address
         self.ready.set()
 
@@ -286,6 +299,8 @@ class Daemon:
         for peer in self._peers.values():
             await peer.close()
         await asyncio.to_thread(data_server.close)
+        if metrics is not None:
+            await asyncio.to_thread(metrics.close)
         if self.socket_path is not None:
             self.socket_path.unlink(missing_ok=True)
         if cfg.server.ready_file is not None:

@@ -1,16 +1,34 @@
-"""The Admin service: a read-only snapshot of the daemon for operators."""
+"""The Admin service: a snapshot of the daemon for operators, and Drain."""
 
 from __future__ import annotations
 
+import logging
+import os
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
+from hixl_client.status import LLMException, LLMStatusCode
 from hixl_wire._proto.hixl.v1 import admin_pb2, admin_pb2_grpc
 
 from .calls import CallInfo, unary
 from .engine import Engine
 
+logger = logging.getLogger(__name__)
 
-def snapshot(engine: Engine, backend: str, peer_address: str) -> admin_pb2.DaemonStatus:
+
+@dataclass(frozen=True)
+class AdminFacts:
+    """What the Admin service reports of the process around the engine."""
+
+    backend: str
+    peer_address: str
+    metrics_address: str = ""
+    transfer_lane: str = ""
+
+
+def snapshot(engine: Engine, backend: str, peer_address: str,
+             facts: AdminFacts | None = None) -> admin_pb2.DaemonStatus:
     """Build the status message from the engine's current state."""
     deps = engine.deps
     status = admin_pb2.DaemonStatus(
@@ -21,7 +39,13 @@ def snapshot(engine: Engine, backend: str, peer_address: str) -> admin_pb2.Daemo
                            if deps.peer_lane.port else ""),
         peer_lane_calls=deps.peer_lane.calls, transfers_under_way=deps.load.running,
         pool_budget_bytes=engine.pools.budget_bytes,
-        pool_reserved_bytes=engine.pools.reserved_bytes)
+        pool_reserved_bytes=engine.pools.reserved_bytes, pid=os.getpid(),
+        metrics_address=facts.metrics_address if facts else "",
+        transfer_lane=facts.transfer_lane if facts else "",
+        refusals=deps.stats.refused)
+    for op, transport, llm_status, calls, nbytes in deps.stats.transfer_counts():
+        status.transfers.add(op=op, transport=transport, status=llm_status, calls=calls,
+                             bytes=nbytes)
     for session in engine.sessions.values():
         status.sessions.add(session_id=session.session_id, client_pid=session.client_pid,
                             client_name=session.client_name,
@@ -74,12 +98,29 @@ def snapshot(engine: Engine, backend: str, peer_address: str) -> admin_pb2.Daemo
 class AdminServicer(admin_pb2_grpc.AdminServicer):
     """Handlers of the Admin service."""
 
-    def __init__(self, engine: Engine, backend: str, peer_address: str) -> None:
+    def __init__(self, engine: Engine, backend: str, peer_address: str,
+                 facts: AdminFacts | None = None,
+                 drain: Callable[[], None] | None = None) -> None:
         self._engine = engine
         self._backend = backend
         self._peer_address = peer_address
+        self._facts = facts or AdminFacts(backend, peer_address)
+        self._drain = drain
 
     @unary
     async def GetStatus(self, request: admin_pb2.GetStatusRequest,
                         context: CallInfo) -> admin_pb2.DaemonStatus:
-        return snapshot(self._engine, self._backend, self._peer_address)
+        return snapshot(self._engine, self._backend, self._peer_address, self._facts)
+
+    @unary
+    async def Drain(self, request: admin_pb2.DrainRequest,
+                    context: CallInfo) -> admin_pb2.DrainReply:
+        """Begin the stop SIGTERM begins; the reply goes out before listeners close."""
+        if self._drain is None:
+            raise LLMException("this daemon cannot be drained over Admin",
+                               status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
+        reply = admin_pb2.DrainReply(sessions=len(self._engine.sessions.values()),
+                                     transfers_under_way=self._engine.deps.load.running)
+        logger.warning("Admin.Drain: stopping as on SIGTERM (%d sessions open)", reply.sessions)
+        self._drain()
+        return reply

@@ -27,8 +27,9 @@ from .peer_client import key_from_proto, ref_from_proto
 from .planning import block_list
 from .prepared import again, repeat_at_once, repeat_handle
 from .repeats import Repeat
-from .rpc_errors import abort_with
+from .rpc_errors import CallRefused, abort_with
 from .sessions import no_session
+from .stats import COPY_TRANSPORT, DaemonStats
 from .transfers import Outcome, PullSpec, PushSpec, pull, push
 
 logger = logging.getLogger(__name__)
@@ -108,6 +109,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
     def __init__(self, engine: Engine, version: str, fd_socket: str,
                  lane_socket: str = "") -> None:
         self._engine = engine
+        self._stats = engine.deps.stats
         self._version = version
         self._fd_socket = fd_socket
         self._lane_socket = lane_socket
@@ -120,6 +122,12 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
             "RepeatPull": functools.partial(self._repeat_at_once, push=False),
             "RepeatPush": functools.partial(self._repeat_at_once, push=True),
         }
+
+    def call_failed(self, method: str, error: LLMException) -> None:
+        """A handler of ``method`` failed with ``error`` (``calls.FailureHook``): counted."""
+        if isinstance(error, CallRefused):
+            self._stats.call_refused(error.reason)
+        self._stats.call_failed(method, error.status_code)
 
     def stop_sessions(self) -> None:
         """Make every Attach stream end (graceful daemon stop)."""
@@ -328,7 +336,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         outcome = await pull(cluster, spec)
         return client_pb2.PullCacheReply(bytes=outcome.bytes, transport=outcome.transport,
                                          repeat_handle=repeat_handle(cluster, spec, outcome),
-                                         **_timing(started, outcome))
+                                         **_timing(self._stats, "pull_cache", started, outcome))
 
     @unary
     async def RepeatPull(self, request: RepeatFrame,
@@ -344,7 +352,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         repeat = cluster.repeats.get(request.handle, push=push)
         outcome = await again(cluster, repeat, request.src_batch_index,
                               request.dst_batch_index)
-        return _repeat_reply(repeat, started, outcome)
+        return _repeat_reply(self._stats, repeat, started, outcome)
 
     def _repeat_at_once(self, request: RepeatFrame, context: CallInfo, push: bool) -> Any:
         """RepeatPull or RepeatPush answered in the transfer lane's frame callback
@@ -361,13 +369,12 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
             return None
         repeat, outcome = begun
         if isinstance(outcome, Outcome):
-            return _repeat_reply(repeat, started, outcome)
+            return _repeat_reply(self._stats, repeat, started, outcome)
         return self._reply_when_landed(repeat, started, outcome)
 
-    @staticmethod
-    async def _reply_when_landed(repeat: Repeat, started: float,
+    async def _reply_when_landed(self, repeat: Repeat, started: float,
                                  outcome: Awaitable[Outcome]) -> Any:
-        return _repeat_reply(repeat, started, await outcome)
+        return _repeat_reply(self._stats, repeat, started, await outcome)
 
     @unary
     async def PullBlocks(self, request: client_pb2.PullCacheRequest,
@@ -376,7 +383,8 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         cluster = self._engine.cluster_of(self._session(context))
         outcome = await pull(cluster, self._pull_spec(request, True))
         return client_pb2.PullCacheReply(bytes=outcome.bytes, transport=outcome.transport,
-                                         **_timing(started, outcome))
+                                         **_timing(self._stats, "pull_blocks", started,
+                                                   outcome))
 
     async def _push(self, request: client_pb2.PushRequest, context: CallInfo,
                     blocks: bool) -> client_pb2.PushReply:
@@ -396,7 +404,9 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         outcome = await push(cluster, spec)
         return client_pb2.PushReply(bytes=outcome.bytes, transport=outcome.transport,
                                     repeat_handle=repeat_handle(cluster, spec, outcome),
-                                    **_timing(started, outcome))
+                                    **_timing(self._stats,
+                                              "push_blocks" if blocks else "push_cache",
+                                              started, outcome))
 
     @unary
     async def PushCache(self, request: client_pb2.PushRequest,
@@ -424,6 +434,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         moved = await copies.copy_cache(self._engine, cluster, request.dst_cache_id,
                                         request.src_cache_id, request.dst_batch_index,
                                         request.src_batch_index, request.offset, request.size)
+        self._stats.copied("copy_cache", COPY_TRANSPORT, moved)
         return client_pb2.CopyReply(bytes=moved)
 
     @unary
@@ -433,6 +444,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         moved = await copies.copy_blocks(self._engine, cluster, request.cache_id,
                                          block_list(request.src_blocks),
                                          block_list(request.dst_blocks))
+        self._stats.copied("copy_blocks", COPY_TRANSPORT, moved)
         return client_pb2.CopyReply(bytes=moved)
 
     @unary
@@ -442,6 +454,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         moved = await copies.swap_blocks(self._engine, cluster, _operand(request.src),
                                          _operand(request.dst), block_list(request.src_blocks),
                                          block_list(request.dst_blocks))
+        self._stats.copied("swap_blocks", COPY_TRANSPORT, moved)
         return client_pb2.CopyReply(bytes=moved)
 
     async def TransferCache(self, request_iterator: AsyncIterator[client_pb2.TransferMessage],
@@ -456,7 +469,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
                 raise _invalid("a transfer stream starts with its task")
             if first.start.lane_task_id:
                 lane_key = (session.session_id, first.start.lane_task_id)
-            task = LayerwiseTask(cluster, first.start)
+            task = LayerwiseTask(cluster, first.start, self._stats)
             for report in await task.prepare():
                 await context.write(report)
             if lane_key is not None:
@@ -468,6 +481,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
                     for report in await task.send_layer(message.layer_ready):
                         await context.write(report)
         except LLMException as exc:
+            self.call_failed("TransferCache", exc)
             await abort_with(context, exc)
         finally:
             if task is not None:
@@ -490,17 +504,20 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
             return client_pb2.LayerReadyReply(reports=await task.send_layer(request.layer))
 
 
-def _repeat_reply(repeat: Repeat, started: float, outcome: Outcome) -> Any:
-    reply_type = client_pb2.PushReply if repeat.shape.push else client_pb2.PullCacheReply
+def _repeat_reply(stats: DaemonStats, repeat: Repeat, started: float, outcome: Outcome) -> Any:
+    push = repeat.shape.push
+    reply_type = client_pb2.PushReply if push else client_pb2.PullCacheReply
     return reply_type(bytes=outcome.bytes, transport=outcome.transport,
-                      repeat_handle=repeat.handle, **_timing(started, outcome))
+                      repeat_handle=repeat.handle,
+                      **_timing(stats, "push_cache" if push else "pull_cache", started, outcome))
 
 
-def _timing(started: float, outcome: Outcome) -> dict[str, int]:
-    """The daemon's split of a transfer: control work and data movement, in us."""
-    total = time.perf_counter() - started
-    return {"control_us": int(max(0.0, total - outcome.data_s) * 1e6),
-            "data_us": int(outcome.data_s * 1e6)}
+def _timing(stats: DaemonStats, op: str, started: float, outcome: Outcome) -> dict[str, int]:
+    """The daemon's split of a transfer: control work and data movement, in us;
+    counted in ``stats`` on the way (the one place a successful pull or push ends)."""
+    control_s = max(0.0, time.perf_counter() - started - outcome.data_s)
+    stats.transferred(op, outcome.transport, outcome.bytes, control_s, outcome.data_s)
+    return {"control_us": int(control_s * 1e6), "data_us": int(outcome.data_s * 1e6)}
 
 
 def _operand(message: client_pb2.CacheOperand) -> copies.Operand:

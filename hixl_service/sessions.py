@@ -19,7 +19,8 @@ logger = logging.getLogger(__name__)
 def no_session(message: str) -> CallRefused:
     """A call without a valid session: UNAUTHENTICATED, with LLM-DataDist's code for a
     call before init (LLM_FAILED)."""
-    return CallRefused(message, LLMStatusCode.LLM_FAILED, grpc.StatusCode.UNAUTHENTICATED)
+    return CallRefused(message, LLMStatusCode.LLM_FAILED, grpc.StatusCode.UNAUTHENTICATED,
+                       reason="no_session")
 
 
 @dataclass
@@ -41,6 +42,8 @@ class Sessions:
     def __init__(self) -> None:
         self._by_id: dict[str, Session] = {}
         self.closing = False  # the daemon is stopping: no new sessions
+        # Lane calls of the sessions gone, so that the daemon's total only grows (metrics).
+        self.retired_lane_calls = 0
 
     def __contains__(self, session_id: str) -> bool:
         return session_id in self._by_id
@@ -67,4 +70,7 @@ class Sessions:
 
     def pop(self, session: Session) -> bool:
         """Forget a session; False if it was already gone."""
-        return self._by_id.pop(session.session_id, None) is not None
+        if self._by_id.pop(session.session_id, None) is None:
+            return False
+        self.retired_lane_calls += session.lane_calls
+        return True

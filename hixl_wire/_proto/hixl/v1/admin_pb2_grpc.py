@@ -39,6 +39,11 @@ class AdminStub:
                 request_serializer=hixl_dot_v1_dot_admin__pb2.GetStatusRequest.SerializeToString,
                 response_deserializer=hixl_dot_v1_dot_admin__pb2.DaemonStatus.FromString,
                 _registered_method=True)
+        self.Drain = channel.unary_unary(
+                '/hixl.v1.Admin/Drain',
+                request_serializer=hixl_dot_v1_dot_admin__pb2.DrainRequest.SerializeToString,
+                response_deserializer=hixl_dot_v1_dot_admin__pb2.DrainReply.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -50,6 +55,13 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Drain(self, request, context):
+        """branch metrics: begin the graceful stop that SIGTERM begins (hixlctl drain).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -57,6 +69,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=hixl_dot_v1_dot_admin__pb2.GetStatusRequest.FromString,
                     response_serializer=hixl_dot_v1_dot_admin__pb2.DaemonStatus.SerializeToString,
+            ),
+            'Drain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Drain,
+                    request_deserializer=hixl_dot_v1_dot_admin__pb2.DrainRequest.FromString,
+                    response_serializer=hixl_dot_v1_dot_admin__pb2.DrainReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -86,6 +103,33 @@ class Admin:
             '/hixl.v1.Admin/GetStatus',
             hixl_dot_v1_dot_admin__pb2.GetStatusRequest.SerializeToString,
             hixl_dot_v1_dot_admin__pb2.DaemonStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Drain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hixl.v1.Admin/Drain',
+            hixl_dot_v1_dot_admin__pb2.DrainRequest.SerializeToString,
+            hixl_dot_v1_dot_admin__pb2.DrainReply.FromString,
             options,
             channel_credentials,
             insecure,
