@@ -65,10 +65,11 @@ class Unary(Generic[Servicer, Request, Reply]):
         self.__doc__ = handler.__doc__
 
         async def over_grpc(servicer: Servicer, request: Request, context: GrpcContext) -> Reply:
+            call = call_info_of(context)
             try:
-                return await handler(servicer, request, call_info_of(context))
+                return await handler(servicer, request, call)
             except Exception as exc:
-                error = handler_error(name, exc)
+                error = handler_error(name, exc, call.session_id)
                 report_failure(servicer, name, error)
                 await abort_with(context, error)
 

@@ -33,6 +33,7 @@ from .completions import CompletionDispatcher
 from .copier import Copier
 from .inbound import DaemonFacts, InboundLinks, PeerLaneInfo
 from .load import TransferLoad
+from .log_keys import keys
 from .outbound import OutboundLinks
 from .peer_api import PeerApi
 from .pools import PoolManager
@@ -116,7 +117,8 @@ class Engine:
             return
         if session.cluster is not None:
             await self.finalize(session)
-        logger.info("session %s detached", session.session_id)
+        logger.info("session %s detached", session.session_id,
+                    extra=keys(session=session.session_id))
 
     async def init_cluster(self, session: Session, cluster_id: int, role: LLMRole,
                            options: dict[str, str]) -> Cluster:
@@ -152,7 +154,8 @@ class Engine:
                                status_code=LLMStatusCode.LLM_FAILED)
         self.clusters[cluster_id] = cluster
         session.cluster = cluster
-        logger.info("cluster %d initialized (%s)", cluster_id, role.name)
+        logger.info("cluster %d initialized (%s)", cluster_id, role.name,
+                    extra=keys(session=session.session_id, cluster=cluster_id))
         return cluster
 
     def cluster_of(self, session: Session) -> Cluster:
@@ -181,7 +184,8 @@ class Engine:
             buffer.closed = True
             await buffer.wait_unpinned()
             await asyncio.to_thread(buffer.release)
-        logger.info("cluster %d finalized", cluster.cluster_id)
+        logger.info("cluster %d finalized", cluster.cluster_id,
+                    extra=keys(session=cluster.session_id, cluster=cluster.cluster_id))
 
     def switch_role(self, cluster: Cluster, role: LLMRole) -> None:
         """Relabel a cluster; refused while links exist, as LLM-DataDist does."""

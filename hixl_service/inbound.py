@@ -23,6 +23,7 @@ from .ascend.comms import CommSpec, RankInfo
 from .caches import Caches, peer_writable
 from .cluster import Cluster
 from .links import InboundLink
+from .log_keys import keys
 from .peer_api import PROTOCOL_VERSION, CacheRefSpec, FarRegion, PeerHello, ResolvedCache
 from .regions import DeviceRegion, Regions
 from .registry import KeySpec
@@ -120,7 +121,8 @@ class InboundLinks:
         self._stats.link_state("inbound", "up")
         logger.info("cluster %d of daemon %s (%s) linked to cluster %d%s", src_cluster_id,
                     src_daemon_id, identity or "?", dst_cluster_id,
-                    "" if grant.may_write else ", read only")
+                    "" if grant.may_write else ", read only",
+                    extra=keys(cluster=dst_cluster_id, link=(src_cluster_id, dst_cluster_id)))
         return PeerHello(self._daemon.daemon_id, self._daemon.version, self._daemon.data_host,
                          self._data_server.port, token, self._daemon.backend,
                          self._daemon.peer_lane.port, link_key=grant.reply_key,

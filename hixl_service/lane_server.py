@@ -315,7 +315,7 @@ class _Connection(asyncio.Protocol):
                 return
             raise
         except Exception as exc:  # what the same gRPC call would end with
-            error = handler_error(name, exc)
+            error = handler_error(name, exc, call.session_id)
             report_failure(self._server.servicer, name, error)
             self._reply(call_id, REPLY_ERROR, call_error_of(error).SerializeToString())
         else:

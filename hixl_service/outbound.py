@@ -17,6 +17,7 @@ from hixl_wire.compat import timeout
 from .cluster import Cluster
 from .far_caches import Daemon, DaemonCaches, PeerCaches
 from .links import FarCaches, OutboundLink
+from .log_keys import keys
 from .peer_api import PeerApi
 from .stats import DaemonStats
 from .transports.factory import LinkEnds, TransportKit, open_transport
@@ -58,7 +59,9 @@ class OutboundLinks:
         cluster.links[remote_cluster_id] = link
         self._stats.link_state("outbound", "up")
         logger.info("cluster %d linked to cluster %d at %s over %s", cluster.cluster_id,
-                    remote_cluster_id, address, link.transport.name)
+                    remote_cluster_id, address, link.transport.name,
+                    extra=keys(session=cluster.session_id, cluster=cluster.cluster_id,
+                               link=(cluster.cluster_id, remote_cluster_id)))
         return link
 
     async def _link_with_retries(self, cluster: Cluster, remote_cluster_id: int, address: str,
@@ -89,7 +92,10 @@ class OutboundLinks:
                     raise
                 logger.info("linking cluster %d to %d at %s failed (attempt %d of %d), "
                             "retrying: %s", cluster.cluster_id, remote_cluster_id, address,
-                            attempt, settings.link_attempts, exc)
+                            attempt, settings.link_attempts, exc,
+                            extra=keys(cluster=cluster.cluster_id,
+                                       link=(cluster.cluster_id, remote_cluster_id),
+                                       status=exc.status_code.name))
             attempt += 1
             await asyncio.sleep(LINK_RETRY_PAUSE_S)
 

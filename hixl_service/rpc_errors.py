@@ -21,6 +21,8 @@ import grpc.aio
 
 from hixl_client.status import STATUS_TO_GRPC, LLMException, LLMStatusCode, status_metadata
 
+from .log_keys import keys
+
 logger = logging.getLogger(__name__)
 
 
@@ -39,16 +41,20 @@ class CallRefused(LLMException):
         self.reason = reason or grpc_code.name.lower()
 
 
-def handler_error(name: str, exc: Exception) -> LLMException:
-    """What handler ``name`` answers for failing with ``exc`` (logged here)."""
+def handler_error(name: str, exc: Exception, session: str | None = None) -> LLMException:
+    """What handler ``name`` answers for failing with ``exc`` (logged here, with the
+    caller's ``session`` and the answer's status as log keys)."""
     if isinstance(exc, LLMException):
-        logger.debug("%s failed: %s", name, exc)
+        logger.debug("%s failed: %s", name, exc,
+                     extra=keys(session=session, status=exc.status_code.name))
         return exc
     if isinstance(exc, (ValueError, TypeError)):
-        logger.info("%s got an invalid request: %s", name, exc)
+        logger.info("%s got an invalid request: %s", name, exc,
+                    extra=keys(session=session, status=LLMStatusCode.LLM_PARAM_INVALID.name))
         return LLMException(f"invalid request: {exc}",
                             status_code=LLMStatusCode.LLM_PARAM_INVALID)
-    logger.error("%s failed unexpectedly", name, exc_info=exc)
+    logger.error("%s failed unexpectedly", name, exc_info=exc,
+                 extra=keys(session=session, status=LLMStatusCode.LLM_FAILED.name))
     return LLMException("internal daemon error; see the daemon log",
                         status_code=LLMStatusCode.LLM_FAILED)
 

@@ -13,6 +13,7 @@ from hixl_wire._proto.hixl.v1 import admin_pb2, admin_pb2_grpc
 
 from .calls import CallInfo, unary
 from .engine import Engine
+from .selftest import self_test
 
 logger = logging.getLogger(__name__)
 
@@ -123,4 +124,16 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
                                      transfers_under_way=self._engine.deps.load.running)
         logger.warning("Admin.Drain: stopping as on SIGTERM (%d sessions open)", reply.sessions)
         self._drain()
+        return reply
+
+    @unary
+    async def SelfTest(self, request: admin_pb2.SelfTestRequest,
+                       context: CallInfo) -> admin_pb2.SelfTestReply:
+        """A short timed read over each outbound link (``selftest``)."""
+        reply = admin_pb2.SelfTestReply()
+        for result in await self_test(self._engine, request.bytes):
+            reply.links.add(local_cluster_id=result.local_cluster_id,
+                            remote_cluster_id=result.remote_cluster_id,
+                            transport=result.transport, bytes=result.bytes,
+                            seconds=result.seconds, skipped=result.skipped, error=result.error)
         return reply

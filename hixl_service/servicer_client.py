@@ -21,6 +21,7 @@ from . import copies
 from .calls import CallInfo, GrpcContext, call_info_of, unary
 from .engine import Engine, NewCache, Session
 from .layerwise import LayerwiseTask
+from .log_keys import keys
 from .memory.base import Pool
 from .peer_api import KeyRef
 from .peer_client import key_from_proto, ref_from_proto
@@ -240,7 +241,12 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
                 except LLMException as exc:
                     logger.warning("%s cluster %d %s cluster %d: %s",
                                    "unlinking" if unlink else "linking", cluster.cluster_id,
-                                   "from" if unlink else "to", target.remote_cluster_id, exc)
+                                   "from" if unlink else "to", target.remote_cluster_id, exc,
+                                   extra=keys(session=cluster.session_id,
+                                              cluster=cluster.cluster_id,
+                                              link=(cluster.cluster_id,
+                                                    target.remote_cluster_id),
+                                              status=exc.status_code.name))
                     return client_pb2.LinkResult(status=exc.status_code, message=str(exc))
 
         results = await asyncio.gather(*(one(t) for t in request.clusters))

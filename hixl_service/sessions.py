@@ -11,6 +11,7 @@ import grpc
 from hixl_client.status import LLMException, LLMStatusCode
 
 from .cluster import Cluster
+from .log_keys import keys
 from .rpc_errors import CallRefused
 
 logger = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ class Sessions:
         session = Session(secrets.token_hex(16), client_pid, client_name)
         self._by_id[session.session_id] = session
         logger.info("session %s attached (pid %d, %s)", session.session_id, client_pid,
-                    client_name or "unnamed")
+                    client_name or "unnamed", extra=keys(session=session.session_id))
         return session
 
     def get(self, session_id: str) -> Session:

@@ -6,6 +6,36 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class SelfTestRequest(_message.Message):
+    __slots__ = ("bytes",)
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    bytes: int
+    def __init__(self, bytes: _Optional[int] = ...) -> None: ...
+
+class LinkSelfTest(_message.Message):
+    __slots__ = ("local_cluster_id", "remote_cluster_id", "transport", "bytes", "seconds", "skipped", "error")
+    LOCAL_CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    local_cluster_id: int
+    remote_cluster_id: int
+    transport: str
+    bytes: int
+    seconds: float
+    skipped: str
+    error: str
+    def __init__(self, local_cluster_id: _Optional[int] = ..., remote_cluster_id: _Optional[int] = ..., transport: _Optional[str] = ..., bytes: _Optional[int] = ..., seconds: _Optional[float] = ..., skipped: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...
+
+class SelfTestReply(_message.Message):
+    __slots__ = ("links",)
+    LINKS_FIELD_NUMBER: _ClassVar[int]
+    links: _containers.RepeatedCompositeFieldContainer[LinkSelfTest]
+    def __init__(self, links: _Optional[_Iterable[_Union[LinkSelfTest, _Mapping]]] = ...) -> None: ...
+
 class DrainRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
