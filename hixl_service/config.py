@@ -501,6 +501,35 @@ class MetricsConfig(_Section):
         return value
 
 
+# branch metrics: [tracing]
+class TracingConfig(_Section):
+    """OpenTelemetry spans of transfers (the ``tracing`` extra); off by default."""
+
+    enabled: bool = Field(
+        default=False,
+        description="Export spans of pulls, pushes and layer-wise tasks, continuing the "
+        "traces clients send; needs pip install 'hixl[tracing]'.",
+    )
+    exporter: Literal["otlp", "console"] = Field(
+        default="otlp",
+        description='"otlp" (OTLP over gRPC, to endpoint) or "console" (one JSON object '
+        "per span, to console_file).",
+    )
+    endpoint: str | None = Field(
+        default=None,
+        description="OTLP gRPC endpoint, e.g. \"http://127.0.0.1:4317\"; unset: "
+        "OTEL_EXPORTER_OTLP_ENDPOINT, else the exporter's default.",
+    )
+    console_file: Path | None = Field(
+        default=None, description='exporter "console": file the spans are appended to; '
+        "unset: stderr."
+    )
+    service_name: str = Field(default="hixl-serviced", min_length=1,
+                              description="The spans' service.name.")
+
+    _empty_is_none = field_validator("endpoint", "console_file", mode="before")(_empty_is_unset)
+
+
 @dataclass(frozen=True)
 class _LoadRequest:
     path: Path | None
@@ -548,6 +577,8 @@ class DaemonConfig(BaseSettings):
     limits: LimitsConfig = Field(default_factory=LimitsConfig, description="Limits on peers.")
     metrics: MetricsConfig = Field(  # branch metrics
         default_factory=MetricsConfig, description="The Prometheus endpoint.")
+    tracing: TracingConfig = Field(  # branch metrics
+        default_factory=TracingConfig, description="OpenTelemetry tracing.")
 
     @classmethod
     def settings_customise_sources(

@@ -39,6 +39,7 @@ from hixl_wire.lane import (
     HEADER,
     KIND_CANCEL,
     KIND_HELLO,
+    KIND_TRACE,
     PEER_METHODS,
     REPLY_ERROR,
     REPLY_OK,
@@ -49,6 +50,7 @@ from hixl_wire.lane import (
     call_error_of,
 )
 
+from . import tracing
 from .calls import NO_CALL_INFO, CallInfo, LaneHandler, lane_handler
 from .eager import start_eagerly
 from .engine import Engine
@@ -130,6 +132,8 @@ class _Connection(asyncio.Protocol):
         self._writable = True
         # Frames read while MAX_CALLS_IN_FLIGHT calls run, started as calls end.
         self._backlog: collections.deque[Frame] = collections.deque()
+        # Trace contexts (TRACE frames) of calls about to arrive; tracing on only.
+        self._traces: dict[int, bytes] = {}
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
@@ -227,6 +231,11 @@ class _Connection(asyncio.Protocol):
                          grpc.StatusCode.UNAUTHENTICATED)
             return
         entry = self._server.handlers.get(kind)
+        if entry is None and kind == KIND_TRACE:
+            # Kept for the call that follows; bounded like the calls themselves.
+            if tracing.ENABLED and len(self._traces) < MAX_CALLS_IN_FLIGHT:
+                self._traces[call_id] = body
+            return
         if entry is None:
             self._refuse(call_id, LLMStatusCode.LLM_PARAM_INVALID, f"unknown lane call kind {kind}",
                          grpc.StatusCode.UNIMPLEMENTED)
@@ -242,6 +251,11 @@ class _Connection(asyncio.Protocol):
             self._refuse(call_id, LLMStatusCode.LLM_PARAM_INVALID, f"invalid request: {exc}")
             return
         binding.called()
+        if self._traces:
+            trace = self._traces.pop(call_id, None)
+            if trace is not None:  # in a task, in a span that continues the caller's trace
+                eager = False
+                handler = tracing.traced(handler, f"{self._server.span_prefix}.{name}", trace)
         if eager and kind in self._server.at_once:
             answer = self._answer_at_once(self._server.at_once[kind], request, binding.call)
             if answer is not None and not inspect.isawaitable(answer):
@@ -346,6 +360,8 @@ class LaneServer:
         ``load``: where calls count from their frame on (the transfer lane's)."""
         self.name = name
         self.servicer = servicer
+        # Names the handlers' spans when tracing (see tracing.py).
+        self.span_prefix = "hixl.daemon" if needs_hello else "hixl.peer"
         self.load = load
         # kind -> (request reader, the servicer's handler, the method's name)
         self.handlers: dict[int, tuple[Callable[[bytes], Any], LaneHandler, str]] = {

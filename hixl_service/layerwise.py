@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from hixl_client.status import LLMException, LLMStatusCode
 from hixl_wire._proto.hixl.v1 import client_pb2
 
+from . import tracing
 from .cluster import Cluster
 from .links import FarCache, OutboundLink
 from .peer_client import ref_from_proto
@@ -71,6 +72,9 @@ class LayerwiseTask:
                  stats: DaemonStats) -> None:
         self._cluster = cluster
         self._stats = stats
+        # The task's span (tracing on): its layers are children of it, whichever
+        # call (the stream, or a LayerReady on a lane) announced them.
+        self._trace_context = tracing.current_context() if tracing.ENABLED else None
         self._start = start
         # Converted once, not at every layer (see planning.block_list).
         self._src_blocks = block_list(start.src_blocks)
@@ -218,7 +222,13 @@ class LayerwiseTask:
                 continue
             transport = target.link.transport.name
             try:
-                moved = await self._send(target, layer)
+                if tracing.ENABLED:
+                    with tracing.child_span("hixl.daemon.layer", self._trace_context,
+                                            layer=layer,
+                                            target=target.index, transport=transport):
+                        moved = await self._send(target, layer)
+                else:
+                    moved = await self._send(target, layer)
             except LLMException as exc:
                 self._stats.call_failed("LayerReady", exc.status_code, transport)
                 self.failed = True

@@ -38,7 +38,7 @@ from hixl_wire._proto.hixl.v1 import (
 from hixl_wire.defaults import default_runtime_dir
 from hixl_wire.lane import CLIENT_METHODS
 
-from . import __version__, _systemd
+from . import __version__, _systemd, tracing
 from .ascend.backend import AscendBackend
 from .ascend.comms import host_address
 from .ascend.pools import AscendMemory
@@ -109,6 +109,11 @@ def _add_port(server: grpc.aio.Server, address: str, what: str,
     return port
 
 
+def _tracing_interceptors(prefix: str) -> list[grpc.aio.ServerInterceptor]:
+    """The span-making interceptor while tracing is on; none otherwise (no cost)."""
+    return [tracing.TracingInterceptor(prefix)] if tracing.ENABLED else []
+
+
 def _write_ready_file(path: Path, record: dict[str, object]) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(record))
@@ -151,6 +156,7 @@ class Daemon:
         # Refusals (exit 2) come before anything listens.
         check_exposure(cfg)
         check_metrics_exposure(cfg.metrics)
+        tracing.configure(cfg.tracing, self.daemon_id)  # branch metrics: off by default
         self.trust = trust = Trust(cfg.security, cfg.limits)
         prepare_socket_dir(self.fd_path.parent)
         ascend: AscendBackend | None = None
@@ -190,7 +196,8 @@ class Daemon:
             health_servicer = health.aio.HealthServicer()
             install_log_record_factory()
             credentials = trust.server_credentials()
-            peer_server = grpc.aio.server(interceptors=[RequestIdInterceptor()],
+            peer_server = grpc.aio.server(interceptors=[RequestIdInterceptor(),
+                                                        *_tracing_interceptors("hixl.peer")],
                                           options=SERVER_OPTIONS,
                                           maximum_concurrent_rpcs=cfg.server.max_concurrent_rpcs)
             peer_port = _add_port(peer_server, f"{cfg.server.peer_host}:{cfg.server.peer_port}",
@@ -219,7 +226,8 @@ class Daemon:
 
             transfers = [f"/{SERVICE_NAMES['client'][0]}/{name}" for name in CLIENT_METHODS]
             client_server = grpc.aio.server(
-                interceptors=[LoadInterceptor(load, transfers), RequestIdInterceptor()],
+                interceptors=[LoadInterceptor(load, transfers), RequestIdInterceptor(),
+                              *_tracing_interceptors("hixl.daemon")],
                 options=SERVER_OPTIONS,
                 maximum_concurrent_rpcs=cfg.server.max_concurrent_rpcs)
             lane_socket = str(self.lane_path) if cfg.server.transfer_lane else ""
@@ -263,6 +271,7 @@ class Daemon:
         except BaseException:
             await unwind.aclose()
             unlink_all(created)
+            await asyncio.to_thread(tracing.shutdown)
             raise
         for name in ("", *SERVICE_NAMES["client"], *SERVICE_NAMES["peer"], ADMIN_NAME):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -301,6 +310,7 @@ class Daemon:
         await asyncio.to_thread(data_server.close)
         if metrics is not None:
             await asyncio.to_thread(metrics.close)
+        await asyncio.to_thread(tracing.shutdown)
         if self.socket_path is not None:
             self.socket_path.unlink(missing_ok=True)
         if cfg.server.ready_file is not None:

@@ -17,7 +17,7 @@ from hixl_client.types import DataType, LLMRole, Placement, bytes_per_element
 from hixl_wire._proto.hixl.v1 import client_pb2, client_pb2_grpc, common_pb2
 from hixl_wire.lane import RepeatFrame
 
-from . import copies
+from . import copies, tracing
 from .calls import CallInfo, GrpcContext, call_info_of, unary
 from .engine import Engine, NewCache, Session
 from .layerwise import LayerwiseTask
@@ -465,6 +465,16 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
 
     async def TransferCache(self, request_iterator: AsyncIterator[client_pb2.TransferMessage],
                             context: GrpcContext) -> None:
+        if not tracing.ENABLED:
+            await self._transfer_cache(request_iterator, context)
+            return
+        with tracing.server_span("hixl.daemon.TransferCache",
+                                 tracing.traceparent_of(context.invocation_metadata())):
+            await self._transfer_cache(request_iterator, context)
+
+    async def _transfer_cache(self,
+                              request_iterator: AsyncIterator[client_pb2.TransferMessage],
+                              context: GrpcContext) -> None:
         lane_key: tuple[str, str] | None = None
         task: LayerwiseTask | None = None
         try:
