@@ -148,7 +148,7 @@ class DaemonCollector(Collector):
                                      value=sum(len(c.registry) for c in clusters)))
         out.append(GaugeMetricFamily("hixl_cache_keys", "Cache keys of all clusters",
                                      value=sum(c.registry.key_count for c in clusters)))
-        out.append(CounterMetricFamily(
+        out.append(GaugeMetricFamily(  # a gauge: it drops when a cluster ends
             "hixl_repeated_transfers", "Transfers by repeat handle of the clusters alive",
             value=sum(c.repeats.repeated for c in clusters)))
 
