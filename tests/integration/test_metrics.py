@@ -4,8 +4,11 @@ counters must have moved by exactly what those transfers did."""
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
@@ -152,3 +155,20 @@ async def test_metrics_off_loopback_is_refused() -> None:
         daemon.start()
     assert "metrics.allow_remote" in str(refused.value)
     daemon.close()
+
+
+async def test_the_grafana_dashboard_asks_for_metrics_the_daemon_serves(pair: Pair) -> None:
+    dashboard = json.loads((Path(__file__).parents[2] / "deploy" / "grafana" /
+                            "hixl.json").read_text())
+    exprs = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    asked = {name for expr in exprs for name in re.findall(r"\b((?:hixl|process)_[a-z_]+)\b",
+                                                            expr)}
+    url = f"http://{pair.decoder_daemon.ready['metrics_address']}/metrics"
+    text = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=10).read().decode())
+    served = set(re.findall(r"(?m)^# TYPE (\S+) ", text))
+    missing = {name for name in asked
+               if name not in served and re.sub(r"_(bucket|sum|count)$", "", name) not in served}
+    assert asked and not missing, missing
+    assert {"hixl_transfers_total", "hixl_transfer_bytes_total",
+            "hixl_transfer_duration_seconds_bucket", "hixl_links",
+            "hixl_pool_used_bytes"} <= asked
