@@ -10,12 +10,15 @@ import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
+import grpc
+import grpc.aio
 import pytest
 import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
 from hixl_client import CacheDesc, CacheKey, CacheKeyByIdAndIndex, DataType, LLMException
 from hixl_service.testing import DaemonProcess
+from hixl_wire._proto.hixl.v1 import client_pb2, client_pb2_grpc
 
 from .conftest import Pair, daemon_process, daemon_status, make_pair
 
@@ -172,3 +175,22 @@ async def test_the_grafana_dashboard_asks_for_metrics_the_daemon_serves(pair: Pa
     assert {"hixl_transfers_total", "hixl_transfer_bytes_total",
             "hixl_transfer_duration_seconds_bucket", "hixl_links",
             "hixl_pool_used_bytes"} <= asked
+
+
+async def test_refusals_are_counted_by_reason(pair: Pair) -> None:
+    decode = pair.decoder_daemon
+    before = await ascrape(decode)
+    async with grpc.aio.insecure_channel(decode.client_target) as channel:
+        stub = client_pb2_grpc.ClientStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:  # no session metadata
+            await stub.PullCache(client_pb2.PullCacheRequest(), timeout=10)
+    assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    after = await ascrape(decode)
+    assert value(after, "hixl_refusals_total", reason="no_session") - value(
+        before, "hixl_refusals_total", reason="no_session") == 1
+    failed = {"op": "pull_cache", "transport": "unknown", "status": "LLM_FAILED"}
+    assert value(after, "hixl_transfers_total", **failed) - value(
+        before, "hixl_transfers_total", **failed) == 1
+    status = await daemon_status(decode.client_target)
+    assert status.refusals["no_session"] == value(after, "hixl_refusals_total",
+                                                  reason="no_session")
