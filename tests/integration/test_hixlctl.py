@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -181,3 +182,24 @@ async def test_drain_stops_the_daemon_as_sigterm_does() -> None:
         assert "Admin.Drain" in daemon.log_tail(20000)
     finally:
         daemon.close()
+
+
+async def test_config_names_the_daemon_and_doctor_reports_a_bad_one(
+        pair: Pair, tmp_path: Path) -> None:
+    socket_path = pair.decoder_daemon.client_target[len("unix:"):]
+    good = tmp_path / "good.toml"
+    good.write_text(f'[server]\nclient_socket = "{socket_path}"\n')
+    done = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "hixl_service.ctl", "--config", str(good),
+                         "-o", "json", "status"],
+        capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["daemon_id"] == pair.decoder_daemon.daemon_id
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text(f'[server]\nclient_socket = "{socket_path}"\n[pool]\nmax_bytse = 1\n')
+    done = await ahixlctl(pair.decoder_daemon, "--config", str(bad), "-o", "json", "doctor",
+                          "--self-test-bytes", "0")
+    row = {row["check"]: row for row in findings(done)}["configuration"]
+    assert row["result"] == "fail" and "max_bytse" in row["detail"], row
+    assert done.returncode == 1
