@@ -236,6 +236,8 @@ class _Connection(asyncio.Protocol):
             if tracing.ENABLED and len(self._traces) < MAX_CALLS_IN_FLIGHT:
                 self._traces[call_id] = body
             return
+        # Taken before any refusal, so that a refused call leaves none behind.
+        trace = self._traces.pop(call_id, None) if self._traces else None
         if entry is None:
             self._refuse(call_id, LLMStatusCode.LLM_PARAM_INVALID, f"unknown lane call kind {kind}",
                          grpc.StatusCode.UNIMPLEMENTED)
@@ -251,11 +253,9 @@ class _Connection(asyncio.Protocol):
             self._refuse(call_id, LLMStatusCode.LLM_PARAM_INVALID, f"invalid request: {exc}")
             return
         binding.called()
-        if self._traces:
-            trace = self._traces.pop(call_id, None)
-            if trace is not None:  # in a task, in a span that continues the caller's trace
-                eager = False
-                handler = tracing.traced(handler, f"{self._server.span_prefix}.{name}", trace)
+        if trace is not None:  # in a task, in a span that continues the caller's trace
+            eager = False
+            handler = tracing.traced(handler, f"{self._server.span_prefix}.{name}", trace)
         if eager and kind in self._server.at_once:
             answer = self._answer_at_once(self._server.at_once[kind], request, binding.call)
             if answer is not None and not inspect.isawaitable(answer):

@@ -156,7 +156,6 @@ class Daemon:
         # Refusals (exit 2) come before anything listens.
         check_exposure(cfg)
         check_metrics_exposure(cfg.metrics)
-        tracing.configure(cfg.tracing, self.daemon_id)  # branch metrics: off by default
         self.trust = trust = Trust(cfg.security, cfg.limits)
         prepare_socket_dir(self.fd_path.parent)
         ascend: AscendBackend | None = None
@@ -169,6 +168,8 @@ class Daemon:
         unwind = contextlib.AsyncExitStack()
         created: list[Path] = []  # sockets to remove if the start fails
         try:
+            # branch metrics: off by default; one tracing configuration per process
+            tracing.configure(cfg.tracing, self.daemon_id)
             data_address = f"{cfg.server.peer_host}:{cfg.server.data_port}"
             try:
                 data_server = await asyncio.to_thread(
