@@ -194,3 +194,14 @@ async def test_refusals_are_counted_by_reason(pair: Pair) -> None:
     status = await daemon_status(decode.client_target)
     assert status.refusals["no_session"] == value(after, "hixl_refusals_total",
                                                   reason="no_session")
+
+
+async def test_metrics_off_loopback_with_allow_remote_start_warned() -> None:
+    with daemon_process(metrics={"listen": "0.0.0.0:0", "allow_remote": True}) as daemon:
+        assert daemon.ready["metrics_address"].startswith("0.0.0.0:")
+        assert "metrics.allow_remote" in daemon.log_tail(20000)
+        port = daemon.ready["metrics_address"].rsplit(":", 1)[1]
+        url = f"http://127.0.0.1:{port}/metrics"
+        text = await asyncio.to_thread(
+            lambda: urllib.request.urlopen(url, timeout=10).read().decode())
+        assert "hixl_up 1.0" in text
