@@ -15,11 +15,11 @@ say what was found and, when it is not ok, what to change:
 * peers (``--peer``): the peer port answers gRPC health;
 * links: each link's transport, streams and data path, and its bandwidth by
   a short self-test transfer (``Admin/SelfTest``); it says plainly when a
-  slower path was chosen than the one configured (fewer streams, gRPC where
-  the transfer lane is offered, the peer lane off for a peer) or than the
-  hardware offers (HCCL two-sided where one-sided exists, a link to a
-  daemon on the same host going over TCP because of the transport it was
-  given).
+  slower path was chosen than the one configured (fewer TCP streams than
+  ``transfer.streams_per_link``, gRPC where the transfer lane is offered,
+  the transfer lane off) or than the hardware offers (HCCL two-sided where
+  CANN lacks or refuses the one-sided API), and notes links to a daemon on
+  the same host that cross the loopback TCP stack.
 """
 
 from __future__ import annotations
@@ -354,12 +354,9 @@ def _slow_path(name: str, link: admin_pb2.LinkStatus, status: admin_pb2.DaemonSt
                streams: int | None) -> Iterator[Finding]:
     if link.transport == "hccl" and link.data_path == "two-sided":
         yield Finding(name, WARN, "slower path than the hardware offers: HCCL two-sided "
-                                  "(HcclBatchSendRecv, one range per call) because this CANN "
-                                  "lacks the one-sided API; upgrade CANN for HcclBatchGet/Put")
-    if link.transport == "tcp" and status.backend == "hccl":
-        yield Finding(name, WARN, "slower path than configured: pool.backend = \"hccl\" here, "
-                                  "but the link moves bytes over TCP (the far daemon runs the "
-                                  "host backend)")
+                                  "(HcclBatchSendRecv, one range per call): this CANN lacks or "
+                                  "refuses the one-sided API (HcclBatchGet/Put); see the "
+                                  "daemon log")
     if (link.direction == "outbound" and link.transport == "tcp" and streams is not None
             and link.streams < streams):
         yield Finding(name, WARN, f"slower path than configured: {link.streams} TCP streams, "
