@@ -27,7 +27,7 @@ from hixl_wire._proto.hixl.v1 import client_pb2
 from hixl_wire.defaults import SESSION_METADATA_KEY
 from hixl_wire.status import error_from_rpc
 
-from . import timing
+from . import _tracing, timing
 from ._transport import CALL_MARGIN_S, LANE_GRACE_S
 from .status import LLMException, LLMStatusCode
 from .timing import LayerLag
@@ -287,6 +287,21 @@ async def _thread_frames(connection: DaemonConnection, task_id: str, layers: lis
 
 async def drive(task: CacheTask, connection: DaemonConnection, start: client_pb2.TransferStart,
                 synchronizer: LayerSynchronizer, num_layers: int, timeout_s: float) -> None:
+    """Run one task (:func:`_drive`), in a client span when tracing is on: the
+    task's stream carries its traceparent to the daemon."""
+    metadata: tuple[tuple[str, str], ...] = ((SESSION_METADATA_KEY, connection.session_id),)
+    if not _tracing.ENABLED:
+        await _drive(task, connection, start, synchronizer, num_layers, timeout_s, metadata)
+        return
+    span, traceparent = _tracing.start("hixl.TransferCache")
+    metadata += ((_tracing.TRACEPARENT, traceparent.decode()),)
+    await _tracing.finish(span, _drive(task, connection, start, synchronizer, num_layers,
+                                       timeout_s, metadata))
+
+
+async def _drive(task: CacheTask, connection: DaemonConnection, start: client_pb2.TransferStart,
+                 synchronizer: LayerSynchronizer, num_layers: int, timeout_s: float,
+                 metadata: tuple[tuple[str, str], ...]) -> None:
     """Run one task: send the layers as they become ready, record progress.
 
     With the transfer lane open, each "layer ready" is a LayerReady call on
@@ -297,8 +312,7 @@ async def drive(task: CacheTask, connection: DaemonConnection, start: client_pb2
     CALL_MARGIN_S after it at the latest, even when the daemon stopped answering.
     """
     bound_s = timeout_s + CALL_MARGIN_S
-    call = connection.stub.TransferCache(
-        metadata=((SESSION_METADATA_KEY, connection.session_id),))
+    call = connection.stub.TransferCache(metadata=metadata)
     on_lane = connection.has_lane
     if on_lane:
         start.lane_task_id = secrets.token_hex(8)

@@ -9,7 +9,7 @@ from typing import Any
 from hixl_wire._proto.hixl.v1 import client_pb2
 from hixl_wire.lane import RepeatFrame
 
-from . import timing
+from . import _tracing, timing
 from ._layerwise import CacheTask, build_start, drive
 from ._manager_base import PULL_KWARGS, ManagerBase, ref_to_proto
 from ._transport import CALL_MARGIN_S
@@ -152,8 +152,11 @@ class TransferOps(ManagerBase):
             return False
         started = time.perf_counter()
         method = "RepeatPull" if operation == "pull_cache" else "RepeatPush"
-        reply = await lane.call(method, RepeatFrame(handle, src_batch, dst_batch),
-                                self._sync_timeout_s + CALL_MARGIN_S)
+        frame, timeout_s = RepeatFrame(handle, src_batch, dst_batch), \
+            self._sync_timeout_s + CALL_MARGIN_S
+        reply = await (_tracing.traced(method, lambda trace: lane.begin(
+            method, frame, timeout_s, trace=trace)) if _tracing.ENABLED
+            else lane.call(method, frame, timeout_s))
         timing.record(operation, time.perf_counter() - started, reply)
         return True
 

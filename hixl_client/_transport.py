@@ -23,6 +23,7 @@ from hixl_wire.defaults import SESSION_METADATA_KEY
 from hixl_wire.lane import CLIENT_METHODS, MAX_BODY, Lane
 from hixl_wire.status import error_from_rpc
 
+from . import _tracing
 from ._defaults import transfer_lane_enabled
 from ._thread_lane import ThreadLane
 from .status import LLMException, LLMStatusCode
@@ -173,10 +174,31 @@ class DaemonConnection:
                        timeout: float | None = None) -> Coroutine[Any, Any, Any]:
         """:meth:`transfer` as a coroutine to await later; on the lane the call
         is already sent when this returns (see :meth:`Lane.begin`)."""
+        if _tracing.ENABLED:
+            return _tracing.traced(name, lambda trace: self._begin(name, request, timeout, trace))
         if self.lane is not None and self.has_lane and request.ByteSize() <= MAX_BODY:
             timeout_s = self.control_timeout_s if timeout is None else timeout
             return self.lane.begin(name, request, timeout_s + CALL_MARGIN_S)
         return self.call(self.method(name), request, timeout)
+
+    def _begin(self, name: str, request: Any, timeout: float | None,
+               trace: bytes) -> Coroutine[Any, Any, Any]:
+        """:meth:`begin_transfer` carrying a traceparent (tracing on), with the same bound."""
+        bound_s = (self.control_timeout_s if timeout is None else timeout) + CALL_MARGIN_S
+        if self.lane is not None and self.has_lane and request.ByteSize() <= MAX_BODY:
+            return self.lane.begin(name, request, bound_s, trace=trace)
+        return self._call_traced(self.method(name), request, bound_s, trace)
+
+    async def _call_traced(self, method: Callable[..., Awaitable[Reply]], request: Any,
+                           timeout: float, trace: bytes) -> Reply:
+        if self.lost is not None:
+            raise LLMException(f"hixl daemon at {self.target}: {self.lost}",
+                               status_code=LLMStatusCode.LLM_FAILED)
+        metadata = grpc.aio.Metadata(*self._metadata, (_tracing.TRACEPARENT, trace.decode()))
+        try:
+            return await method(request, timeout=timeout, metadata=metadata)
+        except grpc.aio.AioRpcError as err:
+            raise error_from_rpc(err, f"hixl daemon at {self.target}") from None
 
     async def take_thread_lane(self) -> ThreadLane | None:
         """A lane connection of the session for one worker thread to write

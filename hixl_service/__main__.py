@@ -23,6 +23,7 @@ from typing import Any
 from hixl_service import __version__
 from hixl_service._glibc import return_large_allocations
 from hixl_service.config import ConfigError, DaemonConfig, LoggingConfig, load_config
+from hixl_service.log_keys import LOG_KEYS
 
 __all__ = ["EXIT_CONFIG", "EXIT_FAILURE", "EXIT_OK", "configure_logging", "main"]
 
@@ -65,9 +66,12 @@ class _JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        request_id = getattr(record, "request_id", None)
-        if request_id is not None:
-            entry["request_id"] = request_id
+        # Correlation keys as keys of their own (set through ``extra=`` or the
+        # request-id record factory), never only inside the message text.
+        for key in LOG_KEYS:
+            value = getattr(record, key, None)
+            if value is not None:
+                entry[key] = value
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
         return json.dumps(entry, default=str)

@@ -26,7 +26,7 @@ import grpc.aio
 
 from hixl_wire.defaults import SESSION_METADATA_KEY
 
-from .rpc_errors import abort_with, handler_error
+from .rpc_errors import abort_with, handler_error, report_failure
 
 GrpcContext = grpc.aio.ServicerContext[Any, Any]
 Servicer = TypeVar("Servicer")
@@ -65,10 +65,13 @@ class Unary(Generic[Servicer, Request, Reply]):
         self.__doc__ = handler.__doc__
 
         async def over_grpc(servicer: Servicer, request: Request, context: GrpcContext) -> Reply:
+            call = call_info_of(context)
             try:
-                return await handler(servicer, request, call_info_of(context))
+                return await handler(servicer, request, call)
             except Exception as exc:
-                await abort_with(context, handler_error(name, exc))
+                error = handler_error(name, exc, call.session_id)
+                report_failure(servicer, name, error)
+                await abort_with(context, error)
 
         self._over_grpc = over_grpc
 

@@ -77,6 +77,7 @@ OTHER_ENV_VARIABLES = frozenset({
     "HIXL_TEST_LOOP",  # the test suite: which event loop the tests run on
     "HIXL_DEBUG",  # setup.py: a debug build of the native extension
     "HIXL_BENCH_CALLS_DIR",  # hixl-bench: where its calls tool writes profiles
+    "HIXL_TRACING",  # clients: "1" turns on OpenTelemetry spans (the tracing extra)
 })
 OTHER_ENV_PREFIXES = ("HIXL_DOUBLE_",)  # the CANN test double's knobs (tests/cann_double)
 # sun_path holds 108 bytes on Linux and 104 on macOS, including the final NUL.
@@ -490,6 +491,64 @@ class LimitsConfig(_Section):
     )
 
 
+# branch metrics: [metrics]
+class MetricsConfig(_Section):
+    """The Prometheus endpoint (``/metrics``, plain HTTP); off unless ``listen`` is set."""
+
+    listen: str | None = Field(
+        default=None,
+        description='host:port of the /metrics HTTP listener, e.g. "127.0.0.1:9464" '
+        "(port 0: ephemeral); unset or empty: no listener. Off loopback it is refused "
+        "unless allow_remote.",
+    )
+    allow_remote: bool = Field(
+        default=False,
+        description="Accept a listen address off loopback: /metrics has no authentication, "
+        "so anyone who reaches it reads the daemon's counters; warned at every start.",
+    )
+
+    _empty_listen = field_validator("listen", mode="before")(_empty_is_unset)
+
+    @field_validator("listen")
+    @classmethod
+    def _host_port(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit() or int(port) > 65535:
+            raise ValueError(f'listen must be "host:port", got {value!r}')
+        return value
+
+
+# branch metrics: [tracing]
+class TracingConfig(_Section):
+    """OpenTelemetry spans of transfers (the ``tracing`` extra); off by default."""
+
+    enabled: bool = Field(
+        default=False,
+        description="Export spans of pulls, pushes and layer-wise tasks, continuing the "
+        "traces clients send; needs pip install 'hixl[tracing]'.",
+    )
+    exporter: Literal["otlp", "console"] = Field(
+        default="otlp",
+        description='"otlp" (OTLP over gRPC, to endpoint) or "console" (one JSON object '
+        "per span, to console_file).",
+    )
+    endpoint: str | None = Field(
+        default=None,
+        description="OTLP gRPC endpoint, e.g. \"http://127.0.0.1:4317\"; unset: "
+        "OTEL_EXPORTER_OTLP_ENDPOINT, else the exporter's default.",
+    )
+    console_file: Path | None = Field(
+        default=None, description='exporter "console": file the spans are appended to; '
+        "unset: stderr."
+    )
+    service_name: str = Field(default="hixl-serviced", min_length=1,
+                              description="The spans' service.name.")
+
+    _empty_is_none = field_validator("endpoint", "console_file", mode="before")(_empty_is_unset)
+
+
 @dataclass(frozen=True)
 class _LoadRequest:
     path: Path | None
@@ -535,6 +594,10 @@ class DaemonConfig(BaseSettings):
         default_factory=SecurityConfig, description="Peer authentication and authorization."
     )
     limits: LimitsConfig = Field(default_factory=LimitsConfig, description="Limits on peers.")
+    metrics: MetricsConfig = Field(  # branch metrics
+        default_factory=MetricsConfig, description="The Prometheus endpoint.")
+    tracing: TracingConfig = Field(  # branch metrics
+        default_factory=TracingConfig, description="OpenTelemetry tracing.")
 
     @classmethod
     def settings_customise_sources(

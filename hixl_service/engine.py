@@ -36,12 +36,14 @@ from .copier import Copier
 from .drain import Drain
 from .inbound import DaemonFacts, InboundLinks, PeerLaneInfo
 from .load import TransferLoad
+from .log_keys import keys
 from .outbound import OutboundLinks
 from .peer_api import PeerApi
 from .pools import PoolManager
 from .regions import Regions
 from .registry import KeySpec
 from .sessions import Session, Sessions
+from .stats import DaemonStats
 from .transports.factory import TransportKit
 from .trust import Trust, insecure_trust
 
@@ -73,6 +75,8 @@ class EngineDeps:
     load: TransferLoad = field(default_factory=TransferLoad)
     # [security] and [limits]: who may link, and the links' keys.
     trust: Trust = field(default_factory=insecure_trust)
+    # What the daemon counts of its work, for /metrics and the Admin status.
+    stats: DaemonStats = field(default_factory=DaemonStats)
 
 
 class Engine:
@@ -93,9 +97,9 @@ class Engine:
         facts = DaemonFacts(deps.daemon_id, deps.version, deps.data_host, deps.backend,
                             deps.peer_lane)
         self.inbound = InboundLinks(facts, self.clusters, deps.data_server, self.regions,
-                                    self.caches, self.kit, deps.trust)
+                                    self.caches, self.kit, deps.trust, deps.stats)
         self.outbound = OutboundLinks(deps.daemon_id, deps.backend, self, self.kit,
-                                      deps.peer_factory, deps.connect_timeout_s)
+                                      deps.peer_factory, deps.connect_timeout_s, deps.stats)
         # Opens the listener of a cluster with listen_ip_info; the server sets the
         # real one (cluster_listeners.PeerListeners) once its peer port is bound.
         self.listeners: ListenerFactory = NoListeners()
@@ -120,7 +124,8 @@ class Engine:
             return
         if session.cluster is not None:
             await self.finalize(session)
-        logger.info("session %s detached", session.session_id)
+        logger.info("session %s detached", session.session_id,
+                    extra=keys(session=session.session_id))
 
     async def init_cluster(self, session: Session, cluster_id: int, role: LLMRole,
                            options: dict[str, str]) -> Cluster:
@@ -157,7 +162,8 @@ class Engine:
                                status_code=LLMStatusCode.LLM_FAILED)
         self.clusters[cluster_id] = cluster
         session.cluster = cluster
-        logger.info("cluster %d initialized (%s)", cluster_id, role.name)
+        logger.info("cluster %d initialized (%s)", cluster_id, role.name,
+                    extra=keys(session=session.session_id, cluster=cluster_id))
         return cluster
 
     async def _undo_init(self, cluster: Cluster) -> None:
@@ -195,7 +201,8 @@ class Engine:
             buffer.closed = True
             await buffer.wait_unpinned()
             await asyncio.to_thread(buffer.release)
-        logger.info("cluster %d finalized", cluster.cluster_id)
+        logger.info("cluster %d finalized", cluster.cluster_id,
+                    extra=keys(session=cluster.session_id, cluster=cluster.cluster_id))
 
     def switch_role(self, cluster: Cluster, role: LLMRole) -> None:
         """Relabel a cluster; refused while links exist, as LLM-DataDist does."""

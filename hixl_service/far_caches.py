@@ -73,6 +73,12 @@ class PeerCaches:
         return FarCache(found.layout, batch_index, found.blocks, found.writable,
                         Place(region_id=found.region_id), cached, found)
 
+    def known(self) -> FarCache | None:
+        for found in self._resolved.values():
+            return FarCache(found.layout, 0, found.blocks, found.writable,
+                            Place(region_id=found.region_id), True, found)
+        return None
+
     def forget(self, ref: CacheRefSpec) -> None:
         key = _remembered_as(ref)
         if key is not None:
@@ -160,3 +166,12 @@ class DaemonCaches:
     async def tell_unlinked(self, timeout_s: float) -> bool:
         self._daemon.drop_inbound(self._token)
         return True
+
+    def known(self) -> FarCache | None:
+        owner = self._daemon.clusters.get(self._remote_cluster_id)
+        entries = owner.registry.caches() if owner is not None else []
+        for entry in entries:
+            if not entry.memory.on_device:
+                return FarCache(entry.layout, 0, entry.blocks, entry.writable,
+                                Place(memory=entry.memory), origin=entry)
+        return None

@@ -23,10 +23,12 @@ from .ascend.comms import CommSpec, RankInfo
 from .caches import Caches, peer_writable
 from .cluster import Cluster
 from .links import InboundLink
+from .log_keys import keys
 from .peer_api import PROTOCOL_VERSION, CacheRefSpec, FarRegion, PeerHello, ResolvedCache
 from .regions import DeviceRegion, Regions
 from .registry import KeySpec
 from .rpc_errors import CallRefused
+from .stats import DaemonStats
 from .transports.base import PlainInbound
 from .transports.factory import TransportKit, inbound_side
 from .transports.hccl import hccl_side, region_pairs
@@ -59,8 +61,9 @@ class InboundLinks:
 
     def __init__(self, daemon: DaemonFacts, clusters: Mapping[int, Cluster],
                  data_server: hixl_native.DataServer, regions: Regions, caches: Caches,
-                 kit: TransportKit, trust: Trust) -> None:
+                 kit: TransportKit, trust: Trust, stats: DaemonStats | None = None) -> None:
         self._daemon = daemon
+        self._stats = stats if stats is not None else DaemonStats()
         self._trust = trust
         self._clusters = clusters
         self._data_server = data_server
@@ -94,7 +97,7 @@ class InboundLinks:
             if facts is None:
                 raise CallRefused("this daemon requires token authentication (security.mode = "
                                   "\"token\")", LLMStatusCode.LLM_LINK_FAILED,
-                                  grpc.StatusCode.UNAUTHENTICATED)
+                                  grpc.StatusCode.UNAUTHENTICATED, reason="token_required")
             trust.check_hello(facts, proof)
         if protocol_version != PROTOCOL_VERSION:
             raise LLMException(f"peer protocol {protocol_version} is not {PROTOCOL_VERSION}",
@@ -125,9 +128,11 @@ class InboundLinks:
         self._links[token] = InboundLink(token, src_daemon_id, src_cluster_id, dst_cluster_id,
                                          side, identity, grant.may_write)
         self._data_server.authorize(token, dst_cluster_id, grant.key, grant.may_write)
+        self._stats.link_state("inbound", "up")
         logger.info("cluster %d of daemon %s (%s) linked to cluster %d%s", src_cluster_id,
                     src_daemon_id, identity or "?", dst_cluster_id,
-                    "" if grant.may_write else ", read only")
+                    "" if grant.may_write else ", read only",
+                    extra=keys(cluster=dst_cluster_id, link=(src_cluster_id, dst_cluster_id)))
         return PeerHello(self._daemon.daemon_id, self._daemon.version, self._daemon.data_host,
                          self._data_server.port, token, self._daemon.backend,
                          self._daemon.peer_lane.port, link_key=grant.reply_key,
@@ -138,13 +143,14 @@ class InboundLinks:
         if len(self._links) >= limits.max_inbound_links:
             raise CallRefused(f"this daemon holds limits.max_inbound_links = "
                               f"{limits.max_inbound_links} inbound links; unlink some first",
-                              LLMStatusCode.LLM_LINK_FAILED, grpc.StatusCode.RESOURCE_EXHAUSTED)
+                              LLMStatusCode.LLM_LINK_FAILED, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                              reason="max_inbound_links")
         held = sum(1 for link in self._links.values() if link.identity == identity)
         if held >= limits.max_links_per_peer:
             raise CallRefused(f"peer {identity!r} holds limits.max_links_per_peer = "
                               f"{limits.max_links_per_peer} inbound links of this daemon; "
                               f"unlink some first", LLMStatusCode.LLM_LINK_FAILED,
-                              grpc.StatusCode.RESOURCE_EXHAUSTED)
+                              grpc.StatusCode.RESOURCE_EXHAUSTED, reason="max_links_per_peer")
 
     def drop_inbound_link(self, token: int) -> None:
         if token not in self._links:
@@ -163,6 +169,8 @@ class InboundLinks:
         """Revoke an inbound link's token and close what its transport kept here."""
         inbound = self._links.pop(token, None)
         self._data_server.revoke(token)
+        if inbound is not None:
+            self._stats.link_state("inbound", "closed")
         if inbound is not None and not isinstance(inbound.side, PlainInbound):
             # Waits for a running batch (bounded by its deadline): in the background.
             self._in_background(inbound.side.close())
@@ -260,7 +268,8 @@ class InboundLinks:
         if not send and not inbound.may_write:
             raise CallRefused(f"peer {inbound.identity!r} may not write into cluster "
                               f"{inbound.dst_cluster_id} (security.allowed_peers)",
-                              LLMStatusCode.LLM_PARAM_INVALID, grpc.StatusCode.PERMISSION_DENIED)
+                              LLMStatusCode.LLM_PARAM_INVALID, grpc.StatusCode.PERMISSION_DENIED,
+                              reason="write_denied")
         pairs = region_pairs(ranges, region_id, region.offset, region.size)
         await side.post(send, region.memory, pairs, timeout_ms)
 

@@ -39,6 +39,7 @@ from hixl_wire.lane import (
     HEADER,
     KIND_CANCEL,
     KIND_HELLO,
+    KIND_TRACE,
     PEER_METHODS,
     REPLY_ERROR,
     REPLY_OK,
@@ -49,6 +50,7 @@ from hixl_wire.lane import (
     call_error_of,
 )
 
+from . import tracing
 from .calls import NO_CALL_INFO, CallInfo, LaneHandler, lane_handler
 from .eager import start_eagerly
 from .engine import Engine
@@ -56,7 +58,7 @@ from .inbound import PeerLaneInfo
 from .interceptors import new_request_id, request_id
 from .listeners import socket_umask
 from .load import TransferLoad
-from .rpc_errors import handler_error
+from .rpc_errors import handler_error, report_failure
 from .sessions import Session
 
 logger = logging.getLogger(__name__)
@@ -72,8 +74,9 @@ MAX_CALLS_IN_FLIGHT = 256
 # anything; the handler then runs and answers with the error.
 AtOnce = Callable[[Any, CallInfo], Any]
 # The ERROR reply body of a call cancelled by its own deadline.
-DEADLINE_ERROR = call_error_of(LLMException(
-    "the call's deadline passed", status_code=LLMStatusCode.LLM_TIMEOUT)).SerializeToString()
+DEADLINE_EXCEPTION = LLMException("the call's deadline passed",
+                                  status_code=LLMStatusCode.LLM_TIMEOUT)
+DEADLINE_ERROR = call_error_of(DEADLINE_EXCEPTION).SerializeToString()
 
 
 class Binding:
@@ -129,6 +132,8 @@ class _Connection(asyncio.Protocol):
         self._writable = True
         # Frames read while MAX_CALLS_IN_FLIGHT calls run, started as calls end.
         self._backlog: collections.deque[Frame] = collections.deque()
+        # Trace contexts (TRACE frames) of calls about to arrive; tracing on only.
+        self._traces: dict[int, bytes] = {}
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
@@ -226,6 +231,13 @@ class _Connection(asyncio.Protocol):
                          grpc.StatusCode.UNAUTHENTICATED)
             return
         entry = self._server.handlers.get(kind)
+        if entry is None and kind == KIND_TRACE:
+            # Kept for the call that follows; bounded like the calls themselves.
+            if tracing.ENABLED and len(self._traces) < MAX_CALLS_IN_FLIGHT:
+                self._traces[call_id] = body
+            return
+        # Taken before any refusal, so that a refused call leaves none behind.
+        trace = self._traces.pop(call_id, None) if self._traces else None
         if entry is None:
             self._refuse(call_id, LLMStatusCode.LLM_PARAM_INVALID, f"unknown lane call kind {kind}",
                          grpc.StatusCode.UNIMPLEMENTED)
@@ -241,6 +253,9 @@ class _Connection(asyncio.Protocol):
             self._refuse(call_id, LLMStatusCode.LLM_PARAM_INVALID, f"invalid request: {exc}")
             return
         binding.called()
+        if trace is not None:  # in a task, in a span that continues the caller's trace
+            eager = False
+            handler = tracing.traced(handler, f"{self._server.span_prefix}.{name}", trace)
         if eager and kind in self._server.at_once:
             answer = self._answer_at_once(self._server.at_once[kind], request, binding.call)
             if answer is not None and not inspect.isawaitable(answer):
@@ -309,12 +324,14 @@ class _Connection(asyncio.Protocol):
             reply = await handler(request, call)
         except asyncio.CancelledError:
             if call_id in self._timed_out:  # our deadline, not the caller's cancel
+                report_failure(self._server.servicer, name, DEADLINE_EXCEPTION)
                 self._reply(call_id, REPLY_ERROR, DEADLINE_ERROR)
                 return
             raise
         except Exception as exc:  # what the same gRPC call would end with
-            self._reply(call_id, REPLY_ERROR,
-                        call_error_of(handler_error(name, exc)).SerializeToString())
+            error = handler_error(name, exc, call.session_id)
+            report_failure(self._server.servicer, name, error)
+            self._reply(call_id, REPLY_ERROR, call_error_of(error).SerializeToString())
         else:
             self._reply(call_id, REPLY_OK, reply.SerializeToString())
         finally:
@@ -342,6 +359,9 @@ class LaneServer:
         ``needs_hello`` a new connection is bound at once (with an empty body).
         ``load``: where calls count from their frame on (the transfer lane's)."""
         self.name = name
+        self.servicer = servicer
+        # Names the handlers' spans when tracing (see tracing.py).
+        self.span_prefix = "hixl.daemon" if needs_hello else "hixl.peer"
         self.load = load
         # kind -> (request reader, the servicer's handler, the method's name)
         self.handlers: dict[int, tuple[Callable[[bytes], Any], LaneHandler, str]] = {

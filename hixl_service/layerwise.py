@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from hixl_client.status import LLMException, LLMStatusCode
 from hixl_wire._proto.hixl.v1 import client_pb2
 
+from . import tracing
 from .cluster import Cluster
 from .links import FarCache, OutboundLink
 from .peer_client import ref_from_proto
@@ -25,8 +26,10 @@ from .planning import (
     plan_blocks,
     plan_cache_pull,
     plan_slot_to_blocks,
+    total_bytes,
 )
 from .registry import CacheEntry
+from .stats import DaemonStats
 from .transfers import find_target
 from .transports.base import Place
 
@@ -65,8 +68,13 @@ class Target:
 class LayerwiseTask:
     """The daemon's half of one transfer_cache_async call."""
 
-    def __init__(self, cluster: Cluster, start: client_pb2.TransferStart) -> None:
+    def __init__(self, cluster: Cluster, start: client_pb2.TransferStart,
+                 stats: DaemonStats) -> None:
         self._cluster = cluster
+        self._stats = stats
+        # The task's span (tracing on): its layers are children of it, whichever
+        # call (the stream, or a LayerReady on a lane) announced them.
+        self._trace_context = tracing.current_context() if tracing.ENABLED else None
         self._start = start
         # Converted once, not at every layer (see planning.block_list).
         self._src_blocks = block_list(start.src_blocks)
@@ -188,16 +196,21 @@ class LayerwiseTask:
                                     target.peer.batch_index, src.stride, pairs)
         return ranges
 
-    async def _send(self, target: Target, layer: int) -> None:
+    async def _send(self, target: Target, layer: int) -> int:
+        """Write one layer to one target; returns the bytes written."""
         source = self.source.memory
         timeout_ms = self._cluster.settings.sync_timeout_ms
         write = target.link.transport.write
         if target.places is not None:
+            moved = 0
             for place, ranges in self._address_ranges(target, layer):
                 await write(source, place, ranges, timeout_ms)
-            return
+                moved += total_bytes(ranges)
+            return moved
         assert target.peer is not None
-        await write(source, target.peer.place, self._ranges(target, layer), timeout_ms)
+        ranges = self._ranges(target, layer)
+        await write(source, target.peer.place, ranges, timeout_ms)
+        return total_bytes(ranges)
 
     async def send_layer(self, layer: int) -> list[client_pb2.TransferProgress]:
         """Send one source layer to every target that needs it; report per target."""
@@ -207,13 +220,22 @@ class LayerwiseTask:
         for target in self.targets:
             if not target.needs(layer):
                 continue
+            transport = target.link.transport.name
             try:
-                await self._send(target, layer)
+                if tracing.ENABLED:
+                    with tracing.child_span("hixl.daemon.layer", self._trace_context,
+                                            layer=layer,
+                                            target=target.index, transport=transport):
+                        moved = await self._send(target, layer)
+                else:
+                    moved = await self._send(target, layer)
             except LLMException as exc:
+                self._stats.call_failed("LayerReady", exc.status_code, transport)
                 self.failed = True
                 reports.append(client_pb2.TransferProgress(
                     target=target.index, layer=layer, status=exc.status_code, message=str(exc)))
                 break
+            self._stats.copied("layer", transport, moved)
             reports.append(client_pb2.TransferProgress(
                 target=target.index, layer=layer, status=LLMStatusCode.LLM_SUCCESS,
                 target_done=layer == target.spec.src_layer_stop - 1))

@@ -64,6 +64,10 @@ class FarCaches(Protocol):
     async def tell_unlinked(self, timeout_s: float) -> bool:
         """Tell the far daemon that the link is gone; False if it could not be told."""
 
+    def known(self) -> FarCache | None:
+        """A far cache found before, without asking anyone (the doctor's self-test
+        reads from it); None when none is known."""
+
 
 @dataclass
 class OutboundLink:

@@ -17,7 +17,9 @@ from hixl_wire.compat import timeout
 from .cluster import Cluster
 from .far_caches import Daemon, DaemonCaches, PeerCaches
 from .links import FarCaches, OutboundLink
+from .log_keys import keys
 from .peer_api import PeerApi
+from .stats import DaemonStats
 from .transports.factory import LinkEnds, TransportKit, open_transport
 
 logger = logging.getLogger(__name__)
@@ -30,8 +32,10 @@ class OutboundLinks:
     """Opens and closes the links of this daemon's clusters."""
 
     def __init__(self, daemon_id: str, backend: str, daemon: Daemon, kit: TransportKit,
-                 peer_factory: Callable[[str], PeerApi], connect_timeout_s: float) -> None:
+                 peer_factory: Callable[[str], PeerApi], connect_timeout_s: float,
+                 stats: DaemonStats | None = None) -> None:
         self._daemon_id = daemon_id
+        self._stats = stats if stats is not None else DaemonStats()
         self._backend = backend
         self._daemon = daemon
         self._kit = kit
@@ -53,8 +57,11 @@ class OutboundLinks:
             raise LLMException(f"already linked to cluster {remote_cluster_id}",
                                status_code=LLMStatusCode.LLM_ALREADY_LINK)
         cluster.links[remote_cluster_id] = link
+        self._stats.link_state("outbound", "up")
         logger.info("cluster %d linked to cluster %d at %s over %s", cluster.cluster_id,
-                    remote_cluster_id, address, link.transport.name)
+                    remote_cluster_id, address, link.transport.name,
+                    extra=keys(session=cluster.session_id, cluster=cluster.cluster_id,
+                               link=(cluster.cluster_id, remote_cluster_id)))
         return link
 
     async def _link_with_retries(self, cluster: Cluster, remote_cluster_id: int, address: str,
@@ -85,7 +92,10 @@ class OutboundLinks:
                     raise
                 logger.info("linking cluster %d to %d at %s failed (attempt %d of %d), "
                             "retrying: %s", cluster.cluster_id, remote_cluster_id, address,
-                            attempt, settings.link_attempts, exc)
+                            attempt, settings.link_attempts, exc,
+                            extra=keys(cluster=cluster.cluster_id,
+                                       link=(cluster.cluster_id, remote_cluster_id),
+                                       status=exc.status_code.name))
             attempt += 1
             await asyncio.sleep(LINK_RETRY_PAUSE_S)
 
@@ -118,6 +128,7 @@ class OutboundLinks:
                                status_code=LLMStatusCode.LLM_NOTIFY_PROMPT_UNLINK_FAILED)
 
     async def close(self, link: OutboundLink, notify: bool) -> bool:
+        self._stats.link_state("outbound", "closed")
         await link.transport.close()
         return await link.far.tell_unlinked(self._connect_timeout_s) if notify else True
 

@@ -22,6 +22,7 @@ from hixl_wire._proto.hixl.v1 import common_pb2, peer_pb2, peer_pb2_grpc
 from hixl_wire.lane import PEER_METHODS, Lane
 from hixl_wire.status import error_from_rpc
 
+from . import tracing
 from .ascend.comms import CommSpec, RankInfo
 from .interceptors import REQUEST_ID_METADATA_KEY, request_id
 from .peer_api import (
@@ -105,6 +106,9 @@ class PeerClient:
         lane = await self._open_lane()
         if lane is None:
             return await self._call(getattr(self._stub, method), request, timeout_s)
+        if tracing.ENABLED:
+            return await lane.call(method, request, timeout_s, _request_tag(),
+                                   tracing.current_traceparent().encode())
         return await lane.call(method, request, timeout_s, _request_tag())
 
     async def _open_lane(self) -> Lane | None:
@@ -130,7 +134,12 @@ class PeerClient:
     async def _call(self, method: Any, request: Any, timeout_s: float) -> Any:
         """One call to the peer, carrying this request's id so both daemons log it."""
         current = request_id.get()
-        metadata = () if current == "-" else ((REQUEST_ID_METADATA_KEY, current),)
+        metadata: tuple[tuple[str, str], ...] = (
+            () if current == "-" else ((REQUEST_ID_METADATA_KEY, current),))
+        if tracing.ENABLED:
+            traceparent = tracing.current_traceparent()
+            if traceparent:
+                metadata += ((tracing.TRACEPARENT, traceparent),)
         try:
             return await method(request, timeout=timeout_s, metadata=metadata)
         except grpc.aio.AioRpcError as err:

@@ -47,7 +47,7 @@ from hixl_wire._proto.hixl.v1 import (
 from hixl_wire.defaults import default_runtime_dir
 from hixl_wire.lane import CLIENT_METHODS
 
-from . import __version__, _systemd
+from . import __version__, _systemd, tracing
 from .ascend.backend import AscendBackend
 from .ascend.comms import host_address
 from .ascend.pools import AscendMemory
@@ -75,12 +75,13 @@ from .listeners import (
 )
 from .load import TransferLoad
 from .memory.host import HostMemory
+from .metrics import MetricsServer, check_metrics_exposure
 from .peer_api import PeerApi
 from .peer_client import PeerClient
 from .pools import PoolManager
 from .reflection import enable_reflection
 from .reload import ReloadPlan, apply_reload, plan_reload
-from .servicer_admin import AdminServicer, summary
+from .servicer_admin import AdminFacts, AdminServicer, summary
 from .servicer_client import ClientServicer
 from .servicer_peer import PeerServicer
 from .trust import Trust
@@ -129,7 +130,9 @@ def _peer_server(cfg: DaemonConfig, servicer: PeerServicer,
     """A server of the Peer service, no port yet: the daemon's peer port and every
     cluster's own listener (``cluster_listeners``) are built here, so they cannot
     differ in what they serve."""
-    server = grpc.aio.server(interceptors=[RequestIdInterceptor()], options=SERVER_OPTIONS,
+    server = grpc.aio.server(interceptors=[RequestIdInterceptor(),
+                                           *_tracing_interceptors("hixl.peer")],
+                             options=SERVER_OPTIONS,
                              maximum_concurrent_rpcs=cfg.server.max_concurrent_rpcs)
     peer_pb2_grpc.add_PeerServicer_to_server(servicer, generic_only(server))
     _add_common(server, health_servicer, SERVICE_NAMES["peer"])
@@ -149,6 +152,11 @@ def _add_port(server: grpc.aio.Server, address: str, what: str,
     if port == 0 and not address.startswith("unix:"):
         raise refuse_busy_port(what, address, RuntimeError("bind failed"))
     return port
+
+
+def _tracing_interceptors(prefix: str) -> list[grpc.aio.ServerInterceptor]:
+    """The span-making interceptor while tracing is on; none otherwise (no cost)."""
+    return [tracing.TracingInterceptor(prefix)] if tracing.ENABLED else []
 
 
 def _write_ready_file(path: Path, record: dict[str, object]) -> None:
@@ -248,6 +256,7 @@ class Daemon:
         loop = asyncio.get_running_loop()
         # Refusals (exit 2) come before anything listens or is created.
         check_start(cfg)
+        check_metrics_exposure(cfg.metrics)
         self.trust = Trust(cfg.security, cfg.limits)
         prepare_socket_dir(self.fd_path.parent)
         if handle_signals:
@@ -272,6 +281,8 @@ class Daemon:
         # listeners, the data server) before the error ends the process.
         unwind = contextlib.AsyncExitStack()
         try:
+            # branch metrics: off by default; one tracing configuration per process
+            tracing.configure(cfg.tracing, self.daemon_id)
             data_address = f"{cfg.server.peer_host}:{cfg.server.data_port}"
             try:
                 data_server = await asyncio.to_thread(
@@ -329,7 +340,8 @@ class Daemon:
 
             transfers = [f"/{SERVICE_NAMES['client'][0]}/{name}" for name in CLIENT_METHODS]
             client_server = grpc.aio.server(
-                interceptors=[LoadInterceptor(load, transfers), RequestIdInterceptor()],
+                interceptors=[LoadInterceptor(load, transfers), RequestIdInterceptor(),
+                              *_tracing_interceptors("hixl.daemon")],
                 options=SERVER_OPTIONS,
                 maximum_concurrent_rpcs=cfg.server.max_concurrent_rpcs)
             lane_socket = str(self.lane_path) if cfg.server.transfer_lane else ""
@@ -342,8 +354,16 @@ class Daemon:
                 unwind.push_async_callback(lane_server.stop, 0)
             client_pb2_grpc.add_ClientServicer_to_server(client_servicer,
                                                          generic_only(client_server))
+            # branch metrics: /metrics, bound here so that a busy port refuses the start
+            metrics: MetricsServer | None = None
+            if cfg.metrics.listen is not None:
+                metrics = MetricsServer.start(cfg.metrics, engine, loop, __version__)
+                unwind.callback(metrics.close)
+            admin_facts = AdminFacts(cfg.pool.backend, peer_address,
+                                     metrics.address if metrics is not None else "",
+                                     lane_socket)
             admin_pb2_grpc.add_AdminServicer_to_server(
-                AdminServicer(engine, cfg.pool.backend, peer_address, self.stop,
+                AdminServicer(engine, cfg.pool.backend, peer_address, admin_facts, self.stop,
                               cfg.server.grace_period_s),
                 generic_only(client_server))
             _add_common(client_server, health_servicer, (*SERVICE_NAMES["client"], ADMIN_NAME))
@@ -365,18 +385,22 @@ class Daemon:
             await client_server.start()
         except BaseException:
             await unwind.aclose()
+            await asyncio.to_thread(tracing.shutdown)
             raise
         await health_servicer.serving()
         record = {"pid": os.getpid(), "client_target": client_target,
                   "peer_address": peer_address,
                   "data_address": f"{self.advertise_host}:{data_server.port}",
                   "daemon_id": self.daemon_id}
+        if metrics is not None:
+            record["metrics_address"] = metrics.address
         if cfg.server.ready_file is not None:
             _write_ready_file(cfg.server.ready_file, record)
             created.append(cfg.server.ready_file)
         _systemd.notify("READY=1\nSTATUS=serving")
-        logger.info("hixl-serviced %s ready: clients %s, peers %s, data %s", __version__,
-                    client_target, peer_address, record["data_address"])
+        logger.info("hixl-serviced %s ready: clients %s, peers %s, data %s%s", __version__,
+                    client_target, peer_address, record["data_address"],
+                    f", metrics http://{metrics.address}/metrics" if metrics else "")
         self.peer_address = peer_address
         self.ready.set()
         self._in_background(_systemd.keep_alive(lambda: summary(engine),
@@ -409,6 +433,9 @@ class Daemon:
         for peer in self._peers.values():
             await peer.close()
         await asyncio.to_thread(data_server.close)
+        if metrics is not None:
+            await asyncio.to_thread(metrics.close)
+        await asyncio.to_thread(tracing.shutdown)
         logger.info("stopped")
 
 

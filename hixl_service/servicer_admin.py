@@ -3,19 +3,33 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from hixl_client.status import LLMException, LLMStatusCode
 from hixl_wire._proto.hixl.v1 import admin_pb2, admin_pb2_grpc
 
 from .calls import CallInfo, unary
 from .engine import Engine
+from .selftest import self_test
 
 logger = logging.getLogger(__name__)
 
 
-def snapshot(engine: Engine, backend: str, peer_address: str) -> admin_pb2.DaemonStatus:
+@dataclass(frozen=True)
+class AdminFacts:
+    """What the Admin service reports of the process around the engine."""
+
+    backend: str
+    peer_address: str
+    metrics_address: str = ""
+    transfer_lane: str = ""
+
+
+def snapshot(engine: Engine, backend: str, peer_address: str,
+             facts: AdminFacts | None = None) -> admin_pb2.DaemonStatus:
     """Build the status message from the engine's current state."""
     deps = engine.deps
     status = admin_pb2.DaemonStatus(
@@ -26,7 +40,13 @@ def snapshot(engine: Engine, backend: str, peer_address: str) -> admin_pb2.Daemo
                            if deps.peer_lane.port else ""),
         peer_lane_calls=deps.peer_lane.calls, transfers_under_way=deps.load.running,
         pool_budget_bytes=engine.pools.budget_bytes,
-        pool_reserved_bytes=engine.pools.reserved_bytes)
+        pool_reserved_bytes=engine.pools.reserved_bytes, pid=os.getpid(),
+        metrics_address=facts.metrics_address if facts else "",
+        transfer_lane=facts.transfer_lane if facts else "",
+        refusals=deps.stats.refused)
+    for op, transport, llm_status, calls, nbytes in deps.stats.transfer_counts():
+        status.transfers.add(op=op, transport=transport, status=llm_status, calls=calls,
+                             bytes=nbytes)
     for session in engine.sessions.values():
         status.sessions.add(session_id=session.session_id, client_pid=session.client_pid,
                             client_name=session.client_name,
@@ -93,18 +113,20 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     """Handlers of the Admin service."""
 
     def __init__(self, engine: Engine, backend: str, peer_address: str,
+                 facts: AdminFacts | None = None,
                  on_drain: Callable[[], None] | None = None, grace_period_s: float = 0.0
                  ) -> None:
         self._engine = engine
         self._backend = backend
         self._peer_address = peer_address
+        self._facts = facts or AdminFacts(backend, peer_address)
         self._on_drain = on_drain  # begins the daemon's graceful stop (server.Daemon.stop)
         self._grace_period_s = grace_period_s
 
     @unary
     async def GetStatus(self, request: admin_pb2.GetStatusRequest,
                         context: CallInfo) -> admin_pb2.DaemonStatus:
-        return snapshot(self._engine, self._backend, self._peer_address)
+        return snapshot(self._engine, self._backend, self._peer_address, self._facts)
 
     # branch lifecycle: Admin/Drain, the graceful stop of SIGTERM (drain.py).
     @unary
@@ -119,3 +141,15 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         self._on_drain()
         return admin_pb2.DrainReply(already_draining=already,
                                     grace_period_s=self._grace_period_s)
+
+    @unary
+    async def SelfTest(self, request: admin_pb2.SelfTestRequest,
+                       context: CallInfo) -> admin_pb2.SelfTestReply:
+        """A short timed read over each outbound link (``selftest``)."""
+        reply = admin_pb2.SelfTestReply()
+        for result in await self_test(self._engine, request.bytes):
+            reply.links.add(local_cluster_id=result.local_cluster_id,
+                            remote_cluster_id=result.remote_cluster_id,
+                            transport=result.transport, bytes=result.bytes,
+                            seconds=result.seconds, skipped=result.skipped, error=result.error)
+        return reply

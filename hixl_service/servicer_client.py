@@ -15,19 +15,21 @@ from hixl_client.types import DataType, LLMRole, Placement, bytes_per_element
 from hixl_wire._proto.hixl.v1 import client_pb2, client_pb2_grpc, common_pb2
 from hixl_wire.lane import RepeatFrame
 
-from . import copies
+from . import copies, tracing
 from .calls import CallInfo, GrpcContext, call_info_of, unary
 from .cluster import Cluster
 from .engine import Engine, NewCache, Session
 from .layerwise import LayerwiseTask
+from .log_keys import keys
 from .memory.base import Pool
 from .peer_api import KeyRef
 from .peer_client import key_from_proto, ref_from_proto
 from .planning import block_list
 from .prepared import again, repeat_at_once, repeat_handle
 from .repeats import Repeat
-from .rpc_errors import abort_with
+from .rpc_errors import CallRefused, abort_with
 from .sessions import no_session
+from .stats import COPY_TRANSPORT, DaemonStats
 from .transfers import Outcome, PullSpec, PushSpec, pull, push
 
 logger = logging.getLogger(__name__)
@@ -107,6 +109,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
     def __init__(self, engine: Engine, version: str, fd_socket: str,
                  lane_socket: str = "") -> None:
         self._engine = engine
+        self._stats = engine.deps.stats
         self._version = version
         self._fd_socket = fd_socket
         self._lane_socket = lane_socket
@@ -119,6 +122,12 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
             "RepeatPull": functools.partial(self._repeat_at_once, push=False),
             "RepeatPush": functools.partial(self._repeat_at_once, push=True),
         }
+
+    def call_failed(self, method: str, error: LLMException) -> None:
+        """A handler of ``method`` failed with ``error`` (``calls.FailureHook``): counted."""
+        if isinstance(error, CallRefused):
+            self._stats.call_refused(error.reason)
+        self._stats.call_failed(method, error.status_code)
 
     def stop_sessions(self) -> None:
         """Make every Attach stream end (graceful daemon stop)."""
@@ -241,7 +250,12 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
                 except LLMException as exc:
                     logger.warning("%s cluster %d %s cluster %d: %s",
                                    "unlinking" if unlink else "linking", cluster.cluster_id,
-                                   "from" if unlink else "to", target.remote_cluster_id, exc)
+                                   "from" if unlink else "to", target.remote_cluster_id, exc,
+                                   extra=keys(session=cluster.session_id,
+                                              cluster=cluster.cluster_id,
+                                              link=(cluster.cluster_id,
+                                                    target.remote_cluster_id),
+                                              status=exc.status_code.name))
                     return client_pb2.LinkResult(status=exc.status_code, message=str(exc))
 
         results = await asyncio.gather(*(one(t) for t in request.clusters))
@@ -339,7 +353,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         outcome = await pull(cluster, spec)
         return client_pb2.PullCacheReply(bytes=outcome.bytes, transport=outcome.transport,
                                          repeat_handle=repeat_handle(cluster, spec, outcome),
-                                         **_timing(started, outcome))
+                                         **_timing(self._stats, "pull_cache", started, outcome))
 
     @unary
     async def RepeatPull(self, request: RepeatFrame,
@@ -356,7 +370,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         repeat = cluster.repeats.get(request.handle, push=push)
         outcome = await again(cluster, repeat, request.src_batch_index,
                               request.dst_batch_index)
-        return _repeat_reply(repeat, started, outcome)
+        return _repeat_reply(self._stats, repeat, started, outcome)
 
     def _repeat_at_once(self, request: RepeatFrame, context: CallInfo, push: bool) -> Any:
         """RepeatPull or RepeatPush answered in the transfer lane's frame callback
@@ -375,13 +389,12 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
             return None
         repeat, outcome = begun
         if isinstance(outcome, Outcome):
-            return _repeat_reply(repeat, started, outcome)
+            return _repeat_reply(self._stats, repeat, started, outcome)
         return self._reply_when_landed(repeat, started, outcome)
 
-    @staticmethod
-    async def _reply_when_landed(repeat: Repeat, started: float,
+    async def _reply_when_landed(self, repeat: Repeat, started: float,
                                  outcome: Awaitable[Outcome]) -> Any:
-        return _repeat_reply(repeat, started, await outcome)
+        return _repeat_reply(self._stats, repeat, started, await outcome)
 
     @unary
     async def PullBlocks(self, request: client_pb2.PullCacheRequest,
@@ -391,7 +404,8 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         cluster = self._engine.cluster_of(self._session(context))
         outcome = await pull(cluster, self._pull_spec(request, True))
         return client_pb2.PullCacheReply(bytes=outcome.bytes, transport=outcome.transport,
-                                         **_timing(started, outcome))
+                                         **_timing(self._stats, "pull_blocks", started,
+                                                   outcome))
 
     async def _push(self, request: client_pb2.PushRequest, context: CallInfo,
                     blocks: bool) -> client_pb2.PushReply:
@@ -412,7 +426,9 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         outcome = await push(cluster, spec)
         return client_pb2.PushReply(bytes=outcome.bytes, transport=outcome.transport,
                                     repeat_handle=repeat_handle(cluster, spec, outcome),
-                                    **_timing(started, outcome))
+                                    **_timing(self._stats,
+                                              "push_blocks" if blocks else "push_cache",
+                                              started, outcome))
 
     @unary
     async def PushCache(self, request: client_pb2.PushRequest,
@@ -441,6 +457,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         moved = await copies.copy_cache(self._engine, cluster, request.dst_cache_id,
                                         request.src_cache_id, request.dst_batch_index,
                                         request.src_batch_index, request.offset, request.size)
+        self._stats.copied("copy_cache", COPY_TRANSPORT, moved)
         return client_pb2.CopyReply(bytes=moved)
 
     @unary
@@ -451,6 +468,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         moved = await copies.copy_blocks(self._engine, cluster, request.cache_id,
                                          block_list(request.src_blocks),
                                          block_list(request.dst_blocks))
+        self._stats.copied("copy_blocks", COPY_TRANSPORT, moved)
         return client_pb2.CopyReply(bytes=moved)
 
     @unary
@@ -461,10 +479,21 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         moved = await copies.swap_blocks(self._engine, cluster, _operand(request.src),
                                          _operand(request.dst), block_list(request.src_blocks),
                                          block_list(request.dst_blocks))
+        self._stats.copied("swap_blocks", COPY_TRANSPORT, moved)
         return client_pb2.CopyReply(bytes=moved)
 
     async def TransferCache(self, request_iterator: AsyncIterator[client_pb2.TransferMessage],
                             context: GrpcContext) -> None:
+        if not tracing.ENABLED:
+            await self._transfer_cache(request_iterator, context)
+            return
+        with tracing.server_span("hixl.daemon.TransferCache",
+                                 tracing.traceparent_of(context.invocation_metadata())):
+            await self._transfer_cache(request_iterator, context)
+
+    async def _transfer_cache(self,
+                              request_iterator: AsyncIterator[client_pb2.TransferMessage],
+                              context: GrpcContext) -> None:
         lane_key: tuple[str, str] | None = None
         task: LayerwiseTask | None = None
         drain = self._engine.drain
@@ -477,7 +506,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
             drain.refuse_new("transfers")
             if first.start.lane_task_id:
                 lane_key = (session.session_id, first.start.lane_task_id)
-            task = LayerwiseTask(cluster, first.start)
+            task = LayerwiseTask(cluster, first.start, self._stats)
             drain.layerwise_tasks += 1  # a drain lets it end (drain.py)
             for report in await task.prepare():
                 await context.write(report)
@@ -490,6 +519,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
                     for report in await task.send_layer(message.layer_ready):
                         await context.write(report)
         except LLMException as exc:
+            self.call_failed("TransferCache", exc)
             await abort_with(context, exc)
         finally:
             if task is not None:
@@ -534,17 +564,20 @@ def _log_late_unlink(unlinking: asyncio.Future[None]) -> None:
         logger.warning("an unlink that outlived its call failed: %s", unlinking.exception())
 
 
-def _repeat_reply(repeat: Repeat, started: float, outcome: Outcome) -> Any:
-    reply_type = client_pb2.PushReply if repeat.shape.push else client_pb2.PullCacheReply
+def _repeat_reply(stats: DaemonStats, repeat: Repeat, started: float, outcome: Outcome) -> Any:
+    push = repeat.shape.push
+    reply_type = client_pb2.PushReply if push else client_pb2.PullCacheReply
     return reply_type(bytes=outcome.bytes, transport=outcome.transport,
-                      repeat_handle=repeat.handle, **_timing(started, outcome))
+                      repeat_handle=repeat.handle,
+                      **_timing(stats, "push_cache" if push else "pull_cache", started, outcome))
 
 
-def _timing(started: float, outcome: Outcome) -> dict[str, int]:
-    """The daemon's split of a transfer: control work and data movement, in us."""
-    total = time.perf_counter() - started
-    return {"control_us": int(max(0.0, total - outcome.data_s) * 1e6),
-            "data_us": int(outcome.data_s * 1e6)}
+def _timing(stats: DaemonStats, op: str, started: float, outcome: Outcome) -> dict[str, int]:
+    """The daemon's split of a transfer: control work and data movement, in us;
+    counted in ``stats`` on the way (the one place a successful pull or push ends)."""
+    control_s = max(0.0, time.perf_counter() - started - outcome.data_s)
+    stats.transferred(op, outcome.transport, outcome.bytes, control_s, outcome.data_s)
+    return {"control_us": int(control_s * 1e6), "data_us": int(outcome.data_s * 1e6)}
 
 
 def _operand(message: client_pb2.CacheOperand) -> copies.Operand:

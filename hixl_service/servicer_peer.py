@@ -19,7 +19,7 @@ from .ascend.comms import CommSpec
 from .calls import CallInfo, GrpcContext, unary
 from .engine import Engine
 from .peer_client import key_from_proto, ref_from_proto
-from .rpc_errors import abort_with, handler_error
+from .rpc_errors import CallRefused, abort_with, handler_error
 from .trust import HelloFacts
 
 
@@ -38,6 +38,11 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                 raise LLMException("unknown link", status_code=LLMStatusCode.LLM_NOT_YET_LINK)
         return token
 
+    def call_failed(self, method: str, error: LLMException) -> None:
+        """Refusals of peers are counted by reason (``rpc_errors.FailureHook``)."""
+        if isinstance(error, CallRefused):
+            self._engine.deps.stats.call_refused(error.reason)
+
     async def Challenge(self, request: peer_pb2.ChallengeRequest,
                         context: GrpcContext) -> peer_pb2.ChallengeReply:
         trust = self._engine.deps.trust
@@ -50,7 +55,9 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                                    status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
             return peer_pb2.ChallengeReply(nonce=trust.challenges.issue())
         except Exception as exc:
-            await abort_with(context, handler_error("Challenge", exc))
+            error = handler_error("Challenge", exc)
+            self.call_failed("Challenge", error)
+            await abort_with(context, error)
 
     async def Hello(self, request: peer_pb2.HelloRequest,
                     context: GrpcContext) -> peer_pb2.HelloReply:
@@ -67,7 +74,9 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                 request.dst_cluster_id, request.backend or "host", identity, facts,
                 request.proof, listener_of=self._cluster_id)
         except Exception as exc:
-            await abort_with(context, handler_error("Hello", exc))
+            error = handler_error("Hello", exc)
+            self.call_failed("Hello", error)
+            await abort_with(context, error)
         return peer_pb2.HelloReply(protocol_version=request.protocol_version,
                                    daemon_id=hello.daemon_id, version=hello.version,
                                    data_host=hello.data_host, data_port=hello.data_port,

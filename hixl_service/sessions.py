@@ -12,6 +12,7 @@ from hixl_client.status import LLMStatusCode
 
 from .cluster import Cluster
 from .drain import refusal
+from .log_keys import keys
 from .rpc_errors import CallRefused
 
 logger = logging.getLogger(__name__)
@@ -20,7 +21,8 @@ logger = logging.getLogger(__name__)
 def no_session(message: str) -> CallRefused:
     """A call without a valid session: UNAUTHENTICATED, with LLM-DataDist's code for a
     call before init (LLM_FAILED)."""
-    return CallRefused(message, LLMStatusCode.LLM_FAILED, grpc.StatusCode.UNAUTHENTICATED)
+    return CallRefused(message, LLMStatusCode.LLM_FAILED, grpc.StatusCode.UNAUTHENTICATED,
+                       reason="no_session")
 
 
 @dataclass
@@ -42,6 +44,8 @@ class Sessions:
     def __init__(self) -> None:
         self._by_id: dict[str, Session] = {}
         self.closing = False  # the daemon is stopping: no new sessions
+        # Lane calls of the sessions gone, so that the daemon's total only grows (metrics).
+        self.retired_lane_calls = 0
 
     def __contains__(self, session_id: str) -> bool:
         return session_id in self._by_id
@@ -55,7 +59,7 @@ class Sessions:
         session = Session(secrets.token_hex(16), client_pid, client_name)
         self._by_id[session.session_id] = session
         logger.info("session %s attached (pid %d, %s)", session.session_id, client_pid,
-                    client_name or "unnamed")
+                    client_name or "unnamed", extra=keys(session=session.session_id))
         return session
 
     def get(self, session_id: str) -> Session:
@@ -67,4 +71,7 @@ class Sessions:
 
     def pop(self, session: Session) -> bool:
         """Forget a session; False if it was already gone."""
-        return self._by_id.pop(session.session_id, None) is not None
+        if self._by_id.pop(session.session_id, None) is None:
+            return False
+        self.retired_lane_calls += session.lane_calls
+        return True

@@ -185,7 +185,7 @@ class HelloGate:
             raise CallRefused(f"too many link attempts: limits.hello_rate is {self._rate:g} a "
                               f"second (bursts of limits.hello_burst = {self._burst}); retry "
                               f"later", LLMStatusCode.LLM_LINK_FAILED,
-                              grpc.StatusCode.RESOURCE_EXHAUSTED)
+                              grpc.StatusCode.RESOURCE_EXHAUSTED, reason="hello_rate")
         self._tokens -= 1
 
 
@@ -261,7 +261,7 @@ class Trust:
             pem = (context.auth_context() or {}).get("x509_pem_cert") or []
             if not pem:
                 raise CallRefused("no client certificate", LLMStatusCode.LLM_LINK_FAILED,
-                                  grpc.StatusCode.UNAUTHENTICATED)
+                                  grpc.StatusCode.UNAUTHENTICATED, reason="no_certificate")
             return certificate_identity(pem[0])
         return _peer_host(str(context.peer()))
 
@@ -273,11 +273,12 @@ class Trust:
         if entry is None:
             raise CallRefused(f"peer {identity!r} is not in security.allowed_peers of this "
                               f"daemon", LLMStatusCode.LLM_LINK_FAILED,
-                              grpc.StatusCode.PERMISSION_DENIED)
+                              grpc.StatusCode.PERMISSION_DENIED, reason="not_allowed_peer")
         if entry.clusters and cluster_id not in entry.clusters:
             raise CallRefused(f"peer {identity!r} may link to clusters {entry.clusters} of this "
                               f"daemon, not to {cluster_id} (security.allowed_peers)",
-                              LLMStatusCode.LLM_LINK_FAILED, grpc.StatusCode.PERMISSION_DENIED)
+                              LLMStatusCode.LLM_LINK_FAILED, grpc.StatusCode.PERMISSION_DENIED,
+                              reason="cluster_not_allowed")
         return entry.write
 
     # -- the token handshake, both ends ----------------------------------------
@@ -296,12 +297,12 @@ class Trust:
         if not self.challenges.take(facts.challenge):
             raise CallRefused("the Hello answers no open challenge (unknown, expired or used "
                               "already): call Challenge first", LLMStatusCode.LLM_LINK_FAILED,
-                              grpc.StatusCode.UNAUTHENTICATED)
+                              grpc.StatusCode.UNAUTHENTICATED, reason="no_challenge")
         if len(facts.client_nonce) != NONCE_BYTES or not hmac.compare_digest(
                 proof, self.hello_proof(facts)):
             raise CallRefused("the Hello's proof does not match this daemon's secret "
                               "(security.token_file differs?)", LLMStatusCode.LLM_LINK_FAILED,
-                              grpc.StatusCode.UNAUTHENTICATED)
+                              grpc.StatusCode.UNAUTHENTICATED, reason="bad_proof")
 
     def grant(self, facts: HelloFacts | None, token: int, may_write: bool) -> LinkGrant:
         """The key of a new link, and what its Hello reply carries of it."""

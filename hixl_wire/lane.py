@@ -39,6 +39,9 @@ HEADER = struct.Struct("<IIBII")
 Frame = tuple[int, int, int, int, bytes]  # call id, kind, timeout ms, request tag, body
 MAX_BODY = 4 * 1024 * 1024       # gRPC's default message limit: the same requests fit
 KIND_HELLO = 0
+# The trace context (a W3C traceparent) of the call whose id it carries, sent
+# just before that call's frame while tracing is on; never answered.
+KIND_TRACE = 254
 KIND_CANCEL = 255
 REPLY_OK = 0
 REPLY_ERROR = 1
@@ -361,24 +364,28 @@ class Lane(asyncio.Protocol):
     def is_open(self) -> bool:
         return self.closed_because is None and self._transport is not None
 
-    async def call(self, method: str, request: Any, timeout_s: float, tag: int = 0) -> Any:
+    async def call(self, method: str, request: Any, timeout_s: float, tag: int = 0,
+                   trace: bytes = b"") -> Any:
         """Run one call of ``method``; failures raise LLMException as over gRPC.
 
-        ``tag``: a request id (32 bits) under which the far side logs the call.
+        ``tag``: a request id (32 bits) under which the far side logs the call;
+        ``trace``: its traceparent (see :meth:`begin`).
         """
-        return await self.begin(method, request, timeout_s, tag)
+        return await self.begin(method, request, timeout_s, tag, trace)
 
     def begin(self, method: str, request: Any, timeout_s: float,
-              tag: int = 0) -> Coroutine[Any, Any, Any]:
+              tag: int = 0, trace: bytes = b"") -> Coroutine[Any, Any, Any]:
         """Send a call of ``method`` now and return a coroutine giving its reply.
 
         The frame is written before this returns, so a caller that hands the
         reply to a new task does not also wait for that task's first step to
         send it. The coroutine must be awaited (it ends the call's bookkeeping).
-        Raises LLMException at once when the lane is closed.
+        Raises LLMException at once when the lane is closed. ``trace``: the
+        call's traceparent, sent in a TRACE frame before it (tracing on).
         """
         lane_method = self._methods[method]
-        posted = self._post(lane_method.kind, lane_method.write_request(request), timeout_s, tag)
+        posted = self._post(lane_method.kind, lane_method.write_request(request), timeout_s, tag,
+                            trace)
         return self._reply(posted, lane_method.read_reply)
 
     async def _reply(self, posted: Posted, read_reply: Callable[[bytes], Any]) -> Any:
@@ -389,13 +396,17 @@ class Lane(asyncio.Protocol):
                         tag: int = 0) -> tuple[int, bytes]:
         return await self._wait(self._post(kind, body, timeout_s, tag))
 
-    def _post(self, kind: int, body: bytes, timeout_s: float, tag: int) -> Posted:
+    def _post(self, kind: int, body: bytes, timeout_s: float, tag: int,
+              trace: bytes = b"") -> Posted:
         transport = self._transport
         if transport is None:
             raise LLMException(f"{self._what}: {self.closed_because or 'the lane is closed'}",
                                status_code=self._calls.lost_status)
         posted = self._calls.open()  # raises once the lane failed
-        transport.write(frame_of(posted.call_id, kind, timeout_s, tag, body))
+        frame = frame_of(posted.call_id, kind, timeout_s, tag, body)
+        if trace:  # one write: the far side reads the context with its call
+            frame = frame_of(posted.call_id, KIND_TRACE, 0, 0, trace) + frame
+        transport.write(frame)
         self._calls.sent(posted.call_id, timeout_s)
         return posted
 

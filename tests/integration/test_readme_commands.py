@@ -57,6 +57,9 @@ RUN = {
         '"daemon_id"'),
 }
 SKIPPED = {
+    ".venv/bin/hixlctl status                 # one screen: ids, listeners, counts, refusals":
+        "needs a daemon at the default socket, and its last line stops it "
+        "(tests/integration/test_hixlctl.py runs every command)",
     "bash scripts/demo.sh    # the main job: installs, then a prefill -> decode pull between "
     "two daemons": "the setup commands: the suite runs inside what they made "
                    "(tests/integration/test_examples.py runs the demo's example)",

@@ -6,6 +6,50 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class SelfTestRequest(_message.Message):
+    __slots__ = ("bytes",)
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    bytes: int
+    def __init__(self, bytes: _Optional[int] = ...) -> None: ...
+
+class LinkSelfTest(_message.Message):
+    __slots__ = ("local_cluster_id", "remote_cluster_id", "transport", "bytes", "seconds", "skipped", "error")
+    LOCAL_CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    local_cluster_id: int
+    remote_cluster_id: int
+    transport: str
+    bytes: int
+    seconds: float
+    skipped: str
+    error: str
+    def __init__(self, local_cluster_id: _Optional[int] = ..., remote_cluster_id: _Optional[int] = ..., transport: _Optional[str] = ..., bytes: _Optional[int] = ..., seconds: _Optional[float] = ..., skipped: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...
+
+class SelfTestReply(_message.Message):
+    __slots__ = ("links",)
+    LINKS_FIELD_NUMBER: _ClassVar[int]
+    links: _containers.RepeatedCompositeFieldContainer[LinkSelfTest]
+    def __init__(self, links: _Optional[_Iterable[_Union[LinkSelfTest, _Mapping]]] = ...) -> None: ...
+
+class TransferCount(_message.Message):
+    __slots__ = ("op", "transport", "status", "calls", "bytes")
+    OP_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    op: str
+    transport: str
+    status: str
+    calls: int
+    bytes: int
+    def __init__(self, op: _Optional[str] = ..., transport: _Optional[str] = ..., status: _Optional[str] = ..., calls: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
+
 class GetStatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
@@ -118,7 +162,14 @@ class CacheStatus(_message.Message):
     def __init__(self, cluster_id: _Optional[int] = ..., cache_id: _Optional[int] = ..., kind: _Optional[str] = ..., bytes: _Optional[int] = ..., keys: _Optional[int] = ..., released: _Optional[bool] = ...) -> None: ...
 
 class DaemonStatus(_message.Message):
-    __slots__ = ("daemon_id", "version", "backend", "uptime_s", "peer_address", "data_address", "pool_budget_bytes", "pool_reserved_bytes", "sessions", "clusters", "links", "pools", "caches", "peer_lane_address", "peer_lane_calls", "transfers_under_way", "devices")
+    __slots__ = ("daemon_id", "version", "backend", "uptime_s", "peer_address", "data_address", "pool_budget_bytes", "pool_reserved_bytes", "sessions", "clusters", "links", "pools", "caches", "peer_lane_address", "peer_lane_calls", "transfers_under_way", "devices", "transfers", "pid", "metrics_address", "refusals", "transfer_lane")
+    class RefusalsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     DAEMON_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
@@ -136,6 +187,11 @@ class DaemonStatus(_message.Message):
     PEER_LANE_CALLS_FIELD_NUMBER: _ClassVar[int]
     TRANSFERS_UNDER_WAY_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
+    TRANSFERS_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    METRICS_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    REFUSALS_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_LANE_FIELD_NUMBER: _ClassVar[int]
     daemon_id: str
     version: str
     backend: str
@@ -153,7 +209,12 @@ class DaemonStatus(_message.Message):
     peer_lane_calls: int
     transfers_under_way: int
     devices: _containers.RepeatedCompositeFieldContainer[DeviceStatus]
-    def __init__(self, daemon_id: _Optional[str] = ..., version: _Optional[str] = ..., backend: _Optional[str] = ..., uptime_s: _Optional[float] = ..., peer_address: _Optional[str] = ..., data_address: _Optional[str] = ..., pool_budget_bytes: _Optional[int] = ..., pool_reserved_bytes: _Optional[int] = ..., sessions: _Optional[_Iterable[_Union[SessionStatus, _Mapping]]] = ..., clusters: _Optional[_Iterable[_Union[ClusterStatus, _Mapping]]] = ..., links: _Optional[_Iterable[_Union[LinkStatus, _Mapping]]] = ..., pools: _Optional[_Iterable[_Union[PoolStatus, _Mapping]]] = ..., caches: _Optional[_Iterable[_Union[CacheStatus, _Mapping]]] = ..., peer_lane_address: _Optional[str] = ..., peer_lane_calls: _Optional[int] = ..., transfers_under_way: _Optional[int] = ..., devices: _Optional[_Iterable[_Union[DeviceStatus, _Mapping]]] = ...) -> None: ...
+    transfers: _containers.RepeatedCompositeFieldContainer[TransferCount]
+    pid: int
+    metrics_address: str
+    refusals: _containers.ScalarMap[str, int]
+    transfer_lane: str
+    def __init__(self, daemon_id: _Optional[str] = ..., version: _Optional[str] = ..., backend: _Optional[str] = ..., uptime_s: _Optional[float] = ..., peer_address: _Optional[str] = ..., data_address: _Optional[str] = ..., pool_budget_bytes: _Optional[int] = ..., pool_reserved_bytes: _Optional[int] = ..., sessions: _Optional[_Iterable[_Union[SessionStatus, _Mapping]]] = ..., clusters: _Optional[_Iterable[_Union[ClusterStatus, _Mapping]]] = ..., links: _Optional[_Iterable[_Union[LinkStatus, _Mapping]]] = ..., pools: _Optional[_Iterable[_Union[PoolStatus, _Mapping]]] = ..., caches: _Optional[_Iterable[_Union[CacheStatus, _Mapping]]] = ..., peer_lane_address: _Optional[str] = ..., peer_lane_calls: _Optional[int] = ..., transfers_under_way: _Optional[int] = ..., devices: _Optional[_Iterable[_Union[DeviceStatus, _Mapping]]] = ..., transfers: _Optional[_Iterable[_Union[TransferCount, _Mapping]]] = ..., pid: _Optional[int] = ..., metrics_address: _Optional[str] = ..., refusals: _Optional[_Mapping[str, int]] = ..., transfer_lane: _Optional[str] = ...) -> None: ...
 
 class DeviceStatus(_message.Message):
     __slots__ = ("device_id", "budget_bytes", "reserved_bytes", "hccl_buffer_bytes", "communicators")

@@ -44,6 +44,11 @@ class AdminStub:
                 request_serializer=hixl_dot_v1_dot_admin__pb2.DrainRequest.SerializeToString,
                 response_deserializer=hixl_dot_v1_dot_admin__pb2.DrainReply.FromString,
                 _registered_method=True)
+        self.SelfTest = channel.unary_unary(
+                '/hixl.v1.Admin/SelfTest',
+                request_serializer=hixl_dot_v1_dot_admin__pb2.SelfTestRequest.SerializeToString,
+                response_deserializer=hixl_dot_v1_dot_admin__pb2.SelfTestReply.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -65,6 +70,13 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SelfTest(self, request, context):
+        """branch metrics: a short read over each outbound link into scratch memory (hixlctl doctor).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -77,6 +89,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.Drain,
                     request_deserializer=hixl_dot_v1_dot_admin__pb2.DrainRequest.FromString,
                     response_serializer=hixl_dot_v1_dot_admin__pb2.DrainReply.SerializeToString,
+            ),
+            'SelfTest': grpc.unary_unary_rpc_method_handler(
+                    servicer.SelfTest,
+                    request_deserializer=hixl_dot_v1_dot_admin__pb2.SelfTestRequest.FromString,
+                    response_serializer=hixl_dot_v1_dot_admin__pb2.SelfTestReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -133,6 +150,33 @@ class Admin:
             '/hixl.v1.Admin/Drain',
             hixl_dot_v1_dot_admin__pb2.DrainRequest.SerializeToString,
             hixl_dot_v1_dot_admin__pb2.DrainReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SelfTest(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hixl.v1.Admin/SelfTest',
+            hixl_dot_v1_dot_admin__pb2.SelfTestRequest.SerializeToString,
+            hixl_dot_v1_dot_admin__pb2.SelfTestReply.FromString,
             options,
             channel_credentials,
             insecure,
