@@ -16,6 +16,7 @@ from hixl_client.status import LLMException, LLMStatusCode
 from hixl_client.types import LLMRole, Placement
 
 from .memory.base import Pool, PoolSpec, UserBuffer
+from .memory.process import ClientProcess
 from .peer_api import CacheRefSpec, IdRef, KeyRef
 from .registry import CacheEntry, CacheRegistry
 from .repeats import RepeatTable
@@ -112,6 +113,8 @@ class Cluster:
     # Handles for transfers of a shape seen before (repeats.py).
     repeats: RepeatTable = field(default_factory=RepeatTable)
     upload_token: bytes = field(default_factory=lambda: secrets.token_bytes(16))
+    # The client process, bound on the fd socket: engine memory it registers is its own.
+    process: ClientProcess | None = None
     closed: bool = False
 
     def pool_for(self, placement: Placement) -> Pool:

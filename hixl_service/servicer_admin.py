@@ -21,7 +21,10 @@ def snapshot(engine: Engine, backend: str, peer_address: str) -> admin_pb2.Daemo
                            if deps.peer_lane.port else ""),
         peer_lane_calls=deps.peer_lane.calls, transfers_under_way=deps.load.running,
         pool_budget_bytes=engine.pools.budget_bytes,
-        pool_reserved_bytes=engine.pools.reserved_bytes)
+        pool_reserved_bytes=engine.pools.reserved_bytes,
+        engine_memory=(deps.cross_memory.summary() if deps.ascend is None else
+                       "refused: the hccl backend registers memory from alloc_shareable and "
+                       "alloc_device_shareable only"))
     for session in engine.sessions.values():
         status.sessions.add(session_id=session.session_id, client_pid=session.client_pid,
                             client_name=session.client_name,

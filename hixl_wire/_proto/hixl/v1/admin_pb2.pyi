@@ -114,7 +114,7 @@ class CacheStatus(_message.Message):
     def __init__(self, cluster_id: _Optional[int] = ..., cache_id: _Optional[int] = ..., kind: _Optional[str] = ..., bytes: _Optional[int] = ..., keys: _Optional[int] = ..., released: _Optional[bool] = ...) -> None: ...
 
 class DaemonStatus(_message.Message):
-    __slots__ = ("daemon_id", "version", "backend", "uptime_s", "peer_address", "data_address", "pool_budget_bytes", "pool_reserved_bytes", "sessions", "clusters", "links", "pools", "caches", "peer_lane_address", "peer_lane_calls", "transfers_under_way", "devices")
+    __slots__ = ("daemon_id", "version", "backend", "uptime_s", "peer_address", "data_address", "pool_budget_bytes", "pool_reserved_bytes", "sessions", "clusters", "links", "pools", "caches", "peer_lane_address", "peer_lane_calls", "transfers_under_way", "devices", "engine_memory")
     DAEMON_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
@@ -132,6 +132,7 @@ class DaemonStatus(_message.Message):
     PEER_LANE_CALLS_FIELD_NUMBER: _ClassVar[int]
     TRANSFERS_UNDER_WAY_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_MEMORY_FIELD_NUMBER: _ClassVar[int]
     daemon_id: str
     version: str
     backend: str
@@ -149,7 +150,8 @@ class DaemonStatus(_message.Message):
     peer_lane_calls: int
     transfers_under_way: int
     devices: _containers.RepeatedCompositeFieldContainer[DeviceStatus]
-    def __init__(self, daemon_id: _Optional[str] = ..., version: _Optional[str] = ..., backend: _Optional[str] = ..., uptime_s: _Optional[float] = ..., peer_address: _Optional[str] = ..., data_address: _Optional[str] = ..., pool_budget_bytes: _Optional[int] = ..., pool_reserved_bytes: _Optional[int] = ..., sessions: _Optional[_Iterable[_Union[SessionStatus, _Mapping]]] = ..., clusters: _Optional[_Iterable[_Union[ClusterStatus, _Mapping]]] = ..., links: _Optional[_Iterable[_Union[LinkStatus, _Mapping]]] = ..., pools: _Optional[_Iterable[_Union[PoolStatus, _Mapping]]] = ..., caches: _Optional[_Iterable[_Union[CacheStatus, _Mapping]]] = ..., peer_lane_address: _Optional[str] = ..., peer_lane_calls: _Optional[int] = ..., transfers_under_way: _Optional[int] = ..., devices: _Optional[_Iterable[_Union[DeviceStatus, _Mapping]]] = ...) -> None: ...
+    engine_memory: str
+    def __init__(self, daemon_id: _Optional[str] = ..., version: _Optional[str] = ..., backend: _Optional[str] = ..., uptime_s: _Optional[float] = ..., peer_address: _Optional[str] = ..., data_address: _Optional[str] = ..., pool_budget_bytes: _Optional[int] = ..., pool_reserved_bytes: _Optional[int] = ..., sessions: _Optional[_Iterable[_Union[SessionStatus, _Mapping]]] = ..., clusters: _Optional[_Iterable[_Union[ClusterStatus, _Mapping]]] = ..., links: _Optional[_Iterable[_Union[LinkStatus, _Mapping]]] = ..., pools: _Optional[_Iterable[_Union[PoolStatus, _Mapping]]] = ..., caches: _Optional[_Iterable[_Union[CacheStatus, _Mapping]]] = ..., peer_lane_address: _Optional[str] = ..., peer_lane_calls: _Optional[int] = ..., transfers_under_way: _Optional[int] = ..., devices: _Optional[_Iterable[_Union[DeviceStatus, _Mapping]]] = ..., engine_memory: _Optional[str] = ...) -> None: ...
 
 class DeviceStatus(_message.Message):
     __slots__ = ("device_id", "budget_bytes", "reserved_bytes", "hccl_buffer_bytes", "communicators")
