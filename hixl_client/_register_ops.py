@@ -12,7 +12,7 @@ from ._validation import check_int64, check_isinstance
 from .cache import Cache
 from .device_buffer import DeviceShareableBuffer, locate_device
 from .keys import BlocksCacheKey, CacheKey
-from .shareable import ShareableBuffer, find, locate
+from .shareable import ShareableBuffer, find
 from .status import LLMException, LLMStatusCode, raise_if_false
 from .types import CacheDesc, MemInfo, Memtype, Placement
 
@@ -111,13 +111,12 @@ class RegisterOps(ManagerBase):
             buffer_id = await self._buffer_id(buffer)
         elif addrs and (pool := self._pool_holding(addrs, desc.size)) is not None:
             offsets = [a - pool.base for a in addrs]
-        elif addrs and desc.placement == Placement.HOST:
+        elif addrs:
             # Memory the engine allocated itself: the daemon reaches it in this
-            # process, which it learns from the kernel when we bind.
+            # process, which it learns from the kernel when we bind (a daemon
+            # with the hccl backend refuses it).
             await self._bind_process()
             client_addrs = list(addrs)
-        elif addrs:
-            locate(addrs, desc.size)  # raises: device memory hixl cannot reach
         request = client_pb2.RegisterCacheRequest(
             desc=desc_to_proto(desc), buffer_id=buffer_id, tensor_offsets=offsets,
             keys=[key_to_proto(k) for k in keys], blocks=blocks,

@@ -230,11 +230,11 @@ class Caches:
     def _reach(self, cluster: Cluster, spec: NewCache, addrs: list[int]) -> ProcessMemory:
         """The client's own memory at ``addrs``, probed (LLM_PARAM_INVALID if the
         daemon may not or cannot reach it)."""
-        if spec.placement is not Placement.HOST or self._ascend is not None:
+        if self._ascend is not None:
             raise LLMException(
-                "the hixl daemon reaches engine-allocated memory only for HOST caches on its "
-                "host backend; register memory from hixl_client.alloc_shareable (host) or "
-                "alloc_device_shareable (device)", status_code=LLMStatusCode.LLM_PARAM_INVALID)
+                "the hixl daemon reaches engine-allocated memory only on its host backend; "
+                "with the hccl backend register memory from hixl_client.alloc_shareable (host) "
+                "or alloc_device_shareable (device)", status_code=LLMStatusCode.LLM_PARAM_INVALID)
         if cluster.process is None:
             raise LLMException("the client did not bind its process on the fd socket",
                                status_code=LLMStatusCode.LLM_PARAM_INVALID)
