@@ -309,7 +309,7 @@ cdef object _submit_region(DataLink link, int op, object request_id, object loca
             if not hixl_in_bounds(loff, length, size):
                 raise ValueError(
                     f"range {i}: local [{loff}, {loff}+{length}) is outside "
-                    f"the local memory of {size} bytes")
+                    f"the local mapping of {size} bytes")
             quads[4 * i] = region
             quads[4 * i + 1] = roff
             quads[4 * i + 2] = loff
