@@ -56,6 +56,8 @@ class ManagerBase:
         self._daemon_tgid = daemon_tgid  # hccl backend: for exporting device buffers to it
         self._initialized = True
         self._is_call_linked = False
+        # Whether this process was bound to the cluster for engine-allocated memory.
+        self._process_bound = False
         # pull_cache / push_cache shapes -> the daemon's handle for repeating them
         # (RepeatPull / RepeatPush): at most as many as the daemon hands out for
         # one cluster.

@@ -35,6 +35,9 @@ _GRANTED = b"\x00"
 # Operations of the daemon's fd socket (see hixl_service.fd_server).
 _OP_FETCH = b"\x01"
 _OP_UPLOAD = b"\x02"
+_OP_BIND = b"\x03"
+_YAMA_SCOPE = "/proc/sys/kernel/yama/ptrace_scope"
+_PR_SET_PTRACER = 0x59616D61
 
 
 @dataclass
@@ -192,4 +195,49 @@ async def upload_buffer(fd_socket: str, token: bytes, fd: int) -> int:
         return await asyncio.to_thread(_upload, fd_socket, token, fd)
     except OSError as exc:
         raise LLMException(f"cannot hand a buffer to the daemon at {fd_socket}: {exc}",
+                           status_code=LLMStatusCode.LLM_FAILED) from exc
+
+
+def _allow_daemon(daemon_pid: int) -> None:
+    """Under Yama ptrace_scope 1 only a process's ancestors, or the one it names,
+    may read its memory: name the daemon (the peer of the fd socket, as the
+    kernel reports it). Other scopes need nothing, or cannot be helped here."""
+    try:
+        with open(_YAMA_SCOPE) as scope:
+            if scope.read().strip() != "1":
+                return
+    except OSError:
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PTRACER, daemon_pid, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PTRACER) failed")
+
+
+def _bind(fd_socket: str, token: bytes) -> None:
+    import struct
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(FD_REQUEST_TIMEOUT_S)
+        sock.connect(fd_socket)
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        _allow_daemon(struct.unpack("3i", creds)[0])
+        sock.sendall(_OP_BIND + token)
+        reply = sock.recv(1)
+    if reply != _GRANTED:
+        raise LLMException("the daemon could not bind this process to the cluster, so it "
+                           "cannot reach memory the engine allocated itself; register memory "
+                           "from hixl_client.alloc_shareable instead",
+                           status_code=LLMStatusCode.LLM_PARAM_INVALID)
+
+
+async def bind_process(fd_socket: str, token: bytes) -> None:
+    """Bind this process to the cluster on the daemon's fd socket, where the
+    kernel tells the daemon who connected (a pid is never claimed): the
+    daemon then reaches memory this process registers with cross-memory calls."""
+    try:
+        await asyncio.to_thread(_bind, fd_socket, token)
+    except OSError as exc:
+        raise LLMException(f"cannot bind this process to the daemon at {fd_socket}: {exc}",
                            status_code=LLMStatusCode.LLM_FAILED) from exc

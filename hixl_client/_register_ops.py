@@ -7,12 +7,12 @@ from collections.abc import Sequence
 from hixl_wire._proto.hixl.v1 import client_pb2
 
 from ._manager_base import ManagerBase, desc_to_proto, key_to_proto
-from ._memory import PoolMapping
+from ._memory import PoolMapping, bind_process
 from ._validation import check_int64, check_isinstance
 from .cache import Cache
 from .device_buffer import DeviceShareableBuffer, locate_device
 from .keys import BlocksCacheKey, CacheKey
-from .shareable import ShareableBuffer, locate
+from .shareable import ShareableBuffer, find
 from .status import LLMException, LLMStatusCode, raise_if_false
 from .types import CacheDesc, MemInfo, Memtype, Placement
 
@@ -27,9 +27,12 @@ class RegisterOps(ManagerBase):
 
         Args:
             cache_desc: the layout of each tensor.
-            addrs: one address per tensor, inside one buffer from
-                ``hixl_client.alloc_shareable`` (or, on a daemon with the hccl
-                backend, ``hixl_client.alloc_device_shareable``).
+            addrs: one address per tensor. HOST memory: inside one buffer from
+                ``hixl_client.alloc_shareable`` (zero copy), inside one of the
+                cluster's pools, or memory this process allocated itself (numpy,
+                torch CPU tensors, mmap, malloc: the daemon reaches it with
+                process_vm_readv/writev). DEVICE memory on a daemon with the
+                hccl backend: inside one ``alloc_device_shareable`` buffer.
             cache_keys: the i-th key binds batch slot i (later registrations of
                 the same key win).
             remote_accessible: whether linked peers may push into it; default True
@@ -38,7 +41,8 @@ class RegisterOps(ManagerBase):
         Raises:
             TypeError: wrong argument types (``addrs`` must be a list).
             LLMException: no addresses, a count that differs from ``num_tensors``,
-                a zero address, memory the daemon cannot reach, or remote access
+                a zero address, memory the daemon cannot reach (not mapped here,
+                or the kernel forbids it: the message says why), or remote access
                 asked after ``link`` (``LLM_PARAM_INVALID``).
         """
         self._check_is_inited()
@@ -95,17 +99,31 @@ class RegisterOps(ManagerBase):
             accessible = False
         on_device = locate_device(addrs, desc.size)
         buffer: ShareableBuffer | DeviceShareableBuffer | None = None
+        pool = None
+        client_addrs: list[int] = []
+        offsets: list[int] = []
+        buffer_id = 0
         if on_device is not None:
             buffer, offsets = on_device
             buffer_id = await self._device_buffer_id(buffer)
-        else:
-            buffer, offsets = locate(addrs, desc.size) if addrs else (None, [])
-            buffer_id = await self._buffer_id(buffer) if buffer is not None else 0
+        elif addrs and (found := find(addrs, desc.size)) is not None:
+            buffer, offsets = found
+            buffer_id = await self._buffer_id(buffer)
+        elif addrs and (pool := self._pool_holding(addrs, desc.size)) is not None:
+            offsets = [a - pool.base for a in addrs]
+        elif addrs:
+            # Memory the engine allocated itself: the daemon reaches it in this
+            # process, which it learns from the kernel when we bind (a daemon
+            # with the hccl backend refuses it).
+            await self._bind_process()
+            client_addrs = list(addrs)
         request = client_pb2.RegisterCacheRequest(
             desc=desc_to_proto(desc), buffer_id=buffer_id, tensor_offsets=offsets,
             keys=[key_to_proto(k) for k in keys], blocks=blocks,
             has_blocks_key=blocks_key is not None, remote_accessible=accessible,
-            buffer_address=buffer.address if buffer is not None else 0)
+            buffer_address=buffer.address if buffer is not None else 0,
+            client_addrs=client_addrs, in_pool=pool is not None,
+            pool_id=pool.pool_id if pool is not None else 0)
         if blocks_key is not None:
             request.blocks_key.model_id = blocks_key.model_id
         reply = await self._connection.call(self._connection.stub.RegisterCache, request)
@@ -115,7 +133,25 @@ class RegisterOps(ManagerBase):
             cache._bind_pool(PoolMapping(0, desc.placement, device=buffer.buffer), offsets)
         elif buffer is not None:
             cache._bind_pool(PoolMapping(0, desc.placement, mapping=buffer._mapping), offsets)
+        elif pool is not None:
+            cache._bind_pool(pool, offsets)
         return cache
+
+    def _pool_holding(self, addrs: list[int], length: int) -> PoolMapping | None:
+        """The cluster's host pool (as mapped here) holding every tensor, if one does."""
+        for pool in self._pools.values():
+            if pool.mapping is None:
+                continue
+            base, end = pool.base, pool.base + pool.size
+            if all(base <= a and a + length <= end for a in addrs):
+                return pool
+        return None
+
+    async def _bind_process(self) -> None:
+        """Bind this process to the cluster on the daemon's fd socket, once."""
+        if not self._process_bound:
+            await bind_process(self._fd_socket, self._upload_token)
+            self._process_bound = True
 
     async def remap_registered_memory(self, mem_infos: MemInfo | list[MemInfo]) -> None:
         """LLM-DataDist's reserved remap call: validated, then not available here.

@@ -1,10 +1,12 @@
-"""Host memory a hixl daemon can reach: for register_cache and CPU caches.
+"""Host memory a hixl daemon maps: the zero-copy way to register caches.
 
-On the host backend the daemon moves bytes itself, so memory that a cache
-registers must be mappable by the daemon. ``alloc_shareable`` allocates such
-memory (an anonymous memfd, mapped here; the daemon receives its fd over the
-session's private socket, never through a name). Use it where you would have
-allocated the KV cache yourself::
+On the host backend the daemon moves bytes itself. ``alloc_shareable``
+allocates memory it maps too (an anonymous memfd, mapped here; the daemon
+receives its fd over the session's private socket, never through a name),
+so transfers read and write it directly. ``register_cache`` also accepts
+memory the engine allocated itself (numpy, torch, mmap, malloc), which the
+daemon reaches with cross-memory calls and stages through bounce buffers on
+the network: prefer this module where you allocate the KV cache anyway::
 
     buf = alloc_shareable(2 * 64 * 1024 * 1024)
     k = buf.numpy(np.float16, (32, 1024, 8, 128))            # or torch.frombuffer(buf.view(), ...)
@@ -144,6 +146,12 @@ class Registry(Generic[BufferT]):
 
 
 _REGISTRY: Registry[ShareableBuffer] = Registry()
+
+
+def find(addrs: list[int], length: int) -> tuple[ShareableBuffer, list[int]] | None:
+    """The one shareable buffer holding every ``[addr, addr + length)`` and the
+    offsets, or None."""
+    return _REGISTRY.locate(addrs, length)
 
 
 def locate(addrs: list[int], length: int) -> tuple[ShareableBuffer, list[int]]:

@@ -17,7 +17,8 @@ from hixl_client.status import LLMException, LLMStatusCode
 from hixl_client.types import Placement
 
 from .cluster import Cluster
-from .memory.base import Pool, UserBuffer
+from .memory.base import Memory, Pool, UserBuffer
+from .memory.process import ClientProcess, CrossMemoryPolicy, ProcessMemory, reach
 from .regions import Regions
 from .registry import CacheEntry, KeySpec
 
@@ -52,11 +53,17 @@ class Caches:
     """Allocates, registers and frees the caches of every cluster."""
 
     def __init__(self, clusters: Mapping[int, Cluster], regions: Regions,
-                 ascend: AscendBackend | None) -> None:
+                 ascend: AscendBackend | None, policy: CrossMemoryPolicy | None = None,
+                 bounce_buffers: int = 16, bounce_buffer_bytes: int = 1 << 20) -> None:
         self._clusters = clusters
         self._regions = regions
         self._ascend = ascend
         self._buffer_ids = itertools.count(1)
+        self.policy = policy if policy is not None else CrossMemoryPolicy(None, False)
+        self._bounce_shape = (bounce_buffers, bounce_buffer_bytes)
+        # Made on the first registration of engine memory, then shared by all:
+        # (inbound: the data server's requests, outbound: this daemon's own).
+        self._bounce: tuple[hixl_native.BouncePool, hixl_native.BouncePool] | None = None
 
     def allocate(self, cluster: Cluster, spec: NewCache, keys: list[KeySpec]) -> CacheEntry:
         pool = cluster.pool_for(spec.placement)
@@ -92,18 +99,48 @@ class Caches:
         """Unregister a cache's region and return its extent to its pool."""
         if entry is None:
             return
+        if isinstance(entry.memory, ProcessMemory):
+            await self.end_access(entry)
+            return
         await self._regions.remove(entry.region_id)
         if entry.registered or entry.memory.closed:
             return  # the user's memory, or the whole pool went away with its cluster
         assert isinstance(entry.memory, Pool)
         entry.memory.allocator.free(entry.extent_offset)
 
-    def add_user_buffer(self, upload_token: bytes, fd: int) -> int:
-        """Map a client's shareable buffer (fd from the fd socket); return its id."""
+    async def end_access(self, entry: CacheEntry) -> None:
+        """End every access to a cache in a client process's memory: later native
+        calls fail at once, and this returns once those under way (peers'
+        requests, this daemon's transfers and copies) have ended."""
+        memory = entry.memory
+        assert isinstance(memory, ProcessMemory)
+        memory.closed = True
+        memory.release()  # revoked first: nothing new starts on it
+        await self._regions.remove(entry.region_id)
+        await memory.wait_unpinned()
+
+    def _cluster_of_token(self, upload_token: bytes) -> Cluster:
         cluster = next((c for c in self._clusters.values()
                         if secrets.compare_digest(c.upload_token, upload_token)), None)
         if cluster is None:
             raise LLMException("unknown upload token", status_code=LLMStatusCode.LLM_FAILED)
+        return cluster
+
+    def bind_process(self, upload_token: bytes, process: ClientProcess) -> None:
+        """Bind the process the kernel named on the fd socket to the token's
+        cluster: the memory its engine registers is that process's."""
+        cluster = self._cluster_of_token(upload_token)
+        if cluster.process is not None and cluster.process.pid != process.pid:
+            raise LLMException("another process already bound this cluster",
+                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
+        if cluster.process is not None:
+            process.close()
+            return
+        cluster.process = process
+
+    def add_user_buffer(self, upload_token: bytes, fd: int) -> int:
+        """Map a client's shareable buffer (fd from the fd socket); return its id."""
+        cluster = self._cluster_of_token(upload_token)
         size = os.fstat(fd).st_size
         if size <= 0:
             raise LLMException("the uploaded buffer is empty",
@@ -137,37 +174,84 @@ class Caches:
 
     def register(self, cluster: Cluster, spec: NewCache, buffer_id: int,
                  tensor_offsets: list[int], keys: list[KeySpec], remote_accessible: bool,
-                 buffer_address: int = 0) -> tuple[CacheEntry, list[CacheEntry]]:
-        """Describe user memory as a cache; return it and caches its keys orphaned."""
-        buffer = cluster.buffers.get(buffer_id)
-        if buffer is None:
-            raise LLMException(f"buffer {buffer_id} was not uploaded by this cluster",
-                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
-        if len(tensor_offsets) != spec.num_tensors:
-            raise LLMException(f"{len(tensor_offsets)} addresses for {spec.num_tensors} tensors",
-                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
-        if buffer_address:
-            buffer.client_base = buffer_address
-        if any(o + spec.tensor_size > buffer.size for o in tensor_offsets):
-            raise LLMException("a tensor runs past the end of its shareable buffer",
+                 buffer_address: int = 0, client_addrs: list[int] | None = None,
+                 pool_id: int | None = None) -> tuple[CacheEntry, list[CacheEntry]]:
+        """Describe user memory as a cache; return it and caches its keys orphaned.
+
+        The memory is a shareable buffer the client uploaded (``buffer_id``),
+        a part of one of the cluster's pools (``pool_id``), or the client
+        process's own memory at ``client_addrs`` (reached by cross-memory
+        calls, probed here).
+        """
+        count = len(client_addrs) if client_addrs else len(tensor_offsets)
+        if count != spec.num_tensors:
+            raise LLMException(f"{count} addresses for {spec.num_tensors} tensors",
                                status_code=LLMStatusCode.LLM_PARAM_INVALID)
         if spec.blocks_model_id is not None:
             cluster.registry.check_blocks_key(spec.blocks_model_id)
+        memory: Memory
+        if client_addrs:
+            memory = self._reach(cluster, spec, client_addrs)
+            tensor_offsets = [a - memory.process.base for a in client_addrs]  # type: ignore[union-attr]
+        elif pool_id is not None:
+            pool = next((p for p in cluster.pools.values() if p.pool_id == pool_id), None)
+            if pool is None or pool.on_device:
+                raise LLMException(f"cluster {cluster.cluster_id} has no host pool {pool_id}",
+                                   status_code=LLMStatusCode.LLM_PARAM_INVALID)
+            memory = pool
+        else:
+            buffer = cluster.buffers.get(buffer_id)
+            if buffer is None:
+                raise LLMException(f"buffer {buffer_id} was not uploaded by this cluster",
+                                   status_code=LLMStatusCode.LLM_PARAM_INVALID)
+            if buffer_address:
+                buffer.client_base = buffer_address
+            memory = buffer
+        if any(o + spec.tensor_size > memory.size for o in tensor_offsets):
+            raise LLMException("a tensor runs past the end of its memory",
+                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
         start = min(tensor_offsets)
         span = max(tensor_offsets) + spec.tensor_size - start
-        region_id = self._regions.add(buffer, start, span, cluster.cluster_id,
-                                      peer_writable(cluster, remote_accessible))
+        try:
+            region_id = self._regions.add(memory, start, span, cluster.cluster_id,
+                                          peer_writable(cluster, remote_accessible))
+        except BaseException:
+            if isinstance(memory, ProcessMemory):
+                memory.release()
+            raise
         entry = CacheEntry(cache_id=cluster.registry.reserve_id(), blocks=spec.blocks,
                            num_tensors=spec.num_tensors, tensor_size=spec.tensor_size,
-                           batch_size=spec.batch_size, memory=buffer, extent_offset=start,
+                           batch_size=spec.batch_size, memory=memory, extent_offset=start,
                            extent_size=span, tensor_offsets=list(tensor_offsets),
                            region_id=region_id, blocks_model_id=spec.blocks_model_id,
                            writable=remote_accessible, registered=True)
         return entry, cluster.registry.add_registered(entry, keys)
 
+    def _reach(self, cluster: Cluster, spec: NewCache, addrs: list[int]) -> ProcessMemory:
+        """The client's own memory at ``addrs``, probed (LLM_PARAM_INVALID if the
+        daemon may not or cannot reach it)."""
+        if self._ascend is not None:
+            raise LLMException(
+                "the hixl daemon reaches engine-allocated memory only on its host backend; "
+                "with the hccl backend register memory from hixl_client.alloc_shareable (host) "
+                "or alloc_device_shareable (device)", status_code=LLMStatusCode.LLM_PARAM_INVALID)
+        if cluster.process is None:
+            raise LLMException("the client did not bind its process on the fd socket",
+                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
+        if self._bounce is None:
+            count, size = self._bounce_shape
+            self._bounce = (hixl_native.BouncePool(count, size),
+                            hixl_native.BouncePool(count, size))
+        return reach(cluster.process, cluster.cluster_id, addrs, spec.tensor_size,
+                     self._bounce, self.policy)
+
     async def unregister(self, cluster: Cluster, cache_id: int) -> None:
         entry = cluster.registry.unregister(cache_id)
-        if entry is not None:
+        if entry is None:
+            return
+        if isinstance(entry.memory, ProcessMemory):
+            await self.end_access(entry)
+        else:
             await self._regions.remove(entry.region_id)
 
     async def free_all(self, entries: list[CacheEntry]) -> None:

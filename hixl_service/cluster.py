@@ -22,6 +22,7 @@ from .cluster_listeners import (
     parse_listen_ip_info,
 )
 from .memory.base import Pool, PoolSpec, UserBuffer
+from .memory.process import ClientProcess
 from .peer_api import CacheRefSpec, IdRef, KeyRef
 from .registry import CacheEntry, CacheRegistry
 from .repeats import RepeatTable
@@ -124,6 +125,8 @@ class Cluster:
     upload_token: bytes = field(default_factory=lambda: secrets.token_bytes(16))
     # The peer listener at its listen_ip_info, owned here: closed at finalize.
     listener: ClusterListener | None = None
+    # The client process, bound on the fd socket: engine memory it registers is its own.
+    process: ClientProcess | None = None
     closed: bool = False
 
     def pool_for(self, placement: Placement) -> Pool:

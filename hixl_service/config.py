@@ -260,6 +260,24 @@ class TransferConfig(_Section):
         default=2, ge=1, le=64,
         description="Native copy threads (and threads of the executor for device copies)."
     )
+    # xmem: engine-allocated client memory moves to and from sockets through these.
+    bounce_buffers: int = Field(
+        default=16, ge=1, le=4096,
+        description="Bounce buffers each way (peers' requests, this daemon's own) that stage "
+        "engine-allocated client memory on the data plane; made on first use, never grown.",
+    )
+    bounce_buffer_bytes: ByteSize = Field(
+        default=ByteSize(1 << 20),
+        description="Bytes per bounce buffer (a multiple of 4096, 64KiB to 64MiB); one "
+        "request moves a piece of at most this much per buffer.",
+    )
+
+    @field_validator("bounce_buffer_bytes")
+    @classmethod
+    def _check_bounce(cls, value: ByteSize) -> ByteSize:
+        if value % 4096 or not (64 << 10) <= value <= (64 << 20):
+            raise ValueError("Input should be a multiple of 4096 in [64KiB, 64MiB]")
+        return value
 
 
 class AscendConfig(_Section):

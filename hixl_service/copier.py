@@ -25,7 +25,7 @@ import numpy as np
 
 from .completions import CompletionDispatcher
 from .memory.base import Memory
-from .native_errors import copy_error
+from .native_errors import copy_error, process_copy_error
 from .planning import Ranges, total_bytes
 
 if TYPE_CHECKING:
@@ -108,7 +108,7 @@ class Copier:
         between other batch slots with no new array per request, which is a
         large part of a small local pull's cost.
         """
-        if dst.on_device or src.on_device:
+        if dst.on_device or src.on_device or dst.process is not None or src.process is not None:
             return False
         return self._copy_here(dst, src, triples, total, dst_shift, src_shift)
 
@@ -143,6 +143,9 @@ class Copier:
             await asyncio.shield(job)
             return
         total = total_bytes(ranges)
+        if dst.process is not None or src.process is not None:
+            await self._copy_process(dst, src, triples, total)
+            return
         if self._copy_here(dst, src, triples, total):
             return
         shareable = dst is not src
@@ -157,6 +160,26 @@ class Copier:
         failed = [status for status in statuses if status != hixl_native.OK]
         if failed:
             raise copy_error(failed[0])
+
+    async def _copy_process(self, dst: Memory, src: Memory, triples: np.ndarray,
+                            total: int) -> None:
+        """A copy with a client process's memory on one side or both
+        (process_vm_readv / process_vm_writev, GIL released): on the loop's
+        thread when small and alone, else on the executor, both memories pinned."""
+        try:
+            if self._dispatcher.idle and total <= INLINE_COPY_BYTES:
+                status = hixl_native.copy_process(dst.data_handle, src.data_handle, triples)
+            else:
+                job = asyncio.get_running_loop().run_in_executor(
+                    self._executor, hixl_native.copy_process, dst.data_handle,
+                    src.data_handle, triples)
+                dst.pin_until(job)
+                src.pin_until(job)
+                status = await asyncio.shield(job)
+        except hixl_native.NativeError as exc:  # revoked before the copy began
+            raise process_copy_error(exc.code) from None
+        if status != hixl_native.OK:
+            raise process_copy_error(status)
 
     def _post(self, dst: Memory, src: Memory, share: np.ndarray,
               total: int) -> asyncio.Future[int]:

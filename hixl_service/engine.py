@@ -37,6 +37,7 @@ from .drain import Drain
 from .inbound import DaemonFacts, InboundLinks, PeerLaneInfo
 from .load import TransferLoad
 from .log_keys import keys
+from .memory.process import CrossMemoryPolicy, ProcessMemory
 from .outbound import OutboundLinks
 from .peer_api import PeerApi
 from .pools import PoolManager
@@ -77,6 +78,12 @@ class EngineDeps:
     trust: Trust = field(default_factory=insecure_trust)
     # What the daemon counts of its work, for /metrics and the Admin status.
     stats: DaemonStats = field(default_factory=DaemonStats)
+    # Engine-allocated client memory: what the kernel allows, and the bounce
+    # buffers (each way) that stage it on the data plane.
+    cross_memory: CrossMemoryPolicy = field(
+        default_factory=lambda: CrossMemoryPolicy(None, False))
+    bounce_buffers: int = 16
+    bounce_buffer_bytes: int = 1 << 20
 
 
 class Engine:
@@ -93,7 +100,8 @@ class Engine:
         self.kit = TransportKit(deps.copier, deps.dispatcher, deps.ascend,
                                 deps.streams_per_link, deps.connect_timeout_s)
         self.regions = Regions(deps.data_server)
-        self.caches = Caches(self.clusters, self.regions, deps.ascend)
+        self.caches = Caches(self.clusters, self.regions, deps.ascend, deps.cross_memory,
+                             deps.bounce_buffers, deps.bounce_buffer_bytes)
         facts = DaemonFacts(deps.daemon_id, deps.version, deps.data_host, deps.backend,
                             deps.peer_lane)
         self.inbound = InboundLinks(facts, self.clusters, deps.data_server, self.regions,
@@ -194,13 +202,18 @@ class Engine:
         for inbound in self.inbound.to_cluster(cluster.cluster_id):
             self.inbound.drop_inbound(inbound.token)
         for entry in cluster.registry.drain():
-            await self.regions.remove(entry.region_id)
+            if isinstance(entry.memory, ProcessMemory):
+                await self.caches.end_access(entry)
+            else:
+                await self.regions.remove(entry.region_id)
         for pool in cluster.pools.values():
             await self.pools.destroy(pool)
         for buffer in cluster.buffers.values():  # unmapped here, never freed: the user's
             buffer.closed = True
             await buffer.wait_unpinned()
             await asyncio.to_thread(buffer.release)
+        if cluster.process is not None:
+            cluster.process.close()
         logger.info("cluster %d finalized", cluster.cluster_id,
                     extra=keys(session=cluster.session_id, cluster=cluster.cluster_id))
 

@@ -8,7 +8,11 @@ that only a client holding a session has (from its Init reply):
   memfd, which the client maps;
 * UPLOAD, with the cluster's upload token and a shareable buffer's fd
   attached: the daemon maps the buffer (for registered caches) and answers a
-  status byte and the buffer id (8 bytes, little endian).
+  status byte and the buffer id (8 bytes, little endian);
+* BIND, with the cluster's upload token: the daemon binds the process at the
+  other end of this connection, as the kernel names it (``SO_PEERPIDFD`` /
+  ``SO_PEERCRED``), to the cluster, whose engine-allocated memory it then
+  reaches with cross-memory calls (``memory.process``); one status byte.
 
 There is no name in any filesystem that would expose the memory.
 """
@@ -25,6 +29,8 @@ from pathlib import Path
 
 from hixl_client.status import LLMException
 
+from .memory.process import ClientProcess
+
 logger = logging.getLogger(__name__)
 
 TOKEN_BYTES = 16
@@ -32,6 +38,7 @@ REQUEST_BYTES = 1 + TOKEN_BYTES
 REQUEST_TIMEOUT_S = 5.0
 OP_FETCH = 1
 OP_UPLOAD = 2
+OP_BIND = 3
 GRANTED = b"\x00"
 DENIED = b"\x01"
 
@@ -53,10 +60,12 @@ class FdServer:
     """A unix socket that trades tokens for fds, and fds for buffer ids."""
 
     def __init__(self, path: Path, lookup_pool: Callable[[bytes], int | None],
-                 add_buffer: Callable[[bytes, int], int]) -> None:
+                 add_buffer: Callable[[bytes, int], int],
+                 bind_process: Callable[[bytes, ClientProcess], None] | None = None) -> None:
         self.path = path
         self._lookup_pool = lookup_pool
         self._add_buffer = add_buffer
+        self._bind_process = bind_process
         self._sock: socket.socket | None = None
         self._accepting: asyncio.Task[None] | None = None
         self._handlers: set[asyncio.Task[None]] = set()
@@ -90,7 +99,7 @@ class FdServer:
                 logger.info("fd request failed: %s", exc)
                 return
             try:
-                reply, send_fd = self._answer(data, fds)
+                reply, send_fd = self._answer(data, fds, conn)
             finally:
                 for fd in fds:
                     os.close(fd)  # the daemon keeps mappings, never the client's fds
@@ -101,10 +110,24 @@ class FdServer:
             else:
                 socket.send_fds(conn, [reply], [send_fd])
 
-    def _answer(self, data: bytes, fds: list[int]) -> tuple[bytes, int | None]:
+    def _answer(self, data: bytes, fds: list[int],
+                conn: socket.socket) -> tuple[bytes, int | None]:
         if len(data) != REQUEST_BYTES:
             return DENIED, None
         op, token = data[0], data[1:]
+        if op == OP_BIND and not fds and self._bind_process is not None:
+            try:
+                process = ClientProcess.of_peer(conn)
+            except OSError as exc:
+                logger.info("process bind refused: %s", exc)
+                return DENIED, None
+            try:
+                self._bind_process(token, process)
+            except LLMException as exc:
+                process.close()
+                logger.info("process bind refused: %s", exc)
+                return DENIED, None
+            return GRANTED, None
         if op == OP_FETCH:
             fd = self._lookup_pool(token)
             return (DENIED, None) if fd is None else (GRANTED, fd)

@@ -29,7 +29,7 @@ from hixl_native._ascend import AscendError, AscendUnavailable
 from hixl_client.status import LLMException, LLMStatusCode
 
 __all__ = ["ACL_CODES", "HCCL_CODES", "Library", "RegionRefused", "code_name", "copy_error",
-           "link_error", "status_for", "to_llm_exception"]
+           "link_error", "process_copy_error", "status_for", "to_llm_exception"]
 
 Library = Literal["acl", "hccl"]
 
@@ -193,6 +193,8 @@ _LINK_STATUS: Mapping[int, tuple[LLMStatusCode, str]] = types.MappingProxyType({
     hixl_native.E_IO: (LLMStatusCode.LLM_LINK_FAILED, "a data-plane socket failed"),
     hixl_native.E_PROTO: (LLMStatusCode.LLM_LINK_FAILED, "the data-plane protocol broke"),
     hixl_native.E_CANCELLED: (LLMStatusCode.LLM_LINK_FAILED, "the link was closed"),
+    hixl_native.E_GONE: (LLMStatusCode.LLM_PARAM_INVALID, "the local cache's engine memory is "
+                         "gone: it was unregistered, or its process exited"),
 })
 
 
@@ -208,6 +210,17 @@ def link_error(status: int) -> LLMException:
     code, text = _LINK_STATUS.get(status, (LLMStatusCode.LLM_FAILED, "the transfer failed"))
     kind = RegionRefused if status == hixl_native.E_REFUSED else LLMException
     return kind(f"{text} (native status {status})", status_code=code)
+
+
+def process_copy_error(status: int) -> LLMException:
+    """The exception for a copy with engine memory (``copy_process``) that failed."""
+    if status == hixl_native.E_GONE:
+        text = "a cache's engine memory is gone: it was unregistered, or its process exited"
+    elif status == hixl_native.E_REFUSED:
+        text = "the kernel refused the daemon access to a cache's engine memory"
+    else:
+        text = f"a copy with engine memory failed ({hixl_native.status_name(status)})"
+    return LLMException(text, status_code=LLMStatusCode.LLM_PARAM_INVALID)
 
 
 def copy_error(status: int) -> LLMException:

@@ -45,6 +45,10 @@ class Regions:
         region_id = next(self._ids)
         if memory.on_device:
             self._device[region_id] = DeviceRegion(memory, offset, size, cluster_id, writable)
+        elif memory.process is not None:
+            # Peers' requests of client-process memory go through bounce buffers.
+            self._data_server.register_process_region(region_id, memory.process, offset, size,
+                                                      cluster_id, writable)
         else:
             self._data_server.register_region(region_id, memory.native, offset, size,
                                               cluster_id, writable)

@@ -75,6 +75,7 @@ from .listeners import (
 )
 from .load import TransferLoad
 from .memory.host import HostMemory
+from .memory.process import cross_memory_policy
 from .metrics import MetricsServer, check_metrics_exposure
 from .peer_api import PeerApi
 from .peer_client import PeerClient
@@ -295,6 +296,10 @@ class Daemon:
                                            ascend.pin_host if ascend is not None else None),
                                 AscendMemory(ascend) if ascend is not None else None)
             load = TransferLoad()
+            # xmem: engine-allocated client memory, as far as the kernel allows it.
+            cross_memory = cross_memory_policy()
+            if ascend is None:
+                logger.info("engine-allocated client memory: %s", cross_memory.summary())
             dispatcher = CompletionDispatcher(loop, load)
             self.engine = engine = Engine(EngineDeps(
                 daemon_id=self.daemon_id, version=__version__, pools=pools,
@@ -304,7 +309,10 @@ class Daemon:
                 dispatcher=dispatcher, load=load,
                 streams_per_link=cfg.transfer.streams_per_link,
                 connect_timeout_s=cfg.transfer.connect_timeout_s,
-                backend=cfg.pool.backend, ascend=ascend, trust=trust))
+                backend=cfg.pool.backend, ascend=ascend, trust=trust,
+                cross_memory=cross_memory,
+                bounce_buffers=cfg.transfer.bounce_buffers,
+                bounce_buffer_bytes=int(cfg.transfer.bounce_buffer_bytes)))
             unwind.callback(dispatcher.close)
             unwind.callback(engine.deps.copier.close)  # its threads post to the dispatcher
             health_servicer = _Health()
@@ -320,7 +328,8 @@ class Daemon:
                                                 health_servicer),
                 credentials, trust.mode, cfg.security.insecure,
                 DaemonPort(cfg.server.peer_host, self.advertise_host, peer_port))
-            fd_server = FdServer(self.fd_path, pools.take_fd, engine.caches.add_user_buffer)
+            fd_server = FdServer(self.fd_path, pools.take_fd, engine.caches.add_user_buffer,
+                                 engine.caches.bind_process)
             created.append(self.fd_path)
             with socket_umask():
                 await fd_server.start()

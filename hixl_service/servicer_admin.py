@@ -43,7 +43,10 @@ def snapshot(engine: Engine, backend: str, peer_address: str,
         pool_reserved_bytes=engine.pools.reserved_bytes, pid=os.getpid(),
         metrics_address=facts.metrics_address if facts else "",
         transfer_lane=facts.transfer_lane if facts else "",
-        refusals=deps.stats.refused)
+        refusals=deps.stats.refused,
+        engine_memory=(deps.cross_memory.summary() if deps.ascend is None else
+                       "refused: the hccl backend registers memory from alloc_shareable and "
+                       "alloc_device_shareable only"))
     for op, transport, llm_status, calls, nbytes in deps.stats.transfer_counts():
         status.transfers.add(op=op, transport=transport, status=llm_status, calls=calls,
                              bytes=nbytes)

@@ -303,7 +303,8 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         entry, orphans = self._engine.caches.register(
             cluster, spec, request.buffer_id, list(request.tensor_offsets),
             [key_from_proto(k) for k in request.keys], request.remote_accessible,
-            request.buffer_address)
+            request.buffer_address, list(request.client_addrs),
+            request.pool_id if request.in_pool else None)
         await self._engine.caches.free_all(orphans)
         return client_pb2.AllocateCacheReply(cache_id=entry.cache_id,
                                              tensor_offsets=entry.tensor_offsets)

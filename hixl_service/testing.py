@@ -96,15 +96,22 @@ class DaemonProcess:
         env: Extra environment variables for the daemon. The test process's
             ``HIXL_<SECTION>*`` config variables and ``NOTIFY_SOCKET`` are not
             inherited.
+        user: Run the daemon as this uid (and gid), e.g. 65534 from a test
+            run as root; its directory is given to that user.
         **overrides: Config overrides, as described above.
 
     Raises:
         TypeError: An override names no config section.
     """
 
-    def __init__(self, *, env: Mapping[str, str] | None = None, **overrides: Any) -> None:
+    def __init__(self, *, env: Mapping[str, str] | None = None, user: int | None = None,
+                 **overrides: Any) -> None:
         sections = _merge_overrides(overrides)
         self._tmpdir = _make_tmpdir()
+        # Run the daemon as another user (a test run as root): it owns its directory.
+        self._user = user
+        if user is not None:
+            os.chown(self._tmpdir, user, user)
         self._finalizer = weakref.finalize(self, shutil.rmtree, self._tmpdir, ignore_errors=True)
         server = sections["server"]
         server.setdefault("client_socket", str(self._tmpdir / "hixl.sock"))
@@ -326,7 +333,12 @@ class DaemonProcess:
     # -- internals -----------------------------------------------------------------
 
     def _command(self) -> list[str]:
-        return [sys.executable, "-m", "hixl_service", "--config", str(self._config_path)]
+        command = [sys.executable, "-m", "hixl_service", "--config", str(self._config_path)]
+        if self._user is None:
+            return command
+        # setpriv (util-linux) drops to the user with no capabilities left.
+        return ["setpriv", f"--reuid={self._user}", f"--regid={self._user}", "--clear-groups",
+                "--inh-caps=-all", *command]
 
     def _signal(self, signum: int) -> None:
         if self._proc is None or self._proc.poll() is not None:

@@ -15,8 +15,9 @@ requests in flight use disjoint blocks. Memory, the same on both sides:
 * ``shareable``: ``alloc_shareable`` + ``register_blocks_cache``;
 * ``pool``: ``allocate_blocks_cache`` from the cluster's pool;
 * ``engine``: a numpy array the engine allocated itself, registered with
-  ``register_blocks_cache``; a build whose daemon cannot reach such memory
-  refuses it, and the row says so (skipped), measuring once it can.
+  ``register_blocks_cache`` (the daemons reach it with cross-memory calls and
+  stage it through their bounce buffers); a daemon whose host forbids that
+  (Yama, another user) refuses it, and the row says so (skipped).
 
 The ``async`` client runs here; the blocking facade (``sync``) runs in a
 process of its own (``serve_worker``), since grpc.aio serves one event loop
@@ -187,7 +188,7 @@ async def open_side(cm: CacheManager, case: ServeCase,
 def refused(exc: LLMException) -> str:
     """The skipped status of a row whose engine-allocated memory this build refuses."""
     reason = str(exc).split(",")[0]
-    return f"unsupported: this build refuses engine-allocated memory ({reason})"
+    return f"unsupported: the daemon cannot reach engine-allocated memory ({reason})"
 
 
 def row_of(case: ServeCase, cold_bytes: int) -> Row:

@@ -83,13 +83,17 @@ class Memory:
 
     def __init__(self, cluster_id: int, placement: Placement, size: int, *,
                  mapping: hixl_native.Mapping | None = None,
-                 device: DeviceMemory | None = None) -> None:
-        assert (mapping is None) != (device is None), "host or device memory, exactly one"
+                 device: DeviceMemory | None = None,
+                 process: hixl_native.ProcessMemory | None = None) -> None:
+        kinds = [m for m in (mapping, device, process) if m is not None]
+        assert len(kinds) == 1, "host, device or client-process memory, exactly one"
         self.cluster_id = cluster_id
         self.placement = placement
         self.size = size
         self.device = device
         self._mapping = mapping
+        # Memory of a client process the daemon did not map (memory.process).
+        self.process = process
         self.closed = False
         # Where the client mapped this memory (for addresses in TransferConfig).
         self.client_base: int | None = None
@@ -106,10 +110,19 @@ class Memory:
     @property
     def native(self) -> hixl_native.Mapping:
         """The host mapping; device memory has none (native TCP and memcpy cannot reach it)."""
+        if self.process is not None:
+            raise LLMException("this memory lies in a client process, reached only by "
+                               "cross-memory calls", status_code=LLMStatusCode.LLM_FAILED)
         if self._mapping is None:
             raise LLMException("this memory is on an Ascend device; host transports "
                                "cannot reach it", status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
         return self._mapping
+
+    @property
+    def data_handle(self) -> hixl_native.Mapping | hixl_native.ProcessMemory:
+        """What the native data link moves host bytes of: the mapping, or the
+        client-process span (staged through bounce buffers)."""
+        return self.process if self.process is not None else self.native
 
     def pin_until(self, job: asyncio.Future[Any]) -> None:
         """Keep the memory alive until ``job`` completes, however it ends."""
@@ -136,6 +149,8 @@ class Memory:
             self._mapping.close()
         if self.device is not None:
             self.device.close()
+        if self.process is not None:
+            self.process.revoke()
 
 
 class UserBuffer(Memory):

@@ -41,6 +41,11 @@ SLICE_RANGES = 16384
 SLICES_IN_FLIGHT = 2
 
 
+def _gone(exc: hixl_native.NativeError) -> Exception:
+    """A submit refused because the local engine memory was revoked meanwhile."""
+    return link_error(exc.code) if exc.code == hixl_native.E_GONE else exc
+
+
 def _check(status: int) -> None:
     if status != hixl_native.OK:
         raise link_error(status)
@@ -115,8 +120,12 @@ class TcpTransport:
         submit = self._submit(writing)
         dispatcher = self._dispatcher
         request_id = dispatcher.new_id()
-        status = submit(request_id, local.native, region_id, ranges, max(1, timeout_ms),
-                        INLINE_WAIT_US if dispatcher.idle else 0, remote_shift, local_shift)
+        try:
+            status = submit(request_id, local.data_handle, region_id, ranges,
+                            max(1, timeout_ms), INLINE_WAIT_US if dispatcher.idle else 0,
+                            remote_shift, local_shift)
+        except hixl_native.NativeError as exc:
+            raise _gone(exc) from None
         return status if status is not None else self._posted(request_id, local)
 
     def _posted(self, request_id: int, local: Memory) -> asyncio.Future[int]:
@@ -167,8 +176,11 @@ class TcpTransport:
                 request_id = self._dispatcher.new_id()
                 remaining_ms = max(1, int((deadline - loop.time()) * 1000))
                 # No inline wait: a slice's completion always comes through the queue.
-                submit(request_id, local.native, region_id, ranges[start:start + SLICE_RANGES],
-                       remaining_ms, 0)
+                try:
+                    submit(request_id, local.data_handle, region_id,
+                           ranges[start:start + SLICE_RANGES], remaining_ms, 0)
+                except hixl_native.NativeError as exc:
+                    raise _gone(exc) from None
                 moving.append(self._posted(request_id, local))
         except Exception as exc:  # a slice the data link would not take
             refused = exc

@@ -13,6 +13,7 @@ cdef extern from "hixl_common.h" nogil:
         HIXL_E_IO
         HIXL_E_PROTO
         HIXL_E_CANCELLED
+        HIXL_E_GONE
         HIXL_E_NOMEM
         HIXL_E_EXHAUSTED
         HIXL_E_INVAL
@@ -29,8 +30,10 @@ cdef extern from "hixl_common.h" nogil:
         HIXL_LIVE_CONNECTIONS
         HIXL_LIVE_LINKS
         HIXL_LIVE_ALLOCATORS
+        HIXL_LIVE_XMEMS
 
     long hixl_live_count(int kind)
+    uint64_t hixl_now_ns()
 
 
 cdef extern from "mapping.h" nogil:
@@ -116,6 +119,29 @@ cdef extern from "completion.h" nogil:
     int hixl_cq_fd(hixl_cq *q)
 
 
+cdef extern from "xmem.h" nogil:
+    ctypedef struct hixl_bounce:
+        pass
+
+    ctypedef struct hixl_xmem:
+        int pid
+        uint64_t base
+        uint64_t size
+
+    int hixl_bounce_create(size_t count, size_t size, hixl_bounce **out)
+    void hixl_bounce_unref(hixl_bounce *b)
+    size_t hixl_bounce_size(const hixl_bounce *b)
+    size_t hixl_bounce_free_count(hixl_bounce *b)
+    int hixl_xmem_create(int pidfd, int pid, uint64_t base, uint64_t size, hixl_bounce *inbound,
+                         hixl_bounce *outbound, hixl_xmem **out)
+    void hixl_xmem_unref(hixl_xmem *x)
+    void hixl_xmem_revoke(hixl_xmem *x)
+    int hixl_xmem_alive(const hixl_xmem *x)
+    int hixl_xmem_probe(hixl_xmem *x, const uint64_t *addrs, size_t n)
+    int hixl_xmem_copy(hixl_xmem *dst, uint8_t *dst_local, hixl_xmem *src, uint8_t *src_local,
+                       const uint8_t *triples, size_t n, uint64_t deadline_ns)
+
+
 cdef extern from "region_table.h" nogil:
     ctypedef struct hixl_region_table:
         pass
@@ -123,6 +149,8 @@ cdef extern from "region_table.h" nogil:
     int hixl_regions_add(hixl_region_table *t, uint64_t id, hixl_mapping *map,
                          uint64_t offset, uint64_t length, uint64_t cluster,
                          int writable)
+    int hixl_regions_add_xmem(hixl_region_table *t, uint64_t id, hixl_xmem *xmem,
+                              uint64_t offset, uint64_t length, uint64_t cluster, int writable)
     void hixl_regions_remove(hixl_region_table *t, uint64_t id)
     void hixl_regions_clear(hixl_region_table *t)
 
@@ -157,5 +185,7 @@ cdef extern from "tcp_link.h" nogil:
     uint64_t hixl_link_stream_pieces(hixl_link *l, int stream)
     int hixl_link_submit(hixl_link *l, int op, uint64_t request_id, hixl_mapping *local,
                          const uint8_t *quads, size_t n, uint64_t timeout_ms)
+    int hixl_link_submit_xmem(hixl_link *l, int op, uint64_t request_id, hixl_xmem *local,
+                              const uint8_t *quads, size_t n, uint64_t timeout_ms)
     void hixl_link_close(hixl_link *l)
     void hixl_link_destroy(hixl_link *l)

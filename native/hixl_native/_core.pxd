@@ -12,6 +12,8 @@ from hixl_native._chixl cimport (
     hixl_mapping,
     hixl_pool,
     hixl_server,
+    hixl_bounce,
+    hixl_xmem,
 )
 
 
@@ -61,3 +63,15 @@ cdef class DataLink:
 
     cdef int _submit(self, int op, object request_id, Mapping local, object ranges,
                      object timeout_ms) except -1
+
+
+cdef class BouncePool:
+    cdef hixl_bounce *_b
+
+
+cdef class ProcessMemory:
+    cdef hixl_xmem *_x
+    cdef uint64_t _size
+    cdef bint _revoked
+
+    cdef int _check_open(self) except -1

@@ -21,6 +21,7 @@ E_REFUSED: int
 E_IO: int
 E_PROTO: int
 E_CANCELLED: int
+E_GONE: int
 E_BUSY: int
 KEY_SIZE: int
 
@@ -88,6 +89,32 @@ class ExtentAllocator:
     def free(self, offset: int) -> None: ...
     def allocation_size(self, offset: int) -> int: ...
 
+class BouncePool:
+    def __init__(self, count: int, size: int) -> None: ...
+    @property
+    def buffer_size(self) -> int: ...
+    @property
+    def free(self) -> int: ...
+
+class ProcessMemory:
+    def __init__(self, pidfd: int, pid: int, base: int, size: int, inbound: BouncePool,
+                 outbound: BouncePool) -> None: ...
+    @property
+    def pid(self) -> int: ...
+    @property
+    def base(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def revoked(self) -> bool: ...
+    @property
+    def alive(self) -> bool: ...
+    def revoke(self) -> None: ...
+    def probe(self, addrs: Sequence[int]) -> None: ...
+
+def copy_process(dst: Mapping | ProcessMemory, src: Mapping | ProcessMemory, ranges: _Ranges,
+                 timeout_ms: int = 60000, dst_shift: int = 0, src_shift: int = 0) -> int: ...
+
 def copy_ranges(dst: Mapping, src: Mapping, ranges: _Ranges, request_bytes: int = 0,
                 dst_shift: int = 0, src_shift: int = 0) -> None: ...
 def run_ranges(
@@ -144,6 +171,15 @@ class DataServer:
         cluster_id: int,
         writable: bool = False,
     ) -> None: ...
+    def register_process_region(
+        self,
+        region_id: int,
+        memory: ProcessMemory,
+        offset: int,
+        length: int,
+        cluster_id: int,
+        writable: bool = False,
+    ) -> None: ...
     def unregister_region(self, region_id: int) -> None: ...
     def close(self) -> None: ...
     def __enter__(self) -> Self: ...
@@ -175,7 +211,7 @@ class DataLink:
     def read_from(
         self,
         request_id: int,
-        dst: Mapping,
+        dst: Mapping | ProcessMemory,
         region_id: int,
         ranges: _Ranges,
         timeout_ms: int,
@@ -186,7 +222,7 @@ class DataLink:
     def write_to(
         self,
         request_id: int,
-        src: Mapping,
+        src: Mapping | ProcessMemory,
         region_id: int,
         ranges: _Ranges,
         timeout_ms: int,

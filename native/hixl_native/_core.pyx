@@ -24,6 +24,7 @@ from hixl_native._chixl cimport *
 include "_errors.pxi"
 include "_buffers.pxi"
 include "_mapping.pxi"
+include "_xmem.pxi"
 include "_completion.pxi"
 include "_copy_pool.pxi"
 include "_dataplane.pxi"

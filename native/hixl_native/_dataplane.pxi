@@ -183,6 +183,28 @@ cdef class DataServer:
             _raise(rc, f"cannot register region {region_id}")
         self._regions[region_id] = mapping
 
+    def register_process_region(self, region_id, ProcessMemory memory not None, offset, length,
+                                cluster_id, writable=False):
+        """``register_region`` for a client process's memory: peers' requests
+        naming it move through the span's inbound bounce buffers.
+
+        Raises:
+            ValueError: The id is taken or the range lies outside the span.
+        """
+        self._check_running()
+        memory._check_open()
+        cdef uint64_t rid = _u64(region_id, "region_id")
+        cdef uint64_t cl = _u64(cluster_id, "cluster_id")
+        cdef uint64_t off = _int_in(offset, 0, memory._size, "offset")
+        cdef uint64_t ln = _int_in(length, 1, memory._size - off, "length")
+        cdef int rc = hixl_regions_add_xmem(hixl_server_regions(self._s), rid, memory._x,
+                                            off, ln, cl, 1 if writable else 0)
+        if rc == HIXL_E_EXISTS:
+            raise ValueError(f"region {region_id} is already registered")
+        if rc != HIXL_OK:
+            _raise(rc, f"cannot register region {region_id}")
+        self._regions[region_id] = memory
+
     def unregister_region(self, region_id):
         """Withdraw a region; unknown ids are ignored.
 
@@ -230,7 +252,7 @@ cdef extern from "tcp_link.h" nogil:
 _MAX_WAIT_US = 100_000
 
 
-cdef object _submit_region(DataLink link, int op, object request_id, Mapping local,
+cdef object _submit_region(DataLink link, int op, object request_id, object local,
                            object region_id, object ranges, int remote_col, int local_col,
                            object timeout_ms, object wait_us, uint64_t remote_shift,
                            uint64_t local_shift):
@@ -245,14 +267,25 @@ cdef object _submit_region(DataLink link, int op, object request_id, Mapping loc
     cdef int rc
     cdef Py_buffer view
     cdef bint viewing = False
+    cdef ProcessMemory xlocal = None
+    cdef Mapping mlocal = None
+    if isinstance(local, ProcessMemory):
+        xlocal = <ProcessMemory>local
+        xlocal._check_open()
+        size = xlocal._size
+    elif isinstance(local, Mapping):
+        mlocal = <Mapping>local
+        mlocal._check_open()
+        size = mlocal._size
+    else:
+        raise TypeError(f"local memory must be a Mapping or a ProcessMemory, "
+                        f"not {type(local).__name__}")
     if link._closed:
         raise NativeError(HIXL_E_CLOSED, "the link is closed")
     cdef uint64_t rid = _u64(request_id, "request_id")
     cdef uint64_t region = _u64(region_id, "region_id")
     cdef uint64_t tmo = _int_in(timeout_ms, 1, _MAX_TIMEOUT_MS, "timeout_ms")
     cdef uint64_t wait = _int_in(wait_us, 0, _MAX_WAIT_US, "wait_us")
-    local._check_open()
-    size = local._size
     _u64_view(ranges, 3, "ranges", &view)
     viewing = True
     try:
@@ -283,20 +316,23 @@ cdef object _submit_region(DataLink link, int op, object request_id, Mapping loc
             quads[4 * i + 3] = length
         PyBuffer_Release(&view)
         viewing = False
-        if wait:
+        if xlocal is not None:
+            # Staged by the streams' workers: never finished here.
+            rc = hixl_link_submit_xmem(link._l, op, rid, xlocal._x, <uint8_t *>quads, n, tmo)
+        elif wait:
             # Pinned before the GIL goes: submit reads the mapping's address
             # before it takes its own pin, and an unmap from another thread
             # (which needs the GIL, as pins do) must not slip in between.
             # Nothing since the view was released ran Python, so the mapping
             # is still the one checked above.
-            local._check_open()
-            hixl_mapping_pin(local._m)
+            mlocal._check_open()
+            hixl_mapping_pin(mlocal._m)
             with nogil:
-                rc = hixl_link_submit_wait(link._l, op, rid, local._m, <uint8_t *>quads, n,
+                rc = hixl_link_submit_wait(link._l, op, rid, mlocal._m, <uint8_t *>quads, n,
                                            tmo, wait, &status)
-            hixl_mapping_unpin(local._m)
+            hixl_mapping_unpin(mlocal._m)
         else:
-            rc = hixl_link_submit(link._l, op, rid, local._m, <uint8_t *>quads, n, tmo)
+            rc = hixl_link_submit(link._l, op, rid, mlocal._m, <uint8_t *>quads, n, tmo)
         if rc != HIXL_OK:
             _raise(rc, f"cannot submit request {request_id}")
     finally:
@@ -407,7 +443,7 @@ cdef class DataLink:
             free(quads)
         return 0
 
-    def read_from(self, request_id, Mapping dst not None, region_id, ranges, timeout_ms,
+    def read_from(self, request_id, dst not None, region_id, ranges, timeout_ms,
                   wait_us=0, uint64_t remote_shift=0, uint64_t local_shift=0):
         """``read`` of ranges that all lie in one remote region, maybe finished here.
 
@@ -418,7 +454,9 @@ cdef class DataLink:
 
         Args:
             request_id: uint64 echoed in the completion.
-            dst: Local destination mapping, pinned until completion.
+            dst: Local destination: a mapping, pinned until completion, or a
+                ``ProcessMemory`` (staged through its bounce buffers, never
+                finished here).
             region_id: uint64 remote region of every range.
             ranges: Buffer of uint64 triples (remote_offset, local_dst_offset,
                 length), e.g. an ``(n, 3)`` uint64 array.
@@ -439,13 +477,13 @@ cdef class DataLink:
         return _submit_region(self, HIXL_OP_READ, request_id, dst, region_id, ranges, 0, 1,
                               timeout_ms, wait_us, remote_shift, local_shift)
 
-    def write_to(self, request_id, Mapping src not None, region_id, ranges, timeout_ms,
+    def write_to(self, request_id, src not None, region_id, ranges, timeout_ms,
                  wait_us=0, uint64_t remote_shift=0, uint64_t local_shift=0):
         """``write`` of ranges that all lie in one remote region, maybe finished here.
 
         Args:
             request_id: uint64 echoed in the completion.
-            src: Local source mapping, pinned until completion.
+            src: Local source: as ``read_from``'s ``dst``.
             region_id: uint64 remote region of every range.
             ranges: Buffer of uint64 triples (local_src_offset, remote_offset,
                 length), e.g. an ``(n, 3)`` uint64 array.

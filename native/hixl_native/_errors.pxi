@@ -10,6 +10,7 @@ E_REFUSED = HIXL_E_REFUSED
 E_IO = HIXL_E_IO
 E_PROTO = HIXL_E_PROTO
 E_CANCELLED = HIXL_E_CANCELLED
+E_GONE = HIXL_E_GONE
 E_BUSY = HIXL_E_BUSY
 
 _STATUS_NAMES = {
@@ -20,6 +21,7 @@ _STATUS_NAMES = {
     HIXL_E_IO: "E_IO",
     HIXL_E_PROTO: "E_PROTO",
     HIXL_E_CANCELLED: "E_CANCELLED",
+    HIXL_E_GONE: "E_GONE",
     HIXL_E_NOMEM: "E_NOMEM",
     HIXL_E_EXHAUSTED: "E_EXHAUSTED",
     HIXL_E_INVAL: "E_INVAL",
@@ -64,6 +66,7 @@ def live_objects():
         "connections": hixl_live_count(HIXL_LIVE_CONNECTIONS),
         "links": hixl_live_count(HIXL_LIVE_LINKS),
         "allocators": hixl_live_count(HIXL_LIVE_ALLOCATORS),
+        "process_memories": hixl_live_count(HIXL_LIVE_XMEMS),
     }
 
 

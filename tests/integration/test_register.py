@@ -108,13 +108,13 @@ async def test_register_rules(pair: Pair) -> None:
     for args, kwargs, error in cases:
         with pytest.raises(error):
             await cm.register_cache(*args, **kwargs)  # type: ignore[arg-type]
-    foreign = np.zeros(128, dtype=np.uint8)
-    with pytest.raises(LLMException, match="alloc_shareable") as info:
-        await cm.register_cache(desc, [foreign.ctypes.data, foreign.ctypes.data + 64])
+    # Memory that is in no shareable buffer is the process's own: the daemon
+    # reaches it (tests/integration/test_engine_memory.py); an unmapped address
+    # is refused.
+    with pytest.raises(LLMException, match="not mapped") as info:
+        await cm.register_cache(desc, [4096, 8192])
     assert info.value.status_code == INVALID
     other = alloc_shareable(4096)
-    with pytest.raises(LLMException, match="one such buffer"):
-        await cm.register_cache(desc, [buffer.address, other.address])
     with pytest.raises(LLMException) as info:  # the daemon checks the count for blocks
         await cm.register_blocks_cache(desc, addrs[:1])
     assert info.value.status_code == INVALID

@@ -63,6 +63,7 @@ class _HostMemory:
     """A host memory as the copier sees one: a native mapping (here a memfd)."""
 
     on_device = False
+    process = None  # not a client process's memory
 
     def __init__(self, size: int) -> None:
         fd = os.memfd_create("hixl-test")

@@ -24,6 +24,9 @@ enum {
     HIXL_E_IO = -4,
     HIXL_E_PROTO = -5,
     HIXL_E_CANCELLED = -6,
+    /* Client-process memory (xmem.h) revoked, or its process exited;
+     * posted in completions, never sent by a data server (which refuses). */
+    HIXL_E_GONE = -7,
     /* Local API errors only; never sent to a peer nor posted. */
     HIXL_E_NOMEM = -20,
     HIXL_E_EXHAUSTED = -21,
@@ -51,6 +54,7 @@ enum {
     HIXL_LIVE_CONNECTIONS,
     HIXL_LIVE_LINKS,
     HIXL_LIVE_ALLOCATORS,
+    HIXL_LIVE_XMEMS,
     HIXL_LIVE_KINDS
 };
 

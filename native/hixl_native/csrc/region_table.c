@@ -17,8 +17,12 @@ void hixl_regions_init(hixl_region_table *t)
 
 static void drop_region(hixl_region *r)
 {
-    hixl_mapping_unpin(r->map);
-    hixl_mapping_unref(r->map);
+    if (r->map != NULL) {
+        hixl_mapping_unpin(r->map);
+        hixl_mapping_unref(r->map);
+    } else {
+        hixl_xmem_unref(r->xmem);
+    }
     free(r);
     hixl_live_add(HIXL_LIVE_REGIONS, -1);
 }
@@ -78,6 +82,30 @@ static int grow(hixl_region_table *t)
     return HIXL_OK;
 }
 
+static int insert(hixl_region_table *t, hixl_region *r)
+{
+    uint64_t id = r->id;
+    pthread_mutex_lock(&t->mu);
+    size_t i = lower_bound(t, id);
+    int rc = (i < t->n && t->v[i]->id == id) ? HIXL_E_EXISTS : grow(t);
+    if (rc == HIXL_OK) {
+        memmove(&t->v[i + 1], &t->v[i], (t->n - i) * sizeof(*t->v));
+        t->v[i] = r;
+        t->n++;
+        if (r->map != NULL) {
+            hixl_mapping_ref(r->map);
+            hixl_mapping_pin(r->map);
+        } else {
+            hixl_xmem_ref(r->xmem);
+        }
+        hixl_live_add(HIXL_LIVE_REGIONS, 1);
+    }
+    pthread_mutex_unlock(&t->mu);
+    if (rc != HIXL_OK)
+        free(r);
+    return rc;
+}
+
 int hixl_regions_add(hixl_region_table *t, uint64_t id, hixl_mapping *map,
                      uint64_t offset, uint64_t length, uint64_t cluster, int writable)
 {
@@ -88,21 +116,21 @@ int hixl_regions_add(hixl_region_table *t, uint64_t id, hixl_mapping *map,
         return HIXL_E_NOMEM;
     *r = (hixl_region){.id = id, .map = map, .base = map->addr + offset,
                        .length = length, .cluster = cluster, .writable = writable};
-    pthread_mutex_lock(&t->mu);
-    size_t i = lower_bound(t, id);
-    int rc = (i < t->n && t->v[i]->id == id) ? HIXL_E_EXISTS : grow(t);
-    if (rc == HIXL_OK) {
-        memmove(&t->v[i + 1], &t->v[i], (t->n - i) * sizeof(*t->v));
-        t->v[i] = r;
-        t->n++;
-        hixl_mapping_ref(map);
-        hixl_mapping_pin(map);
-        hixl_live_add(HIXL_LIVE_REGIONS, 1);
-    }
-    pthread_mutex_unlock(&t->mu);
-    if (rc != HIXL_OK)
-        free(r);
-    return rc;
+    return insert(t, r);
+}
+
+int hixl_regions_add_xmem(hixl_region_table *t, uint64_t id, hixl_xmem *xmem,
+                          uint64_t offset, uint64_t length, uint64_t cluster, int writable)
+{
+    if (!hixl_in_bounds(offset, length, xmem->size))
+        return HIXL_E_INVAL;
+    hixl_region *r = calloc(1, sizeof(*r));
+    if (r == NULL)
+        return HIXL_E_NOMEM;
+    *r = (hixl_region){.id = id, .xmem = xmem,
+                       .base = (uint8_t *)(uintptr_t)(xmem->base + offset),
+                       .length = length, .cluster = cluster, .writable = writable};
+    return insert(t, r);
 }
 
 void hixl_regions_remove(hixl_region_table *t, uint64_t id)

@@ -18,10 +18,12 @@
 #include <sys/uio.h>
 
 #include "mapping.h"
+#include "xmem.h"
 
 typedef struct hixl_region {
     uint64_t id;
-    hixl_mapping *map; /* referenced and pinned while registered */
+    hixl_mapping *map; /* referenced and pinned while registered; or NULL and: */
+    hixl_xmem *xmem;   /* client-process memory (referenced): base is its address */
     uint8_t *base;
     uint64_t length;
     uint64_t cluster;
@@ -42,6 +44,9 @@ void hixl_regions_init(hixl_region_table *t);
 void hixl_regions_destroy(hixl_region_table *t);
 int hixl_regions_add(hixl_region_table *t, uint64_t id, hixl_mapping *map,
                      uint64_t offset, uint64_t length, uint64_t cluster, int writable);
+/* A region of client-process memory: [offset, offset + length) of the span. */
+int hixl_regions_add_xmem(hixl_region_table *t, uint64_t id, hixl_xmem *xmem,
+                          uint64_t offset, uint64_t length, uint64_t cluster, int writable);
 /* Drops every region; only once no connection thread can use the table. */
 void hixl_regions_clear(hixl_region_table *t);
 /* Refuses new users at once, then blocks until current users are gone. */
@@ -49,7 +54,8 @@ void hixl_regions_remove(hixl_region_table *t, uint64_t id);
 /*
  * Validates and pins `n` wire ranges (little-endian region, offset, length
  * triples) for a peer of `cluster`; on success fills iov[i] with the memory
- * of range i and held[i] with its region. HIXL_E_REFUSED if any range is
+ * of range i (an address in the client for a region of client-process
+ * memory, never to be dereferenced here) and held[i] with its region. HIXL_E_REFUSED if any range is
  * unknown, dying, foreign, out of bounds or (for writes) read-only.
  */
 int hixl_regions_acquire(hixl_region_table *t, uint64_t cluster, int for_write,

@@ -37,7 +37,10 @@ typedef struct hixl_piece {
     uint32_t nranges;
     uint64_t bytes;
     uint8_t *wire;      /* nranges little-endian wire ranges */
-    struct iovec *iov;  /* [header][ranges or reply][nranges payload iovecs] */
+    struct iovec *iov;  /* [header][ranges or reply][npayload payload iovecs] */
+    uint32_t npayload;  /* nranges, or 1: the bounce buffer of client-process memory */
+    struct iovec *remote; /* client-process memory: the ranges' addresses there */
+    uint8_t *bounce;    /* taken while the piece runs */
     /* Set when the submitting thread started the piece (direct send, maybe
      * an inline wait): how far it got, for the worker to carry on. */
     int present;        /* bytes of it may be on the wire */
@@ -54,7 +57,8 @@ typedef struct hixl_piece {
 typedef struct hixl_request {
     hixl_cq_node node; /* first: the queue's consumer frees the request via it */
     hixl_cq *cq;
-    hixl_mapping *local;
+    hixl_mapping *local; /* or NULL and: */
+    hixl_xmem *xmem;     /* client-process memory, through bounce buffers */
     uint64_t deadline_ns;
     int op;
     atomic_int remaining;
@@ -99,10 +103,19 @@ struct hixl_link {
 
 /* ---- completion ---- */
 
+static void release_local(hixl_request *r)
+{
+    if (r->local != NULL) {
+        hixl_mapping_unpin(r->local);
+        hixl_mapping_unref(r->local);
+    } else {
+        hixl_xmem_unref(r->xmem);
+    }
+}
+
 static void finish(hixl_request *r)
 {
-    hixl_mapping_unpin(r->local);
-    hixl_mapping_unref(r->local);
+    release_local(r);
     r->node.status = atomic_load(&r->status);
     hixl_cq_post(r->cq, &r->node); /* r may be freed from here on */
 }
@@ -110,8 +123,7 @@ static void finish(hixl_request *r)
 /* A request that ended on the submitting thread: nothing is posted. */
 static void finish_here(hixl_request *r)
 {
-    hixl_mapping_unpin(r->local);
-    hixl_mapping_unref(r->local);
+    release_local(r);
     hixl_cq_node_free(&r->node);
 }
 
@@ -132,6 +144,7 @@ typedef struct planner {
     hixl_request *r; /* NULL in the counting pass */
     uint8_t *wire;
     struct iovec *iov;
+    struct iovec *remote; /* client-process memory: a copy of the payload iovecs */
     uint8_t *local;
     uint64_t budget, left;
     size_t npieces, nwire;
@@ -145,6 +158,7 @@ static void start_piece(planner *pl)
         p->req = pl->r;
         p->wire = pl->wire + pl->nwire * HIXL_RANGE_SIZE;
         p->iov = pl->iov + pl->nwire + 2 * pl->npieces;
+        p->remote = pl->remote != NULL ? pl->remote + pl->nwire : NULL;
     }
     pl->npieces++;
     pl->left = pl->budget;
@@ -157,7 +171,10 @@ static void add_range(planner *pl, uint64_t region, uint64_t roff, uint64_t loff
         hixl_piece *p = &pl->r->pieces[pl->npieces - 1];
         hixl_put_range(p->wire + (size_t)p->nranges * HIXL_RANGE_SIZE, region, roff, len);
         p->iov[2 + p->nranges] = (struct iovec){pl->local + loff, (size_t)len};
+        if (p->remote != NULL)
+            p->remote[p->nranges] = p->iov[2 + p->nranges];
         p->nranges++;
+        p->npayload = p->nranges;
         p->bytes += len;
     }
     pl->nwire++;
@@ -186,9 +203,11 @@ static void plan(planner *pl, const uint8_t *quads, size_t n)
 }
 
 /* `whole`: one piece up to INLINE_MAX_BYTES (a request the caller may finish
- * inline moves fastest without any handoff). */
+ * inline moves fastest without any handoff). `bounce_cap` > 0: the local
+ * memory is a client process's (`local` its address there), each piece at
+ * most one bounce buffer. */
 static hixl_request *build_request(hixl_link *l, const uint8_t *quads, size_t n,
-                                   uint8_t *local, int whole, int *rc)
+                                   uint8_t *local, int whole, size_t bounce_cap, int *rc)
 {
     uint64_t total = 0;
     for (size_t i = 0; i < n; i++)
@@ -201,11 +220,15 @@ static hixl_request *build_request(hixl_link *l, const uint8_t *quads, size_t n,
     if (whole && total <= INLINE_MAX_BYTES)
         target = 1;
     planner pl = {.budget = (total + target - 1) / target};
+    if (bounce_cap > 0 && pl.budget > bounce_cap)
+        pl.budget = bounce_cap;
     plan(&pl, quads, n);
 
     size_t pieces_size = pl.npieces * sizeof(hixl_piece);
     size_t iov_size = (pl.nwire + 2 * pl.npieces) * sizeof(struct iovec);
-    hixl_request *r = calloc(1, sizeof(*r) + pieces_size + iov_size + pl.nwire * HIXL_RANGE_SIZE);
+    size_t remote_size = bounce_cap > 0 ? pl.nwire * sizeof(struct iovec) : 0;
+    hixl_request *r = calloc(1, sizeof(*r) + pieces_size + iov_size + remote_size +
+                                    pl.nwire * HIXL_RANGE_SIZE);
     if (r == NULL) {
         *rc = HIXL_E_NOMEM;
         return NULL;
@@ -213,7 +236,8 @@ static hixl_request *build_request(hixl_link *l, const uint8_t *quads, size_t n,
     hixl_live_add(HIXL_LIVE_REQUESTS, 1); /* freed via hixl_cq_node_free */
     planner fill = {.r = r, .budget = pl.budget, .local = local};
     fill.iov = (struct iovec *)((uint8_t *)r->pieces + pieces_size);
-    fill.wire = (uint8_t *)fill.iov + iov_size;
+    fill.remote = bounce_cap > 0 ? (struct iovec *)((uint8_t *)fill.iov + iov_size) : NULL;
+    fill.wire = (uint8_t *)fill.iov + iov_size + remote_size;
     plan(&fill, quads, n);
     r->npieces = fill.npieces;
     *rc = HIXL_OK;
@@ -239,7 +263,7 @@ static hixl_iovcur prepare_request(hixl_piece *p, uint64_t deadline)
     p->iov[0] = (struct iovec){p->hdr, sizeof(p->hdr)};
     p->iov[1] = (struct iovec){p->wire, (size_t)p->nranges * HIXL_RANGE_SIZE};
     /* A WRITE's payload goes out in the same sendmsg batches as its header. */
-    return (hixl_iovcur){p->iov, r->op == HIXL_OP_WRITE ? 2 + (size_t)p->nranges : 2};
+    return (hixl_iovcur){p->iov, r->op == HIXL_OP_WRITE ? 2 + (size_t)p->npayload : 2};
 }
 
 static int check_reply(hixl_piece *p, int32_t *status)
@@ -267,7 +291,7 @@ static int recv_reply(int fd, int stop_fd, hixl_piece *p, uint64_t deadline)
     if (!p->replied) {
         if (p->got == 0) {
             p->iov[1] = (struct iovec){p->reply, sizeof(p->reply)};
-            p->in = (hixl_iovcur){p->iov + 1, read ? 1 + (size_t)p->nranges : 1};
+            p->in = (hixl_iovcur){p->iov + 1, read ? 1 + (size_t)p->npayload : 1};
         }
         if (p->got < sizeof(p->reply)) {
             rc = hixl_recv_iov(fd, stop_fd, &p->in, sizeof(p->reply) - p->got, deadline,
@@ -414,24 +438,37 @@ static int run_inline(hixl_stream *s, hixl_piece *p, uint64_t wait_ns)
 
 /* hixl_link_submit_wait; `done` NULL for hixl_link_submit (no inline wait). */
 static int submit(hixl_link *l, int op, uint64_t request_id, hixl_mapping *local,
-                  const uint8_t *quads, size_t n, uint64_t timeout_ms, uint64_t wait_us,
-                  int32_t *done)
+                  hixl_xmem *xmem, const uint8_t *quads, size_t n, uint64_t timeout_ms,
+                  uint64_t wait_us, int32_t *done)
 {
     if (atomic_load(&l->closing))
         return HIXL_E_CLOSED;
     if (op != HIXL_OP_READ && op != HIXL_OP_WRITE)
         return HIXL_E_INVAL;
     int rc;
-    hixl_request *r = build_request(l, quads, n, local->addr, done != NULL && wait_us > 0, &rc);
+    /* Client-process memory never goes out from the submitting thread: its
+     * bytes are staged by the stream's worker, which holds the bounce buffer. */
+    if (xmem != NULL)
+        done = NULL;
+    hixl_request *r =
+        xmem != NULL
+            ? build_request(l, quads, n, (uint8_t *)(uintptr_t)xmem->base, 0,
+                            hixl_bounce_size(xmem->outbound), &rc)
+            : build_request(l, quads, n, local->addr, done != NULL && wait_us > 0, 0, &rc);
     if (r == NULL)
         return rc;
     r->node.id = request_id;
     r->cq = l->cq;
     r->local = local;
+    r->xmem = xmem;
     r->op = op;
     r->deadline_ns = hixl_deadline_after_ms(timeout_ms);
-    hixl_mapping_ref(local);
-    hixl_mapping_pin(local);
+    if (xmem != NULL) {
+        hixl_xmem_ref(xmem);
+    } else {
+        hixl_mapping_ref(local);
+        hixl_mapping_pin(local);
+    }
     if (r->npieces == 0 || atomic_load(&l->dead)) {
         /* Nothing to move, or a peer known to be gone: complete at once. */
         atomic_init(&r->status, r->npieces == 0 ? HIXL_OK : HIXL_E_CLOSED);
@@ -469,7 +506,7 @@ static int submit(hixl_link *l, int op, uint64_t request_id, hixl_mapping *local
     uint64_t deadline = r->deadline_ns;
     for (size_t k = 0; k < npieces; k++) {
         hixl_stream *s = NULL;
-        if (outgoing_bytes(&pieces[k]) <= DIRECT_MAX_BYTES)
+        if (xmem == NULL && outgoing_bytes(&pieces[k]) <= DIRECT_MAX_BYTES)
             s = claim_idle(l, first + (unsigned)k);
         if (s != NULL) {
             send_direct(s, &pieces[k], deadline);
@@ -484,7 +521,13 @@ static int submit(hixl_link *l, int op, uint64_t request_id, hixl_mapping *local
 int hixl_link_submit(hixl_link *l, int op, uint64_t request_id, hixl_mapping *local,
                      const uint8_t *quads, size_t n, uint64_t timeout_ms)
 {
-    return submit(l, op, request_id, local, quads, n, timeout_ms, 0, NULL);
+    return submit(l, op, request_id, local, NULL, quads, n, timeout_ms, 0, NULL);
+}
+
+int hixl_link_submit_xmem(hixl_link *l, int op, uint64_t request_id, hixl_xmem *local,
+                          const uint8_t *quads, size_t n, uint64_t timeout_ms)
+{
+    return submit(l, op, request_id, NULL, local, quads, n, timeout_ms, 0, NULL);
 }
 
 int hixl_link_submit_wait(hixl_link *l, int op, uint64_t request_id, hixl_mapping *local,
@@ -492,7 +535,7 @@ int hixl_link_submit_wait(hixl_link *l, int op, uint64_t request_id, hixl_mappin
                           uint64_t wait_us, int32_t *status)
 {
     *status = PENDING;
-    return submit(l, op, request_id, local, quads, n, timeout_ms, wait_us, status);
+    return submit(l, op, request_id, local, NULL, quads, n, timeout_ms, wait_us, status);
 }
 
 /* ---- stream workers ---- */
@@ -647,6 +690,36 @@ static int out_of_sync(hixl_stream *s, int rc)
     return rc;
 }
 
+/* A piece of client-process memory takes a bounce buffer and points its
+ * payload at it; a WRITE's bytes are read from the client first. Nothing
+ * is on the wire yet, so a failure here leaves the stream in step. */
+static int stage_piece(hixl_link *l, hixl_piece *p)
+{
+    hixl_request *r = p->req;
+    hixl_bounce *b = r->xmem->outbound;
+    p->bounce = hixl_bounce_take(b, r->deadline_ns, &l->closing);
+    if (p->bounce == NULL)
+        return atomic_load(&l->closing) ? HIXL_E_CANCELLED : HIXL_E_TIMEOUT;
+    int rc = r->op == HIXL_OP_WRITE
+                 ? hixl_xmem_flat(r->xmem, 0, p->bounce, p->remote, p->nranges)
+                 : HIXL_OK;
+    p->iov[2] = (struct iovec){p->bounce, (size_t)p->bytes};
+    p->npayload = 1;
+    return rc;
+}
+
+static int unstage_piece(hixl_piece *p, int rc)
+{
+    hixl_request *r = p->req;
+    if (p->bounce == NULL)
+        return rc;
+    if (rc == HIXL_OK && r->op == HIXL_OP_READ)
+        rc = hixl_xmem_flat(r->xmem, 1, p->bounce, p->remote, p->nranges);
+    hixl_bounce_give(r->xmem->outbound, p->bounce);
+    p->bounce = NULL;
+    return rc;
+}
+
 static int run_piece(hixl_stream *s, hixl_piece *p)
 {
     hixl_link *l = s->link;
@@ -665,12 +738,15 @@ static int run_piece(hixl_stream *s, hixl_piece *p)
             return rc;
         if (s->fd < 0 && (rc = reconnect(s, r->deadline_ns)) != HIXL_OK)
             return rc;
+        if (r->xmem != NULL && (rc = stage_piece(l, p)) != HIXL_OK)
+            return unstage_piece(p, rc);
     }
     rc = send_request(s, p, r->deadline_ns);
     if (rc == HIXL_OK)
         rc = recv_reply(s->fd, l->stop_fd, p, r->deadline_ns);
     if (rc == HIXL_OK || rc == HIXL_E_REFUSED)
-        return rc; /* the stream is still in sync */
+        return unstage_piece(p, rc); /* the stream is still in sync */
+    unstage_piece(p, rc);
     return out_of_sync(s, rc); /* anything else leaves the byte stream unknown */
 }
 

@@ -24,6 +24,7 @@
 
 #include "completion.h"
 #include "mapping.h"
+#include "xmem.h"
 
 typedef struct hixl_link hixl_link;
 
@@ -45,6 +46,12 @@ uint64_t hixl_link_stream_pieces(hixl_link *l, int stream);
  */
 int hixl_link_submit(hixl_link *l, int op, uint64_t request_id, hixl_mapping *local,
                      const uint8_t *quads, size_t n, uint64_t timeout_ms);
+/* hixl_link_submit of client-process memory: `quads`' local offsets are
+ * relative to the span's base (bounds-checked by the caller); each piece
+ * moves through one of the span's outbound bounce buffers on its stream's
+ * worker. */
+int hixl_link_submit_xmem(hixl_link *l, int op, uint64_t request_id, hixl_xmem *local,
+                          const uint8_t *quads, size_t n, uint64_t timeout_ms);
 /*
  * hixl_link_submit that may finish the request on the calling thread: a
  * request of at most 512 KiB, when a stream is idle, goes out whole on it

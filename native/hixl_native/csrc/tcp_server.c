@@ -59,6 +59,7 @@ typedef struct hixl_conn {
     uint8_t *ranges;
     struct iovec *iov;
     hixl_region **held;
+    hixl_xmem **owners; /* per range: its client-process memory, or NULL */
     size_t cap;
 } hixl_conn;
 
@@ -193,10 +194,12 @@ static int reserve_buffers(hixl_conn *c, size_t n)
     free(c->ranges);
     free(c->iov);
     free(c->held);
+    free(c->owners);
     c->ranges = malloc(n * HIXL_RANGE_SIZE);
     c->iov = malloc((n + 1) * sizeof(*c->iov)); /* +1: the reply header */
     c->held = malloc(n * sizeof(*c->held));
-    c->cap = (c->ranges && c->iov && c->held) ? n : 0;
+    c->owners = malloc(n * sizeof(*c->owners));
+    c->cap = (c->ranges && c->iov && c->held && c->owners) ? n : 0;
     return c->cap ? HIXL_OK : HIXL_E_NOMEM;
 }
 
@@ -270,6 +273,83 @@ static int transfer(hixl_conn *c, const hixl_request_hdr *h, int status, uint64_
     return hixl_send_iov(c->fd, stop, &cur, deadline);
 }
 
+/* The bounce pool of the first range in client-process memory; NULL when
+ * every range is in mapped memory (the zero-copy path). Fills owners. */
+static hixl_bounce *xmem_bounce(hixl_conn *c, uint32_t n)
+{
+    hixl_bounce *b = NULL;
+    for (uint32_t i = 0; i < n; i++) {
+        c->owners[i] = c->held[i]->xmem;
+        if (b == NULL && c->owners[i] != NULL)
+            b = c->owners[i]->inbound;
+    }
+    return b;
+}
+
+/*
+ * An accepted request that touches client-process memory: its payload
+ * moves through one bounce buffer of the daemon, a chunk at a time, with
+ * process_vm_readv / process_vm_writev. A READ whose first chunk cannot be
+ * read is refused before any payload is sent; a later failure leaves the
+ * stream out of step and ends the connection (the client's process went
+ * away mid-request: its cluster is being torn down). A WRITE always takes
+ * the whole payload off the wire, and reports a failed store in its reply.
+ */
+static int transfer_bounced(hixl_conn *c, const hixl_request_hdr *h, hixl_bounce *b,
+                            uint64_t deadline)
+{
+    int stop = c->srv->stop_fd;
+    uint8_t *buf = hixl_bounce_take(b, deadline, &c->srv->stopping);
+    if (buf == NULL) {
+        int status = atomic_load(&c->srv->stopping) ? HIXL_E_CANCELLED : HIXL_E_TIMEOUT;
+        return transfer(c, h, status, deadline); /* a WRITE's payload is discarded */
+    }
+    size_t cap = hixl_bounce_size(b);
+    hixl_segs segs = {.iov = c->iov + 1, .owner = c->owners, .n = h->nranges};
+    uint64_t left = h->total_bytes;
+    int rc = HIXL_OK;
+    if (h->op == HIXL_OP_WRITE) {
+        int status = HIXL_OK;
+        while (rc == HIXL_OK && left > 0) {
+            size_t take = left < cap ? (size_t)left : cap;
+            rc = hixl_recv_buf(c->fd, stop, buf, take, deadline);
+            if (rc == HIXL_OK && status == HIXL_OK)
+                status = hixl_segs_scatter(&segs, buf, take);
+            left -= take;
+        }
+        if (status == HIXL_E_GONE)
+            status = HIXL_E_REFUSED;
+        if (rc == HIXL_OK)
+            rc = send_reply(c, h->tag, status, deadline);
+    } else {
+        int first = 1;
+        while (rc == HIXL_OK && (left > 0 || first)) {
+            size_t got = 0;
+            int status = hixl_segs_gather(&segs, buf, cap, &got);
+            if (status != HIXL_OK) {
+                /* Before the first byte: a clean refusal; after: out of step. */
+                rc = first ? send_reply(c, h->tag, HIXL_E_REFUSED, deadline) : HIXL_E_IO;
+                break;
+            }
+            uint8_t reply[HIXL_REPLY_SIZE];
+            struct iovec iov[2];
+            size_t cnt = 0;
+            if (first) {
+                hixl_put_reply(reply, h->tag, HIXL_OK);
+                iov[cnt++] = (struct iovec){reply, sizeof(reply)};
+                first = 0;
+            }
+            if (got > 0)
+                iov[cnt++] = (struct iovec){buf, got};
+            hixl_iovcur cur = {iov, cnt};
+            rc = hixl_send_iov(c->fd, stop, &cur, deadline);
+            left -= got;
+        }
+    }
+    hixl_bounce_give(b, buf);
+    return rc;
+}
+
 static int serve_request(hixl_conn *c)
 {
     hixl_server *s = c->srv;
@@ -300,7 +380,9 @@ static int serve_request(hixl_conn *c)
                      ? HIXL_E_REFUSED
                      : hixl_regions_acquire(&s->regions, c->cluster, h.op == HIXL_OP_WRITE,
                                             c->ranges, h.nranges, c->iov + 1, c->held);
-    rc = transfer(c, &h, status, deadline);
+    hixl_bounce *bounce = status == HIXL_OK ? xmem_bounce(c, h.nranges) : NULL;
+    rc = bounce != NULL ? transfer_bounced(c, &h, bounce, deadline)
+                        : transfer(c, &h, status, deadline);
     if (status == HIXL_OK)
         hixl_regions_release(&s->regions, c->held, h.nranges);
     return rc;
@@ -330,6 +412,7 @@ static void free_conn(hixl_conn *c)
     free(c->ranges);
     free(c->iov);
     free(c->held);
+    free(c->owners);
     free(c);
     hixl_live_add(HIXL_LIVE_CONNECTIONS, -1);
 }

@@ -162,7 +162,7 @@ class CacheStatus(_message.Message):
     def __init__(self, cluster_id: _Optional[int] = ..., cache_id: _Optional[int] = ..., kind: _Optional[str] = ..., bytes: _Optional[int] = ..., keys: _Optional[int] = ..., released: _Optional[bool] = ...) -> None: ...
 
 class DaemonStatus(_message.Message):
-    __slots__ = ("daemon_id", "version", "backend", "uptime_s", "peer_address", "data_address", "pool_budget_bytes", "pool_reserved_bytes", "sessions", "clusters", "links", "pools", "caches", "peer_lane_address", "peer_lane_calls", "transfers_under_way", "devices", "transfers", "pid", "metrics_address", "refusals", "transfer_lane")
+    __slots__ = ("daemon_id", "version", "backend", "uptime_s", "peer_address", "data_address", "pool_budget_bytes", "pool_reserved_bytes", "sessions", "clusters", "links", "pools", "caches", "peer_lane_address", "peer_lane_calls", "transfers_under_way", "devices", "transfers", "pid", "metrics_address", "refusals", "transfer_lane", "engine_memory")
     class RefusalsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -192,6 +192,7 @@ class DaemonStatus(_message.Message):
     METRICS_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     REFUSALS_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_LANE_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_MEMORY_FIELD_NUMBER: _ClassVar[int]
     daemon_id: str
     version: str
     backend: str
@@ -214,7 +215,8 @@ class DaemonStatus(_message.Message):
     metrics_address: str
     refusals: _containers.ScalarMap[str, int]
     transfer_lane: str
-    def __init__(self, daemon_id: _Optional[str] = ..., version: _Optional[str] = ..., backend: _Optional[str] = ..., uptime_s: _Optional[float] = ..., peer_address: _Optional[str] = ..., data_address: _Optional[str] = ..., pool_budget_bytes: _Optional[int] = ..., pool_reserved_bytes: _Optional[int] = ..., sessions: _Optional[_Iterable[_Union[SessionStatus, _Mapping]]] = ..., clusters: _Optional[_Iterable[_Union[ClusterStatus, _Mapping]]] = ..., links: _Optional[_Iterable[_Union[LinkStatus, _Mapping]]] = ..., pools: _Optional[_Iterable[_Union[PoolStatus, _Mapping]]] = ..., caches: _Optional[_Iterable[_Union[CacheStatus, _Mapping]]] = ..., peer_lane_address: _Optional[str] = ..., peer_lane_calls: _Optional[int] = ..., transfers_under_way: _Optional[int] = ..., devices: _Optional[_Iterable[_Union[DeviceStatus, _Mapping]]] = ..., transfers: _Optional[_Iterable[_Union[TransferCount, _Mapping]]] = ..., pid: _Optional[int] = ..., metrics_address: _Optional[str] = ..., refusals: _Optional[_Mapping[str, int]] = ..., transfer_lane: _Optional[str] = ...) -> None: ...
+    engine_memory: str
+    def __init__(self, daemon_id: _Optional[str] = ..., version: _Optional[str] = ..., backend: _Optional[str] = ..., uptime_s: _Optional[float] = ..., peer_address: _Optional[str] = ..., data_address: _Optional[str] = ..., pool_budget_bytes: _Optional[int] = ..., pool_reserved_bytes: _Optional[int] = ..., sessions: _Optional[_Iterable[_Union[SessionStatus, _Mapping]]] = ..., clusters: _Optional[_Iterable[_Union[ClusterStatus, _Mapping]]] = ..., links: _Optional[_Iterable[_Union[LinkStatus, _Mapping]]] = ..., pools: _Optional[_Iterable[_Union[PoolStatus, _Mapping]]] = ..., caches: _Optional[_Iterable[_Union[CacheStatus, _Mapping]]] = ..., peer_lane_address: _Optional[str] = ..., peer_lane_calls: _Optional[int] = ..., transfers_under_way: _Optional[int] = ..., devices: _Optional[_Iterable[_Union[DeviceStatus, _Mapping]]] = ..., transfers: _Optional[_Iterable[_Union[TransferCount, _Mapping]]] = ..., pid: _Optional[int] = ..., metrics_address: _Optional[str] = ..., refusals: _Optional[_Mapping[str, int]] = ..., transfer_lane: _Optional[str] = ..., engine_memory: _Optional[str] = ...) -> None: ...
 
 class DeviceStatus(_message.Message):
     __slots__ = ("device_id", "budget_bytes", "reserved_bytes", "hccl_buffer_bytes", "communicators")

@@ -425,7 +425,7 @@ class TransferProgress(_message.Message):
     def __init__(self, target: _Optional[int] = ..., layer: _Optional[int] = ..., status: _Optional[int] = ..., message: _Optional[str] = ..., target_done: _Optional[bool] = ...) -> None: ...
 
 class RegisterCacheRequest(_message.Message):
-    __slots__ = ("desc", "buffer_id", "tensor_offsets", "keys", "blocks", "blocks_key", "has_blocks_key", "remote_accessible", "buffer_address")
+    __slots__ = ("desc", "buffer_id", "tensor_offsets", "keys", "blocks", "blocks_key", "has_blocks_key", "remote_accessible", "buffer_address", "client_addrs", "in_pool", "pool_id")
     DESC_FIELD_NUMBER: _ClassVar[int]
     BUFFER_ID_FIELD_NUMBER: _ClassVar[int]
     TENSOR_OFFSETS_FIELD_NUMBER: _ClassVar[int]
@@ -435,6 +435,9 @@ class RegisterCacheRequest(_message.Message):
     HAS_BLOCKS_KEY_FIELD_NUMBER: _ClassVar[int]
     REMOTE_ACCESSIBLE_FIELD_NUMBER: _ClassVar[int]
     BUFFER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ADDRS_FIELD_NUMBER: _ClassVar[int]
+    IN_POOL_FIELD_NUMBER: _ClassVar[int]
+    POOL_ID_FIELD_NUMBER: _ClassVar[int]
     desc: _common_pb2.CacheDescriptor
     buffer_id: int
     tensor_offsets: _containers.RepeatedScalarFieldContainer[int]
@@ -444,7 +447,10 @@ class RegisterCacheRequest(_message.Message):
     has_blocks_key: bool
     remote_accessible: bool
     buffer_address: int
-    def __init__(self, desc: _Optional[_Union[_common_pb2.CacheDescriptor, _Mapping]] = ..., buffer_id: _Optional[int] = ..., tensor_offsets: _Optional[_Iterable[int]] = ..., keys: _Optional[_Iterable[_Union[_common_pb2.CacheKey, _Mapping]]] = ..., blocks: _Optional[bool] = ..., blocks_key: _Optional[_Union[_common_pb2.BlocksKey, _Mapping]] = ..., has_blocks_key: _Optional[bool] = ..., remote_accessible: _Optional[bool] = ..., buffer_address: _Optional[int] = ...) -> None: ...
+    client_addrs: _containers.RepeatedScalarFieldContainer[int]
+    in_pool: bool
+    pool_id: int
+    def __init__(self, desc: _Optional[_Union[_common_pb2.CacheDescriptor, _Mapping]] = ..., buffer_id: _Optional[int] = ..., tensor_offsets: _Optional[_Iterable[int]] = ..., keys: _Optional[_Iterable[_Union[_common_pb2.CacheKey, _Mapping]]] = ..., blocks: _Optional[bool] = ..., blocks_key: _Optional[_Union[_common_pb2.BlocksKey, _Mapping]] = ..., has_blocks_key: _Optional[bool] = ..., remote_accessible: _Optional[bool] = ..., buffer_address: _Optional[int] = ..., client_addrs: _Optional[_Iterable[int]] = ..., in_pool: _Optional[bool] = ..., pool_id: _Optional[int] = ...) -> None: ...
 
 class UnregisterCacheRequest(_message.Message):
     __slots__ = ("cache_id",)
