@@ -25,6 +25,7 @@ from hixl_bench import (
     scale,
     security,
     serve,
+    serve_peers,
     targets,
 )
 from hixl_bench.model import GIB, MIB, Case, Row
@@ -201,12 +202,11 @@ async def _serve_rows(p: plan.Plan, pair: env.Daemons, native: ceilings.NativeCe
     return rows
 
 
-def serve_peer_cases(p: plan.Plan) -> list[Case]:
-    """The serving shapes peers run (as ``peers`` does: as many ranges of the same
-    size, one request in flight), those whose two requests fit the cold buffers."""
-    shapes = sorted({(c.block_bytes, c.ranges) for c in p.serve_cases
-                     if c.conc == 1 and 2 * c.request_bytes <= p.cold_bytes})
-    return [Case("serve", "pull", "tcp", block, n) for block, n in shapes]
+def peer_work(p: plan.Plan) -> peers.Work:
+    """What the peers run: the block and batch shapes, and the serving pattern
+    (its layouts and block tables, one request in flight: ``serve_peers``)."""
+    return peers.Work(p.peer_cases(), serve_peers.jobs(p.serve_cases), p.cold_bytes, p.budget,
+                      p.serve_budget)
 
 
 def _pythons(args: argparse.Namespace) -> dict[str, str]:
@@ -233,10 +233,9 @@ async def run_measurements(p: plan.Plan, args: argparse.Namespace,
         await native.close()
     if args.security:
         rows += await security.security_rows(args.security, args.streams, p.budget, progress)
-    peer_cases = p.peer_cases() + serve_peer_cases(p)
-    if peer_cases:
-        rows += await peers.peer_rows(args.peers, peer_cases, p.cold_bytes, p.budget,
-                                      _pythons(args), progress, absent)
+    work = peer_work(p)
+    if len(work):
+        rows += await peers.peer_rows(args.peers, work, _pythons(args), progress, absent)
     return rows
 
 
@@ -270,7 +269,7 @@ def _count(p: plan.Plan, args: argparse.Namespace, absent: dict[str, str]) -> in
 
 
 def _peer_count(p: plan.Plan, args: argparse.Namespace, absent: dict[str, str]) -> int:
-    cases = len(p.peer_cases() + serve_peer_cases(p))
+    cases = len(peer_work(p))
     if not cases:
         return 0  # run_measurements calls no peer
     return sum(1 if name in absent else cases for name in args.peers)
@@ -278,7 +277,8 @@ def _peer_count(p: plan.Plan, args: argparse.Namespace, absent: dict[str, str]) 
 
 async def run(args: argparse.Namespace) -> int:
     p = make_plan(args)
-    absent = await peers.missing(args.peers, _pythons(args))
+    absent = await peers.missing(args.peers, _pythons(args),
+                                 serving=bool(peer_work(p).serve_jobs))
     with report.Progress(_count(p, args, absent) * args.repeat, quiet=args.quiet) as progress:
         return await _run(p, args, absent, progress)
 

@@ -70,7 +70,10 @@ def add_ratios(rows: list[Row], streams: int) -> None:
       block size and blocks per request; a row with k requests in flight
       compares with the ceiling moving their bytes at once (k times the
       blocks in one request, see ``model.ceiling_shape``);
-    * peer rows: GB/s over hixl's row of the same operation and shape;
+    * peer rows: GB/s over hixl's row of the same operation and shape; a
+      serving peer row over the raw TCP ceiling of the hixl row whose block
+      tables it moved (the same bytes), and over that row itself
+      (``hixl_ratio``);
     * every timed row: p50 over the bare gRPC round trip (``rtt_ratio``): the
       calls interleaved with the row's own requests where it has them
       (``rtt_us``, small one-in-flight rows), else the ``grpc-rtt`` row.
@@ -90,11 +93,24 @@ def add_ratios(rows: list[Row], streams: int) -> None:
                 row.ratio, row.ratio_to = _ratio(row.gbps, ceiling.gbps), ceiling.name
             tiny = _find(rows, name=TINY, path=row.path)
             split(row, noop.p50_us if noop else None, tiny.p50_us if tiny else None)
+        elif row.kind == PEER and row.suite == "serve":
+            ceiling = _ceiling_for(row, ceilings, streams)
+            if ceiling is not None:
+                row.ratio, row.ratio_to = _ratio(row.gbps, ceiling.gbps), ceiling.name
+            hixl = _serve_twin(rows, row)
+            row.extra["hixl_ratio"] = _ratio(row.gbps, hixl.gbps) if hixl else None
         elif row.kind == PEER:
             hixl = _find(rows, kind=HIXL, op=row.op, path=row.path, block=row.block,
                          nblocks=row.nblocks, conc=1, suite=row.suite)
             if hixl is not None:
                 row.ratio, row.ratio_to = _ratio(row.gbps, hixl.gbps), "hixl"
+
+
+def _serve_twin(rows: list[Row], peer: Row) -> Row | None:
+    """The hixl serving row whose block tables ``peer`` moved."""
+    index = peer.extra.get("case_index")
+    return next((r for r in rows if r.ok and r.kind == HIXL and r.suite == "serve"
+                 and r.extra.get("case_index") == index), None)
 
 
 def _num(value: float | None, fmt: str) -> str:
@@ -134,11 +150,16 @@ def format_row(row: Row) -> str:
                     f"after it is ready = {_num(row.extra['lag_ratio'], '.2f')} x {reference}"
     elif row.suite == "kv":
         text += f"  {row.extra['model']} {row.extra['tokens']} tok"
-    if row.suite == "serve" and row.kind == HIXL:
+    if row.suite == "serve" and row.kind in (HIXL, PEER):
         text += f"  {row.extra['model']} {row.extra['dtype']} {row.extra['tokens']} tok, " \
                 f"blocks of {row.extra['block_tokens']}, {size(row.extra['request_bytes'])}"
+        if row.kind == PEER:
+            text += f", hixl row {row.extra['case_index']}'s tables, one in flight"
         if row.ok:
             text += f", {row.extra['verified_pulls']} pulls checked byte-exact"
+        if row.ok and row.kind == PEER:
+            text += f" ({row.extra['ranges']} ranges), " \
+                    f"{_num(row.extra.get('hixl_ratio'), '.2f')} x hixl's GB/s"
     if row.extra.get("ratio_min") is not None:
         text += f"  ratio {_num(row.extra['ratio_min'], '.2f')}-" \
                 f"{_num(row.extra['ratio_max'], '.2f')} over {row.extra['runs']} runs"
@@ -170,16 +191,32 @@ def _table_key(item: tuple[int, Row]) -> tuple[Any, ...]:
             r.conc, index)
 
 
+def _table_keys(rows: list[Row]) -> list[tuple[Any, ...]]:
+    """Each row's place (see ``_table_key``); a serving peer row goes right
+    after the hixl row whose block tables it moved, side by side."""
+    beside = {r.extra.get("case_index"): i for i, r in enumerate(rows)
+              if r.kind == HIXL and r.suite == "serve"}
+    keys = []
+    for index, row in enumerate(rows):
+        twin = beside.get(row.extra.get("case_index")) if row.suite == "serve" else None
+        if row.kind == PEER and twin is not None:
+            keys.append((*_table_key((twin, rows[twin])), index))
+        else:
+            keys.append(_table_key((index, row)))
+    return keys
+
+
 def print_table(rows: list[Row], out: TextIO = sys.stdout) -> None:
-    """The final table: ceilings, probes, hixl rows, peers; each group in run order."""
-    ordered = [row for _, row in sorted(enumerate(rows), key=_table_key)]
+    """The final table: ceilings, probes, hixl rows (serving peers beside them),
+    peers; each group in run order."""
+    ordered = sorted(zip(_table_keys(rows), rows, strict=True), key=lambda item: item[0])
     print(header(), file=out)
     print("-" * len(header()), file=out)
-    kind = None
-    for row in ordered:
-        if kind is not None and row.kind != kind:
+    group = None
+    for key, row in ordered:
+        if group is not None and key[0] != group:
             print(file=out)
-        kind = row.kind
+        group = key[0]
         print(format_row(row), file=out)
 
 

@@ -191,10 +191,13 @@ def refused(exc: LLMException) -> str:
     return f"unsupported: the daemon cannot reach engine-allocated memory ({reason})"
 
 
-def row_of(case: ServeCase, cold_bytes: int) -> Row:
+def row_of(case: ServeCase, index: int, cold_bytes: int) -> Row:
+    """The empty row of the ``index``-th case (``case_index`` names its block
+    tables: peer rows on the same tables carry the same)."""
     _, ceiling_nblocks = case.ceiling_shape(cold_bytes)
     return Row(HIXL, "hixl", SUITE, "pull", "tcp", case.block_bytes, case.ranges, case.conc,
-               extra={"model": case.model.name, "dtype": case.dtype, "tokens": case.tokens,
+               extra={"case_index": index, "model": case.model.name, "dtype": case.dtype,
+                      "tokens": case.tokens,
                       "block_tokens": case.block_tokens, "memory": case.memory,
                       "client": case.client, "request_bytes": case.request_bytes,
                       "pool_blocks": case.pool_blocks, "ceiling_nblocks": ceiling_nblocks})
@@ -336,7 +339,7 @@ async def run_worker(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
 async def serve_row(pair: Daemons, env: Clusters, case: ServeCase, index: int,
                     cold_bytes: int, budget: Budget, worker_cluster_id: int) -> Row:
     """Measure one case; a refused memory mode or a failure becomes the row's status."""
-    row = row_of(case, cold_bytes)
+    row = row_of(case, index, cold_bytes)
     prefill = Prefill(env, case, model_id=index + 1)
     try:
         await prefill.open()

@@ -96,7 +96,7 @@ def _row(client: str = "async", memory: str = "shareable", *, tokens: int = 1024
          block_tokens: int = 128, model: str = "llama3-8b", **values: object) -> Row:
     case = ServeCase(SERVE_LAYOUTS.get(model) or PRESETS[model], "fp16", tokens, block_tokens,
                      memory=memory, client=client)
-    row = serve.row_of(case, 1 << 30)
+    row = serve.row_of(case, 0, 1 << 30)
     for name, value in values.items():
         setattr(row, name, value)
     return row
