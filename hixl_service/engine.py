@@ -31,9 +31,10 @@ from .caches import Caches, NewCache
 from .cluster import Cluster, ClusterSettings
 from .completions import CompletionDispatcher
 from .copier import Copier
-from .inbound import DaemonFacts, InboundLinks, PeerLaneInfo
+from .inbound import DaemonFacts, InboundLinks, LeaseSettings, PeerLaneInfo
+from .link_monitor import LinkMonitor
 from .load import TransferLoad
-from .outbound import OutboundLinks
+from .outbound import LinkerSettings, OutboundLinks
 from .peer_api import PeerApi
 from .pools import PoolManager
 from .regions import Regions
@@ -70,6 +71,9 @@ class EngineDeps:
     load: TransferLoad = field(default_factory=TransferLoad)
     # [security] and [limits]: who may link, and the links' keys.
     trust: Trust = field(default_factory=insecure_trust)
+    # [links]: heartbeats of our links, leases of the links to us.
+    linker: LinkerSettings = field(default_factory=LinkerSettings)
+    leases: LeaseSettings = field(default_factory=LeaseSettings)
 
 
 class Engine:
@@ -89,9 +93,11 @@ class Engine:
         facts = DaemonFacts(deps.daemon_id, deps.version, deps.data_host, deps.backend,
                             deps.peer_lane)
         self.inbound = InboundLinks(facts, self.clusters, deps.data_server, self.regions,
-                                    self.caches, self.kit, deps.trust)
+                                    self.caches, self.kit, deps.trust, deps.leases)
         self.outbound = OutboundLinks(deps.daemon_id, deps.backend, self, self.kit,
-                                      deps.peer_factory, deps.connect_timeout_s)
+                                      deps.peer_factory, deps.connect_timeout_s, deps.linker)
+        # Started by the server once the daemon serves.
+        self.monitor = LinkMonitor(deps.daemon_id, self.clusters, self.outbound, self.inbound)
 
     # -- what far_caches.DaemonCaches reads of this daemon ------------------------
 
@@ -169,7 +175,7 @@ class Engine:
         cluster.links.clear()
         await asyncio.gather(*(self.outbound.close(link, notify=True) for link in links))
         for inbound in self.inbound.to_cluster(cluster.cluster_id):
-            self.inbound.drop_inbound(inbound.token)
+            self.inbound.drop_inbound(inbound.token, f"cluster {cluster.cluster_id} finalized")
         for entry in cluster.registry.drain():
             await self.regions.remove(entry.region_id)
         for pool in cluster.pools.values():
@@ -179,6 +185,15 @@ class Engine:
             await buffer.wait_unpinned()
             await asyncio.to_thread(buffer.release)
         logger.info("cluster %d finalized", cluster.cluster_id)
+
+    async def unlink(self, cluster: Cluster, remote_cluster_id: int, force: bool) -> None:
+        """unlink_clusters: the link this cluster made to ``remote_cluster_id`` or, when
+        it made none, the links that cluster made to this one (the owner drops
+        them itself)."""
+        if (remote_cluster_id not in cluster.links
+                and self.inbound.drop_from(cluster.cluster_id, remote_cluster_id)):
+            return
+        await self.outbound.unlink(cluster, remote_cluster_id, force)
 
     def switch_role(self, cluster: Cluster, role: LLMRole) -> None:
         """Relabel a cluster; refused while links exist, as LLM-DataDist does."""
@@ -190,8 +205,10 @@ class Engine:
     async def close(self) -> None:
         """Drain: end every session, then release native resources."""
         self.sessions.closing = True
+        await self.monitor.stop()
         for session in self.sessions.values():
             await self.detach(session)
+        await self.outbound.close_all()
         await self.inbound.close()
         self.deps.copier.close()  # its threads post to the dispatcher's queue: first
         self.deps.dispatcher.close()

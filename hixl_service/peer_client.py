@@ -29,8 +29,10 @@ from .peer_api import (
     BlocksRef,
     CacheRefSpec,
     FarRegion,
+    HeartbeatAnswer,
     IdRef,
     KeyRef,
+    Lease,
     PeerHello,
     ResolvedCache,
 )
@@ -157,7 +159,7 @@ class PeerClient:
             self._lane_address = (reply.data_host, reply.lane_port)
         return PeerHello(reply.daemon_id, reply.version, reply.data_host, reply.data_port,
                          reply.link_token, reply.backend or "host", reply.lane_port,
-                         link_key=key)
+                         link_key=key, lease_ms=reply.lease_ms)
 
     async def resolve(self, token: int, ref: CacheRefSpec, timeout_s: float) -> ResolvedCache:
         request = peer_pb2.ResolveCacheRequest(link_token=token, ref=ref_to_proto(ref))
@@ -175,6 +177,18 @@ class PeerClient:
 
     async def unlink(self, token: int, timeout_s: float) -> None:
         await self._call(self._stub.Unlink, peer_pb2.UnlinkRequest(link_token=token), timeout_s)
+
+    async def heartbeat(self, daemon_id: str, tokens: Sequence[int],
+                        timeout_s: float) -> HeartbeatAnswer:
+        # Over gRPC, not the peer lane: once a second at most, and the lane
+        # exists only in mode "none".
+        request = peer_pb2.HeartbeatRequest(daemon_id=daemon_id, link_tokens=list(tokens))
+        reply = await self._call(self._stub.Heartbeat, request, timeout_s)
+        leases = tuple(Lease(state) if state in (0, 1, 2) else Lease.UNKNOWN
+                       for state in reply.states)
+        if len(leases) != len(tokens):
+            leases = (Lease.UNKNOWN,) * len(tokens)
+        return HeartbeatAnswer(reply.daemon_id, leases, reply.lease_ms)
 
     async def resolve_addresses(self, token: int, addresses: Sequence[int], length: int,
                                 timeout_s: float) -> list[tuple[int, int, bool]]:

@@ -47,6 +47,7 @@ from .config import DaemonConfig
 from .copier import Copier
 from .engine import Engine, EngineDeps
 from .fd_server import FdServer
+from .inbound import LeaseSettings
 from .interceptors import (
     LoadInterceptor,
     RequestIdInterceptor,
@@ -65,6 +66,7 @@ from .listeners import (
 )
 from .load import TransferLoad
 from .memory.host import HostMemory
+from .outbound import LinkerSettings
 from .peer_api import PeerApi
 from .peer_client import PeerClient
 from .pools import PoolManager
@@ -162,6 +164,11 @@ class Daemon:
         created: list[Path] = []  # sockets to remove if the start fails
         try:
             data_address = f"{cfg.server.peer_host}:{cfg.server.data_port}"
+            links = cfg.links
+            hixl_native.set_tcp_liveness(links.tcp_keepalive_idle_s,
+                                         links.tcp_keepalive_interval_s,
+                                         links.tcp_keepalive_count,
+                                         int(links.tcp_user_timeout_s * 1000))
             try:
                 data_server = await asyncio.to_thread(
                     hixl_native.DataServer, cfg.server.peer_host, cfg.server.data_port,
@@ -182,7 +189,12 @@ class Daemon:
                 dispatcher=dispatcher, load=load,
                 streams_per_link=cfg.transfer.streams_per_link,
                 connect_timeout_s=cfg.transfer.connect_timeout_s,
-                backend=cfg.pool.backend, ascend=ascend, trust=trust))
+                backend=cfg.pool.backend, ascend=ascend, trust=trust,
+                linker=LinkerSettings(cfg.links.heartbeat_interval_s,
+                                      cfg.links.heartbeat_timeout_s, cfg.links.down_after_s),
+                leases=LeaseSettings(cfg.links.lease_s, cfg.links.down_after_s,
+                                     min(cfg.links.down_after_s, cfg.links.lease_s / 3
+                                         + cfg.links.heartbeat_timeout_s))))
             unwind.callback(dispatcher.close)
             unwind.callback(engine.deps.copier.close)  # its threads post to the dispatcher
             health_servicer = health.aio.HealthServicer()
@@ -269,6 +281,7 @@ class Daemon:
         logger.info("hixl-serviced %s ready: clients %s, peers %s, data %s", __version__,
                     client_target, peer_address, record["data_address"])
         self.peer_address = peer_address
+        engine.monitor.start()
         self.ready.set()
 
         await self._stop.wait()

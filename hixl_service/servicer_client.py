@@ -21,6 +21,7 @@ from . import copies
 from .calls import CallInfo, GrpcContext, call_info_of, unary
 from .engine import Engine, NewCache, Session
 from .layerwise import LayerwiseTask
+from .link_views import inbound_health, outbound_health
 from .memory.base import Pool
 from .peer_api import KeyRef
 from .peer_client import key_from_proto, ref_from_proto
@@ -29,6 +30,7 @@ from .prepared import again, repeat_at_once, repeat_handle
 from .repeats import Repeat
 from .rpc_errors import abort_with
 from .sessions import no_session
+from .transfer_log import settled, succeeded
 from .transfers import Outcome, PullSpec, PushSpec, pull, push
 
 logger = logging.getLogger(__name__)
@@ -221,7 +223,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
             async with gate:
                 try:
                     if unlink:
-                        await self._engine.outbound.unlink(cluster, target.remote_cluster_id,
+                        await self._engine.unlink(cluster, target.remote_cluster_id,
                                                   request.force)
                         return client_pb2.LinkResult(status=LLMStatusCode.LLM_SUCCESS)
                     link = await self._engine.outbound.link(
@@ -249,6 +251,22 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
     async def UnlinkClusters(self, request: client_pb2.UnlinkClustersRequest,
                              context: CallInfo) -> client_pb2.LinkClustersReply:
         return await self._link_all(request, context, unlink=True)
+
+    @unary
+    async def QueryLinkStates(self, request: client_pb2.QueryLinkStatesRequest,
+                              context: CallInfo) -> client_pb2.QueryLinkStatesReply:
+        cluster = self._engine.cluster_of(self._session(context))
+        reply = client_pb2.QueryLinkStatesReply()
+        for link in cluster.links.values():
+            reply.links.add(remote_cluster_id=link.remote_cluster_id, direction="outbound",
+                            remote_daemon_id=link.remote_daemon_id,
+                            transport=link.transport.name, health=outbound_health(link))
+        inbound = self._engine.inbound
+        for peer in inbound.to_cluster(cluster.cluster_id):
+            reply.links.add(remote_cluster_id=peer.src_cluster_id, direction="inbound",
+                            remote_daemon_id=peer.src_daemon_id, transport=peer.side.name,
+                            health=inbound_health(peer, inbound))
+        return reply
 
     @unary
     async def SwitchRole(self, request: client_pb2.SwitchRoleRequest,
@@ -325,7 +343,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         started = time.perf_counter()
         cluster = self._engine.cluster_of(self._session(context))
         spec = self._pull_spec(request, False)
-        outcome = await pull(cluster, spec)
+        outcome = await settled(cluster, spec.src.cluster_id, "PullCache", pull(cluster, spec))
         return client_pb2.PullCacheReply(bytes=outcome.bytes, transport=outcome.transport,
                                          repeat_handle=repeat_handle(cluster, spec, outcome),
                                          **_timing(started, outcome))
@@ -342,8 +360,9 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         started = time.perf_counter()
         cluster = self._engine.cluster_of(self._session(context))
         repeat = cluster.repeats.get(request.handle, push=push)
-        outcome = await again(cluster, repeat, request.src_batch_index,
-                              request.dst_batch_index)
+        outcome = await settled(cluster, repeat.shape.remote_cluster_id, _repeat_call(push),
+                                again(cluster, repeat, request.src_batch_index,
+                                      request.dst_batch_index))
         return _repeat_reply(repeat, started, outcome)
 
     def _repeat_at_once(self, request: RepeatFrame, context: CallInfo, push: bool) -> Any:
@@ -360,9 +379,11 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         if begun is None:
             return None
         repeat, outcome = begun
+        remote_cluster_id = repeat.shape.remote_cluster_id
         if isinstance(outcome, Outcome):
-            return _repeat_reply(repeat, started, outcome)
-        return self._reply_when_landed(repeat, started, outcome)
+            return _repeat_reply(repeat, started, succeeded(cluster, remote_cluster_id, outcome))
+        return self._reply_when_landed(repeat, started, settled(
+            cluster, remote_cluster_id, _repeat_call(push), outcome))
 
     @staticmethod
     async def _reply_when_landed(repeat: Repeat, started: float,
@@ -374,7 +395,8 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
                          context: CallInfo) -> client_pb2.PullCacheReply:
         started = time.perf_counter()
         cluster = self._engine.cluster_of(self._session(context))
-        outcome = await pull(cluster, self._pull_spec(request, True))
+        spec = self._pull_spec(request, True)
+        outcome = await settled(cluster, spec.src.cluster_id, "PullBlocks", pull(cluster, spec))
         return client_pb2.PullCacheReply(bytes=outcome.bytes, transport=outcome.transport,
                                          **_timing(started, outcome))
 
@@ -393,7 +415,8 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
                         tensor_num_per_layer=request.tensor_num_per_layer or 2, blocks=blocks,
                         src_blocks=block_list(request.src_blocks),
                         dst_blocks=block_list(request.dst_blocks))
-        outcome = await push(cluster, spec)
+        outcome = await settled(cluster, dst.cluster_id, "PushBlocks" if blocks else "PushCache",
+                                push(cluster, spec))
         return client_pb2.PushReply(bytes=outcome.bytes, transport=outcome.transport,
                                     repeat_handle=repeat_handle(cluster, spec, outcome),
                                     **_timing(started, outcome))
@@ -488,6 +511,10 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
             if task.failed or task.ended:  # the stream reported why, or was cancelled
                 return client_pb2.LayerReadyReply()
             return client_pb2.LayerReadyReply(reports=await task.send_layer(request.layer))
+
+
+def _repeat_call(push: bool) -> str:
+    return "RepeatPush" if push else "RepeatPull"
 
 
 def _repeat_reply(repeat: Repeat, started: float, outcome: Outcome) -> Any:

@@ -96,6 +96,15 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         return peer_pb2.UnlinkReply()
 
     @unary
+    async def Heartbeat(self, request: peer_pb2.HeartbeatRequest,
+                        context: CallInfo) -> peer_pb2.HeartbeatReply:
+        inbound = self._engine.inbound
+        leases = inbound.renew(list(request.link_tokens))
+        states = [peer_pb2.LeaseState.Name(lease.value) for lease in leases]
+        return peer_pb2.HeartbeatReply(daemon_id=self._engine.daemon_id, states=states,
+                                       lease_ms=int(inbound.leases.lease_s * 1000))
+
+    @unary
     async def HcclConnect(self, request: peer_pb2.HcclConnectRequest,
                           context: CallInfo) -> peer_pb2.HcclConnectReply:
         spec = CommSpec(root_info=request.root_info, rank_table=request.rank_table,

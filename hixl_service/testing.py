@@ -51,7 +51,8 @@ READY_FIELDS: Mapping[str, type] = {
     "data_address": str,
     "daemon_id": str,
 }
-_SECTIONS = ("server", "pool", "transfer", "ascend", "logging", "security", "limits")
+_SECTIONS = ("server", "pool", "transfer", "ascend", "logging", "security", "limits",
+             "links")
 _POLL_S = 0.02
 _LOG_TAIL_BYTES = 4000
 _MAX_SOCKET_PATH = 100

@@ -97,7 +97,8 @@ class FaultTransport:
 
     def info(self) -> TransportInfo:
         inner = self.inner.info()
-        return TransportInfo(inner.name, inner.streams, self.alive, inner.data_path)
+        return TransportInfo(inner.name, inner.streams, self.alive, inner.data_path,
+                             0 if self._severed else inner.streams_up)
 
     def _rule_for(self, writing: bool) -> FaultRule | None:
         self.requests += 1

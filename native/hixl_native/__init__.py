@@ -25,6 +25,7 @@ from hixl_native._core import (
     SharedPool,
     copy_ranges,
     live_objects,
+    set_tcp_liveness,
     status_name,
 )
 
@@ -49,5 +50,6 @@ __all__ = [
     "SharedPool",
     "copy_ranges",
     "live_objects",
+    "set_tcp_liveness",
     "status_name",
 ]
