@@ -57,7 +57,7 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                                    data_host=hello.data_host, data_port=hello.data_port,
                                    link_token=hello.token, backend=hello.backend,
                                    lane_port=hello.lane_port, link_key=hello.link_key,
-                                   server_proof=hello.server_proof)
+                                   server_proof=hello.server_proof, lease_ms=hello.lease_ms)
 
     @unary
     async def ResolveCache(self, request: peer_pb2.ResolveCacheRequest,
