@@ -95,13 +95,16 @@ class DaemonProcess:
         env: Extra environment variables for the daemon. The test process's
             ``HIXL_<SECTION>*`` config variables and ``NOTIFY_SOCKET`` are not
             inherited.
+        netns: Run the daemon in this network namespace (``ip netns exec``,
+            root only); its unix sockets stay reachable from the test process.
         **overrides: Config overrides, as described above.
 
     Raises:
         TypeError: An override names no config section.
     """
 
-    def __init__(self, *, env: Mapping[str, str] | None = None, **overrides: Any) -> None:
+    def __init__(self, *, env: Mapping[str, str] | None = None, netns: str | None = None,
+                 **overrides: Any) -> None:
         sections = _merge_overrides(overrides)
         self._tmpdir = _make_tmpdir()
         self._finalizer = weakref.finalize(self, shutil.rmtree, self._tmpdir, ignore_errors=True)
@@ -113,6 +116,7 @@ class DaemonProcess:
         self._config_path = self._tmpdir / "hixl.toml"
         self._log_path = self._tmpdir / "daemon.log"
         self._env = _child_env(env)
+        self._netns = netns
 
         from hixl_service.config import dump_toml  # keeps this module's import cheap
 
@@ -325,7 +329,9 @@ class DaemonProcess:
     # -- internals -----------------------------------------------------------------
 
     def _command(self) -> list[str]:
-        return [sys.executable, "-m", "hixl_service", "--config", str(self._config_path)]
+        command = [sys.executable, "-m", "hixl_service", "--config", str(self._config_path)]
+        # ip execs the daemon in place: the child's pid stays the daemon's.
+        return ["ip", "netns", "exec", self._netns, *command] if self._netns else command
 
     def _signal(self, signum: int) -> None:
         if self._proc is None or self._proc.poll() is not None:
