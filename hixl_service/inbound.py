@@ -101,6 +101,7 @@ class InboundLinks:
         self._background: set[asyncio.Task[None]] = set()
         self.leases = leases if leases is not None else LeaseSettings()
         self._dropped: collections.OrderedDict[int, None] = collections.OrderedDict()
+        self._last_reap = 0.0  # loop.time() of the last reap round
 
     def all(self) -> list[InboundLink]:
         return list(self._links.values())
@@ -183,12 +184,19 @@ class InboundLinks:
 
     # -- leases -------------------------------------------------------------
 
-    def renew(self, tokens: Sequence[int]) -> list[Lease]:
-        """A heartbeat: renew the lease of each token's link; what became of each."""
+    def renew(self, daemon_id: str, tokens: Sequence[int]) -> list[Lease]:
+        """A heartbeat of daemon ``daemon_id``: renew the lease of each of its links
+        named in ``tokens``; what became of each."""
+        if len(tokens) > self._trust.limits.max_inbound_links:
+            raise LLMException(f"a heartbeat names {len(tokens)} links; this daemon holds at "
+                               f"most {self._trust.limits.max_inbound_links}",
+                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
         now = asyncio.get_running_loop().time()
         answers = []
         for token in tokens:
             inbound = self._links.get(token)
+            if inbound is not None and inbound.src_daemon_id != daemon_id:
+                inbound = None  # another daemon's link: not this caller's to keep
             if inbound is None:
                 answers.append(Lease.DROPPED if token in self._dropped else Lease.UNKNOWN)
                 continue
@@ -208,6 +216,15 @@ class InboundLinks:
         """Drop every link whose lease ran out; show late ones as degraded or down."""
         now = asyncio.get_running_loop().time()
         settings = self.leases
+        previous, self._last_reap = self._last_reap, now
+        stalled_s = now - previous
+        if previous and stalled_s > settings.late_after_s:
+            # This daemon itself did not run (SIGSTOP, a hung host): its peers'
+            # renewals could not be heard, so every lease starts again.
+            logger.info("this daemon did not run for %.1f s; the leases of its inbound links "
+                        "start again", stalled_s)
+            for inbound in self._links.values():
+                inbound.renewed_at = now
         for inbound in list(self._links.values()):
             if not inbound.lease_s:
                 continue

@@ -99,7 +99,7 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
     async def Heartbeat(self, request: peer_pb2.HeartbeatRequest,
                         context: CallInfo) -> peer_pb2.HeartbeatReply:
         inbound = self._engine.inbound
-        leases = inbound.renew(list(request.link_tokens))
+        leases = inbound.renew(request.daemon_id, list(request.link_tokens))
         states = [peer_pb2.LeaseState.Name(lease.value) for lease in leases]
         return peer_pb2.HeartbeatReply(daemon_id=self._engine.daemon_id, states=states,
                                        lease_ms=int(inbound.leases.lease_s * 1000))
