@@ -43,6 +43,10 @@ logger = logging.getLogger(__name__)
 
 # Opening the peer lane is bounded on its own: failing it only means gRPC.
 LANE_CONNECT_TIMEOUT_S = 3.0
+# gRPC waits up to 120 s between reconnection attempts by default: after a
+# partition heals, heartbeats (and so the link's state) would lag that long.
+CHANNEL_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 200),
+                   ("grpc.max_reconnect_backoff_ms", 1000))
 
 
 def key_to_proto(cluster_id: int, key: KeySpec) -> common_pb2.CacheKey:
@@ -95,8 +99,10 @@ class PeerClient:
         self._version = version
         self._trust = trust = trust if trust is not None else insecure_trust()
         credentials = trust.channel_credentials()
-        self._channel = (grpc.aio.secure_channel(address, credentials) if credentials is not None
-                         else grpc.aio.insecure_channel(address))
+        self._channel = (
+            grpc.aio.secure_channel(address, credentials, options=CHANNEL_OPTIONS)
+            if credentials is not None
+            else grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS))
         self._stub = peer_pb2_grpc.PeerStub(self._channel)
         self._lane_address: tuple[str, int] | None = None  # from the peer's Hello
         self._lane: Lane | None = None
