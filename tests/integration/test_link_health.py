@@ -323,3 +323,36 @@ async def test_a_failed_transfer_is_logged_once_at_warning(
         assert link is not None and link.failed_transfers == 1
         await pair.decoder.finalize()
         await pair.prompt.finalize()
+
+
+async def test_a_stopped_linker_is_reaped_and_links_again_after_sigcont(
+        next_cluster_id: Callable[[], int]) -> None:
+    async with start_daemon(**FAST) as prefill, start_daemon(**FAST) as decode:
+        pair = await make_pair(prefill, decode, next_cluster_id)
+        prompt_id, decoder_id = pair.prompt.cluster_id, pair.decoder.cluster_id
+        _, data, cache_id = await keyed_source(pair, 1)
+        source = CacheKeyByIdAndIndex(prompt_id, cache_id, 0)
+        dst = await pair.decoder.cache_manager.allocate_cache(DESC)
+
+        async def owner_holds_it() -> bool:
+            status = await daemon_status(prefill.client_target)
+            return admin_link(status, "inbound", prompt_id, decoder_id) is not None
+
+        await asyncio.to_thread(decode.pause)
+        try:
+            async def reaped() -> bool:
+                return not await owner_holds_it()
+            await wait_until(reaped, "the owner reaped the stopped linker's link")
+            assert await pair.prompt.query_link_states() == []
+        finally:
+            decode.resume()
+        # The linker learns that its lease ended and links again by itself.
+        await wait_until(owner_holds_it, "the linker linked again after SIGCONT")
+        up = await wait_until(lambda: _matching(outbound_state(pair.decoder, prompt_id),
+                                                in_state(LinkState.UP)),
+                              "the linker's link is up again")
+        assert up.remote_daemon_id == prefill.daemon_id
+        await pair.decoder.cache_manager.pull_cache(source, dst)
+        np.testing.assert_array_equal(np.frombuffer(dst.tensor_view(0), np.uint8), data)
+        await pair.decoder.finalize()
+        await pair.prompt.finalize()
