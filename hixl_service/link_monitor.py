@@ -40,6 +40,10 @@ logger = logging.getLogger(__name__)
 
 # The owner reaps at least this often, whatever the heartbeat interval.
 MAX_REAP_PAUSE_S = 1.0
+# Linking again to a restarted daemon whose cluster is not back yet: the
+# first retry after this, the pause doubling up to the maximum.
+FIRST_RETRY_PAUSE_S = 0.5
+MAX_RETRY_PAUSE_S = 10.0
 
 
 class LinkMonitor:
@@ -165,9 +169,17 @@ class LinkMonitor:
                                 f"connected; the others are reopened in the background")
 
     def _reopen(self, cluster: Cluster, link: OutboundLink, why: str) -> None:
-        if link.health.state is LinkState.CONNECTING:
+        now = asyncio.get_running_loop().time()
+        if link.health.state is LinkState.CONNECTING or now < link.retry_at:
             return
         link.health.move_to(LinkState.CONNECTING, why)  # not heartbeaten meanwhile
-        task = asyncio.ensure_future(self._outbound.reopen(cluster, link, why))
+        task = asyncio.ensure_future(self._reopen_link(cluster, link, why))
         self._reopening.add(task)
         task.add_done_callback(self._reopening.discard)
+
+    async def _reopen_link(self, cluster: Cluster, link: OutboundLink, why: str) -> None:
+        if await self._outbound.reopen(cluster, link, why):
+            return
+        link.retry_pause_s = min(MAX_RETRY_PAUSE_S,
+                                 max(FIRST_RETRY_PAUSE_S, link.retry_pause_s * 2))
+        link.retry_at = asyncio.get_running_loop().time() + link.retry_pause_s

@@ -96,6 +96,10 @@ class OutboundLink:
     last_heard: float = 0.0
     # The far cluster dropped the link itself: it is not renewed any more.
     dropped: bool = False
+    # Linking again after a far restart failed: not before retry_at
+    # (loop.time()), the pause doubling while it fails.
+    retry_at: float = 0.0
+    retry_pause_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.health.link_id:

@@ -85,7 +85,7 @@ class OutboundLinks:
         link.health.move_to(LinkState.UP)
         return link
 
-    async def reopen(self, cluster: Cluster, old: OutboundLink, why: str) -> None:
+    async def reopen(self, cluster: Cluster, old: OutboundLink, why: str) -> bool:
         """Handshake ``old`` again (its far daemon restarted, or forgot the link):
         a new link under the same id and health replaces it, with fresh
         ``FarCaches``, so that nothing resolved from the old far daemon is
@@ -101,10 +101,10 @@ class OutboundLinks:
         except (LLMException, asyncio.TimeoutError) as exc:
             health.move_to(LinkState.DOWN, f"{why}; linking again failed: "
                            f"{exc or 'timed out'}")
-            return
+            return False
         if cluster.closed or cluster.links.get(old.remote_cluster_id) is not old:
             await self.close(new, notify=True)  # unlinked or replaced meanwhile
-            return
+            return True
         new.health = health
         cluster.links[old.remote_cluster_id] = new
         await old.transport.close()
@@ -112,6 +112,7 @@ class OutboundLinks:
                     "are resolved afresh", new.link_id, new.remote_daemon_id,
                     old.remote_daemon_id)
         health.move_to(LinkState.UP)
+        return True
 
     async def _link_with_retries(self, cluster: Cluster, remote_cluster_id: int, address: str,
                                  timeout_s: float) -> OutboundLink:
@@ -172,11 +173,12 @@ class OutboundLinks:
                                status_code=LLMStatusCode.LLM_UNLINK_FAILED)
         if not await self.close(link, notify=not force):
             left_s = self._lease_left_s(link)
-            raise LLMException(
-                f"cluster {remote_cluster_id} could not be told of the unlink yet; it is told "
-                f"again in the background until its lease of the link ends (within "
-                f"{left_s:.0f} s), when it drops the link anyway",
-                status_code=LLMStatusCode.LLM_NOTIFY_PROMPT_UNLINK_FAILED)
+            then = (f"it is told again in the background until its lease of the link ends "
+                    f"(within {left_s:.0f} s), when it drops the link anyway" if left_s > 0 else
+                    "its lease of the link has run out, so it drops the link untold")
+            raise LLMException(f"cluster {remote_cluster_id} could not be told of the unlink; "
+                               f"{then}",
+                               status_code=LLMStatusCode.LLM_NOTIFY_PROMPT_UNLINK_FAILED)
 
     async def close(self, link: OutboundLink, notify: bool) -> bool:
         """Close the link here and, with ``notify``, tell the far daemon; an Unlink it
