@@ -21,7 +21,7 @@ from ._validation import check_int32, check_isinstance, check_uint64
 from .cache_manager import CacheManager
 from .config import LLMClusterInfo, int_to_ip
 from .status import LLMException, LLMStatusCode, raise_if_false
-from .types import LLMRole, role_to_str
+from .types import LinkState, LinkStatus, LLMRole, role_to_str
 
 logger = logging.getLogger(__name__)
 
@@ -356,6 +356,36 @@ class LLMDataDist(CommOps):
         self._check_clusters(clusters, timeout, self._needs_local_ip())
         check_isinstance("force", force, bool, allow_none=False)
         return await self._link_call(clusters, timeout, unlink=True, force=force)
+
+    async def query_link_states(self, timeout: int = 3000) -> list[LinkStatus]:
+        """hixl extension: the state of every link of this cluster, outbound (made by
+        ``link_clusters``) and inbound (made by other clusters to this one).
+
+        Args:
+            timeout: milliseconds (int32, > 0) the daemon may take to answer.
+
+        Returns:
+            One `LinkStatus` per link.
+
+        Raises:
+            RuntimeError: not initialized.
+            LLMException: the daemon did not answer.
+        """
+        connection = self._require_init()
+        check_int32("timeout", timeout)
+        raise_if_false(timeout > 0, "timeout should be > 0, but got {0}.", timeout)
+        reply = await connection.call(connection.stub.QueryLinkStates,
+                                      client_pb2.QueryLinkStatesRequest(),
+                                      timeout=timeout / 1000.0)
+        return [LinkStatus(remote_cluster_id=link.remote_cluster_id, direction=link.direction,
+                           state=LinkState(link.health.state), since=link.health.since_unix_s,
+                           last_error=link.health.last_error,
+                           streams_up=link.health.streams_up, streams=link.health.streams,
+                           bytes=link.health.bytes, transfers=link.health.transfers,
+                           failed_transfers=link.health.failed_transfers,
+                           remote_daemon_id=link.remote_daemon_id, transport=link.transport,
+                           lease_left_s=link.health.lease_left_s)
+                for link in reply.links]
 
     def _needs_local_ip(self) -> bool:
         # Without llm.LocalCommRes, LLM-DataDist needs a local ip per cluster.

@@ -41,6 +41,7 @@ from .types import (
     CacheDesc,
     DataType,
     LayerSynchronizer,
+    LinkStatus,
     LLMRole,
     MemInfo,
     Memtype,
@@ -237,6 +238,21 @@ class LLMDataDist:
             TypeError / ValueError / LLMException: invalid arguments.
         """
         return run(self._async.unlink_clusters, clusters, timeout, force)
+
+    def query_link_states(self, timeout: int = 3000) -> list[LinkStatus]:
+        """hixl extension: the state of every link of this cluster, outbound and inbound.
+
+        Args:
+            timeout: milliseconds (int32, > 0) the daemon may take to answer.
+
+        Returns:
+            One `LinkStatus` per link.
+
+        Raises:
+            RuntimeError: not initialized, or called from a running event loop.
+            LLMException: the daemon did not answer.
+        """
+        return run(self._async.query_link_states, timeout)
 
     def switch_role(self, role: LLMRole, switch_options: dict[str, str] | None = None) -> None:
         """Change the role label and, optionally, the listen address.

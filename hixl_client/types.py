@@ -13,6 +13,7 @@ import enum
 import math
 import types
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from hixl_client._validation import (
@@ -30,6 +31,8 @@ __all__ = [
     "DataType",
     "LLMRole",
     "LayerSynchronizer",
+    "LinkState",
+    "LinkStatus",
     "MemInfo",
     "Memtype",
     "Placement",
@@ -190,6 +193,51 @@ class RegisterMemStatus(enum.Enum):
     OK = 0
     PREPARING = 1
     FAILED = 2
+
+
+class LinkState(enum.Enum):
+    """hixl extension: where a link is in its life (README "Link states")."""
+
+    CONNECTING = "connecting"  # handshaking, at first or again after the peer restarted
+    UP = "up"
+    DEGRADED = "degraded"  # some data streams lost and being reopened, or heartbeats missed
+    DOWN = "down"  # the peer unreachable past links.down_after_s, or it dropped the link
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True)
+class LinkStatus:
+    """hixl extension: one link of this cluster, as ``query_link_states`` reports it.
+
+    Attributes:
+        remote_cluster_id: the cluster at the other end.
+        direction: ``"outbound"`` (this cluster linked) or ``"inbound"`` (it linked here).
+        state: the link's state.
+        since: when it entered ``state``, seconds since the epoch.
+        last_error: why it last left ``up`` (empty if it never did).
+        streams_up: data streams connected now, of ``streams``.
+        streams: data streams of the link.
+        bytes: payload bytes moved by this cluster's transfers over it (outbound).
+        transfers: transfers over it that ended (outbound).
+        failed_transfers: of those, the failed ones.
+        remote_daemon_id: the daemon holding the other end.
+        transport: ``"tcp"``, ``"hccl"`` or ``"local"``.
+        lease_left_s: inbound: seconds until the link is dropped unless renewed.
+    """
+
+    remote_cluster_id: int
+    direction: str
+    state: LinkState
+    since: float
+    last_error: str
+    streams_up: int
+    streams: int
+    bytes: int
+    transfers: int
+    failed_transfers: int
+    remote_daemon_id: str
+    transport: str
+    lease_left_s: float = 0.0
 
 
 class Memtype(enum.Enum):

@@ -56,6 +56,7 @@ __all__ = [
     "ConfigError",
     "DaemonConfig",
     "LimitsConfig",
+    "LinksConfig",
     "LoggingConfig",
     "PoolConfig",
     "SecurityConfig",
@@ -567,6 +568,54 @@ class TracingConfig(_Section):
     _empty_is_none = field_validator("endpoint", "console_file", mode="before")(_empty_is_unset)
 
 
+# branch linkstate: the [links] section.
+class LinksConfig(_Section):
+    """How links find out that a peer is gone, and how long an inbound link is kept."""
+
+    heartbeat_interval_s: Seconds = Field(
+        default=1.0, le=60,
+        description="Seconds between heartbeats to each linked daemon (also renewing the "
+        "leases of its links); at most a third of the peer's lease is used.",
+    )
+    heartbeat_timeout_s: Seconds = Field(
+        default=1.0, le=60, description="Seconds one heartbeat may take before it counts as "
+        "missed.",
+    )
+    down_after_s: Seconds = Field(
+        default=5.0, le=600,
+        description="A link whose far daemon answered no heartbeat for this long is down; "
+        "inbound: a link not renewed for this long is shown down.",
+    )
+    lease_s: Seconds = Field(
+        default=10.0, le=3600,
+        description="An inbound link not renewed by its linking daemon for this long is "
+        "dropped: its token revoked, its counts released.",
+    )
+    tcp_keepalive_idle_s: int = Field(
+        default=2, ge=1, le=32767,
+        description="Idle seconds before a data stream's first TCP keepalive probe.",
+    )
+    tcp_keepalive_interval_s: int = Field(
+        default=1, ge=1, le=32767, description="Seconds between TCP keepalive probes."
+    )
+    tcp_keepalive_count: int = Field(
+        default=3, ge=1, le=127,
+        description="Unanswered keepalive probes after which a data stream fails.",
+    )
+    tcp_user_timeout_s: Seconds = Field(
+        default=5.0, le=3600,
+        description="TCP_USER_TIMEOUT of data streams: seconds sent data may stay "
+        "unacknowledged before the stream fails (it is then reopened in the background).",
+    )
+
+    @model_validator(mode="after")
+    def _renewal_fits_lease(self) -> LinksConfig:
+        if self.down_after_s > self.lease_s:
+            raise ValueError("down_after_s must not exceed lease_s (a link is shown down "
+                             "before its lease ends)")
+        return self
+
+
 @dataclass(frozen=True)
 class _LoadRequest:
     path: Path | None
@@ -616,6 +665,9 @@ class DaemonConfig(BaseSettings):
         default_factory=MetricsConfig, description="The Prometheus endpoint.")
     tracing: TracingConfig = Field(  # branch metrics
         default_factory=TracingConfig, description="OpenTelemetry tracing.")
+    links: LinksConfig = Field(  # branch linkstate
+        default_factory=LinksConfig, description="Link liveness, leases and TCP keepalive."
+    )
 
     @classmethod
     def settings_customise_sources(

@@ -34,11 +34,12 @@ from .cluster_listeners import ListenerFactory, NoListeners
 from .completions import CompletionDispatcher
 from .copier import Copier
 from .drain import Drain
-from .inbound import DaemonFacts, InboundLinks, PeerLaneInfo
+from .inbound import DaemonFacts, InboundLinks, LeaseSettings, PeerLaneInfo
+from .link_monitor import LinkMonitor
 from .load import TransferLoad
 from .log_keys import keys
 from .memory.process import CrossMemoryPolicy, ProcessMemory
-from .outbound import OutboundLinks
+from .outbound import LinkerSettings, OutboundLinks
 from .peer_api import PeerApi
 from .pools import PoolManager
 from .regions import Regions
@@ -84,6 +85,9 @@ class EngineDeps:
         default_factory=lambda: CrossMemoryPolicy(None, False))
     bounce_buffers: int = 16
     bounce_buffer_bytes: int = 1 << 20
+    # [links]: heartbeats of our links, leases of the links to us.
+    linker: LinkerSettings = field(default_factory=LinkerSettings)
+    leases: LeaseSettings = field(default_factory=LeaseSettings)
 
 
 class Engine:
@@ -105,12 +109,15 @@ class Engine:
         facts = DaemonFacts(deps.daemon_id, deps.version, deps.data_host, deps.backend,
                             deps.peer_lane)
         self.inbound = InboundLinks(facts, self.clusters, deps.data_server, self.regions,
-                                    self.caches, self.kit, deps.trust, deps.stats)
+                                    self.caches, self.kit, deps.trust, deps.stats, deps.leases)
         self.outbound = OutboundLinks(deps.daemon_id, deps.backend, self, self.kit,
-                                      deps.peer_factory, deps.connect_timeout_s, deps.stats)
+                                      deps.peer_factory, deps.connect_timeout_s, deps.stats,
+                                      deps.linker)
         # Opens the listener of a cluster with listen_ip_info; the server sets the
         # real one (cluster_listeners.PeerListeners) once its peer port is bound.
         self.listeners: ListenerFactory = NoListeners()
+        # Started by the server once the daemon serves.
+        self.monitor = LinkMonitor(deps.daemon_id, self.clusters, self.outbound, self.inbound)
 
     # -- what far_caches.DaemonCaches reads of this daemon ------------------------
 
@@ -200,7 +207,7 @@ class Engine:
         cluster.links.clear()
         await asyncio.gather(*(self.outbound.close(link, notify=True) for link in links))
         for inbound in self.inbound.to_cluster(cluster.cluster_id):
-            self.inbound.drop_inbound(inbound.token)
+            self.inbound.drop_inbound(inbound.token, f"cluster {cluster.cluster_id} finalized")
         for entry in cluster.registry.drain():
             if isinstance(entry.memory, ProcessMemory):
                 await self.caches.end_access(entry)
@@ -216,6 +223,15 @@ class Engine:
             cluster.process.close()
         logger.info("cluster %d finalized", cluster.cluster_id,
                     extra=keys(session=cluster.session_id, cluster=cluster.cluster_id))
+
+    async def unlink(self, cluster: Cluster, remote_cluster_id: int, force: bool) -> None:
+        """unlink_clusters: the link this cluster made to ``remote_cluster_id`` or, when
+        it made none, the links that cluster made to this one (the owner drops
+        them itself)."""
+        if (remote_cluster_id not in cluster.links
+                and self.inbound.drop_from(cluster.cluster_id, remote_cluster_id)):
+            return
+        await self.outbound.unlink(cluster, remote_cluster_id, force)
 
     def switch_role(self, cluster: Cluster, role: LLMRole) -> None:
         """Relabel a cluster; refused while links exist, as LLM-DataDist does."""
@@ -233,8 +249,10 @@ class Engine:
     async def close(self) -> None:
         """Drain: end every session, then release native resources."""
         self.sessions.closing = True
+        await self.monitor.stop()
         for session in self.sessions.values():
             await self.detach(session)
+        await self.outbound.close_all()
         await self.inbound.close()
         self.deps.copier.close()  # its threads post to the dispatcher's queue: first
         self.deps.dispatcher.close()

@@ -53,7 +53,7 @@ class PeerCaches:
     """
 
     def __init__(self, peer: PeerApi, token: int) -> None:
-        self.peer = peer
+        self._peer = peer
         self._token = token
         self._resolved: dict[tuple[str, int], ResolvedCache] = {}
 
@@ -66,7 +66,7 @@ class PeerCaches:
             # wait_for, not asyncio.timeout: a lane call may get here in its eager
             # first step, before it has a task (eager.py).
             found = await asyncio.wait_for(
-                self.peer.resolve(self._token, ref, call_timeout_s), wait_s)
+                self._peer.resolve(self._token, ref, call_timeout_s), wait_s)
             if key is not None:
                 self._resolved[key] = found
         batch_index = ref.batch_index if isinstance(ref, IdRef) else found.batch_index
@@ -89,25 +89,32 @@ class PeerCaches:
 
     async def find_addresses(self, addresses: Sequence[int], span: int,
                              wait_s: float) -> list[tuple[Place, int, bool]]:
-        resolved = await self.peer.resolve_addresses(self._token, addresses, span,
+        resolved = await self._peer.resolve_addresses(self._token, addresses, span,
                                                      max(wait_s, 0.001))
         return [(Place(region_id=region), offset, writable)
                 for region, offset, writable in resolved]
 
     async def release_key(self, ref: KeyRef, tensor_indices: list[int]) -> None:
         try:
-            await self.peer.release_key(self._token, ref.key, tensor_indices, RELEASE_TIMEOUT_S)
+            await self._peer.release_key(self._token, ref.key, tensor_indices, RELEASE_TIMEOUT_S)
         except LLMException as exc:
             logger.warning("pulled %s but could not release it on cluster %d: %s",
                            ref.key, ref.cluster_id, exc)
 
     async def tell_unlinked(self, timeout_s: float) -> bool:
         try:
-            await self.peer.unlink(self._token, timeout_s)
+            await self._peer.unlink(self._token, timeout_s)
             return True
         except LLMException as exc:
-            logger.warning("could not tell %s about an unlink: %s", self.peer.address, exc)
+            logger.warning("could not tell %s about an unlink: %s", self._peer.address, exc)
             return False
+
+    @property
+    def peer(self) -> PeerApi:
+        return self._peer
+
+    def reachable(self) -> bool:
+        return True  # the link monitor's heartbeats ask the far daemon
 
 
 class Daemon(Protocol):
@@ -175,3 +182,11 @@ class DaemonCaches:
                 return FarCache(entry.layout, 0, entry.blocks, entry.writable,
                                 Place(memory=entry.memory), origin=entry)
         return None
+
+    @property
+    def peer(self) -> None:
+        return None
+
+    def reachable(self) -> bool:
+        owner = self._daemon.clusters.get(self._remote_cluster_id)
+        return owner is not None and not owner.closed and self._daemon.has_inbound(self._token)

@@ -3,14 +3,19 @@
 A Hello authorizes a token for one of this daemon's clusters at the data
 server; the peer calls of a transfer (resolving caches and addresses,
 releasing keys, the HCCL halves of a batch) name their link by that token.
+
+Each link from another daemon is held on a lease (``links.lease_s``): the
+linking daemon's heartbeats renew it, and ``reap`` drops a link whose lease
+ran out (a linker killed or partitioned away), as an Unlink would.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import secrets
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,9 +27,17 @@ from hixl_client.status import LLMException, LLMStatusCode
 from .ascend.comms import CommSpec, RankInfo
 from .caches import Caches, peer_writable
 from .cluster import Cluster
+from .link_health import LinkState
 from .links import InboundLink
 from .log_keys import keys
-from .peer_api import PROTOCOL_VERSION, CacheRefSpec, FarRegion, PeerHello, ResolvedCache
+from .peer_api import (
+    PROTOCOL_VERSION,
+    CacheRefSpec,
+    FarRegion,
+    Lease,
+    PeerHello,
+    ResolvedCache,
+)
 from .regions import DeviceRegion, Regions
 from .registry import KeySpec
 from .rpc_errors import CallRefused
@@ -35,6 +48,11 @@ from .transports.hccl import hccl_side, region_pairs
 from .trust import HelloFacts, Trust
 
 logger = logging.getLogger(__name__)
+
+# Tokens of links this daemon's clusters dropped themselves, remembered so
+# that the linking daemon's next heartbeat learns it was deliberate (and
+# does not link again by itself); the oldest are forgotten first.
+DROPPED_REMEMBERED = 4096
 
 
 @dataclass
@@ -56,12 +74,24 @@ class DaemonFacts:
     peer_lane: PeerLaneInfo = field(default_factory=PeerLaneInfo)
 
 
+@dataclass(frozen=True)
+class LeaseSettings:
+    """The owner's side of ``[links]``."""
+
+    lease_s: float = 10.0
+    down_after_s: float = 5.0
+    # A renewal later than this is late (degraded): the linker renews at
+    # least thrice a lease.
+    late_after_s: float = 4.5
+
+
 class InboundLinks:
     """Every inbound link of the daemon, by token."""
 
     def __init__(self, daemon: DaemonFacts, clusters: Mapping[int, Cluster],
                  data_server: hixl_native.DataServer, regions: Regions, caches: Caches,
-                 kit: TransportKit, trust: Trust, stats: DaemonStats | None = None) -> None:
+                 kit: TransportKit, trust: Trust, stats: DaemonStats | None = None,
+                 leases: LeaseSettings | None = None) -> None:
         self._daemon = daemon
         self._stats = stats if stats is not None else DaemonStats()
         self._trust = trust
@@ -72,6 +102,9 @@ class InboundLinks:
         self._kit = kit
         self._links: dict[int, InboundLink] = {}
         self._background: set[asyncio.Task[None]] = set()
+        self.leases = leases if leases is not None else LeaseSettings()
+        self._dropped: collections.OrderedDict[int, None] = collections.OrderedDict()
+        self._last_reap = 0.0  # loop.time() of the last reap round
 
     def all(self) -> list[InboundLink]:
         return list(self._links.values())
@@ -123,20 +156,24 @@ class InboundLinks:
         while token in self._links:
             token = secrets.randbits(64) or 1
         grant = trust.grant(facts, token, may_write)
-        side = inbound_side(self._kit, src_daemon_id == self._daemon.daemon_id,
-                            cluster.settings.device_id, dst_cluster_id)
-        self._links[token] = InboundLink(token, src_daemon_id, src_cluster_id, dst_cluster_id,
-                                         side, identity, grant.may_write)
+        same_daemon = src_daemon_id == self._daemon.daemon_id
+        side = inbound_side(self._kit, same_daemon, cluster.settings.device_id, dst_cluster_id)
+        lease_s = 0.0 if same_daemon else self.leases.lease_s
+        inbound = InboundLink(token, src_daemon_id, src_cluster_id, dst_cluster_id, side,
+                              identity, grant.may_write, lease_s,
+                              asyncio.get_running_loop().time())
+        self._links[token] = inbound
         self._data_server.authorize(token, dst_cluster_id, grant.key, grant.may_write)
         self._stats.link_state("inbound", "up")
-        logger.info("cluster %d of daemon %s (%s) linked to cluster %d%s", src_cluster_id,
-                    src_daemon_id, identity or "?", dst_cluster_id,
-                    "" if grant.may_write else ", read only",
+        logger.info("link %s: cluster %d of daemon %s (%s) linked to cluster %d%s",
+                    inbound.link_id, src_cluster_id, src_daemon_id, identity or "?",
+                    dst_cluster_id, "" if grant.may_write else ", read only",
                     extra=keys(cluster=dst_cluster_id, link=(src_cluster_id, dst_cluster_id)))
+        inbound.health.move_to(LinkState.UP)
         return PeerHello(self._daemon.daemon_id, self._daemon.version, self._daemon.data_host,
                          self._data_server.port, token, self._daemon.backend,
                          self._daemon.peer_lane.port, link_key=grant.reply_key,
-                         server_proof=grant.server_proof)
+                         server_proof=grant.server_proof, lease_ms=int(lease_s * 1000))
 
     def _check_limits(self, identity: str) -> None:
         limits = self._trust.limits
@@ -153,9 +190,10 @@ class InboundLinks:
                               grpc.StatusCode.RESOURCE_EXHAUSTED, reason="max_links_per_peer")
 
     def drop_inbound_link(self, token: int) -> None:
+        """The linking daemon's Unlink."""
         if token not in self._links:
             raise LLMException("unknown link", status_code=LLMStatusCode.LLM_NOT_YET_LINK)
-        self.drop_inbound(token)
+        self.drop_inbound(token, "unlinked by the linking cluster")
 
     def has_inbound(self, token: int) -> bool:
         return token in self._links
@@ -165,12 +203,83 @@ class InboundLinks:
         inbound = self._links.get(token)
         return inbound.dst_cluster_id if inbound is not None else None
 
-    def drop_inbound(self, token: int) -> None:
+    # -- leases -------------------------------------------------------------
+
+    def renew(self, daemon_id: str, tokens: Sequence[int]) -> list[Lease]:
+        """A heartbeat of daemon ``daemon_id``: renew the lease of each of its links
+        named in ``tokens``; what became of each."""
+        if len(tokens) > self._trust.limits.max_inbound_links:
+            raise LLMException(f"a heartbeat names {len(tokens)} links; this daemon holds at "
+                               f"most {self._trust.limits.max_inbound_links}",
+                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
+        now = asyncio.get_running_loop().time()
+        answers = []
+        for token in tokens:
+            inbound = self._links.get(token)
+            if inbound is not None and inbound.src_daemon_id != daemon_id:
+                inbound = None  # another daemon's link: not this caller's to keep
+            if inbound is None:
+                answers.append(Lease.DROPPED if token in self._dropped else Lease.UNKNOWN)
+                continue
+            inbound.renewed_at = now
+            inbound.health.move_to(LinkState.UP)
+            answers.append(Lease.RENEWED)
+        return answers
+
+    def lease_left_s(self, inbound: InboundLink) -> float:
+        """Seconds until ``inbound``'s lease ends unrenewed (0: no lease)."""
+        if not inbound.lease_s:
+            return 0.0
+        age = asyncio.get_running_loop().time() - inbound.renewed_at
+        return max(0.0, inbound.lease_s - age)
+
+    def reap(self) -> None:
+        """Drop every link whose lease ran out; show late ones as degraded or down."""
+        now = asyncio.get_running_loop().time()
+        settings = self.leases
+        previous, self._last_reap = self._last_reap, now
+        stalled_s = now - previous
+        if previous and stalled_s > settings.late_after_s:
+            # This daemon itself did not run (SIGSTOP, a hung host): its peers'
+            # renewals could not be heard, so every lease starts again.
+            logger.info("this daemon did not run for %.1f s; the leases of its inbound links "
+                        "start again", stalled_s)
+            for inbound in self._links.values():
+                inbound.renewed_at = now
+        for inbound in list(self._links.values()):
+            if not inbound.lease_s:
+                continue
+            age = now - inbound.renewed_at
+            silent = (f"no heartbeat from daemon {inbound.src_daemon_id} for {age:.1f} s")
+            if age >= inbound.lease_s:
+                self.drop_inbound(inbound.token, f"lease ended: {silent}")
+            elif age >= settings.down_after_s:
+                inbound.health.move_to(LinkState.DOWN, silent)
+            elif age >= settings.late_after_s:
+                inbound.health.move_to(LinkState.DEGRADED, silent)
+
+    def drop_from(self, cluster_id: int, src_cluster_id: int) -> bool:
+        """The owner's own unlink: drop the inbound links of ``src_cluster_id`` to
+        ``cluster_id``; False when there is none. The linking daemon's next
+        heartbeat learns that the link was dropped on purpose."""
+        tokens = [link.token for link in self._links.values()
+                  if link.dst_cluster_id == cluster_id and link.src_cluster_id == src_cluster_id]
+        for token in tokens:
+            self._dropped[token] = None
+            while len(self._dropped) > DROPPED_REMEMBERED:
+                self._dropped.popitem(last=False)
+            self.drop_inbound(token, f"dropped by cluster {cluster_id} itself")
+        return bool(tokens)
+
+    def drop_inbound(self, token: int, why: str = "") -> None:
         """Revoke an inbound link's token and close what its transport kept here."""
         inbound = self._links.pop(token, None)
         self._data_server.revoke(token)
         if inbound is not None:
             self._stats.link_state("inbound", "closed")
+            if why.startswith("lease ended"):
+                logger.warning("link %s: %s; dropped (token revoked)", inbound.link_id, why)
+            inbound.health.move_to(LinkState.CLOSED, why)
         if inbound is not None and not isinstance(inbound.side, PlainInbound):
             # Waits for a running batch (bounded by its deadline): in the background.
             self._in_background(inbound.side.close())
@@ -184,7 +293,9 @@ class InboundLinks:
         inbound = self._links.get(token)
         cluster = self._clusters.get(inbound.dst_cluster_id) if inbound is not None else None
         if cluster is None:
-            raise LLMException("the link is gone; link again",
+            raise LLMException("this daemon holds no such link (unlinked, dropped, or its "
+                               "lease ended); the linking daemon links again by itself "
+                               "unless this side dropped it",
                                status_code=LLMStatusCode.LLM_NOT_YET_LINK)
         return cluster
 

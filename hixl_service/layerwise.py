@@ -30,6 +30,7 @@ from .planning import (
 )
 from .registry import CacheEntry
 from .stats import DaemonStats
+from .transfer_log import failed
 from .transfers import find_target
 from .transports.base import Place
 
@@ -95,6 +96,7 @@ class LayerwiseTask:
         """Resolve every target; return failure reports (empty when all resolved)."""
         deadline = asyncio.get_running_loop().time() + self._cluster.settings.sync_timeout_s
         for index, spec in enumerate(self._start.targets):
+            remote = spec.dst_cluster_id
             try:
                 if not spec.src_layer_start < spec.src_layer_stop <= self.num_layers:
                     raise _invalid(f"src_layer_range [{spec.src_layer_start}, "
@@ -106,6 +108,7 @@ class LayerwiseTask:
                 ref = ref_from_proto(spec.dst)
                 if ref is None:
                     raise _invalid("the transfer config names no destination cache")
+                remote = ref.cluster_id
                 link = self._cluster.link_to(ref.cluster_id)
                 peer = await find_target(self._cluster, link, ref, deadline, fresh=True)
                 if not peer.writable:
@@ -113,6 +116,7 @@ class LayerwiseTask:
                 self.targets.append(Target(index, spec, link, peer))
             except LLMException as exc:
                 self.failed = True
+                failed(self._cluster, remote, f"TransferCache target {index}", exc)
                 return [client_pb2.TransferProgress(target=index, status=exc.status_code,
                                                     message=str(exc))]
         return []
@@ -232,6 +236,8 @@ class LayerwiseTask:
             except LLMException as exc:
                 self._stats.call_failed("LayerReady", exc.status_code, transport)
                 self.failed = True
+                failed(self._cluster, target.link.remote_cluster_id,
+                       f"TransferCache target {target.index} layer {layer}", exc)
                 reports.append(client_pb2.TransferProgress(
                     target=target.index, layer=layer, status=exc.status_code, message=str(exc)))
                 break

@@ -1,21 +1,24 @@
 """Links between clusters: who is linked to whom, over which transport.
 
-A link is made at link time and never changes silently. It owns one
-``Transport`` (how its bytes move: ``transports``) and one ``FarCaches``
-(where the far cluster's caches are found: ``far_caches``), both chosen
-together by the factory when the far daemon answered Hello.
+A link owns one ``Transport`` (how its bytes move: ``transports``) and one
+``FarCaches`` (where the far cluster's caches are found: ``far_caches``),
+both chosen together by the factory when the far daemon answered Hello, and
+a ``LinkHealth`` (its state and counters: ``link_health``). When the far
+daemon restarts, the link monitor (``link_monitor``) replaces the link by a
+new one under the same id and health; nothing else changes a link.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from .link_health import LinkHealth, link_id
 from .transports.base import Place
 
 if TYPE_CHECKING:
-    from .peer_api import CacheRefSpec, KeyRef, ResolvedCache
+    from .peer_api import CacheRefSpec, KeyRef, PeerApi, ResolvedCache
     from .planning import Layout
     from .registry import CacheEntry
     from .transports.base import InboundSide, Transport, TransportInfo
@@ -68,6 +71,15 @@ class FarCaches(Protocol):
         """A far cache found before, without asking anyone (the doctor's self-test
         reads from it); None when none is known."""
 
+    @property
+    def peer(self) -> PeerApi | None:
+        """The far daemon, which the link monitor heartbeats; None when the far
+        cluster lives in this daemon."""
+
+    def reachable(self) -> bool:
+        """Whether the far cluster is still there, as far as this daemon can tell
+        without asking (a far daemon is asked by heartbeat instead)."""
+
 
 @dataclass
 class OutboundLink:
@@ -80,6 +92,26 @@ class OutboundLink:
     token: int
     transport: Transport
     far: FarCaches
+    # How long the far daemon keeps the link without a heartbeat (its Hello
+    # said; 0: no lease, the far cluster lives in this daemon).
+    lease_s: float = 0.0
+    health: LinkHealth = field(default_factory=lambda: LinkHealth(""))
+    # loop.time() of the far daemon's last answer (Hello, heartbeat).
+    last_heard: float = 0.0
+    # The far cluster dropped the link itself: it is not renewed any more.
+    dropped: bool = False
+    # Linking again after a far restart failed: not before retry_at
+    # (loop.time()), the pause doubling while it fails.
+    retry_at: float = 0.0
+    retry_pause_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.health.link_id:
+            self.health.link_id = link_id(self.local_cluster_id, self.remote_cluster_id)
+
+    @property
+    def link_id(self) -> str:
+        return self.health.link_id
 
     @property
     def alive(self) -> bool:
@@ -100,3 +132,16 @@ class InboundLink:
     side: InboundSide  # what the transport keeps on this side
     identity: str = ""  # the peer's, as trust.Trust.identity_of saw it (limits count it)
     may_write: bool = True  # security.allowed_peers lets it write into the cluster
+    # The lease: the link is kept while the linking daemon renews it within
+    # lease_s (0: no lease, the linking cluster lives in this daemon).
+    lease_s: float = 0.0
+    renewed_at: float = 0.0  # loop.time() of the last renewal
+    health: LinkHealth = field(default_factory=lambda: LinkHealth(""))
+
+    def __post_init__(self) -> None:
+        if not self.health.link_id:
+            self.health.link_id = link_id(self.src_cluster_id, self.dst_cluster_id)
+
+    @property
+    def link_id(self) -> str:
+        return self.health.link_id

@@ -1,21 +1,26 @@
-"""Outbound links: opening a cluster's links to others and closing them.
+"""Outbound links: opening a cluster's links to others, again, and closing them.
 
 The far daemon's Hello says where the far cluster lives; the link's
 ``FarCaches`` and ``Transport`` follow from that, the transport through the
-one factory (``transports.factory``).
+one factory (``transports.factory``). ``reopen`` handshakes a link again
+when its far daemon restarted (the link monitor finds that out); an Unlink
+the far daemon did not hear is retried until its lease would have ended.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
 
 from hixl_client.status import LLMException, LLMStatusCode
 from hixl_wire.compat import timeout
 
 from .cluster import Cluster
 from .far_caches import Daemon, DaemonCaches, PeerCaches
+from .link_health import LinkState
 from .links import FarCaches, OutboundLink
 from .log_keys import keys
 from .peer_api import PeerApi
@@ -26,6 +31,17 @@ logger = logging.getLogger(__name__)
 
 # Between two attempts at one link (LLM-DataDist's link_retry_count).
 LINK_RETRY_PAUSE_S = 0.2
+# Between two tries of an Unlink the far daemon did not hear.
+UNLINK_RETRY_PAUSE_S = 1.0
+
+
+@dataclass(frozen=True)
+class LinkerSettings:
+    """The linking side of ``[links]``."""
+
+    heartbeat_interval_s: float = 1.0
+    heartbeat_timeout_s: float = 1.0
+    down_after_s: float = 5.0
 
 
 class OutboundLinks:
@@ -33,7 +49,8 @@ class OutboundLinks:
 
     def __init__(self, daemon_id: str, backend: str, daemon: Daemon, kit: TransportKit,
                  peer_factory: Callable[[str], PeerApi], connect_timeout_s: float,
-                 stats: DaemonStats | None = None) -> None:
+                 stats: DaemonStats | None = None,
+                 settings: LinkerSettings | None = None) -> None:
         self._daemon_id = daemon_id
         self._stats = stats if stats is not None else DaemonStats()
         self._backend = backend
@@ -41,16 +58,26 @@ class OutboundLinks:
         self._kit = kit
         self._peer_factory = peer_factory
         self._connect_timeout_s = connect_timeout_s
+        self.settings = settings if settings is not None else LinkerSettings()
+        self._background: set[asyncio.Task[None]] = set()
 
     async def link(self, cluster: Cluster, remote_cluster_id: int, address: str,
                    timeout_s: float) -> OutboundLink:
-        """Open a link from ``cluster`` to a cluster of the daemon at ``address``."""
+        """Open a link from ``cluster`` to a cluster of the daemon at ``address``;
+        a link there that is down is replaced."""
         if remote_cluster_id == cluster.cluster_id:
             raise LLMException("a cluster cannot link to itself",
                                status_code=LLMStatusCode.LLM_PARAM_INVALID)
-        if remote_cluster_id in cluster.links:
-            raise LLMException(f"already linked to cluster {remote_cluster_id}",
-                               status_code=LLMStatusCode.LLM_ALREADY_LINK)
+        old = cluster.links.get(remote_cluster_id)
+        if old is not None:
+            if old.health.state is not LinkState.DOWN:
+                raise LLMException(f"already linked to cluster {remote_cluster_id} (the link "
+                                   f"is {old.health.state.value})",
+                                   status_code=LLMStatusCode.LLM_ALREADY_LINK)
+            logger.info("link %s is down (%s): link_clusters replaces it", old.link_id,
+                        old.health.last_error)
+            cluster.links.pop(remote_cluster_id, None)
+            await self.close(old, notify=False)
         link = await self._link_with_retries(cluster, remote_cluster_id, address, timeout_s)
         if cluster.closed or remote_cluster_id in cluster.links:
             await self.close(link, notify=True)
@@ -58,11 +85,41 @@ class OutboundLinks:
                                status_code=LLMStatusCode.LLM_ALREADY_LINK)
         cluster.links[remote_cluster_id] = link
         self._stats.link_state("outbound", "up")
-        logger.info("cluster %d linked to cluster %d at %s over %s", cluster.cluster_id,
-                    remote_cluster_id, address, link.transport.name,
+        logger.info("link %s: cluster %d linked to cluster %d at %s over %s", link.link_id,
+                    cluster.cluster_id, remote_cluster_id, address, link.transport.name,
                     extra=keys(session=cluster.session_id, cluster=cluster.cluster_id,
                                link=(cluster.cluster_id, remote_cluster_id)))
+        link.health.move_to(LinkState.UP)
         return link
+
+    async def reopen(self, cluster: Cluster, old: OutboundLink, why: str) -> bool:
+        """Handshake ``old`` again (its far daemon restarted, or forgot the link):
+        a new link under the same id and health replaces it, with fresh
+        ``FarCaches``, so that nothing resolved from the old far daemon is
+        used again. Left down if the far daemon cannot be linked now; the
+        monitor tries again at its next heartbeat."""
+        health = old.health
+        health.move_to(LinkState.CONNECTING, why)
+        peer = self._peer_factory(old.remote_peer_address)
+        try:
+            async with timeout(self._connect_timeout_s * 2):
+                new = await self._open_link(cluster, old.remote_cluster_id, peer,
+                                            self._connect_timeout_s)
+        except (LLMException, asyncio.TimeoutError) as exc:
+            health.move_to(LinkState.DOWN, f"{why}; linking again failed: "
+                           f"{exc or 'timed out'}")
+            return False
+        if cluster.closed or cluster.links.get(old.remote_cluster_id) is not old:
+            await self.close(new, notify=True)  # unlinked or replaced meanwhile
+            return True
+        new.health = health
+        cluster.links[old.remote_cluster_id] = new
+        await old.transport.close()
+        logger.info("link %s: linked again to daemon %s (was %s); caches it had resolved "
+                    "are resolved afresh", new.link_id, new.remote_daemon_id,
+                    old.remote_daemon_id)
+        health.move_to(LinkState.UP)
+        return True
 
     async def _link_with_retries(self, cluster: Cluster, remote_cluster_id: int, address: str,
                                  timeout_s: float) -> OutboundLink:
@@ -115,7 +172,9 @@ class OutboundLinks:
             await far.tell_unlinked(self._connect_timeout_s)
             raise
         return OutboundLink(cluster.cluster_id, remote_cluster_id, peer.address,
-                            hello.daemon_id, hello.token, transport, far)
+                            hello.daemon_id, hello.token, transport, far,
+                            lease_s=hello.lease_ms / 1000,
+                            last_heard=asyncio.get_running_loop().time())
 
     async def unlink(self, cluster: Cluster, remote_cluster_id: int, force: bool) -> None:
         link = cluster.links.pop(remote_cluster_id, None)
@@ -123,12 +182,54 @@ class OutboundLinks:
             raise LLMException(f"not linked to cluster {remote_cluster_id}",
                                status_code=LLMStatusCode.LLM_UNLINK_FAILED)
         if not await self.close(link, notify=not force):
+            left_s = self._lease_left_s(link)
+            then = (f"it is told again in the background until its lease of the link ends "
+                    f"(within {left_s:.0f} s), when it drops the link anyway" if left_s > 0 else
+                    "its lease of the link has run out, so it drops the link untold")
             raise LLMException(f"cluster {remote_cluster_id} could not be told of the unlink; "
-                               f"unlink on its side too",
+                               f"{then}",
                                status_code=LLMStatusCode.LLM_NOTIFY_PROMPT_UNLINK_FAILED)
 
     async def close(self, link: OutboundLink, notify: bool) -> bool:
+        """Close the link here and, with ``notify``, tell the far daemon; an Unlink it
+        did not hear is retried in the background while its lease lasts."""
+        link.health.move_to(LinkState.CLOSED)
         self._stats.link_state("outbound", "closed")
         await link.transport.close()
-        return await link.far.tell_unlinked(self._connect_timeout_s) if notify else True
+        if not notify:
+            return True
+        if await link.far.tell_unlinked(self._connect_timeout_s):
+            return True
+        if self._lease_left_s(link) > 0:
+            self._in_background(self._retry_unlink(link))
+        return False
+
+    def _lease_left_s(self, link: OutboundLink) -> float:
+        if not link.lease_s:
+            return 0.0
+        return max(0.0, link.last_heard + link.lease_s - asyncio.get_running_loop().time())
+
+    async def _retry_unlink(self, link: OutboundLink) -> None:
+        loop = asyncio.get_running_loop()
+        ends = link.last_heard + link.lease_s
+        while loop.time() < ends:
+            await asyncio.sleep(min(UNLINK_RETRY_PAUSE_S, max(0.0, ends - loop.time())))
+            if loop.time() >= ends:
+                break
+            if await link.far.tell_unlinked(min(self._connect_timeout_s, ends - loop.time())):
+                logger.info("link %s: the far daemon was told of the unlink", link.link_id)
+                return
+        logger.info("link %s: the far daemon was never told of the unlink; its lease has "
+                    "ended, so it dropped the link itself", link.link_id)
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def close_all(self) -> None:
+        """Stop retrying Unlinks (the daemon stops)."""
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
 

@@ -6,6 +6,7 @@ only sees these types, so it stays testable without a network.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -78,6 +79,24 @@ class PeerHello:
     # token mode empty on the wire, derived by both ends.
     link_key: bytes = b""
     server_proof: bytes = b""  # token mode: the linked daemon knows the secret
+    lease_ms: int = 0  # how long the linked daemon keeps the link unrenewed; 0: no lease
+
+
+class Lease(enum.Enum):
+    """What a heartbeat learnt of one link's lease (peer.proto's LeaseState)."""
+
+    RENEWED = 0
+    UNKNOWN = 1  # the far daemon holds no such link (its lease ended, or it restarted)
+    DROPPED = 2  # the far cluster dropped the link itself
+
+
+@dataclass(frozen=True)
+class HeartbeatAnswer:
+    """A far daemon's answer to a heartbeat naming some of our links' tokens."""
+
+    daemon_id: str
+    leases: tuple[Lease, ...]  # one per token asked about, in order
+    lease_ms: int
 
 
 
@@ -104,6 +123,11 @@ class PeerApi(Protocol):
                           timeout_s: float) -> None: ...
 
     async def unlink(self, token: int, timeout_s: float) -> None: ...
+
+    async def heartbeat(self, daemon_id: str, tokens: Sequence[int],
+                        timeout_s: float) -> HeartbeatAnswer:
+        """Renew the leases of ``tokens``; the far daemon's id and each lease's fate."""
+        ...
 
     async def resolve_addresses(self, token: int, addresses: Sequence[int], length: int,
                                 timeout_s: float) -> list[tuple[int, int, bool]]: ...

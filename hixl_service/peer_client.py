@@ -30,8 +30,10 @@ from .peer_api import (
     BlocksRef,
     CacheRefSpec,
     FarRegion,
+    HeartbeatAnswer,
     IdRef,
     KeyRef,
+    Lease,
     PeerHello,
     ResolvedCache,
 )
@@ -42,6 +44,10 @@ logger = logging.getLogger(__name__)
 
 # Opening the peer lane is bounded on its own: failing it only means gRPC.
 LANE_CONNECT_TIMEOUT_S = 3.0
+# gRPC waits up to 120 s between reconnection attempts by default: after a
+# partition heals, heartbeats (and so the link's state) would lag that long.
+CHANNEL_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 200),
+                   ("grpc.max_reconnect_backoff_ms", 1000))
 
 
 def key_to_proto(cluster_id: int, key: KeySpec) -> common_pb2.CacheKey:
@@ -94,8 +100,10 @@ class PeerClient:
         self._version = version
         self._trust = trust = trust if trust is not None else insecure_trust()
         credentials = trust.channel_credentials()
-        self._channel = (grpc.aio.secure_channel(address, credentials) if credentials is not None
-                         else grpc.aio.insecure_channel(address))
+        self._channel = (
+            grpc.aio.secure_channel(address, credentials, options=CHANNEL_OPTIONS)
+            if credentials is not None
+            else grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS))
         self._stub = peer_pb2_grpc.PeerStub(self._channel)
         self._lane_address: tuple[str, int] | None = None  # from the peer's Hello
         self._lane: Lane | None = None
@@ -166,7 +174,7 @@ class PeerClient:
             self._lane_address = (reply.data_host, reply.lane_port)
         return PeerHello(reply.daemon_id, reply.version, reply.data_host, reply.data_port,
                          reply.link_token, reply.backend or "host", reply.lane_port,
-                         link_key=key)
+                         link_key=key, lease_ms=reply.lease_ms)
 
     async def resolve(self, token: int, ref: CacheRefSpec, timeout_s: float) -> ResolvedCache:
         request = peer_pb2.ResolveCacheRequest(link_token=token, ref=ref_to_proto(ref))
@@ -184,6 +192,18 @@ class PeerClient:
 
     async def unlink(self, token: int, timeout_s: float) -> None:
         await self._call(self._stub.Unlink, peer_pb2.UnlinkRequest(link_token=token), timeout_s)
+
+    async def heartbeat(self, daemon_id: str, tokens: Sequence[int],
+                        timeout_s: float) -> HeartbeatAnswer:
+        # Over gRPC, not the peer lane: once a second at most, and the lane
+        # exists only in mode "none".
+        request = peer_pb2.HeartbeatRequest(daemon_id=daemon_id, link_tokens=list(tokens))
+        reply = await self._call(self._stub.Heartbeat, request, timeout_s)
+        leases = tuple(Lease(state) if state in (0, 1, 2) else Lease.UNKNOWN
+                       for state in reply.states)
+        if len(leases) != len(tokens):
+            leases = (Lease.UNKNOWN,) * len(tokens)
+        return HeartbeatAnswer(reply.daemon_id, leases, reply.lease_ms)
 
     async def resolve_addresses(self, token: int, addresses: Sequence[int], length: int,
                                 timeout_s: float) -> list[tuple[int, int, bool]]:

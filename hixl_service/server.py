@@ -57,6 +57,7 @@ from .config import ConfigError, DaemonConfig, load_config
 from .copier import Copier
 from .engine import Engine, EngineDeps
 from .fd_server import FdServer
+from .inbound import LeaseSettings
 from .interceptors import (
     LoadInterceptor,
     RequestIdInterceptor,
@@ -77,6 +78,7 @@ from .load import TransferLoad
 from .memory.host import HostMemory
 from .memory.process import cross_memory_policy
 from .metrics import MetricsServer, check_metrics_exposure
+from .outbound import LinkerSettings
 from .peer_api import PeerApi
 from .peer_client import PeerClient
 from .pools import PoolManager
@@ -285,6 +287,11 @@ class Daemon:
             # branch metrics: off by default; one tracing configuration per process
             tracing.configure(cfg.tracing, self.daemon_id)
             data_address = f"{cfg.server.peer_host}:{cfg.server.data_port}"
+            links = cfg.links
+            hixl_native.set_tcp_liveness(links.tcp_keepalive_idle_s,
+                                         links.tcp_keepalive_interval_s,
+                                         links.tcp_keepalive_count,
+                                         int(links.tcp_user_timeout_s * 1000))
             try:
                 data_server = await asyncio.to_thread(
                     hixl_native.DataServer, cfg.server.peer_host, cfg.server.data_port,
@@ -312,7 +319,12 @@ class Daemon:
                 backend=cfg.pool.backend, ascend=ascend, trust=trust,
                 cross_memory=cross_memory,
                 bounce_buffers=cfg.transfer.bounce_buffers,
-                bounce_buffer_bytes=int(cfg.transfer.bounce_buffer_bytes)))
+                bounce_buffer_bytes=int(cfg.transfer.bounce_buffer_bytes),
+                linker=LinkerSettings(cfg.links.heartbeat_interval_s,
+                                      cfg.links.heartbeat_timeout_s, cfg.links.down_after_s),
+                leases=LeaseSettings(cfg.links.lease_s, cfg.links.down_after_s,
+                                     min(cfg.links.down_after_s, cfg.links.lease_s / 3
+                                         + cfg.links.heartbeat_timeout_s))))
             unwind.callback(dispatcher.close)
             unwind.callback(engine.deps.copier.close)  # its threads post to the dispatcher
             health_servicer = _Health()
@@ -411,6 +423,7 @@ class Daemon:
                     client_target, peer_address, record["data_address"],
                     f", metrics http://{metrics.address}/metrics" if metrics else "")
         self.peer_address = peer_address
+        engine.monitor.start()
         self.ready.set()
         self._in_background(_systemd.keep_alive(lambda: summary(engine),
                                                 _systemd.watchdog_interval()))

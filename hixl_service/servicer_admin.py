@@ -13,6 +13,8 @@ from hixl_wire._proto.hixl.v1 import admin_pb2, admin_pb2_grpc
 
 from .calls import CallInfo, unary
 from .engine import Engine
+from .link_health import LinkState
+from .link_views import inbound_health, outbound_health
 from .selftest import self_test
 
 logger = logging.getLogger(__name__)
@@ -74,7 +76,7 @@ def snapshot(engine: Engine, backend: str, peer_address: str,
                              remote_peer_address=link.remote_peer_address,
                              transport=info.name, streams=info.streams,
                              alive=info.alive, direction="outbound",
-                             data_path=info.data_path)
+                             data_path=info.data_path, health=outbound_health(link))
         for entry in cluster.registry.caches():
             status.caches.add(cluster_id=cluster.cluster_id, cache_id=entry.cache_id,
                               kind="blocks" if entry.blocks else "cache",
@@ -85,8 +87,10 @@ def snapshot(engine: Engine, backend: str, peer_address: str,
         status.links.add(local_cluster_id=inbound.dst_cluster_id,
                          remote_cluster_id=inbound.src_cluster_id,
                          remote_daemon_id=inbound.src_daemon_id, direction="inbound",
-                         transport=inbound.side.name, alive=inbound.side.alive,
-                         data_path=inbound.side.data_path)
+                         transport=inbound.side.name,
+                         alive=inbound.side.alive and inbound.health.state is LinkState.UP,
+                         data_path=inbound.side.data_path,
+                         health=inbound_health(inbound, engine.inbound))
     if deps.ascend is not None:
         for use in deps.ascend.device_use():
             status.devices.add(device_id=use.device_id, budget_bytes=use.budget_bytes,

@@ -20,6 +20,7 @@ from .calls import CallInfo, GrpcContext, call_info_of, unary
 from .cluster import Cluster
 from .engine import Engine, NewCache, Session
 from .layerwise import LayerwiseTask
+from .link_views import inbound_health, outbound_health
 from .log_keys import keys
 from .memory.base import Pool
 from .peer_api import KeyRef
@@ -30,6 +31,7 @@ from .repeats import Repeat
 from .rpc_errors import CallRefused, abort_with
 from .sessions import no_session
 from .stats import COPY_TRANSPORT, DaemonStats
+from .transfer_log import settled, succeeded
 from .transfers import Outcome, PullSpec, PushSpec, pull, push
 
 logger = logging.getLogger(__name__)
@@ -275,6 +277,22 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         return await self._link_all(request, context, unlink=True)
 
     @unary
+    async def QueryLinkStates(self, request: client_pb2.QueryLinkStatesRequest,
+                              context: CallInfo) -> client_pb2.QueryLinkStatesReply:
+        cluster = self._engine.cluster_of(self._session(context))
+        reply = client_pb2.QueryLinkStatesReply()
+        for link in cluster.links.values():
+            reply.links.add(remote_cluster_id=link.remote_cluster_id, direction="outbound",
+                            remote_daemon_id=link.remote_daemon_id,
+                            transport=link.transport.name, health=outbound_health(link))
+        inbound = self._engine.inbound
+        for peer in inbound.to_cluster(cluster.cluster_id):
+            reply.links.add(remote_cluster_id=peer.src_cluster_id, direction="inbound",
+                            remote_daemon_id=peer.src_daemon_id, transport=peer.side.name,
+                            health=inbound_health(peer, inbound))
+        return reply
+
+    @unary
     async def SwitchRole(self, request: client_pb2.SwitchRoleRequest,
                          context: CallInfo) -> client_pb2.SwitchRoleReply:
         cluster = self._engine.cluster_of(self._session(context))
@@ -351,7 +369,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         started = time.perf_counter()
         cluster = self._engine.cluster_of(self._session(context))
         spec = self._pull_spec(request, False)
-        outcome = await pull(cluster, spec)
+        outcome = await settled(cluster, spec.src.cluster_id, "PullCache", pull(cluster, spec))
         return client_pb2.PullCacheReply(bytes=outcome.bytes, transport=outcome.transport,
                                          repeat_handle=repeat_handle(cluster, spec, outcome),
                                          **_timing(self._stats, "pull_cache", started, outcome))
@@ -369,8 +387,9 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         started = time.perf_counter()
         cluster = self._engine.cluster_of(self._session(context))
         repeat = cluster.repeats.get(request.handle, push=push)
-        outcome = await again(cluster, repeat, request.src_batch_index,
-                              request.dst_batch_index)
+        outcome = await settled(cluster, repeat.shape.remote_cluster_id, _repeat_call(push),
+                                again(cluster, repeat, request.src_batch_index,
+                                      request.dst_batch_index))
         return _repeat_reply(self._stats, repeat, started, outcome)
 
     def _repeat_at_once(self, request: RepeatFrame, context: CallInfo, push: bool) -> Any:
@@ -389,9 +408,12 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         if begun is None:
             return None
         repeat, outcome = begun
+        remote_cluster_id = repeat.shape.remote_cluster_id
         if isinstance(outcome, Outcome):
-            return _repeat_reply(self._stats, repeat, started, outcome)
-        return self._reply_when_landed(repeat, started, outcome)
+            return _repeat_reply(self._stats, repeat, started,
+                                 succeeded(cluster, remote_cluster_id, outcome))
+        return self._reply_when_landed(repeat, started, settled(
+            cluster, remote_cluster_id, _repeat_call(push), outcome))
 
     async def _reply_when_landed(self, repeat: Repeat, started: float,
                                  outcome: Awaitable[Outcome]) -> Any:
@@ -403,7 +425,8 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         self._engine.drain.refuse_new("transfers")
         started = time.perf_counter()
         cluster = self._engine.cluster_of(self._session(context))
-        outcome = await pull(cluster, self._pull_spec(request, True))
+        spec = self._pull_spec(request, True)
+        outcome = await settled(cluster, spec.src.cluster_id, "PullBlocks", pull(cluster, spec))
         return client_pb2.PullCacheReply(bytes=outcome.bytes, transport=outcome.transport,
                                          **_timing(self._stats, "pull_blocks", started,
                                                    outcome))
@@ -424,7 +447,8 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
                         tensor_num_per_layer=request.tensor_num_per_layer or 2, blocks=blocks,
                         src_blocks=block_list(request.src_blocks),
                         dst_blocks=block_list(request.dst_blocks))
-        outcome = await push(cluster, spec)
+        outcome = await settled(cluster, dst.cluster_id, "PushBlocks" if blocks else "PushCache",
+                                push(cluster, spec))
         return client_pb2.PushReply(bytes=outcome.bytes, transport=outcome.transport,
                                     repeat_handle=repeat_handle(cluster, spec, outcome),
                                     **_timing(self._stats,
@@ -549,7 +573,7 @@ async def _unlink_within(engine: Engine, cluster: Cluster, remote_cluster_id: in
     """Unlink, answering within ``left_s``: the unlink itself (closing the link,
     telling the far daemon) goes on in the background if it takes longer, and
     is never cut off half way."""
-    unlinking = asyncio.ensure_future(engine.outbound.unlink(cluster, remote_cluster_id, force))
+    unlinking = asyncio.ensure_future(engine.unlink(cluster, remote_cluster_id, force))
     try:
         await asyncio.wait_for(asyncio.shield(unlinking), max(left_s, 0.0))
     except asyncio.TimeoutError:
@@ -563,6 +587,10 @@ async def _unlink_within(engine: Engine, cluster: Cluster, remote_cluster_id: in
 def _log_late_unlink(unlinking: asyncio.Future[None]) -> None:
     if not unlinking.cancelled() and unlinking.exception() is not None:
         logger.warning("an unlink that outlived its call failed: %s", unlinking.exception())
+
+
+def _repeat_call(push: bool) -> str:
+    return "RepeatPush" if push else "RepeatPull"
 
 
 def _repeat_reply(stats: DaemonStats, repeat: Repeat, started: float, outcome: Outcome) -> Any:

@@ -82,7 +82,7 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                                    data_host=hello.data_host, data_port=hello.data_port,
                                    link_token=hello.token, backend=hello.backend,
                                    lane_port=hello.lane_port, link_key=hello.link_key,
-                                   server_proof=hello.server_proof)
+                                   server_proof=hello.server_proof, lease_ms=hello.lease_ms)
 
     @unary
     async def ResolveCache(self, request: peer_pb2.ResolveCacheRequest,
@@ -123,6 +123,15 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         token = self._token(request.link_token)
         self._engine.inbound.drop_inbound_link(token)
         return peer_pb2.UnlinkReply()
+
+    @unary
+    async def Heartbeat(self, request: peer_pb2.HeartbeatRequest,
+                        context: CallInfo) -> peer_pb2.HeartbeatReply:
+        inbound = self._engine.inbound
+        leases = inbound.renew(request.daemon_id, list(request.link_tokens))
+        states = [peer_pb2.LeaseState.Name(lease.value) for lease in leases]
+        return peer_pb2.HeartbeatReply(daemon_id=self._engine.daemon_id, states=states,
+                                       lease_ms=int(inbound.leases.lease_s * 1000))
 
     @unary
     async def HcclConnect(self, request: peer_pb2.HcclConnectRequest,

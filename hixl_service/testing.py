@@ -52,7 +52,7 @@ READY_FIELDS: Mapping[str, type] = {
     "daemon_id": str,
 }
 _SECTIONS = ("server", "pool", "transfer", "ascend", "logging", "security", "limits",
-             "metrics", "tracing")
+             "metrics", "tracing", "links")
 _POLL_S = 0.02
 _LOG_TAIL_BYTES = 4000
 _MAX_SOCKET_PATH = 100
@@ -98,6 +98,9 @@ class DaemonProcess:
             inherited.
         user: Run the daemon as this uid (and gid), e.g. 65534 from a test
             run as root; its directory is given to that user.
+
+        netns: Run the daemon in this network namespace (``ip netns exec``,
+            root only); its unix sockets stay reachable from the test process.
         **overrides: Config overrides, as described above.
 
     Raises:
@@ -105,6 +108,7 @@ class DaemonProcess:
     """
 
     def __init__(self, *, env: Mapping[str, str] | None = None, user: int | None = None,
+                 netns: str | None = None,
                  **overrides: Any) -> None:
         sections = _merge_overrides(overrides)
         self._tmpdir = _make_tmpdir()
@@ -121,6 +125,7 @@ class DaemonProcess:
         self._config_path = self._tmpdir / "hixl.toml"
         self._log_path = self._tmpdir / "daemon.log"
         self._env = _child_env(env)
+        self._netns = netns
 
         from hixl_service.config import dump_toml  # keeps this module's import cheap
 
@@ -334,11 +339,12 @@ class DaemonProcess:
 
     def _command(self) -> list[str]:
         command = [sys.executable, "-m", "hixl_service", "--config", str(self._config_path)]
-        if self._user is None:
-            return command
-        # setpriv (util-linux) drops to the user with no capabilities left.
-        return ["setpriv", f"--reuid={self._user}", f"--regid={self._user}", "--clear-groups",
-                "--inh-caps=-all", *command]
+        if self._user is not None:
+            # setpriv (util-linux) drops to the user with no capabilities left.
+            command = ["setpriv", f"--reuid={self._user}", f"--regid={self._user}",
+                       "--clear-groups", "--inh-caps=-all", *command]
+        # ip execs the daemon in place: the child's pid stays the daemon's.
+        return ["ip", "netns", "exec", self._netns, *command] if self._netns else command
 
     def _signal(self, signum: int) -> None:
         if self._proc is None or self._proc.poll() is not None:

@@ -47,6 +47,16 @@ class TransportInfo:
     alive: bool = True
     # hccl: "one-sided" or "two-sided" (the fallback); "" for the others
     data_path: str = ""
+    # Streams connected now; None: every stream while alive (the transport
+    # keeps no connections of its own to lose).
+    streams_up: int | None = None
+
+    @property
+    def connected(self) -> int:
+        """Streams connected now."""
+        if self.streams_up is not None:
+            return self.streams_up
+        return self.streams if self.alive else 0
 
 
 class Prepared(Protocol):

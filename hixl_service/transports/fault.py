@@ -13,7 +13,9 @@ requests a rule picks:
   landed bytes of a read, in the source while a write sends it).
 
 ``sever()`` cuts the whole transport, as a dead stream or peer does:
-``alive`` turns False and every later request fails with ``LLM_LINK_FAILED``.
+``alive`` turns False, no stream is connected, and every later request
+fails with ``LLM_LINK_FAILED``; ``heal()`` undoes it, as streams reopened
+in the background do.
 Rules apply to repeats too (``prepare``), since a prepared transfer moves
 over the same transport.
 """
@@ -87,6 +89,9 @@ class FaultTransport:
     def sever(self) -> None:
         self._severed = True
 
+    def heal(self) -> None:
+        self._severed = False
+
     @property
     def name(self) -> str:
         return self.inner.name
@@ -97,7 +102,8 @@ class FaultTransport:
 
     def info(self) -> TransportInfo:
         inner = self.inner.info()
-        return TransportInfo(inner.name, inner.streams, self.alive, inner.data_path)
+        return TransportInfo(inner.name, inner.streams, self.alive, inner.data_path,
+                             0 if self._severed else inner.streams_up)
 
     def _rule_for(self, writing: bool) -> FaultRule | None:
         self.requests += 1

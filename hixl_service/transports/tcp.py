@@ -93,7 +93,8 @@ class TcpTransport:
         return bool(self._data.alive)
 
     def info(self) -> TransportInfo:
-        return TransportInfo(self.name, self._data.streams, self.alive)
+        return TransportInfo(self.name, self._data.streams, self.alive,
+                             streams_up=self._data.streams_up)
 
     async def read(self, local: Memory, far: Place, ranges: Ranges, timeout_ms: int) -> None:
         await self._transfer(False, local, far.region_id, ranges, timeout_ms)
@@ -141,8 +142,9 @@ class TcpTransport:
         data = self._data
         if not data.alive:
             raise LLMException(
-                f"the link to cluster {self._remote_cluster_id} is down; unlink and link again",
-                status_code=LLMStatusCode.LLM_LINK_FAILED)
+                f"the data streams to cluster {self._remote_cluster_id} are lost; they are "
+                f"reopened in the background while its daemon answers (query_link_states "
+                f"shows the link's state)", status_code=LLMStatusCode.LLM_LINK_FAILED)
         return data.write_to if writing else data.read_from
 
     async def _transfer(self, writing: bool, local: Memory, region_id: int, ranges: Ranges,

@@ -29,6 +29,7 @@ from hixl_native._core import (
     copy_process,
     copy_ranges,
     live_objects,
+    set_tcp_liveness,
     status_name,
 )
 
@@ -57,5 +58,6 @@ __all__ = [
     "copy_process",
     "copy_ranges",
     "live_objects",
+    "set_tcp_liveness",
     "status_name",
 ]

@@ -160,6 +160,8 @@ cdef extern from "tcp_wire.h" nogil:
         HIXL_OP_READ
         HIXL_OP_WRITE
 
+    void hixl_tcp_set_liveness(int idle_s, int interval_s, int count, int user_timeout_ms)
+
 
 cdef extern from "tcp_server.h" nogil:
     ctypedef struct hixl_server:
@@ -182,6 +184,7 @@ cdef extern from "tcp_link.h" nogil:
     int hixl_link_open(const char *host, uint16_t port, uint64_t token, const uint8_t *key,
                        int nstreams, hixl_cq *cq, uint64_t connect_timeout_ms, hixl_link **out)
     int hixl_link_alive(hixl_link *l)
+    int hixl_link_streams_up(hixl_link *l)
     uint64_t hixl_link_stream_pieces(hixl_link *l, int stream)
     int hixl_link_submit(hixl_link *l, int op, uint64_t request_id, hixl_mapping *local,
                          const uint8_t *quads, size_t n, uint64_t timeout_ms)

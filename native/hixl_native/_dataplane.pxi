@@ -15,6 +15,24 @@ cdef bytes _link_key(object key):
     return key
 
 
+def set_tcp_liveness(idle_s, interval_s, count, user_timeout_ms):
+    """TCP keepalive and ``TCP_USER_TIMEOUT`` of every data-plane socket made or
+    accepted from now on (0 keeps the kernel's default of that option).
+
+    Args:
+        idle_s: Seconds a connection is idle before the first keepalive probe.
+        interval_s: Seconds between probes.
+        count: Unanswered probes after which the connection fails.
+        user_timeout_ms: Milliseconds sent data may stay unacknowledged before
+            the connection fails (also bounds the probes, Linux tcp(7)).
+    """
+    cdef int idle = _int_in(idle_s, 0, 32767, "idle_s")
+    cdef int interval = _int_in(interval_s, 0, 32767, "interval_s")
+    cdef int cnt = _int_in(count, 0, 127, "count")
+    cdef int user = _int_in(user_timeout_ms, 0, _MAX_TIMEOUT_MS, "user_timeout_ms")
+    hixl_tcp_set_liveness(idle, interval, cnt, user)
+
+
 def run_ranges(src_offsets, src_first, src_add, dst_offsets, dst_first, dst_add, count,
                length):
     """The merged ranges of a run of tensor pairs, for the planners.
@@ -411,6 +429,12 @@ cdef class DataLink:
     def alive(self):
         """False once a stream saw the peer vanish, or after ``close()``."""
         return not self._closed and bool(hixl_link_alive(self._l))
+
+    @property
+    def streams_up(self):
+        """Streams holding an open connection now; a lost one is reopened in the
+        background by its idle worker (0 after ``close()``)."""
+        return 0 if self._closed else hixl_link_streams_up(self._l)
 
     def stream_pieces(self):
         """Request pieces each stream was given so far, one count per stream:

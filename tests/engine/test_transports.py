@@ -10,6 +10,7 @@ import pytest
 
 from hixl_client.status import LLMException, LLMStatusCode
 from hixl_service import prepared
+from hixl_service.link_health import LinkState
 from hixl_service.server import Daemon
 from hixl_service.servicer_admin import snapshot
 from hixl_service.transfers import pull
@@ -124,6 +125,34 @@ async def test_a_severed_link_reports_dead_and_fails_its_transfers(daemons: Pair
         with pytest.raises(LLMException) as failed:
             await attempt
         assert failed.value.status_code == LLMStatusCode.LLM_LINK_FAILED
+
+
+async def test_a_severed_link_is_degraded_then_up_again_once_healed(
+        daemons: Pair, next_cluster_id) -> None:
+    puller, link, src, dst, fault = await _linked(daemons, next_cluster_id)
+    spec = pull_spec(link.remote_cluster_id, src, dst, 0, 0)
+    loop = asyncio.get_running_loop()
+
+    async def reaches(state: LinkState) -> None:
+        deadline = loop.time() + 30  # heartbeats run every second here
+        while link.health.state is not state:
+            assert loop.time() < deadline, f"the link never became {state.value}"
+            await asyncio.sleep(0.05)
+
+    assert link.health.state is LinkState.UP
+    fault.sever()
+    await reaches(LinkState.DEGRADED)  # the far daemon answers; its streams are gone
+    assert "0 of 4 data streams connected" in link.health.last_error
+    status = snapshot(daemons[1].engine, "host", daemons[1].peer_address)
+    (shown,) = [s for s in status.links if s.local_cluster_id == puller.cluster_id]
+    assert (shown.health.state, shown.health.streams_up, shown.health.streams) == (
+        "degraded", 0, 4)
+    with pytest.raises(LLMException):
+        await pull(puller, spec)
+    fault.heal()
+    await reaches(LinkState.UP)
+    await pull(puller, spec)
+    assert landed(src, dst, 0, 0)
 
 
 async def test_a_link_inside_one_daemon_copies(daemons: Pair, next_cluster_id) -> None:

@@ -70,6 +70,9 @@ DECODE = PRELUDE + textwrap.dedent("""
     info.append_remote_ip_info(host, int(port))
     status, per_cluster = dd.link_clusters([info], timeout=5000)
     assert status == LLMStatusCode.LLM_SUCCESS, per_cluster
+    states = dd.query_link_states()  # a hixl extension, blocking here too
+    assert [(s.direction, s.remote_cluster_id, s.state.value, s.streams_up == s.streams)
+            for s in states] == [("outbound", prefill, "up", True)], states
     cm = dd.cache_manager
 
     def pull_and_check(req_id):

@@ -80,6 +80,10 @@ typedef struct hixl_stream {
     int fd;      /* changed only by the worker (and by open before it starts) */
     int wake_fd; /* eventfd: the queue became non-empty */
     atomic_ulong pieces; /* pieces this stream was given: how the load spread */
+    /* A lost connection is reopened by the idle worker (reopen_lost), no
+     * sooner than reopen_at_ns; the pause doubles after each failure. */
+    uint64_t reopen_at_ns;
+    uint64_t reopen_pause_ns;
 } hixl_stream;
 
 struct hixl_link {
@@ -93,6 +97,7 @@ struct hixl_link {
     int closed;
     atomic_int closing;
     atomic_int dead;
+    uint64_t connect_timeout_ms; /* bounds each reopening of a lost stream */
     atomic_uint next_stream;
     /* The stream the last inline request used. A request alone tries it
      * first: one connection, and the one peer thread serving it, stay warm
@@ -580,15 +585,16 @@ static void check_idle_socket(hixl_stream *s)
  * hang up the idle socket (not for data: a submitting thread may be waiting
  * for a reply on it). HIXL_E_CANCELLED once the link is closing; HIXL_OK
  * otherwise (including spurious wakeups: the caller re-checks its queue). */
-static int idle_wait(hixl_stream *s, int fd)
+static int idle_wait(hixl_stream *s, int fd, int timeout_ms)
 {
     struct pollfd p[3] = {
         {.fd = s->wake_fd, .events = POLLIN},
         {.fd = s->link->stop_fd, .events = POLLIN},
         {.fd = fd, .events = POLLRDHUP},
     };
-    /* The timeout only guards against a lost wakeup; it is not polling. */
-    int rc = poll(p, fd >= 0 ? 3 : 2, 1000);
+    /* The timeout guards against a lost wakeup and brings the next reopening
+     * of a lost connection; it is not polling for work. */
+    int rc = poll(p, fd >= 0 ? 3 : 2, timeout_ms);
     if (rc <= 0)
         return HIXL_OK;
     if (p[1].revents)
@@ -603,6 +609,37 @@ static int idle_wait(hixl_stream *s, int fd)
     return HIXL_OK;
 }
 
+static int reconnect(hixl_stream *s, uint64_t deadline);
+
+#define REOPEN_FIRST_PAUSE_NS (200ull * 1000 * 1000)
+#define REOPEN_MAX_PAUSE_NS (5ull * 1000 * 1000 * 1000)
+#define IDLE_WAIT_MS 1000
+
+/* An idle stream whose connection was lost (the peer hung up, a keepalive
+ * or TCP_USER_TIMEOUT expiry, a failed request) connects again in the
+ * background, so that the next request finds it open; a link marked dead
+ * comes back to life once a connection handshakes again (the far daemon
+ * still knows the link's token). Returns how long the worker may wait
+ * before the next try, in ms. */
+static int reopen_lost(hixl_stream *s)
+{
+    hixl_link *l = s->link;
+    uint64_t now = hixl_now_ns();
+    if (now >= s->reopen_at_ns) {
+        if (reconnect(s, hixl_deadline_after_ms(l->connect_timeout_ms)) == HIXL_OK) {
+            atomic_store(&l->dead, 0);
+            s->reopen_pause_ns = REOPEN_FIRST_PAUSE_NS;
+            return IDLE_WAIT_MS;
+        }
+        now = hixl_now_ns();
+        s->reopen_at_ns = now + s->reopen_pause_ns;
+        s->reopen_pause_ns = s->reopen_pause_ns * 2 > REOPEN_MAX_PAUSE_NS
+                                 ? REOPEN_MAX_PAUSE_NS : s->reopen_pause_ns * 2;
+    }
+    uint64_t wait_ms = (s->reopen_at_ns - now) / 1000000 + 1;
+    return wait_ms < IDLE_WAIT_MS ? (int)wait_ms : IDLE_WAIT_MS;
+}
+
 static hixl_piece *next_piece(hixl_stream *s)
 {
     for (;;) {
@@ -615,11 +652,20 @@ static hixl_piece *next_piece(hixl_stream *s)
                 s->tail = NULL;
             s->busy = 1;
         }
+        int lost = !s->claimed && s->fd < 0;
         int fd = s->claimed ? -1 : s->fd;
         pthread_mutex_unlock(&s->mu);
         if (p != NULL)
             return p;
-        if (atomic_load(&s->link->closing) || idle_wait(s, fd) == HIXL_E_CANCELLED)
+        if (atomic_load(&s->link->closing))
+            return NULL;
+        int wait_ms = lost ? reopen_lost(s) : IDLE_WAIT_MS;
+        if (lost) {
+            pthread_mutex_lock(&s->mu);
+            fd = s->claimed ? -1 : s->fd;
+            pthread_mutex_unlock(&s->mu);
+        }
+        if (atomic_load(&s->link->closing) || idle_wait(s, fd, wait_ms) == HIXL_E_CANCELLED)
             return NULL;
     }
 }
@@ -640,6 +686,10 @@ static int reconnect(hixl_stream *s, uint64_t deadline)
         atomic_store(&l->dead, 1);
     if (rc != HIXL_OK)
         return rc;
+    if (atomic_load(&l->closing)) {
+        close(fd);
+        return HIXL_E_CANCELLED;
+    }
     pthread_mutex_lock(&s->mu);
     /* close() shuts down the sockets it can see; one connected after that
      * must not survive it. */
@@ -786,6 +836,7 @@ static int open_stream(hixl_link *l, hixl_stream *s, const char *host, uint16_t 
 {
     s->link = l;
     s->fd = -1;
+    s->reopen_pause_ns = REOPEN_FIRST_PAUSE_NS;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->unclaimed, NULL);
     s->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -809,6 +860,7 @@ int hixl_link_open(const char *host, uint16_t port, uint64_t token, const uint8_
         return HIXL_E_NOMEM;
     hixl_live_add(HIXL_LIVE_LINKS, 1);
     l->token = token;
+    l->connect_timeout_ms = connect_timeout_ms;
     memcpy(l->key, key, HIXL_KEY_SIZE);
     l->cq = cq;
     hixl_cq_ref(cq);
@@ -837,6 +889,18 @@ int hixl_link_open(const char *host, uint16_t port, uint64_t token, const uint8_
 int hixl_link_alive(hixl_link *l)
 {
     return !atomic_load(&l->closing) && !atomic_load(&l->dead);
+}
+
+int hixl_link_streams_up(hixl_link *l)
+{
+    int up = 0;
+    for (int i = 0; i < l->nstreams; i++) {
+        hixl_stream *s = &l->streams[i];
+        pthread_mutex_lock(&s->mu);
+        up += s->fd >= 0;
+        pthread_mutex_unlock(&s->mu);
+    }
+    return up;
 }
 
 uint64_t hixl_link_stream_pieces(hixl_link *l, int stream)

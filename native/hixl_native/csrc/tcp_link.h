@@ -34,6 +34,9 @@ typedef struct hixl_link hixl_link;
 int hixl_link_open(const char *host, uint16_t port, uint64_t token, const uint8_t *key,
                    int nstreams, hixl_cq *cq, uint64_t connect_timeout_ms, hixl_link **out);
 int hixl_link_alive(hixl_link *l);
+/* How many streams hold an open connection now (a lost one is reopened in
+ * the background by its idle worker, with a growing pause between tries). */
+int hixl_link_streams_up(hixl_link *l);
 /* How many request pieces `stream` was given so far (0 for no such stream). */
 uint64_t hixl_link_stream_pieces(hixl_link *l, int stream);
 /*

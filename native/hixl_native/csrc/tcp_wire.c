@@ -9,6 +9,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/random.h>
@@ -400,6 +401,24 @@ static void probe_sockbuf(void)
     sockbuf_snd = read_sysctl("/proc/sys/net/core/wmem_max") >= HIXL_SOCKBUF ? HIXL_SOCKBUF : 0;
 }
 
+/* Keepalive bounds of every data-plane socket (hixl_tcp_set_liveness);
+ * 0 leaves the kernel's default. Set once at start, before any socket. */
+static atomic_int keep_idle_s, keep_intvl_s, keep_cnt, user_timeout_ms;
+
+void hixl_tcp_set_liveness(int idle_s, int interval_s, int count, int user_timeout)
+{
+    atomic_store(&keep_idle_s, idle_s);
+    atomic_store(&keep_intvl_s, interval_s);
+    atomic_store(&keep_cnt, count);
+    atomic_store(&user_timeout_ms, user_timeout);
+}
+
+static void set_int_opt(int fd, int level, int name, int value)
+{
+    if (value > 0)
+        (void)setsockopt(fd, level, name, &value, sizeof(value));
+}
+
 void hixl_tcp_tune(int fd)
 {
     int one = 1;
@@ -407,6 +426,15 @@ void hixl_tcp_tune(int fd)
     /* Failures only cost speed, so they are ignored. */
     (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     (void)setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+    /* A silent peer (a partition, a stopped host) never sends EOF or RST:
+     * keepalive probes find an idle connection dead, and TCP_USER_TIMEOUT
+     * bounds how long sent data may stay unacknowledged, so a stream fails
+     * with ETIMEDOUT within the configured bound instead of the kernel's
+     * retransmission budget of many minutes. */
+    set_int_opt(fd, IPPROTO_TCP, TCP_KEEPIDLE, atomic_load(&keep_idle_s));
+    set_int_opt(fd, IPPROTO_TCP, TCP_KEEPINTVL, atomic_load(&keep_intvl_s));
+    set_int_opt(fd, IPPROTO_TCP, TCP_KEEPCNT, atomic_load(&keep_cnt));
+    set_int_opt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, atomic_load(&user_timeout_ms));
     if (sockbuf_rcv)
         (void)setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &sockbuf_rcv, sizeof(sockbuf_rcv));
     if (sockbuf_snd)

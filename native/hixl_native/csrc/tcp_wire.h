@@ -163,6 +163,10 @@ typedef struct hixl_addr {
 } hixl_addr;
 
 void hixl_tcp_tune(int fd);
+/* TCP keepalive (idle and interval seconds, probe count) and TCP_USER_TIMEOUT
+ * (ms) for every data-plane socket made or accepted from now on; 0 keeps the
+ * kernel's default for that option. */
+void hixl_tcp_set_liveness(int idle_s, int interval_s, int count, int user_timeout_ms);
 /* Resolves `host` and connects to the first address that answers, which is
  * stored in *addr_out for later reconnects. */
 int hixl_tcp_connect(const char *host, uint16_t port, int stop_fd, uint64_t deadline_ns,

@@ -22,9 +22,10 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from hixl_wire._proto.hixl.v1 import common_pb2 as hixl_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13hixl/v1/admin.proto\x12\x07hixl.v1\" \n\x0fSelfTestRequest\x12\r\n\x05\x62ytes\x18\x01 \x01(\x04\"\x96\x01\n\x0cLinkSelfTest\x12\x18\n\x10local_cluster_id\x18\x01 \x01(\x04\x12\x19\n\x11remote_cluster_id\x18\x02 \x01(\x04\x12\x11\n\ttransport\x18\x03 \x01(\t\x12\r\n\x05\x62ytes\x18\x04 \x01(\x04\x12\x0f\n\x07seconds\x18\x05 \x01(\x01\x12\x0f\n\x07skipped\x18\x06 \x01(\t\x12\r\n\x05\x65rror\x18\x07 \x01(\t\"5\n\rSelfTestReply\x12$\n\x05links\x18\x01 \x03(\x0b\x32\x15.hixl.v1.LinkSelfTest\"\\\n\rTransferCount\x12\n\n\x02op\x18\x01 \x01(\t\x12\x11\n\ttransport\x18\x02 \x01(\t\x12\x0e\n\x06status\x18\x03 \x01(\t\x12\r\n\x05\x63\x61lls\x18\x04 \x01(\x04\x12\r\n\x05\x62ytes\x18\x05 \x01(\x04\"\x12\n\x10GetStatusRequest\"\xa3\x01\n\rSessionStatus\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nclient_pid\x18\x02 \x01(\r\x12\x13\n\x0b\x63lient_name\x18\x03 \x01(\t\x12\x13\n\x0bhas_cluster\x18\x04 \x01(\x08\x12\x12\n\ncluster_id\x18\x05 \x01(\x04\x12\x18\n\x10lane_connections\x18\x06 \x01(\r\x12\x12\n\nlane_calls\x18\x07 \x01(\x04\"\xcd\x02\n\rClusterStatus\x12\x12\n\ncluster_id\x18\x01 \x01(\x04\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12\x0e\n\x06\x63\x61\x63hes\x18\x04 \x01(\r\x12\x0c\n\x04keys\x18\x05 \x01(\r\x12\x34\n\x07options\x18\x06 \x03(\x0b\x32#.hixl.v1.ClusterStatus.OptionsEntry\x12\x15\n\rrepeat_shapes\x18\x07 \x01(\r\x12\x1a\n\x12repeated_transfers\x18\x08 \x01(\x04\x12 \n\x18repeats_answered_at_once\x18\t \x01(\x04\x12\x16\n\x0elisten_address\x18\n \x01(\t\x12\x15\n\rlisten_shared\x18\x0b \x01(\x08\x1a.\n\x0cOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xd1\x01\n\nLinkStatus\x12\x18\n\x10local_cluster_id\x18\x01 \x01(\x04\x12\x19\n\x11remote_cluster_id\x18\x02 \x01(\x04\x12\x18\n\x10remote_daemon_id\x18\x03 \x01(\t\x12\x1b\n\x13remote_peer_address\x18\x04 \x01(\t\x12\x11\n\ttransport\x18\x05 \x01(\t\x12\x0f\n\x07streams\x18\x06 \x01(\r\x12\r\n\x05\x61live\x18\x07 \x01(\x08\x12\x11\n\tdirection\x18\x08 \x01(\t\x12\x11\n\tdata_path\x18\t \x01(\t\"\x81\x01\n\nPoolStatus\x12\x0f\n\x07pool_id\x18\x01 \x01(\r\x12\x12\n\ncluster_id\x18\x02 \x01(\x04\x12\x11\n\tplacement\x18\x03 \x01(\t\x12\x0c\n\x04size\x18\x04 \x01(\x04\x12\x0c\n\x04used\x18\x05 \x01(\x04\x12\x0c\n\x04\x66ree\x18\x06 \x01(\x04\x12\x11\n\tpage_size\x18\x07 \x01(\r\"p\n\x0b\x43\x61\x63heStatus\x12\x12\n\ncluster_id\x18\x01 \x01(\x04\x12\x10\n\x08\x63\x61\x63he_id\x18\x02 \x01(\x03\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\r\n\x05\x62ytes\x18\x04 \x01(\x04\x12\x0c\n\x04keys\x18\x05 \x01(\r\x12\x10\n\x08released\x18\x06 \x01(\x08\"\xdb\x05\n\x0c\x44\x61\x65monStatus\x12\x11\n\tdaemon_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x03 \x01(\t\x12\x10\n\x08uptime_s\x18\x04 \x01(\x01\x12\x14\n\x0cpeer_address\x18\x05 \x01(\t\x12\x14\n\x0c\x64\x61ta_address\x18\x06 \x01(\t\x12\x19\n\x11pool_budget_bytes\x18\x07 \x01(\x04\x12\x1b\n\x13pool_reserved_bytes\x18\x08 \x01(\x04\x12(\n\x08sessions\x18\t \x03(\x0b\x32\x16.hixl.v1.SessionStatus\x12(\n\x08\x63lusters\x18\n \x03(\x0b\x32\x16.hixl.v1.ClusterStatus\x12\"\n\x05links\x18\x0b \x03(\x0b\x32\x13.hixl.v1.LinkStatus\x12\"\n\x05pools\x18\x0c \x03(\x0b\x32\x13.hixl.v1.PoolStatus\x12$\n\x06\x63\x61\x63hes\x18\r \x03(\x0b\x32\x14.hixl.v1.CacheStatus\x12\x19\n\x11peer_lane_address\x18\x0e \x01(\t\x12\x17\n\x0fpeer_lane_calls\x18\x0f \x01(\x04\x12\x1b\n\x13transfers_under_way\x18\x10 \x01(\r\x12&\n\x07\x64\x65vices\x18\x11 \x03(\x0b\x32\x15.hixl.v1.DeviceStatus\x12)\n\ttransfers\x18\x12 \x03(\x0b\x32\x16.hixl.v1.TransferCount\x12\x0b\n\x03pid\x18\x13 \x01(\r\x12\x17\n\x0fmetrics_address\x18\x14 \x01(\t\x12\x35\n\x08refusals\x18\x15 \x03(\x0b\x32#.hixl.v1.DaemonStatus.RefusalsEntry\x12\x15\n\rtransfer_lane\x18\x16 \x01(\t\x12\x15\n\rengine_memory\x18\x17 \x01(\t\x1a/\n\rRefusalsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\x81\x01\n\x0c\x44\x65viceStatus\x12\x11\n\tdevice_id\x18\x01 \x01(\r\x12\x14\n\x0c\x62udget_bytes\x18\x02 \x01(\x04\x12\x16\n\x0ereserved_bytes\x18\x03 \x01(\x04\x12\x19\n\x11hccl_buffer_bytes\x18\x04 \x01(\x04\x12\x15\n\rcommunicators\x18\x05 \x01(\r\"\x0e\n\x0c\x44rainRequest\">\n\nDrainReply\x12\x18\n\x10\x61lready_draining\x18\x01 \x01(\x08\x12\x16\n\x0egrace_period_s\x18\x02 \x01(\x01\x32\xb9\x01\n\x05\x41\x64min\x12=\n\tGetStatus\x12\x19.hixl.v1.GetStatusRequest\x1a\x15.hixl.v1.DaemonStatus\x12\x33\n\x05\x44rain\x12\x15.hixl.v1.DrainRequest\x1a\x13.hixl.v1.DrainReply\x12<\n\x08SelfTest\x12\x18.hixl.v1.SelfTestRequest\x1a\x16.hixl.v1.SelfTestReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13hixl/v1/admin.proto\x12\x07hixl.v1\x1a\x14hixl/v1/common.proto\" \n\x0fSelfTestRequest\x12\r\n\x05\x62ytes\x18\x01 \x01(\x04\"\x96\x01\n\x0cLinkSelfTest\x12\x18\n\x10local_cluster_id\x18\x01 \x01(\x04\x12\x19\n\x11remote_cluster_id\x18\x02 \x01(\x04\x12\x11\n\ttransport\x18\x03 \x01(\t\x12\r\n\x05\x62ytes\x18\x04 \x01(\x04\x12\x0f\n\x07seconds\x18\x05 \x01(\x01\x12\x0f\n\x07skipped\x18\x06 \x01(\t\x12\r\n\x05\x65rror\x18\x07 \x01(\t\"5\n\rSelfTestReply\x12$\n\x05links\x18\x01 \x03(\x0b\x32\x15.hixl.v1.LinkSelfTest\"\\\n\rTransferCount\x12\n\n\x02op\x18\x01 \x01(\t\x12\x11\n\ttransport\x18\x02 \x01(\t\x12\x0e\n\x06status\x18\x03 \x01(\t\x12\r\n\x05\x63\x61lls\x18\x04 \x01(\x04\x12\r\n\x05\x62ytes\x18\x05 \x01(\x04\"\x12\n\x10GetStatusRequest\"\xa3\x01\n\rSessionStatus\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nclient_pid\x18\x02 \x01(\r\x12\x13\n\x0b\x63lient_name\x18\x03 \x01(\t\x12\x13\n\x0bhas_cluster\x18\x04 \x01(\x08\x12\x12\n\ncluster_id\x18\x05 \x01(\x04\x12\x18\n\x10lane_connections\x18\x06 \x01(\r\x12\x12\n\nlane_calls\x18\x07 \x01(\x04\"\xcd\x02\n\rClusterStatus\x12\x12\n\ncluster_id\x18\x01 \x01(\x04\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12\x0e\n\x06\x63\x61\x63hes\x18\x04 \x01(\r\x12\x0c\n\x04keys\x18\x05 \x01(\r\x12\x34\n\x07options\x18\x06 \x03(\x0b\x32#.hixl.v1.ClusterStatus.OptionsEntry\x12\x15\n\rrepeat_shapes\x18\x07 \x01(\r\x12\x1a\n\x12repeated_transfers\x18\x08 \x01(\x04\x12 \n\x18repeats_answered_at_once\x18\t \x01(\x04\x12\x16\n\x0elisten_address\x18\n \x01(\t\x12\x15\n\rlisten_shared\x18\x0b \x01(\x08\x1a.\n\x0cOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xf6\x01\n\nLinkStatus\x12\x18\n\x10local_cluster_id\x18\x01 \x01(\x04\x12\x19\n\x11remote_cluster_id\x18\x02 \x01(\x04\x12\x18\n\x10remote_daemon_id\x18\x03 \x01(\t\x12\x1b\n\x13remote_peer_address\x18\x04 \x01(\t\x12\x11\n\ttransport\x18\x05 \x01(\t\x12\x0f\n\x07streams\x18\x06 \x01(\r\x12\r\n\x05\x61live\x18\x07 \x01(\x08\x12\x11\n\tdirection\x18\x08 \x01(\t\x12\x11\n\tdata_path\x18\t \x01(\t\x12#\n\x06health\x18\n \x01(\x0b\x32\x13.hixl.v1.LinkHealth\"\x81\x01\n\nPoolStatus\x12\x0f\n\x07pool_id\x18\x01 \x01(\r\x12\x12\n\ncluster_id\x18\x02 \x01(\x04\x12\x11\n\tplacement\x18\x03 \x01(\t\x12\x0c\n\x04size\x18\x04 \x01(\x04\x12\x0c\n\x04used\x18\x05 \x01(\x04\x12\x0c\n\x04\x66ree\x18\x06 \x01(\x04\x12\x11\n\tpage_size\x18\x07 \x01(\r\"p\n\x0b\x43\x61\x63heStatus\x12\x12\n\ncluster_id\x18\x01 \x01(\x04\x12\x10\n\x08\x63\x61\x63he_id\x18\x02 \x01(\x03\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\r\n\x05\x62ytes\x18\x04 \x01(\x04\x12\x0c\n\x04keys\x18\x05 \x01(\r\x12\x10\n\x08released\x18\x06 \x01(\x08\"\xdb\x05\n\x0c\x44\x61\x65monStatus\x12\x11\n\tdaemon_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x03 \x01(\t\x12\x10\n\x08uptime_s\x18\x04 \x01(\x01\x12\x14\n\x0cpeer_address\x18\x05 \x01(\t\x12\x14\n\x0c\x64\x61ta_address\x18\x06 \x01(\t\x12\x19\n\x11pool_budget_bytes\x18\x07 \x01(\x04\x12\x1b\n\x13pool_reserved_bytes\x18\x08 \x01(\x04\x12(\n\x08sessions\x18\t \x03(\x0b\x32\x16.hixl.v1.SessionStatus\x12(\n\x08\x63lusters\x18\n \x03(\x0b\x32\x16.hixl.v1.ClusterStatus\x12\"\n\x05links\x18\x0b \x03(\x0b\x32\x13.hixl.v1.LinkStatus\x12\"\n\x05pools\x18\x0c \x03(\x0b\x32\x13.hixl.v1.PoolStatus\x12$\n\x06\x63\x61\x63hes\x18\r \x03(\x0b\x32\x14.hixl.v1.CacheStatus\x12\x19\n\x11peer_lane_address\x18\x0e \x01(\t\x12\x17\n\x0fpeer_lane_calls\x18\x0f \x01(\x04\x12\x1b\n\x13transfers_under_way\x18\x10 \x01(\r\x12&\n\x07\x64\x65vices\x18\x11 \x03(\x0b\x32\x15.hixl.v1.DeviceStatus\x12)\n\ttransfers\x18\x12 \x03(\x0b\x32\x16.hixl.v1.TransferCount\x12\x0b\n\x03pid\x18\x13 \x01(\r\x12\x17\n\x0fmetrics_address\x18\x14 \x01(\t\x12\x35\n\x08refusals\x18\x15 \x03(\x0b\x32#.hixl.v1.DaemonStatus.RefusalsEntry\x12\x15\n\rtransfer_lane\x18\x16 \x01(\t\x12\x15\n\rengine_memory\x18\x17 \x01(\t\x1a/\n\rRefusalsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\x81\x01\n\x0c\x44\x65viceStatus\x12\x11\n\tdevice_id\x18\x01 \x01(\r\x12\x14\n\x0c\x62udget_bytes\x18\x02 \x01(\x04\x12\x16\n\x0ereserved_bytes\x18\x03 \x01(\x04\x12\x19\n\x11hccl_buffer_bytes\x18\x04 \x01(\x04\x12\x15\n\rcommunicators\x18\x05 \x01(\r\"\x0e\n\x0c\x44rainRequest\">\n\nDrainReply\x12\x18\n\x10\x61lready_draining\x18\x01 \x01(\x08\x12\x16\n\x0egrace_period_s\x18\x02 \x01(\x01\x32\xb9\x01\n\x05\x41\x64min\x12=\n\tGetStatus\x12\x19.hixl.v1.GetStatusRequest\x1a\x15.hixl.v1.DaemonStatus\x12\x33\n\x05\x44rain\x12\x15.hixl.v1.DrainRequest\x1a\x13.hixl.v1.DrainReply\x12<\n\x08SelfTest\x12\x18.hixl.v1.SelfTestRequest\x1a\x16.hixl.v1.SelfTestReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,38 +36,38 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CLUSTERSTATUS_OPTIONSENTRY']._serialized_options = b'8\001'
   _globals['_DAEMONSTATUS_REFUSALSENTRY']._loaded_options = None
   _globals['_DAEMONSTATUS_REFUSALSENTRY']._serialized_options = b'8\001'
-  _globals['_SELFTESTREQUEST']._serialized_start=32
-  _globals['_SELFTESTREQUEST']._serialized_end=64
-  _globals['_LINKSELFTEST']._serialized_start=67
-  _globals['_LINKSELFTEST']._serialized_end=217
-  _globals['_SELFTESTREPLY']._serialized_start=219
-  _globals['_SELFTESTREPLY']._serialized_end=272
-  _globals['_TRANSFERCOUNT']._serialized_start=274
-  _globals['_TRANSFERCOUNT']._serialized_end=366
-  _globals['_GETSTATUSREQUEST']._serialized_start=368
-  _globals['_GETSTATUSREQUEST']._serialized_end=386
-  _globals['_SESSIONSTATUS']._serialized_start=389
-  _globals['_SESSIONSTATUS']._serialized_end=552
-  _globals['_CLUSTERSTATUS']._serialized_start=555
-  _globals['_CLUSTERSTATUS']._serialized_end=888
-  _globals['_CLUSTERSTATUS_OPTIONSENTRY']._serialized_start=842
-  _globals['_CLUSTERSTATUS_OPTIONSENTRY']._serialized_end=888
-  _globals['_LINKSTATUS']._serialized_start=891
-  _globals['_LINKSTATUS']._serialized_end=1100
-  _globals['_POOLSTATUS']._serialized_start=1103
-  _globals['_POOLSTATUS']._serialized_end=1232
-  _globals['_CACHESTATUS']._serialized_start=1234
-  _globals['_CACHESTATUS']._serialized_end=1346
-  _globals['_DAEMONSTATUS']._serialized_start=1349
-  _globals['_DAEMONSTATUS']._serialized_end=2080
-  _globals['_DAEMONSTATUS_REFUSALSENTRY']._serialized_start=2033
-  _globals['_DAEMONSTATUS_REFUSALSENTRY']._serialized_end=2080
-  _globals['_DEVICESTATUS']._serialized_start=2083
-  _globals['_DEVICESTATUS']._serialized_end=2212
-  _globals['_DRAINREQUEST']._serialized_start=2214
-  _globals['_DRAINREQUEST']._serialized_end=2228
-  _globals['_DRAINREPLY']._serialized_start=2230
-  _globals['_DRAINREPLY']._serialized_end=2292
-  _globals['_ADMIN']._serialized_start=2295
-  _globals['_ADMIN']._serialized_end=2480
+  _globals['_SELFTESTREQUEST']._serialized_start=54
+  _globals['_SELFTESTREQUEST']._serialized_end=86
+  _globals['_LINKSELFTEST']._serialized_start=89
+  _globals['_LINKSELFTEST']._serialized_end=239
+  _globals['_SELFTESTREPLY']._serialized_start=241
+  _globals['_SELFTESTREPLY']._serialized_end=294
+  _globals['_TRANSFERCOUNT']._serialized_start=296
+  _globals['_TRANSFERCOUNT']._serialized_end=388
+  _globals['_GETSTATUSREQUEST']._serialized_start=390
+  _globals['_GETSTATUSREQUEST']._serialized_end=408
+  _globals['_SESSIONSTATUS']._serialized_start=411
+  _globals['_SESSIONSTATUS']._serialized_end=574
+  _globals['_CLUSTERSTATUS']._serialized_start=577
+  _globals['_CLUSTERSTATUS']._serialized_end=910
+  _globals['_CLUSTERSTATUS_OPTIONSENTRY']._serialized_start=864
+  _globals['_CLUSTERSTATUS_OPTIONSENTRY']._serialized_end=910
+  _globals['_LINKSTATUS']._serialized_start=913
+  _globals['_LINKSTATUS']._serialized_end=1159
+  _globals['_POOLSTATUS']._serialized_start=1162
+  _globals['_POOLSTATUS']._serialized_end=1291
+  _globals['_CACHESTATUS']._serialized_start=1293
+  _globals['_CACHESTATUS']._serialized_end=1405
+  _globals['_DAEMONSTATUS']._serialized_start=1408
+  _globals['_DAEMONSTATUS']._serialized_end=2139
+  _globals['_DAEMONSTATUS_REFUSALSENTRY']._serialized_start=2092
+  _globals['_DAEMONSTATUS_REFUSALSENTRY']._serialized_end=2139
+  _globals['_DEVICESTATUS']._serialized_start=2142
+  _globals['_DEVICESTATUS']._serialized_end=2271
+  _globals['_DRAINREQUEST']._serialized_start=2273
+  _globals['_DRAINREQUEST']._serialized_end=2287
+  _globals['_DRAINREPLY']._serialized_start=2289
+  _globals['_DRAINREPLY']._serialized_end=2351
+  _globals['_ADMIN']._serialized_start=2354
+  _globals['_ADMIN']._serialized_end=2539
 # @@protoc_insertion_point(module_scope)

@@ -1,3 +1,4 @@
+from hixl_wire._proto.hixl.v1 import common_pb2 as _common_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -106,7 +107,7 @@ class ClusterStatus(_message.Message):
     def __init__(self, cluster_id: _Optional[int] = ..., role: _Optional[str] = ..., session_id: _Optional[str] = ..., caches: _Optional[int] = ..., keys: _Optional[int] = ..., options: _Optional[_Mapping[str, str]] = ..., repeat_shapes: _Optional[int] = ..., repeated_transfers: _Optional[int] = ..., repeats_answered_at_once: _Optional[int] = ..., listen_address: _Optional[str] = ..., listen_shared: _Optional[bool] = ...) -> None: ...
 
 class LinkStatus(_message.Message):
-    __slots__ = ("local_cluster_id", "remote_cluster_id", "remote_daemon_id", "remote_peer_address", "transport", "streams", "alive", "direction", "data_path")
+    __slots__ = ("local_cluster_id", "remote_cluster_id", "remote_daemon_id", "remote_peer_address", "transport", "streams", "alive", "direction", "data_path", "health")
     LOCAL_CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     REMOTE_CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     REMOTE_DAEMON_ID_FIELD_NUMBER: _ClassVar[int]
@@ -116,6 +117,7 @@ class LinkStatus(_message.Message):
     ALIVE_FIELD_NUMBER: _ClassVar[int]
     DIRECTION_FIELD_NUMBER: _ClassVar[int]
     DATA_PATH_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
     local_cluster_id: int
     remote_cluster_id: int
     remote_daemon_id: str
@@ -125,7 +127,8 @@ class LinkStatus(_message.Message):
     alive: bool
     direction: str
     data_path: str
-    def __init__(self, local_cluster_id: _Optional[int] = ..., remote_cluster_id: _Optional[int] = ..., remote_daemon_id: _Optional[str] = ..., remote_peer_address: _Optional[str] = ..., transport: _Optional[str] = ..., streams: _Optional[int] = ..., alive: _Optional[bool] = ..., direction: _Optional[str] = ..., data_path: _Optional[str] = ...) -> None: ...
+    health: _common_pb2.LinkHealth
+    def __init__(self, local_cluster_id: _Optional[int] = ..., remote_cluster_id: _Optional[int] = ..., remote_daemon_id: _Optional[str] = ..., remote_peer_address: _Optional[str] = ..., transport: _Optional[str] = ..., streams: _Optional[int] = ..., alive: _Optional[bool] = ..., direction: _Optional[str] = ..., data_path: _Optional[str] = ..., health: _Optional[_Union[_common_pb2.LinkHealth, _Mapping]] = ...) -> None: ...
 
 class PoolStatus(_message.Message):
     __slots__ = ("pool_id", "cluster_id", "placement", "size", "used", "free", "page_size")

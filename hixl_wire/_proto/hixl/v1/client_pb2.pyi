@@ -489,3 +489,27 @@ class ReportMappingsRequest(_message.Message):
 class ReportMappingsReply(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class QueryLinkStatesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ClusterLinkState(_message.Message):
+    __slots__ = ("remote_cluster_id", "direction", "remote_daemon_id", "transport", "health")
+    REMOTE_CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    DIRECTION_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_DAEMON_ID_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
+    remote_cluster_id: int
+    direction: str
+    remote_daemon_id: str
+    transport: str
+    health: _common_pb2.LinkHealth
+    def __init__(self, remote_cluster_id: _Optional[int] = ..., direction: _Optional[str] = ..., remote_daemon_id: _Optional[str] = ..., transport: _Optional[str] = ..., health: _Optional[_Union[_common_pb2.LinkHealth, _Mapping]] = ...) -> None: ...
+
+class QueryLinkStatesReply(_message.Message):
+    __slots__ = ("links",)
+    LINKS_FIELD_NUMBER: _ClassVar[int]
+    links: _containers.RepeatedCompositeFieldContainer[ClusterLinkState]
+    def __init__(self, links: _Optional[_Iterable[_Union[ClusterLinkState, _Mapping]]] = ...) -> None: ...

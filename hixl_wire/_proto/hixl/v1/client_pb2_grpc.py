@@ -149,6 +149,11 @@ class ClientStub:
                 request_serializer=hixl_dot_v1_dot_client__pb2.LayerReadyRequest.SerializeToString,
                 response_deserializer=hixl_dot_v1_dot_client__pb2.LayerReadyReply.FromString,
                 _registered_method=True)
+        self.QueryLinkStates = channel.unary_unary(
+                '/hixl.v1.Client/QueryLinkStates',
+                request_serializer=hixl_dot_v1_dot_client__pb2.QueryLinkStatesRequest.SerializeToString,
+                response_deserializer=hixl_dot_v1_dot_client__pb2.QueryLinkStatesReply.FromString,
+                _registered_method=True)
 
 
 class ClientServicer:
@@ -316,6 +321,14 @@ class ClientServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def QueryLinkStates(self, request, context):
+        """branch linkstate: the state of every link of the session's cluster,
+        outbound and inbound (LLMDataDist.query_link_states).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClientServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -433,6 +446,11 @@ def add_ClientServicer_to_server(servicer, server):
                     servicer.LayerReady,
                     request_deserializer=hixl_dot_v1_dot_client__pb2.LayerReadyRequest.FromString,
                     response_serializer=hixl_dot_v1_dot_client__pb2.LayerReadyReply.SerializeToString,
+            ),
+            'QueryLinkStates': grpc.unary_unary_rpc_method_handler(
+                    servicer.QueryLinkStates,
+                    request_deserializer=hixl_dot_v1_dot_client__pb2.QueryLinkStatesRequest.FromString,
+                    response_serializer=hixl_dot_v1_dot_client__pb2.QueryLinkStatesReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1056,6 +1074,33 @@ class Client:
             '/hixl.v1.Client/LayerReady',
             hixl_dot_v1_dot_client__pb2.LayerReadyRequest.SerializeToString,
             hixl_dot_v1_dot_client__pb2.LayerReadyReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def QueryLinkStates(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hixl.v1.Client/QueryLinkStates',
+            hixl_dot_v1_dot_client__pb2.QueryLinkStatesRequest.SerializeToString,
+            hixl_dot_v1_dot_client__pb2.QueryLinkStatesReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -73,3 +73,27 @@ class CallError(_message.Message):
     llm_status: int
     message: str
     def __init__(self, grpc_code: _Optional[int] = ..., llm_status: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class LinkHealth(_message.Message):
+    __slots__ = ("link_id", "state", "since_unix_s", "last_error", "streams_up", "streams", "bytes", "transfers", "failed_transfers", "lease_left_s")
+    LINK_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    SINCE_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    STREAMS_UP_FIELD_NUMBER: _ClassVar[int]
+    STREAMS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    TRANSFERS_FIELD_NUMBER: _ClassVar[int]
+    FAILED_TRANSFERS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_LEFT_S_FIELD_NUMBER: _ClassVar[int]
+    link_id: str
+    state: str
+    since_unix_s: float
+    last_error: str
+    streams_up: int
+    streams: int
+    bytes: int
+    transfers: int
+    failed_transfers: int
+    lease_left_s: float
+    def __init__(self, link_id: _Optional[str] = ..., state: _Optional[str] = ..., since_unix_s: _Optional[float] = ..., last_error: _Optional[str] = ..., streams_up: _Optional[int] = ..., streams: _Optional[int] = ..., bytes: _Optional[int] = ..., transfers: _Optional[int] = ..., failed_transfers: _Optional[int] = ..., lease_left_s: _Optional[float] = ...) -> None: ...

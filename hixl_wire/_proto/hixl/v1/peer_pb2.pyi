@@ -1,11 +1,21 @@
 from hixl_wire._proto.hixl.v1 import common_pb2 as _common_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class LeaseState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    LEASE_RENEWED: _ClassVar[LeaseState]
+    LEASE_UNKNOWN: _ClassVar[LeaseState]
+    LEASE_DROPPED: _ClassVar[LeaseState]
+LEASE_RENEWED: LeaseState
+LEASE_UNKNOWN: LeaseState
+LEASE_DROPPED: LeaseState
 
 class HelloRequest(_message.Message):
     __slots__ = ("protocol_version", "daemon_id", "version", "src_cluster_id", "dst_cluster_id", "backend", "challenge", "client_nonce", "proof")
@@ -30,7 +40,7 @@ class HelloRequest(_message.Message):
     def __init__(self, protocol_version: _Optional[int] = ..., daemon_id: _Optional[str] = ..., version: _Optional[str] = ..., src_cluster_id: _Optional[int] = ..., dst_cluster_id: _Optional[int] = ..., backend: _Optional[str] = ..., challenge: _Optional[bytes] = ..., client_nonce: _Optional[bytes] = ..., proof: _Optional[bytes] = ...) -> None: ...
 
 class HelloReply(_message.Message):
-    __slots__ = ("protocol_version", "daemon_id", "version", "data_host", "data_port", "link_token", "backend", "lane_port", "link_key", "server_proof")
+    __slots__ = ("protocol_version", "daemon_id", "version", "data_host", "data_port", "link_token", "backend", "lane_port", "link_key", "server_proof", "lease_ms")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     DAEMON_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -41,6 +51,7 @@ class HelloReply(_message.Message):
     LANE_PORT_FIELD_NUMBER: _ClassVar[int]
     LINK_KEY_FIELD_NUMBER: _ClassVar[int]
     SERVER_PROOF_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MS_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     daemon_id: str
     version: str
@@ -51,7 +62,8 @@ class HelloReply(_message.Message):
     lane_port: int
     link_key: bytes
     server_proof: bytes
-    def __init__(self, protocol_version: _Optional[int] = ..., daemon_id: _Optional[str] = ..., version: _Optional[str] = ..., data_host: _Optional[str] = ..., data_port: _Optional[int] = ..., link_token: _Optional[int] = ..., backend: _Optional[str] = ..., lane_port: _Optional[int] = ..., link_key: _Optional[bytes] = ..., server_proof: _Optional[bytes] = ...) -> None: ...
+    lease_ms: int
+    def __init__(self, protocol_version: _Optional[int] = ..., daemon_id: _Optional[str] = ..., version: _Optional[str] = ..., data_host: _Optional[str] = ..., data_port: _Optional[int] = ..., link_token: _Optional[int] = ..., backend: _Optional[str] = ..., lane_port: _Optional[int] = ..., link_key: _Optional[bytes] = ..., server_proof: _Optional[bytes] = ..., lease_ms: _Optional[int] = ...) -> None: ...
 
 class ChallengeRequest(_message.Message):
     __slots__ = ()
@@ -222,3 +234,21 @@ class HcclRank(_message.Message):
     device_id: int
     device_ip: str
     def __init__(self, host_ip: _Optional[str] = ..., device_id: _Optional[int] = ..., device_ip: _Optional[str] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("daemon_id", "link_tokens")
+    DAEMON_ID_FIELD_NUMBER: _ClassVar[int]
+    LINK_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    daemon_id: str
+    link_tokens: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, daemon_id: _Optional[str] = ..., link_tokens: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class HeartbeatReply(_message.Message):
+    __slots__ = ("daemon_id", "states", "lease_ms")
+    DAEMON_ID_FIELD_NUMBER: _ClassVar[int]
+    STATES_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    daemon_id: str
+    states: _containers.RepeatedScalarFieldContainer[LeaseState]
+    lease_ms: int
+    def __init__(self, daemon_id: _Optional[str] = ..., states: _Optional[_Iterable[_Union[LeaseState, str]]] = ..., lease_ms: _Optional[int] = ...) -> None: ...

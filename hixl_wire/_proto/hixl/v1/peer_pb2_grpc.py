@@ -89,6 +89,11 @@ class PeerStub:
                 request_serializer=hixl_dot_v1_dot_peer__pb2.HcclRankInfoRequest.SerializeToString,
                 response_deserializer=hixl_dot_v1_dot_peer__pb2.HcclRank.FromString,
                 _registered_method=True)
+        self.Heartbeat = channel.unary_unary(
+                '/hixl.v1.Peer/Heartbeat',
+                request_serializer=hixl_dot_v1_dot_peer__pb2.HeartbeatRequest.SerializeToString,
+                response_deserializer=hixl_dot_v1_dot_peer__pb2.HeartbeatReply.FromString,
+                _registered_method=True)
 
 
 class PeerServicer:
@@ -184,6 +189,15 @@ class PeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Heartbeat(self, request, context):
+        """branch linkstate: the linking daemon's heartbeat, which renews the
+        leases of its links to this daemon (one call for all of them) and
+        tells it whether this daemon is still the one it linked to.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -241,6 +255,11 @@ def add_PeerServicer_to_server(servicer, server):
                     servicer.HcclRankInfo,
                     request_deserializer=hixl_dot_v1_dot_peer__pb2.HcclRankInfoRequest.FromString,
                     response_serializer=hixl_dot_v1_dot_peer__pb2.HcclRank.SerializeToString,
+            ),
+            'Heartbeat': grpc.unary_unary_rpc_method_handler(
+                    servicer.Heartbeat,
+                    request_deserializer=hixl_dot_v1_dot_peer__pb2.HeartbeatRequest.FromString,
+                    response_serializer=hixl_dot_v1_dot_peer__pb2.HeartbeatReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -540,6 +559,33 @@ class Peer:
             '/hixl.v1.Peer/HcclRankInfo',
             hixl_dot_v1_dot_peer__pb2.HcclRankInfoRequest.SerializeToString,
             hixl_dot_v1_dot_peer__pb2.HcclRank.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Heartbeat(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hixl.v1.Peer/Heartbeat',
+            hixl_dot_v1_dot_peer__pb2.HeartbeatRequest.SerializeToString,
+            hixl_dot_v1_dot_peer__pb2.HeartbeatReply.FromString,
             options,
             channel_credentials,
             insecure,
