@@ -327,11 +327,16 @@ def _links(target: str, status: admin_pb2.DaemonStatus, config: DaemonConfig | N
         name = (f"link {link.local_cluster_id}->{link.remote_cluster_id}"
                 if link.direction == "outbound" else
                 f"link {link.remote_cluster_id}->{link.local_cluster_id} (inbound)")
-        state = getattr(link, "state", "") or ("up" if link.alive else "down")
+        state = link.health.state or ("up" if link.alive else "down")
+        if link.health.last_error and state != "up":
+            state += f" ({link.health.last_error})"
         path = link.transport + (f", {link.streams} streams" if link.streams else "") + (
             f", {link.data_path}" if link.data_path else "")
-        if not link.alive:
+        if not link.alive or link.health.state in ("down", "closed"):
             yield Finding(name, FAIL, f"{path}: {state}")
+            continue
+        if link.health.state == "degraded":
+            yield Finding(name, WARN, f"{path}: {state}")
             continue
         test = tests.get((link.local_cluster_id, link.remote_cluster_id))
         if link.direction != "outbound":

@@ -164,7 +164,8 @@ class InboundLinks:
                               asyncio.get_running_loop().time())
         self._links[token] = inbound
         self._data_server.authorize(token, dst_cluster_id, grant.key, grant.may_write)
-        self._stats.link_state("inbound", "up")
+        stats = self._stats
+        inbound.health.on_change = lambda state: stats.link_state("inbound", state.value)
         logger.info("link %s: cluster %d of daemon %s (%s) linked to cluster %d%s",
                     inbound.link_id, src_cluster_id, src_daemon_id, identity or "?",
                     dst_cluster_id, "" if grant.may_write else ", read only",
@@ -276,7 +277,6 @@ class InboundLinks:
         inbound = self._links.pop(token, None)
         self._data_server.revoke(token)
         if inbound is not None:
-            self._stats.link_state("inbound", "closed")
             if why.startswith("lease ended"):
                 logger.warning("link %s: %s; dropped (token revoked)", inbound.link_id, why)
             inbound.health.move_to(LinkState.CLOSED, why)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import enum
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 logger = logging.getLogger(__name__)
@@ -54,6 +55,9 @@ class LinkHealth:
     bytes: int = 0
     transfers: int = 0
     failed_transfers: int = 0
+    # Told every state entered (the daemon's counters of transitions, for /metrics).
+    on_change: Callable[[LinkState], None] | None = field(default=None, repr=False,
+                                                          compare=False)
 
     def move_to(self, state: LinkState, why: str = "") -> bool:
         """Enter ``state`` (a no-op if already there, except that ``why`` is kept);
@@ -65,6 +69,8 @@ class LinkHealth:
         if state is self.state:
             return False
         previous, self.state, self.since = self.state, state, time.time()
+        if self.on_change is not None:
+            self.on_change(state)
         level = logging.WARNING if state in _WARNED else logging.INFO
         logger.log(level, "link %s: %s -> %s%s", self.link_id, previous.value, state.value,
                    f" ({why})" if why else "")

@@ -49,11 +49,6 @@ logger = logging.getLogger(__name__)
 SCRAPE_TIMEOUT_S = 5.0
 
 
-def link_state(link_alive: bool, state: str | None) -> str:
-    """A link's state label: its own state once links have one, else up or down."""
-    return state or ("up" if link_alive else "down")
-
-
 class DaemonCollector(Collector):
     """The daemon's metric families, read from the engine at scrape time."""
 
@@ -157,11 +152,11 @@ class DaemonCollector(Collector):
             for link in cluster.links.values():
                 transport_info = link.info()
                 key = ("outbound", transport_info.name,
-                       link_state(transport_info.alive, getattr(link, "state", None)))
+                       link.health.state.value)
                 links[key] = links.get(key, 0) + 1
         for inbound in engine.inbound.all():
             key = ("inbound", inbound.side.name,
-                   link_state(inbound.side.alive, getattr(inbound, "state", None)))
+                   inbound.health.state.value)
             links[key] = links.get(key, 0) + 1
         link_gauge = GaugeMetricFamily("hixl_links", "Links, by direction, transport and state",
                                        labels=["direction", "transport", "state"])

@@ -84,7 +84,8 @@ class OutboundLinks:
             raise LLMException(f"already linked to cluster {remote_cluster_id}",
                                status_code=LLMStatusCode.LLM_ALREADY_LINK)
         cluster.links[remote_cluster_id] = link
-        self._stats.link_state("outbound", "up")
+        stats = self._stats
+        link.health.on_change = lambda state: stats.link_state("outbound", state.value)
         logger.info("link %s: cluster %d linked to cluster %d at %s over %s", link.link_id,
                     cluster.cluster_id, remote_cluster_id, address, link.transport.name,
                     extra=keys(session=cluster.session_id, cluster=cluster.cluster_id,
@@ -194,7 +195,6 @@ class OutboundLinks:
         """Close the link here and, with ``notify``, tell the far daemon; an Unlink it
         did not hear is retried in the background while its lease lasts."""
         link.health.move_to(LinkState.CLOSED)
-        self._stats.link_state("outbound", "closed")
         await link.transport.close()
         if not notify:
             return True

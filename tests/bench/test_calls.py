@@ -27,7 +27,9 @@ def test_every_process_reports_its_calls_per_request(op: str, path: str) -> None
     assert 10 < _calls(out, "client") < 1000
     assert 10 < _calls(out, "daemon A (initiator)") < 1000
     if path == "tcp":
-        # the target's data server is native: repeats cost it no Python
-        assert _calls(out, "daemon B (target)") < 1
+        # The target's data server is native: repeats cost it no Python. What it
+        # shows is its timers' work in the window (lease checks, status), spread
+        # over these few requests: a small part of the initiator's.
+        assert _calls(out, "daemon B (target)") < 0.2 * _calls(out, "daemon A (initiator)")
     else:
         assert "daemon B" not in out
