@@ -79,6 +79,8 @@ OTHER_ENV_VARIABLES = frozenset({
     "HIXL_DEBUG",  # setup.py: a debug build of the native extension
     "HIXL_BENCH_CALLS_DIR",  # hixl-bench: where its calls tool writes profiles
     "HIXL_TRACING",  # clients: "1" turns on OpenTelemetry spans (the tracing extra)
+    "HIXL_BENCH_MOONCAKE_PYTHON",  # the bench tests: an interpreter with Mooncake TE
+    "HIXL_BENCH_NIXL_PYTHON",  # the bench tests: an interpreter with NIXL
 })
 OTHER_ENV_PREFIXES = ("HIXL_DOUBLE_",)  # the CANN test double's knobs (tests/cann_double)
 # sun_path holds 108 bytes on Linux and 104 on macOS, including the final NUL.
