@@ -59,12 +59,12 @@ def test_deadline_without_answer(
         assert wait_one(cq, 5) == (1, hn.E_TIMEOUT)
         elapsed = time.monotonic() - start
         assert 0.18 < elapsed < 2.0, elapsed
-        # a timeout is not a dead peer: the stream resets and reconnects
+        # a timeout is not a dead peer: the stream resets and reconnects, in the
+        # background or for the next request, whichever comes first
         assert link.alive
-        before = raw_server.accepted
         link.write(2, local, quads([(1, 0, 0, 4 * KIB)]), 100)
         assert wait_one(cq, 5) == (2, hn.E_TIMEOUT)
-        assert raw_server.accepted > before
+        assert raw_server.accepted >= 2  # the first connection, then the new one
 
 
 @pytest.mark.parametrize("raw_server", ["no_accept"], indirect=True)
@@ -115,8 +115,8 @@ def test_peer_dies_mid_request(
         got = sorted(wait_completions(cq, 2, 5))
         assert got == [(1, hn.E_CLOSED), (2, hn.E_CLOSED)]
         assert time.monotonic() - start < 2.0
-        assert not link.alive
-        # later requests fail at once instead of reconnecting
+        # A later request fails too: at once while the stream is down, or on the
+        # stream reopened in the background, which this server closes again.
         link.write(3, local, quads([(1, 0, 0, 4 * KIB)]), 10_000)
         assert wait_one(cq, 2) == (3, hn.E_CLOSED)
 
