@@ -172,10 +172,10 @@ class Caches:
         cluster.buffers[buffer_id] = buffer
         return buffer_id
 
-    def register(self, cluster: Cluster, spec: NewCache, buffer_id: int,
-                 tensor_offsets: list[int], keys: list[KeySpec], remote_accessible: bool,
-                 buffer_address: int = 0, client_addrs: list[int] | None = None,
-                 pool_id: int | None = None) -> tuple[CacheEntry, list[CacheEntry]]:
+    async def register(self, cluster: Cluster, spec: NewCache, buffer_id: int,
+                       tensor_offsets: list[int], keys: list[KeySpec], remote_accessible: bool,
+                       buffer_address: int = 0, client_addrs: list[int] | None = None,
+                       pool_id: int | None = None) -> tuple[CacheEntry, list[CacheEntry]]:
         """Describe user memory as a cache; return it and caches its keys orphaned.
 
         The memory is a shareable buffer the client uploaded (``buffer_id``),
@@ -191,7 +191,7 @@ class Caches:
             cluster.registry.check_blocks_key(spec.blocks_model_id)
         memory: Memory
         if client_addrs:
-            memory = self._reach(cluster, spec, client_addrs)
+            memory = await self._reach(cluster, spec, client_addrs)
             tensor_offsets = [a - memory.process.base for a in client_addrs]  # type: ignore[union-attr]
         elif pool_id is not None:
             pool = next((p for p in cluster.pools.values() if p.pool_id == pool_id), None)
@@ -227,9 +227,10 @@ class Caches:
                            writable=remote_accessible, registered=True)
         return entry, cluster.registry.add_registered(entry, keys)
 
-    def _reach(self, cluster: Cluster, spec: NewCache, addrs: list[int]) -> ProcessMemory:
+    async def _reach(self, cluster: Cluster, spec: NewCache, addrs: list[int]) -> ProcessMemory:
         """The client's own memory at ``addrs``, probed (LLM_PARAM_INVALID if the
-        daemon may not or cannot reach it)."""
+        daemon may not or cannot reach it). The probe reads the client's memory
+        and its /proc maps, so it runs off the event loop."""
         if self._ascend is not None:
             raise LLMException(
                 "the hixl daemon reaches engine-allocated memory only on its host backend; "
@@ -242,8 +243,13 @@ class Caches:
             count, size = self._bounce_shape
             self._bounce = (hixl_native.BouncePool(count, size),
                             hixl_native.BouncePool(count, size))
-        return reach(cluster.process, cluster.cluster_id, addrs, spec.tensor_size,
-                     self._bounce, self.policy)
+        memory = await asyncio.to_thread(reach, cluster.process, cluster.cluster_id, addrs,
+                                         spec.tensor_size, self._bounce, self.policy)
+        if cluster.closed:  # finalized while the probe ran: nothing may keep the memory
+            memory.release()
+            raise LLMException(f"cluster {cluster.cluster_id} was finalized during the "
+                               f"registration", status_code=LLMStatusCode.LLM_FAILED)
+        return memory
 
     async def unregister(self, cluster: Cluster, cache_id: int) -> None:
         entry = cluster.registry.unregister(cache_id)

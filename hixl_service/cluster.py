@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from hixl_client.status import LLMException, LLMStatusCode
 from hixl_client.types import LLMRole, Placement
+from hixl_wire.status import param_invalid as _invalid
 
 from .cluster_listeners import (
     OPT_LISTEN_IP_INFO,
@@ -43,9 +44,6 @@ DEFAULT_SYNC_TIMEOUT_MS = 1000
 SUPPORTED_TRANSFER_BACKENDS = ("hixl",)
 MAX_LINK_RETRY_COUNT = 100
 
-
-def _invalid(message: str) -> LLMException:
-    return LLMException(message, status_code=LLMStatusCode.LLM_PARAM_INVALID)
 
 
 @dataclass(frozen=True)

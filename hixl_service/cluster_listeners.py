@@ -36,6 +36,7 @@ import grpc
 import grpc.aio
 
 from hixl_client.status import LLMException, LLMStatusCode
+from hixl_wire.status import param_invalid as _invalid
 
 from .listeners import is_loopback
 
@@ -43,9 +44,6 @@ logger = logging.getLogger(__name__)
 
 OPT_LISTEN_IP_INFO = "llm.listenIpInfo"
 
-
-def _invalid(message: str) -> LLMException:
-    return LLMException(message, status_code=LLMStatusCode.LLM_PARAM_INVALID)
 
 
 @dataclass(frozen=True)

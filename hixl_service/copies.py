@@ -9,16 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hixl_client.status import LLMException, LLMStatusCode
+from hixl_wire.status import param_invalid as _invalid
 
 from .cluster import Cluster
 from .engine import Engine
 from .memory.base import Memory
 from .planning import Blocks, Layout, TensorRun, plan_blocks, plan_slot_copy, total_bytes
-
-
-def _invalid(message: str) -> LLMException:
-    return LLMException(message, status_code=LLMStatusCode.LLM_PARAM_INVALID)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from hixl_client.status import LLMException, LLMStatusCode
 from hixl_wire._proto.hixl.v1 import client_pb2
+from hixl_wire.status import param_invalid as _invalid
 
 from . import tracing
 from .cluster import Cluster
@@ -36,9 +37,6 @@ from .transports.base import Place
 
 TENSORS_PER_LAYER = 2  # transfer_cache_async moves K and V of each layer
 
-
-def _invalid(message: str) -> LLMException:
-    return LLMException(message, status_code=LLMStatusCode.LLM_PARAM_INVALID)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from hixl_native._core import block_ranges, run_ranges
 
-from hixl_client.status import LLMException, LLMStatusCode
+from hixl_wire.status import param_invalid as _invalid
 
 Range = tuple[int, int, int]  # (src_offset, dst_offset, length)
 Ranges = Any  # numpy array of shape (n, 3), dtype uint64: src, dst, length
@@ -61,9 +61,6 @@ def block_list(indices: Any) -> Blocks:
 _NO_BLOCKS = np.empty(0, dtype=U64)
 _NO_BLOCKS.flags.writeable = False
 
-
-def _invalid(message: str) -> LLMException:
-    return LLMException(message, status_code=LLMStatusCode.LLM_PARAM_INVALID)
 
 
 @dataclass(frozen=True)

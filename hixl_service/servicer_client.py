@@ -14,6 +14,7 @@ from hixl_client.status import LLMException, LLMStatusCode
 from hixl_client.types import DataType, LLMRole, Placement, bytes_per_element
 from hixl_wire._proto.hixl.v1 import client_pb2, client_pb2_grpc, common_pb2
 from hixl_wire.lane import RepeatFrame
+from hixl_wire.status import param_invalid as _invalid
 
 from . import copies, tracing
 from .calls import CallInfo, GrpcContext, call_info_of, unary
@@ -40,9 +41,6 @@ MAX_SHAPE_RANK = 32
 # LLM-DataDist links up to 16 clusters of one call in parallel.
 MAX_PARALLEL_LINKS = 16
 
-
-def _invalid(message: str) -> LLMException:
-    return LLMException(message, status_code=LLMStatusCode.LLM_PARAM_INVALID)
 
 
 def new_cache_from_proto(desc: common_pb2.CacheDescriptor, blocks: bool,
@@ -318,7 +316,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         cluster = self._engine.cluster_of(self._session(context))
         model_id = request.blocks_key.model_id if request.has_blocks_key else None
         spec = new_cache_from_proto(request.desc, request.blocks, model_id)
-        entry, orphans = self._engine.caches.register(
+        entry, orphans = await self._engine.caches.register(
             cluster, spec, request.buffer_id, list(request.tensor_offsets),
             [key_from_proto(k) for k in request.keys], request.remote_accessible,
             request.buffer_address, list(request.client_addrs),

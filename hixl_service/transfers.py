@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from hixl_client.status import LLMException, LLMStatusCode
+from hixl_wire.status import param_invalid as _invalid
 
 from .cluster import Cluster
 from .links import FarCache, OutboundLink
@@ -45,9 +46,6 @@ PLAN_OFF_LOOP_BLOCKS = 4096
 # success (a release not confirmed is logged) before that cuts it off.
 RELEASE_SLACK_S = 0.25
 
-
-def _invalid(message: str) -> LLMException:
-    return LLMException(message, status_code=LLMStatusCode.LLM_PARAM_INVALID)
 
 
 @dataclass(slots=True)

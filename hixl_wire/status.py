@@ -40,6 +40,7 @@ __all__ = [
     "QualifiedIntEnum",
     "code_2_status",
     "error_from_rpc",
+    "param_invalid",
     "status_from_grpc",
     "status_metadata",
 ]
@@ -146,6 +147,11 @@ class LLMException(RuntimeError):
         # Exceptions pickle as cls(*args), which would drop the keyword-only code
         # (matters for multiprocessing and executor pools).
         return (_rebuild_exception, (type(self), self.args, self._status_code))
+
+
+def param_invalid(message: str) -> LLMException:
+    """The error of a broken rule: ``LLMException(message, LLM_PARAM_INVALID)``."""
+    return LLMException(message, status_code=LLMStatusCode.LLM_PARAM_INVALID)
 
 
 def _rebuild_exception(
