@@ -19,7 +19,7 @@ def _calls(output: str, process: str) -> float:
 @pytest.mark.parametrize(("op", "path"), [("pull", "tcp"), ("blocks", "local")])
 def test_every_process_reports_its_calls_per_request(op: str, path: str) -> None:
     done = subprocess.run([sys.executable, "-m", "hixl_bench.calls", "--op", op, "--path", path,
-                           "--requests", "40", "--top", "3"],
+                           "--requests", "400", "--top", "3"],
                           capture_output=True, text=True, timeout=120, check=True)
     out = done.stdout
     # every request costs the client and the initiating daemon Python work,
@@ -28,8 +28,8 @@ def test_every_process_reports_its_calls_per_request(op: str, path: str) -> None
     assert 10 < _calls(out, "daemon A (initiator)") < 1000
     if path == "tcp":
         # The target's data server is native: repeats cost it no Python. What it
-        # shows is its timers' work in the window (lease checks, status), spread
-        # over these few requests: a small part of the initiator's.
-        assert _calls(out, "daemon B (target)") < 0.2 * _calls(out, "daemon A (initiator)")
+        # shows is its timers' work in the window (lease checks, the status
+        # line), spread over the requests: well under one call each.
+        assert _calls(out, "daemon B (target)") < 1
     else:
         assert "daemon B" not in out
