@@ -18,8 +18,8 @@ The daemons are profiled on their event-loop thread only, between two
 signals this tool sends, so their timers' work in that window (lease checks,
 the status line) counts too: well under one call per request over a few
 hundred requests (link heartbeats are slowed down for the run). A
-``sitecustomize`` module placed on their ``PYTHONPATH`` installs the handlers. Copies run natively and are not
-counted.
+``sitecustomize`` module placed on their ``PYTHONPATH`` installs the handlers.
+Copies run natively and are not counted.
 """
 
 from __future__ import annotations
