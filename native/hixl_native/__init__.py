@@ -7,6 +7,7 @@ Everything here is implemented in C behind a Cython wrapper (``_core``); see
 from hixl_native._core import (
     E_BUSY,
     E_CANCELLED,
+    E_CHECKSUM,
     E_CLOSED,
     E_GONE,
     E_IO,
@@ -28,6 +29,7 @@ from hixl_native._core import (
     SharedPool,
     copy_process,
     copy_ranges,
+    crc32c,
     live_objects,
     set_tcp_liveness,
     status_name,
@@ -36,6 +38,7 @@ from hixl_native._core import (
 __all__ = [
     "E_BUSY",
     "E_CANCELLED",
+    "E_CHECKSUM",
     "E_CLOSED",
     "E_GONE",
     "E_IO",
@@ -57,6 +60,7 @@ __all__ = [
     "SharedPool",
     "copy_process",
     "copy_ranges",
+    "crc32c",
     "live_objects",
     "set_tcp_liveness",
     "status_name",

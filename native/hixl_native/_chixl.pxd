@@ -1,7 +1,7 @@
 # C declarations of the native core (csrc/). Only what the Cython layer
 # touches is declared; everything here is callable without the GIL.
 
-from libc.stdint cimport int32_t, uint8_t, uint16_t, uint64_t
+from libc.stdint cimport int32_t, uint8_t, uint16_t, uint32_t, uint64_t
 
 
 cdef extern from "hixl_common.h" nogil:
@@ -14,6 +14,7 @@ cdef extern from "hixl_common.h" nogil:
         HIXL_E_PROTO
         HIXL_E_CANCELLED
         HIXL_E_GONE
+        HIXL_E_CHECKSUM
         HIXL_E_NOMEM
         HIXL_E_EXHAUSTED
         HIXL_E_INVAL
@@ -177,9 +178,18 @@ cdef extern from "tcp_server.h" nogil:
     void hixl_server_destroy(hixl_server *s)
 
 
+cdef extern from "crc32c.h" nogil:
+    uint32_t hixl_crc32c(uint32_t crc, const void *buf, size_t len)
+    uint32_t hixl_crc32c_table(uint32_t crc, const void *buf, size_t len)
+    int hixl_crc32c_hardware()
+
+
 cdef extern from "tcp_link.h" nogil:
     ctypedef struct hixl_link:
         pass
+
+    enum:
+        HIXL_SUBMIT_CRC32C
 
     int hixl_link_open(const char *host, uint16_t port, uint64_t token, const uint8_t *key,
                        int nstreams, hixl_cq *cq, uint64_t connect_timeout_ms, hixl_link **out)

@@ -22,12 +22,16 @@ E_IO: int
 E_PROTO: int
 E_CANCELLED: int
 E_GONE: int
+E_CHECKSUM: int
 E_BUSY: int
 KEY_SIZE: int
 
 def status_name(code: int) -> str: ...
 def live_objects() -> dict[str, int]: ...
 def set_tcp_liveness(idle_s: int, interval_s: int, count: int, user_timeout_ms: int) -> None: ...
+def crc32c(data: Buffer, crc: int = 0) -> int: ...
+def crc32c_table(data: Buffer, crc: int = 0) -> int: ...
+def crc32c_hardware() -> bool: ...
 
 class NativeError(RuntimeError):
     code: int
@@ -221,6 +225,8 @@ class DataLink:
         wait_us: int = 0,
         remote_shift: int = 0,
         local_shift: int = 0,
+        *,
+        checksum: bool = False,
     ) -> int | None: ...
     def write_to(
         self,
@@ -232,6 +238,8 @@ class DataLink:
         wait_us: int = 0,
         remote_shift: int = 0,
         local_shift: int = 0,
+        *,
+        checksum: bool = False,
     ) -> int | None: ...
     def close(self) -> None: ...
     def __enter__(self) -> Self: ...

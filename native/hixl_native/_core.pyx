@@ -10,12 +10,13 @@ cimport cython
 from cpython.buffer cimport (
     PyBUF_C_CONTIGUOUS,
     PyBUF_FORMAT,
+    PyBUF_SIMPLE,
     PyBuffer_FillInfo,
     PyBuffer_Release,
     PyObject_GetBuffer,
 )
 from libc.errno cimport errno
-from libc.stdint cimport uint8_t, uint16_t, uint64_t, uintptr_t
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
 

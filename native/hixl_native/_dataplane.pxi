@@ -33,6 +33,46 @@ def set_tcp_liveness(idle_s, interval_s, count, user_timeout_ms):
     hixl_tcp_set_liveness(idle, interval, cnt, user)
 
 
+def crc32c(data, crc=0):
+    """The CRC-32C (Castagnoli) of a buffer, as the data plane's checksum
+    trailer carries it (``tcp_wire.h``); computed with the GIL released.
+
+    Args:
+        data: Any contiguous buffer.
+        crc: A previous result to continue from (0 to start).
+
+    Returns:
+        The CRC as an int.
+    """
+    cdef Py_buffer view
+    cdef uint32_t c = <uint32_t>_int_in(crc, 0, 0xFFFFFFFF, "crc")
+    PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+    try:
+        with nogil:
+            c = hixl_crc32c(c, view.buf, <size_t>view.len)
+    finally:
+        PyBuffer_Release(&view)
+    return c
+
+
+def crc32c_table(data, crc=0):
+    """``crc32c`` by the byte table alone, whatever the CPU offers (for tests)."""
+    cdef Py_buffer view
+    cdef uint32_t c = <uint32_t>_int_in(crc, 0, 0xFFFFFFFF, "crc")
+    PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+    try:
+        with nogil:
+            c = hixl_crc32c_table(c, view.buf, <size_t>view.len)
+    finally:
+        PyBuffer_Release(&view)
+    return c
+
+
+def crc32c_hardware():
+    """Whether ``crc32c`` uses the CPU's CRC instruction (SSE4.2, ARMv8 CRC32)."""
+    return bool(hixl_crc32c_hardware())
+
+
 def run_ranges(src_offsets, src_first, src_add, dst_offsets, dst_first, dst_add, count,
                length):
     """The merged ranges of a run of tensor pairs, for the planners.
@@ -273,10 +313,10 @@ _MAX_WAIT_US = 100_000
 cdef object _submit_region(DataLink link, int op, object request_id, object local,
                            object region_id, object ranges, int remote_col, int local_col,
                            object timeout_ms, object wait_us, uint64_t remote_shift,
-                           uint64_t local_shift):
+                           uint64_t local_shift, bint checksum):
     """DataLink._submit with ranges as (offset, offset, length) triples in one
     region, each offset shifted; returns the final status when the request
-    ended here, else None."""
+    ended here, else None. ``checksum``: the request carries a CRC-32C."""
     cdef size_t n = 0, i
     cdef uint64_t size, roff, loff, length
     cdef const uint8_t *triples
@@ -306,6 +346,8 @@ cdef object _submit_region(DataLink link, int op, object request_id, object loca
     cdef uint64_t wait = _int_in(wait_us, 0, _MAX_WAIT_US, "wait_us")
     _u64_view(ranges, 3, "ranges", &view)
     viewing = True
+    if checksum:
+        op |= HIXL_SUBMIT_CRC32C
     try:
         n = <size_t>(view.len // 24)
         quads = <uint64_t *>malloc(32 * n if n else 1)
@@ -348,6 +390,14 @@ cdef object _submit_region(DataLink link, int op, object request_id, object loca
             with nogil:
                 rc = hixl_link_submit_wait(link._l, op, rid, mlocal._m, <uint8_t *>quads, n,
                                            tmo, wait, &status)
+            hixl_mapping_unpin(mlocal._m)
+        elif checksum:
+            # A small piece may be sent, and its CRC computed, on this thread:
+            # without the GIL, the mapping pinned as above.
+            mlocal._check_open()
+            hixl_mapping_pin(mlocal._m)
+            with nogil:
+                rc = hixl_link_submit(link._l, op, rid, mlocal._m, <uint8_t *>quads, n, tmo)
             hixl_mapping_unpin(mlocal._m)
         else:
             rc = hixl_link_submit(link._l, op, rid, mlocal._m, <uint8_t *>quads, n, tmo)
@@ -468,7 +518,8 @@ cdef class DataLink:
         return 0
 
     def read_from(self, request_id, dst not None, region_id, ranges, timeout_ms,
-                  wait_us=0, uint64_t remote_shift=0, uint64_t local_shift=0):
+                  wait_us=0, uint64_t remote_shift=0, uint64_t local_shift=0, *,
+                  bint checksum=False):
         """``read`` of ranges that all lie in one remote region, maybe finished here.
 
         With ``wait_us`` > 0, a request of at most 512 KiB may be sent whole
@@ -490,6 +541,9 @@ cdef class DataLink:
             remote_shift, local_shift: Added to every range's remote and
                 local offset before it is checked: one list of ranges serves
                 every pair of batch slots without a new list per request.
+            checksum: The far end sends a CRC-32C of the payload after it,
+                checked over what arrived; a difference ends the request with
+                ``E_CHECKSUM`` (``tcp_wire.h``).
 
         Returns:
             The request's status when it ended here (then nothing is posted),
@@ -499,10 +553,11 @@ cdef class DataLink:
             As ``read``.
         """
         return _submit_region(self, HIXL_OP_READ, request_id, dst, region_id, ranges, 0, 1,
-                              timeout_ms, wait_us, remote_shift, local_shift)
+                              timeout_ms, wait_us, remote_shift, local_shift, checksum)
 
     def write_to(self, request_id, src not None, region_id, ranges, timeout_ms,
-                 wait_us=0, uint64_t remote_shift=0, uint64_t local_shift=0):
+                 wait_us=0, uint64_t remote_shift=0, uint64_t local_shift=0, *,
+                 bint checksum=False):
         """``write`` of ranges that all lie in one remote region, maybe finished here.
 
         Args:
@@ -513,6 +568,9 @@ cdef class DataLink:
                 length), e.g. an ``(n, 3)`` uint64 array.
             timeout_ms: Deadline for the whole request, > 0.
             wait_us, remote_shift, local_shift: As for ``read_from``.
+            checksum: A CRC-32C of the payload follows it; the far end checks
+                it over what landed and answers ``E_CHECKSUM`` on a difference
+                (the bytes are in place then, but not to be trusted).
 
         Returns:
             As ``read_from``.
@@ -521,7 +579,7 @@ cdef class DataLink:
             As ``write``.
         """
         return _submit_region(self, HIXL_OP_WRITE, request_id, src, region_id, ranges, 1, 0,
-                              timeout_ms, wait_us, remote_shift, local_shift)
+                              timeout_ms, wait_us, remote_shift, local_shift, checksum)
 
     def read(self, request_id, Mapping dst not None, ranges, timeout_ms):
         """Start reading remote ranges into ``dst``; returns at once.

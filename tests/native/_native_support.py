@@ -135,6 +135,7 @@ class RawClient:
         timeout_ms: int = 10_000,
         nranges: int | None = None,
         total: int | None = None,
+        flags: int = 0,
     ) -> None:
         """Send a REQUEST header and its range list (not a WRITE payload)."""
         real_total = sum(r[2] for r in ranges)
@@ -144,7 +145,7 @@ class RawClient:
                 VERSION,
                 3,
                 op,
-                0,
+                flags,
                 0,
                 len(ranges) if nranges is None else nranges,
                 tag,
@@ -157,9 +158,14 @@ class RawClient:
 
     def reply(self) -> tuple[int, int]:
         """Return (tag, status) of the next REPLY."""
-        magic, _v, kind, status, _r, tag = REPLY.unpack(recv_exact(self.sock, REPLY.size))
+        tag, status, _flags = self.reply_flags()
+        return tag, status
+
+    def reply_flags(self) -> tuple[int, int, int]:
+        """Return (tag, status, flags) of the next REPLY."""
+        magic, _v, kind, status, reserved, tag = REPLY.unpack(recv_exact(self.sock, REPLY.size))
         assert (magic, kind) == (MAGIC, 4)
-        return int(tag), int(status)
+        return int(tag), int(status), reserved & 0xFF
 
     def at_eof(self) -> bool:
         """True when the target closed the connection."""
@@ -248,6 +254,97 @@ class RawServer:
         self._wake_w.send(b"x")
         if self._thread is not None:
             self._thread.join(5)
+        self._listener.close()
+        self._wake_r.close()
+        self._wake_w.close()
+
+
+# Bytes each side sends to complete a connection's handshake (tcp_wire.h).
+HANDSHAKE_C2S = HELLO.size + PROOF.size
+HANDSHAKE_S2C = CHALLENGE.size + WELCOME.size
+
+
+class FlipRelay:
+    """A TCP relay in front of a data server that damages one byte in flight.
+
+    The first connection through it gets the byte at ``offset`` of direction
+    ``direction`` ("c2s": initiator to target, "s2c": back) XOR-ed with
+    0x01, once; everything else passes unchanged. One thread pumps both
+    directions of every connection, so a test's link sees a real socket
+    whose bytes were changed after they left the sender's memory.
+    """
+
+    def __init__(self, target_port: int, direction: str, offset: int) -> None:
+        assert direction in ("c2s", "s2c")
+        self.direction = direction
+        self.offset = offset
+        self.flipped = threading.Event()
+        self._target = target_port
+        self._connections = 0
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._listener.getsockname()[1]
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._thread = threading.Thread(target=self._run, name="flip-relay", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        # peer socket -> (its partner, direction, bytes seen, connection number)
+        pipes: dict[socket.socket, list[Any]] = {}
+        with selectors.DefaultSelector() as sel:
+            sel.register(self._listener, selectors.EVENT_READ)
+            sel.register(self._wake_r, selectors.EVENT_READ)
+            try:
+                while True:
+                    for key, _ in sel.select(timeout=30):
+                        sock = key.fileobj
+                        if sock is self._wake_r:
+                            return
+                        if sock is self._listener:
+                            client, _ = self._listener.accept()
+                            client.settimeout(10)
+                            upstream = socket.create_connection(("127.0.0.1", self._target), 5)
+                            number = self._connections
+                            self._connections += 1
+                            pipes[client] = [upstream, "c2s", 0, number]
+                            pipes[upstream] = [client, "s2c", 0, number]
+                            sel.register(client, selectors.EVENT_READ)
+                            sel.register(upstream, selectors.EVENT_READ)
+                        else:
+                            self._pump(sel, pipes, sock)  # type: ignore[arg-type]
+            finally:
+                for sock in pipes:
+                    sock.close()
+
+    def _pump(self, sel: selectors.BaseSelector, pipes: dict[socket.socket, list[Any]],
+              sock: socket.socket) -> None:
+        try:
+            data = bytearray(sock.recv(1 << 20))
+        except ConnectionError:
+            data = bytearray()
+        pipe = pipes.get(sock)
+        if pipe is None:
+            return
+        partner, direction, seen, number = pipe
+        if not data:
+            for end in (sock, partner):
+                if end in pipes:
+                    sel.unregister(end)
+                    del pipes[end]
+                    end.close()
+            return
+        at = self.offset - seen
+        if number == 0 and direction == self.direction and 0 <= at < len(data):
+            data[at] ^= 0x01
+            self.flipped.set()
+        pipe[2] = seen + len(data)
+        try:
+            partner.sendall(data)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self._wake_w.send(b"x")
+        self._thread.join(5)
         self._listener.close()
         self._wake_r.close()
         self._wake_w.close()

@@ -27,6 +27,8 @@ enum {
     /* Client-process memory (xmem.h) revoked, or its process exited;
      * posted in completions, never sent by a data server (which refuses). */
     HIXL_E_GONE = -7,
+    /* A request's CRC-32C trailer (tcp_wire.h) did not match its payload. */
+    HIXL_E_CHECKSUM = -8,
     /* Local API errors only; never sent to a peer nor posted. */
     HIXL_E_NOMEM = -20,
     HIXL_E_EXHAUSTED = -21,

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "copy.h"
+#include "crc32c.h"
 #include "hixl_common.h"
 #include "tcp_wire.h"
 
@@ -37,7 +38,7 @@ typedef struct hixl_piece {
     uint32_t nranges;
     uint64_t bytes;
     uint8_t *wire;      /* nranges little-endian wire ranges */
-    struct iovec *iov;  /* [header][ranges or reply][npayload payload iovecs] */
+    struct iovec *iov;  /* [header][ranges or reply][npayload payload iovecs][trailer] */
     uint32_t npayload;  /* nranges, or 1: the bounce buffer of client-process memory */
     struct iovec *remote; /* client-process memory: the ranges' addresses there */
     uint8_t *bounce;    /* taken while the piece runs */
@@ -52,6 +53,8 @@ typedef struct hixl_piece {
     hixl_iovcur in;
     uint8_t hdr[HIXL_REQUEST_SIZE];
     uint8_t reply[HIXL_REPLY_SIZE];
+    uint8_t trailer[HIXL_TRAILER_SIZE]; /* the payload's CRC, with HIXL_FLAG_CRC32C */
+    hixl_crcwin crc;    /* a READ's: of the payload bytes received so far */
 } hixl_piece;
 
 typedef struct hixl_request {
@@ -61,6 +64,7 @@ typedef struct hixl_request {
     hixl_xmem *xmem;     /* client-process memory, through bounce buffers */
     uint64_t deadline_ns;
     int op;
+    uint8_t flags; /* HIXL_FLAG_* of every piece's request */
     atomic_int remaining;
     atomic_int status;
     size_t npieces;
@@ -162,7 +166,7 @@ static void start_piece(planner *pl)
         hixl_piece *p = &pl->r->pieces[pl->npieces];
         p->req = pl->r;
         p->wire = pl->wire + pl->nwire * HIXL_RANGE_SIZE;
-        p->iov = pl->iov + pl->nwire + 2 * pl->npieces;
+        p->iov = pl->iov + pl->nwire + 3 * pl->npieces;
         p->remote = pl->remote != NULL ? pl->remote + pl->nwire : NULL;
     }
     pl->npieces++;
@@ -230,7 +234,7 @@ static hixl_request *build_request(hixl_link *l, const uint8_t *quads, size_t n,
     plan(&pl, quads, n);
 
     size_t pieces_size = pl.npieces * sizeof(hixl_piece);
-    size_t iov_size = (pl.nwire + 2 * pl.npieces) * sizeof(struct iovec);
+    size_t iov_size = (pl.nwire + 3 * pl.npieces) * sizeof(struct iovec);
     size_t remote_size = bounce_cap > 0 ? pl.nwire * sizeof(struct iovec) : 0;
     hixl_request *r = calloc(1, sizeof(*r) + pieces_size + iov_size + remote_size +
                                     pl.nwire * HIXL_RANGE_SIZE);
@@ -262,21 +266,35 @@ static uint32_t budget_ms(uint64_t deadline)
 static hixl_iovcur prepare_request(hixl_piece *p, uint64_t deadline)
 {
     hixl_request *r = p->req;
-    hixl_request_hdr h = {.op = (uint8_t)r->op, .nranges = p->nranges, .tag = r->node.id,
-                          .total_bytes = p->bytes, .timeout_ms = budget_ms(deadline)};
+    hixl_request_hdr h = {.op = (uint8_t)r->op, .flags = r->flags, .nranges = p->nranges,
+                          .tag = r->node.id, .total_bytes = p->bytes,
+                          .timeout_ms = budget_ms(deadline)};
     hixl_put_request(p->hdr, &h);
     p->iov[0] = (struct iovec){p->hdr, sizeof(p->hdr)};
     p->iov[1] = (struct iovec){p->wire, (size_t)p->nranges * HIXL_RANGE_SIZE};
-    /* A WRITE's payload goes out in the same sendmsg batches as its header. */
-    return (hixl_iovcur){p->iov, r->op == HIXL_OP_WRITE ? 2 + (size_t)p->npayload : 2};
+    if (r->op != HIXL_OP_WRITE)
+        return (hixl_iovcur){p->iov, 2};
+    /* A WRITE's payload (and its CRC) go out in the same sendmsg batches as
+     * its header; nothing of it is on the wire yet, so the iovecs are whole. */
+    size_t cnt = 2 + (size_t)p->npayload;
+    if (r->flags & HIXL_FLAG_CRC32C) {
+        hixl_put_trailer(p->trailer, hixl_crc32c_iov(p->iov + 2, p->npayload));
+        p->iov[cnt++] = (struct iovec){p->trailer, sizeof(p->trailer)};
+    }
+    return (hixl_iovcur){p->iov, cnt};
 }
 
 static int check_reply(hixl_piece *p, int32_t *status)
 {
     uint64_t tag;
-    if (hixl_get_reply(p->reply, &tag, status) != HIXL_OK || tag != p->req->node.id)
+    uint8_t flags;
+    if (hixl_get_reply(p->reply, &tag, status, &flags) != HIXL_OK || tag != p->req->node.id)
         return HIXL_E_PROTO;
-    if (*status > HIXL_OK || *status < HIXL_E_CANCELLED)
+    if (*status > HIXL_OK || (*status < HIXL_E_CANCELLED && *status != HIXL_E_CHECKSUM))
+        return HIXL_E_PROTO;
+    /* A target that did not honour the CRC flag checked nothing (and did not
+     * read a WRITE's trailer): the request cannot be trusted. */
+    if (*status == HIXL_OK && (p->req->flags & ~flags) != 0)
         return HIXL_E_PROTO;
     return HIXL_OK;
 }
@@ -292,15 +310,20 @@ static int check_reply(hixl_piece *p, int32_t *status)
 static int recv_reply(int fd, int stop_fd, hixl_piece *p, uint64_t deadline)
 {
     int read = p->req->op == HIXL_OP_READ;
+    /* A READ's CRC trailer follows its payload, through the same cursor. */
+    size_t crc = read && (p->req->flags & HIXL_FLAG_CRC32C) ? sizeof(p->trailer) : 0;
     int rc;
     if (!p->replied) {
         if (p->got == 0) {
             p->iov[1] = (struct iovec){p->reply, sizeof(p->reply)};
-            p->in = (hixl_iovcur){p->iov + 1, read ? 1 + (size_t)p->npayload : 1};
+            p->iov[2 + p->npayload] = (struct iovec){p->trailer, sizeof(p->trailer)};
+            p->in = (hixl_iovcur){p->iov + 1,
+                                  read ? 1 + (size_t)p->npayload + (crc ? 1 : 0) : 1};
+            p->crc = (hixl_crcwin){.lo = sizeof(p->reply), .hi = sizeof(p->reply) + p->bytes};
         }
         if (p->got < sizeof(p->reply)) {
-            rc = hixl_recv_iov(fd, stop_fd, &p->in, sizeof(p->reply) - p->got, deadline,
-                               &p->got);
+            rc = hixl_recv_iov_crc(fd, stop_fd, &p->in, sizeof(p->reply) - p->got, deadline,
+                                   &p->got, crc ? &p->crc : NULL);
             if (rc != HIXL_OK)
                 return rc;
         }
@@ -311,16 +334,21 @@ static int recv_reply(int fd, int stop_fd, hixl_piece *p, uint64_t deadline)
             return p->got == sizeof(p->reply) ? status : HIXL_E_PROTO;
         p->replied = 1;
     }
-    size_t total = sizeof(p->reply) + (read ? (size_t)p->bytes : 0);
-    if (p->got < total)
-        return hixl_recv_iov(fd, stop_fd, &p->in, total - p->got, deadline, &p->got);
+    size_t total = sizeof(p->reply) + (read ? (size_t)p->bytes + crc : 0);
+    if (p->got < total
+        && (rc = hixl_recv_iov_crc(fd, stop_fd, &p->in, total - p->got, deadline, &p->got,
+                                   crc ? &p->crc : NULL)) != HIXL_OK)
+        return rc;
+    if (crc && hixl_get_trailer(p->trailer) != p->crc.crc)
+        return HIXL_E_CHECKSUM; /* every byte arrived: the stream is in step */
     return HIXL_OK;
 }
 
 static uint64_t outgoing_bytes(const hixl_piece *p)
 {
     uint64_t n = HIXL_REQUEST_SIZE + (uint64_t)p->nranges * HIXL_RANGE_SIZE;
-    return p->req->op == HIXL_OP_WRITE ? n + p->bytes : n;
+    uint64_t crc = (p->req->flags & HIXL_FLAG_CRC32C) ? HIXL_TRAILER_SIZE : 0;
+    return p->req->op == HIXL_OP_WRITE ? n + p->bytes + crc : n;
 }
 
 /* ---- queues ---- */
@@ -431,7 +459,7 @@ static int run_inline(hixl_stream *s, hixl_piece *p, uint64_t wait_ns)
     int rc = recv_reply(s->fd, s->link->stop_fd, p, until);
     if (rc == HIXL_E_TIMEOUT && hixl_now_ns() < r->deadline_ns)
         return PENDING; /* no reply yet: the worker waits on, to the real deadline */
-    if (rc != HIXL_OK && rc != HIXL_E_REFUSED) {
+    if (rc != HIXL_OK && rc != HIXL_E_REFUSED && rc != HIXL_E_CHECKSUM) {
         p->early_rc = rc; /* the stream is out of sync: the worker drops it */
         return PENDING;
     }
@@ -448,6 +476,8 @@ static int submit(hixl_link *l, int op, uint64_t request_id, hixl_mapping *local
 {
     if (atomic_load(&l->closing))
         return HIXL_E_CLOSED;
+    uint8_t flags = (op & HIXL_SUBMIT_CRC32C) ? HIXL_FLAG_CRC32C : 0;
+    op &= ~HIXL_SUBMIT_CRC32C;
     if (op != HIXL_OP_READ && op != HIXL_OP_WRITE)
         return HIXL_E_INVAL;
     int rc;
@@ -467,6 +497,7 @@ static int submit(hixl_link *l, int op, uint64_t request_id, hixl_mapping *local
     r->local = local;
     r->xmem = xmem;
     r->op = op;
+    r->flags = flags;
     r->deadline_ns = hixl_deadline_after_ms(timeout_ms);
     if (xmem != NULL) {
         hixl_xmem_ref(xmem);
@@ -794,7 +825,7 @@ static int run_piece(hixl_stream *s, hixl_piece *p)
     rc = send_request(s, p, r->deadline_ns);
     if (rc == HIXL_OK)
         rc = recv_reply(s->fd, l->stop_fd, p, r->deadline_ns);
-    if (rc == HIXL_OK || rc == HIXL_E_REFUSED)
+    if (rc == HIXL_OK || rc == HIXL_E_REFUSED || rc == HIXL_E_CHECKSUM)
         return unstage_piece(p, rc); /* the stream is still in sync */
     unstage_piece(p, rc);
     return out_of_sync(s, rc); /* anything else leaves the byte stream unknown */

@@ -39,8 +39,13 @@ int hixl_link_alive(hixl_link *l);
 int hixl_link_streams_up(hixl_link *l);
 /* How many request pieces `stream` was given so far (0 for no such stream). */
 uint64_t hixl_link_stream_pieces(hixl_link *l, int stream);
+/* Or'ed into a submit's `op`: the request carries a CRC-32C of its payload
+ * (tcp_wire.h) and ends with HIXL_E_CHECKSUM when the payload differs. */
+#define HIXL_SUBMIT_CRC32C 0x100
+
 /*
- * Queues a READ or WRITE (HIXL_OP_*) and returns at once. `quads` holds n
+ * Queues a READ or WRITE (HIXL_OP_*, maybe with HIXL_SUBMIT_CRC32C) and
+ * returns at once. `quads` holds n
  * (remote_region, remote_offset, local_offset, length) uint64 quads in host
  * order, already bounds-checked against `local` by the caller. Exactly one
  * completion is posted later; HIXL_E_CLOSED (nothing posted) once the link

@@ -15,6 +15,7 @@
 
 #include <openssl/crypto.h>
 
+#include "crc32c.h"
 #include "hixl_common.h"
 #include "tcp_wire.h"
 
@@ -196,7 +197,7 @@ static int reserve_buffers(hixl_conn *c, size_t n)
     free(c->held);
     free(c->owners);
     c->ranges = malloc(n * HIXL_RANGE_SIZE);
-    c->iov = malloc((n + 1) * sizeof(*c->iov)); /* +1: the reply header */
+    c->iov = malloc((n + 2) * sizeof(*c->iov)); /* +2: the reply header, a CRC trailer */
     c->held = malloc(n * sizeof(*c->held));
     c->owners = malloc(n * sizeof(*c->owners));
     c->cap = (c->ranges && c->iov && c->held && c->owners) ? n : 0;
@@ -244,10 +245,11 @@ static int discard(hixl_conn *c, uint64_t bytes, uint64_t deadline)
     return HIXL_OK;
 }
 
-static int send_reply(hixl_conn *c, uint64_t tag, int status, uint64_t deadline)
+static int send_reply(hixl_conn *c, uint64_t tag, int status, uint8_t flags,
+                      uint64_t deadline)
 {
     uint8_t reply[HIXL_REPLY_SIZE];
-    hixl_put_reply(reply, tag, status);
+    hixl_put_reply(reply, tag, status, flags);
     return hixl_send_buf(c->fd, c->srv->stop_fd, reply, sizeof(reply), deadline);
 }
 
@@ -256,20 +258,36 @@ static int send_reply(hixl_conn *c, uint64_t tag, int status, uint64_t deadline)
 static int transfer(hixl_conn *c, const hixl_request_hdr *h, int status, uint64_t deadline)
 {
     int stop = c->srv->stop_fd;
+    uint8_t crc = h->flags & HIXL_FLAG_CRC32C; /* honoured: echoed in the reply */
+    uint8_t trailer[HIXL_TRAILER_SIZE];
+    size_t n = h->nranges;
     if (h->op == HIXL_OP_WRITE) {
         int rc;
         if (status == HIXL_OK) {
-            hixl_iovcur cur = {c->iov + 1, h->nranges};
-            rc = hixl_recv_iov(c->fd, stop, &cur, (size_t)h->total_bytes, deadline, NULL);
+            /* The trailer lands through the same cursor, after the payload;
+             * the CRC is taken of the payload's bytes as they arrive. */
+            c->iov[1 + n] = (struct iovec){trailer, sizeof(trailer)};
+            hixl_iovcur cur = {c->iov + 1, n + (crc ? 1 : 0)};
+            size_t want = (size_t)h->total_bytes + (crc ? sizeof(trailer) : 0);
+            hixl_crcwin win = {.lo = 0, .hi = h->total_bytes};
+            rc = hixl_recv_iov_crc(c->fd, stop, &cur, want, deadline, NULL, crc ? &win : NULL);
+            if (rc == HIXL_OK && crc && hixl_get_trailer(trailer) != win.crc)
+                status = HIXL_E_CHECKSUM;
         } else {
-            rc = discard(c, h->total_bytes, deadline);
+            rc = discard(c, h->total_bytes + (crc ? sizeof(trailer) : 0), deadline);
         }
-        return rc != HIXL_OK ? rc : send_reply(c, h->tag, status, deadline);
+        return rc != HIXL_OK ? rc : send_reply(c, h->tag, status, crc, deadline);
     }
     uint8_t reply[HIXL_REPLY_SIZE];
-    hixl_put_reply(reply, h->tag, status);
+    hixl_put_reply(reply, h->tag, status, status == HIXL_OK ? crc : 0);
     c->iov[0] = (struct iovec){reply, sizeof(reply)};
-    hixl_iovcur cur = {c->iov, status == HIXL_OK ? (size_t)h->nranges + 1 : 1};
+    size_t cnt = status == HIXL_OK ? n + 1 : 1;
+    if (status == HIXL_OK && crc) {
+        /* Of the memory as it is sent: nothing of it is on the wire yet. */
+        hixl_put_trailer(trailer, hixl_crc32c_iov(c->iov + 1, n));
+        c->iov[cnt++] = (struct iovec){trailer, sizeof(trailer)};
+    }
+    hixl_iovcur cur = {c->iov, cnt};
     return hixl_send_iov(c->fd, stop, &cur, deadline);
 }
 
@@ -308,19 +326,30 @@ static int transfer_bounced(hixl_conn *c, const hixl_request_hdr *h, hixl_bounce
     hixl_segs segs = {.iov = c->iov + 1, .owner = c->owners, .n = h->nranges};
     uint64_t left = h->total_bytes;
     int rc = HIXL_OK;
+    /* The CRC of the bytes as they pass through the bounce buffer. */
+    uint8_t crc_on = h->flags & HIXL_FLAG_CRC32C;
+    uint32_t crc = 0;
+    uint8_t trailer[HIXL_TRAILER_SIZE];
     if (h->op == HIXL_OP_WRITE) {
         int status = HIXL_OK;
         while (rc == HIXL_OK && left > 0) {
             size_t take = left < cap ? (size_t)left : cap;
             rc = hixl_recv_buf(c->fd, stop, buf, take, deadline);
+            if (rc == HIXL_OK && crc_on)
+                crc = hixl_crc32c(crc, buf, take);
             if (rc == HIXL_OK && status == HIXL_OK)
                 status = hixl_segs_scatter(&segs, buf, take);
             left -= take;
         }
         if (status == HIXL_E_GONE)
             status = HIXL_E_REFUSED;
+        if (rc == HIXL_OK && crc_on) {
+            rc = hixl_recv_buf(c->fd, stop, trailer, sizeof(trailer), deadline);
+            if (rc == HIXL_OK && status == HIXL_OK && hixl_get_trailer(trailer) != crc)
+                status = HIXL_E_CHECKSUM;
+        }
         if (rc == HIXL_OK)
-            rc = send_reply(c, h->tag, status, deadline);
+            rc = send_reply(c, h->tag, status, crc_on, deadline);
     } else {
         int first = 1;
         while (rc == HIXL_OK && (left > 0 || first)) {
@@ -328,22 +357,29 @@ static int transfer_bounced(hixl_conn *c, const hixl_request_hdr *h, hixl_bounce
             int status = hixl_segs_gather(&segs, buf, cap, &got);
             if (status != HIXL_OK) {
                 /* Before the first byte: a clean refusal; after: out of step. */
-                rc = first ? send_reply(c, h->tag, HIXL_E_REFUSED, deadline) : HIXL_E_IO;
+                rc = first ? send_reply(c, h->tag, HIXL_E_REFUSED, 0, deadline) : HIXL_E_IO;
+                crc_on = 0; /* nothing more follows */
                 break;
             }
             uint8_t reply[HIXL_REPLY_SIZE];
-            struct iovec iov[2];
+            struct iovec iov[3];
             size_t cnt = 0;
             if (first) {
-                hixl_put_reply(reply, h->tag, HIXL_OK);
+                hixl_put_reply(reply, h->tag, HIXL_OK, crc_on);
                 iov[cnt++] = (struct iovec){reply, sizeof(reply)};
                 first = 0;
             }
             if (got > 0)
                 iov[cnt++] = (struct iovec){buf, got};
+            left -= got;
+            if (crc_on)
+                crc = hixl_crc32c(crc, buf, got);
+            if (crc_on && left == 0) { /* the trailer goes out with the last chunk */
+                hixl_put_trailer(trailer, crc);
+                iov[cnt++] = (struct iovec){trailer, sizeof(trailer)};
+            }
             hixl_iovcur cur = {iov, cnt};
             rc = hixl_send_iov(c->fd, stop, &cur, deadline);
-            left -= got;
         }
     }
     hixl_bounce_give(b, buf);
@@ -360,7 +396,7 @@ static int serve_request(hixl_conn *c)
     if (rc != HIXL_OK)
         return rc;
     if (hixl_get_request(hdr, &h) != HIXL_OK) {
-        send_reply(c, h.tag, HIXL_E_PROTO, deadline);
+        send_reply(c, h.tag, HIXL_E_PROTO, 0, deadline);
         return HIXL_E_PROTO;
     }
     if ((rc = reserve_buffers(c, h.nranges)) != HIXL_OK)
@@ -370,7 +406,7 @@ static int serve_request(hixl_conn *c)
     if (rc != HIXL_OK)
         return rc;
     if (sum_lengths(c->ranges, h.nranges, &total) != HIXL_OK || total != h.total_bytes) {
-        send_reply(c, h.tag, HIXL_E_PROTO, deadline);
+        send_reply(c, h.tag, HIXL_E_PROTO, 0, deadline);
         return HIXL_E_PROTO;
     }
     deadline = hixl_deadline_after_ms((uint64_t)h.timeout_ms + DEADLINE_GRACE_MS);

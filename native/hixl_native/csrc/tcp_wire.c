@@ -19,6 +19,7 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 
+#include "crc32c.h"
 #include "hixl_common.h"
 
 /* ---- thread helper (shared by server and link) ---- */
@@ -162,7 +163,7 @@ void hixl_put_request(uint8_t *b, const hixl_request_hdr *h)
 {
     put_prefix(b, HIXL_MSG_REQUEST);
     b[8] = h->op;
-    b[9] = 0;
+    b[9] = h->flags;
     put16(b + 10, 0);
     put32(b + 12, h->nranges);
     put64(b + 16, h->tag);
@@ -174,6 +175,7 @@ void hixl_put_request(uint8_t *b, const hixl_request_hdr *h)
 int hixl_get_request(const uint8_t *b, hixl_request_hdr *h)
 {
     h->op = b[8];
+    h->flags = b[9];
     h->nranges = get32(b + 12);
     h->tag = get64(b + 16);
     h->total_bytes = get64(b + 24);
@@ -181,7 +183,7 @@ int hixl_get_request(const uint8_t *b, hixl_request_hdr *h)
     if (check_prefix(b, HIXL_MSG_REQUEST) != HIXL_OK)
         return HIXL_E_PROTO;
     if ((h->op != HIXL_OP_READ && h->op != HIXL_OP_WRITE) || h->nranges == 0
-        || h->nranges > HIXL_WIRE_MAX_RANGES)
+        || h->nranges > HIXL_WIRE_MAX_RANGES || (h->flags & ~HIXL_FLAG_CRC32C) != 0)
         return HIXL_E_PROTO;
     return HIXL_OK;
 }
@@ -193,19 +195,33 @@ void hixl_put_range(uint8_t *b, uint64_t region, uint64_t offset, uint64_t lengt
     put64(b + 16, length);
 }
 
-void hixl_put_reply(uint8_t *b, uint64_t tag, int32_t status)
+void hixl_put_reply(uint8_t *b, uint64_t tag, int32_t status, uint8_t flags)
 {
     put_prefix(b, HIXL_MSG_REPLY);
     put32(b + 8, (uint32_t)status);
     put32(b + 12, 0);
+    b[12] = flags;
     put64(b + 16, tag);
 }
 
-int hixl_get_reply(const uint8_t *b, uint64_t *tag, int32_t *status)
+int hixl_get_reply(const uint8_t *b, uint64_t *tag, int32_t *status, uint8_t *flags)
 {
     *status = (int32_t)get32(b + 8);
+    *flags = b[12];
     *tag = get64(b + 16);
     return check_prefix(b, HIXL_MSG_REPLY);
+}
+
+void hixl_put_trailer(uint8_t *b, uint32_t crc) { put32(b, crc); }
+
+uint32_t hixl_get_trailer(const uint8_t *b) { return get32(b); }
+
+uint32_t hixl_crc32c_iov(const struct iovec *iov, size_t n)
+{
+    uint32_t crc = 0;
+    for (size_t i = 0; i < n; i++)
+        crc = hixl_crc32c(crc, iov[i].iov_base, iov[i].iov_len);
+    return crc;
 }
 
 /* ---- socket I/O ---- */
@@ -322,8 +338,29 @@ int hixl_send_iov_nowait(int fd, hixl_iovcur *cur)
     return HIXL_OK;
 }
 
+/* Adds the `n` bytes just received at the front of `cur` to the window's CRC. */
+static void crc_received(hixl_crcwin *w, const hixl_iovcur *cur, size_t n)
+{
+    for (size_t i = 0; n > 0 && i < cur->cnt; i++) {
+        size_t take = cur->iov[i].iov_len < n ? cur->iov[i].iov_len : n;
+        uint64_t lo = w->pos > w->lo ? w->pos : w->lo;
+        uint64_t hi = w->pos + take < w->hi ? w->pos + take : w->hi;
+        if (lo < hi)
+            w->crc = hixl_crc32c(w->crc, (const uint8_t *)cur->iov[i].iov_base + (lo - w->pos),
+                                 (size_t)(hi - lo));
+        w->pos += take;
+        n -= take;
+    }
+}
+
 int hixl_recv_iov(int fd, int stop_fd, hixl_iovcur *cur, size_t want,
                   uint64_t deadline_ns, size_t *got)
+{
+    return hixl_recv_iov_crc(fd, stop_fd, cur, want, deadline_ns, got, NULL);
+}
+
+int hixl_recv_iov_crc(int fd, int stop_fd, hixl_iovcur *cur, size_t want,
+                      uint64_t deadline_ns, size_t *got, hixl_crcwin *win)
 {
     size_t done = 0;
     int rc = HIXL_OK;
@@ -332,6 +369,8 @@ int hixl_recv_iov(int fd, int stop_fd, hixl_iovcur *cur, size_t want,
         struct msghdr mh = {.msg_iov = cur->iov, .msg_iovlen = batch_len(cur)};
         ssize_t n = recvmsg(fd, &mh, MSG_DONTWAIT);
         if (n > 0) {
+            if (win != NULL)
+                crc_received(win, cur, (size_t)n);
             advance(cur, (size_t)n);
             done += (size_t)n;
             if (done < want && past(deadline_ns)) {

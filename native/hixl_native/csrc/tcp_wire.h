@@ -36,14 +36,18 @@
  * which keeps a timed-out connection easy to discard):
  *
  *   REQUEST  40 bytes   u32 magic | u16 version | u16 kind = 3 | u8 op
- *                       (1 READ, 2 WRITE) | u8 flags (0) | u16 reserved
+ *                       (1 READ, 2 WRITE) | u8 flags (bit 0: CRC32C; other
+ *                       bits must be 0, else E_PROTO) | u16 reserved
  *                       | u32 nranges | u64 tag | u64 total_bytes
  *                       | u32 timeout_ms | u32 reserved
  *   RANGE    24 bytes   u64 region_id | u64 offset in region | u64 length
  *                       (nranges of them, 1 <= nranges <= 65536, total_bytes
  *                       must equal the sum of the lengths)
  *   REPLY    24 bytes   u32 magic | u16 version | u16 kind = 4 | i32 status
- *                       | u32 reserved | u64 tag (echoes the request)
+ *                       | u8 flags (the request's flags the target honours)
+ *                       | u8 reserved[3] | u64 tag (echoes the request)
+ *   TRAILER   4 bytes   u32 CRC-32C (crc32c.h) of the request's payload,
+ *                       only with the CRC32C flag (below)
  *
  *   READ:  initiator sends REQUEST + RANGEs. The target validates every
  *          range (region exists and is not being unregistered, belongs to
@@ -56,6 +60,24 @@
  *          accepted it receives the payload straight into region memory,
  *          otherwise it reads and discards it so the stream stays in sync.
  *          Then it answers REPLY, so an OK means the bytes are in place.
+ *
+ *   CRC32C (optional, per request): the payload is followed by a TRAILER,
+ *   so bytes damaged between the two memories fail the request instead of
+ *   landing silently. READ: after an OK REPLY whose flags echo CRC32C the
+ *   target sends the payload and then the CRC of what it sent; the
+ *   initiator computes the CRC of what it received and ends the request
+ *   with E_CHECKSUM (local) on a difference. WRITE: the initiator sends the
+ *   payload and then its CRC; the target receives both (a refused WRITE's
+ *   trailer is discarded with its payload) and answers E_CHECKSUM if its
+ *   CRC of what landed differs. The bytes have landed in the region then:
+ *   the status says they cannot be trusted. Either way the byte stream
+ *   stays in step. An initiator whose OK REPLY does not echo the flag (a
+ *   target that predates it) fails the request with E_PROTO and drops the
+ *   connection: nothing was checked, and a WRITE's trailer was not read.
+ *   The sender takes its CRC of its memory just before the payload goes
+ *   out, the receiver of the bytes as they arrive (so destination ranges
+ *   that overlap still check); source bytes that change while the request
+ *   moves them (a cache written during its own transfer) mismatch too.
  *
  *   timeout_ms is the initiator's remaining budget; the target bounds its
  *   own I/O for the request with it plus a grace period, so that the
@@ -87,6 +109,7 @@ enum {
     HIXL_MSG_PROOF = 6,
 };
 enum { HIXL_OP_READ = 1, HIXL_OP_WRITE = 2 };
+enum { HIXL_FLAG_CRC32C = 1 };
 enum {
     HIXL_HELLO_SIZE = 24,
     HIXL_WELCOME_SIZE = 16,
@@ -95,6 +118,7 @@ enum {
     HIXL_REPLY_SIZE = 24,
     HIXL_CHALLENGE_SIZE = 48,
     HIXL_PROOF_SIZE = 40,
+    HIXL_TRAILER_SIZE = 4,
 };
 /* Sizes of a link key, a challenge nonce and a MAC. */
 #define HIXL_KEY_SIZE 32
@@ -103,6 +127,7 @@ enum {
 
 typedef struct hixl_request_hdr {
     uint8_t op;
+    uint8_t flags; /* HIXL_FLAG_* */
     uint32_t nranges;
     uint64_t tag;
     uint64_t total_bytes;
@@ -126,8 +151,12 @@ int hixl_get_welcome(const uint8_t *b, int32_t *status);
 void hixl_put_request(uint8_t *b, const hixl_request_hdr *h);
 int hixl_get_request(const uint8_t *b, hixl_request_hdr *h);
 void hixl_put_range(uint8_t *b, uint64_t region, uint64_t offset, uint64_t length);
-void hixl_put_reply(uint8_t *b, uint64_t tag, int32_t status);
-int hixl_get_reply(const uint8_t *b, uint64_t *tag, int32_t *status);
+void hixl_put_reply(uint8_t *b, uint64_t tag, int32_t status, uint8_t flags);
+int hixl_get_reply(const uint8_t *b, uint64_t *tag, int32_t *status, uint8_t *flags);
+void hixl_put_trailer(uint8_t *b, uint32_t crc);
+uint32_t hixl_get_trailer(const uint8_t *b);
+/* The CRC-32C of the memory of `n` iovecs, in order. */
+uint32_t hixl_crc32c_iov(const struct iovec *iov, size_t n);
 
 /* A position in an iovec array; the array itself is advanced in place. */
 typedef struct hixl_iovcur {
@@ -153,6 +182,17 @@ int hixl_send_iov_nowait(int fd, hixl_iovcur *cur);
  * (the cursor holds the position either way). */
 int hixl_recv_iov(int fd, int stop_fd, hixl_iovcur *cur, size_t want,
                   uint64_t deadline_ns, size_t *got);
+/* A CRC taken of received bytes as they arrive: those at positions [lo, hi)
+ * of a cursor's stream, `pos` being the position of the cursor's next byte.
+ * Taken of the wire's bytes, not of memory after the fact, so ranges that
+ * overlap in the destination still check. */
+typedef struct hixl_crcwin {
+    uint64_t pos, lo, hi;
+    uint32_t crc;
+} hixl_crcwin;
+/* hixl_recv_iov that updates `win` (NULL: none) with every byte received. */
+int hixl_recv_iov_crc(int fd, int stop_fd, hixl_iovcur *cur, size_t want,
+                      uint64_t deadline_ns, size_t *got, hixl_crcwin *win);
 int hixl_send_buf(int fd, int stop_fd, const void *buf, size_t len, uint64_t deadline_ns);
 int hixl_recv_buf(int fd, int stop_fd, void *buf, size_t len, uint64_t deadline_ns);
 
