@@ -33,8 +33,9 @@ _RPC_OF = {"pull_cache": "PullCache", "pull_blocks": "PullBlocks", "push_cache":
            "push_blocks": "PushBlocks"}
 # A pull_cache or push_cache request less its batch indices: the operation,
 # remote cluster and cache, local cache, size, tensors per layer, source and
-# destination tensors. The key of the daemon's repeat handles.
-TransferShape = tuple[str, int, int, int, int, int, tuple[int, ...], tuple[int, ...]]
+# destination tensors, and the checksum asked for. The key of the daemon's
+# repeat handles.
+TransferShape = tuple[str, int, int, int, int, int, tuple[int, ...], tuple[int, ...], int]
 _UINT32_MAX = 2**32 - 1
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
@@ -59,6 +60,16 @@ def _layer_tensors(layers: range | None, per_layer: int) -> list[int]:
     if not layers:
         return []
     return list(range(layers.start * per_layer, layers.stop * per_layer))
+
+
+def checksum_to_proto(checksum: Any) -> int:
+    """A transfer call's ``checksum`` argument as the request's ``Checksum``: None
+    leaves it to the daemon's ``[transfer] checksum``."""
+    if checksum is None:
+        return client_pb2.CHECKSUM_DEFAULT
+    if type(checksum) is not bool:
+        raise TypeError(f"checksum should be a bool or None, but got {type(checksum).__name__}")
+    return client_pb2.CHECKSUM_ON if checksum else client_pb2.CHECKSUM_OFF
 
 
 def check_tensor_num_per_layer(value: Any) -> int:
@@ -161,7 +172,8 @@ class TransferOps(ManagerBase):
         return True
 
     async def pull_cache(self, cache_key: CacheKey | CacheKeyByIdAndIndex, cache: Cache,
-                         batch_index: int = 0, size: int = -1, **kwargs: Any) -> None:
+                         batch_index: int = 0, size: int = -1, *, checksum: bool | None = None,
+                         **kwargs: Any) -> None:
         """Copy a remote cache slot into batch slot ``batch_index`` of ``cache``.
 
         Args:
@@ -169,6 +181,9 @@ class TransferOps(ManagerBase):
             cache: the local continuous destination cache.
             batch_index: the destination slot (uint32).
             size: bytes per tensor, -1 for the whole destination slot.
+            checksum: hixl's extension: the bytes carry a CRC-32C over a TCP link
+                and the pull fails with ``LLM_LINK_FAILED`` if they arrive
+                changed; None: the daemon's ``[transfer] checksum``.
             **kwargs: ``src_layer_range`` / ``dst_layer_range`` (``range`` of layers),
                 ``tensor_num_per_layer`` (default 2).
 
@@ -176,7 +191,8 @@ class TransferOps(ManagerBase):
             TypeError / ValueError: wrong argument types or ranges.
             LLMException: a broken rule (``LLM_PARAM_INVALID``), no link
                 (``LLM_NOT_YET_LINK``), no such remote cache
-                (``LLM_KV_CACHE_NOT_EXIST``), or no answer within
+                (``LLM_KV_CACHE_NOT_EXIST``), bytes changed on the way
+                (``LLM_LINK_FAILED``, with ``checksum``), or no answer within
                 ``sync_kv_timeout`` (``LLM_TIMEOUT``).
         """
         self._check_is_inited()
@@ -194,19 +210,20 @@ class TransferOps(ManagerBase):
             raise_if_false(False, "pull_cache does not support blocks cache, "
                            "please use pull_blocks.")
         per_layer, src_indices, dst_indices = self._pull_args(kwargs)
+        checked = checksum_to_proto(checksum)
         if isinstance(cache_key, CacheKey):
             check_cache_key(cache_key)
         # A pull by cache id of a shape pulled before goes by its repeat handle.
         shape: TransferShape | None = None
         if isinstance(cache_key, CacheKeyByIdAndIndex):
             shape = ("pull_cache", cache_key.cluster_id, cache_key.cache_id, cache.cache_id,
-                     size, per_layer, tuple(src_indices), tuple(dst_indices))
+                     size, per_layer, tuple(src_indices), tuple(dst_indices), checked)
             if await self._repeated("pull_cache", shape, cache_key.batch_index, batch_index):
                 return
         reply = await self._call_transfer("pull_cache", client_pb2.PullCacheRequest(
             src=ref_to_proto(cache_key), dst_cache_id=cache.cache_id, batch_index=batch_index,
             size=size, src_tensor_indices=src_indices, dst_tensor_indices=dst_indices,
-            tensor_num_per_layer=per_layer))
+            tensor_num_per_layer=per_layer, checksum=checked))
         if shape is not None and reply.repeat_handle:
             self._repeat_handles[shape] = reply.repeat_handle
 
@@ -221,7 +238,8 @@ class TransferOps(ManagerBase):
 
     async def pull_blocks(self, src_cache_key: CacheKey | CacheKeyByIdAndIndex | BlocksCacheKey,
                           dst_cache: Cache, src_blocks: Sequence[int] | None = (),
-                          dst_blocks: Sequence[int] = (), **kwargs: Any) -> None:
+                          dst_blocks: Sequence[int] = (), *, checksum: bool | None = None,
+                          **kwargs: Any) -> None:
         """Pull remote blocks (or a remote continuous slot) into blocks of ``dst_cache``.
 
         Block ``src_blocks[i]`` lands in block ``dst_blocks[i]``. With a
@@ -234,12 +252,13 @@ class TransferOps(ManagerBase):
                 transfer, as for `pull_cache`.
         """
         await self._call_transfer("pull_blocks", self.pull_blocks_request(
-            src_cache_key, dst_cache, src_blocks, dst_blocks, **kwargs))
+            src_cache_key, dst_cache, src_blocks, dst_blocks, checksum=checksum, **kwargs))
 
     def pull_blocks_request(
             self, src_cache_key: CacheKey | CacheKeyByIdAndIndex | BlocksCacheKey,
             dst_cache: Cache, src_blocks: Sequence[int] | None = (),
-            dst_blocks: Sequence[int] = (), **kwargs: Any) -> client_pb2.PullCacheRequest:
+            dst_blocks: Sequence[int] = (), *, checksum: bool | None = None,
+            **kwargs: Any) -> client_pb2.PullCacheRequest:
         """`pull_blocks`' checks, and the request it sends: for a caller that
         sends it itself (the blocking facade, from its calling thread)."""
         self._check_is_inited()
@@ -267,7 +286,8 @@ class TransferOps(ManagerBase):
         return client_pb2.PullCacheRequest(
             src=ref_to_proto(src_cache_key), dst_cache_id=dst_cache.cache_id, size=-1,
             src_tensor_indices=src_indices, dst_tensor_indices=dst_indices,
-            tensor_num_per_layer=per_layer, src_blocks=src_list, dst_blocks=dst_list)
+            tensor_num_per_layer=per_layer, src_blocks=src_list, dst_blocks=dst_list,
+            checksum=checksum_to_proto(checksum))
 
     def _check_push_mode(self) -> None:
         raise_if_false(self._enable_remote_cache_accessible, "push is only supported while "
@@ -276,11 +296,13 @@ class TransferOps(ManagerBase):
     async def push_cache(self, dst_cache_key: CacheKeyByIdAndIndex, src_cache: Cache,
                          src_batch_index: int = 0, src_layer_range: range | None = None,
                          dst_layer_range: range | None = None, size: int = -1,
-                         tensor_num_per_layer: int = 2) -> None:
+                         tensor_num_per_layer: int = 2, *,
+                         checksum: bool | None = None) -> None:
         """Write a local cache slot into a remote-accessible cache slot.
 
         Both layer ranges default to every layer of ``src_cache`` and must have
-        the same length; ``size`` must be -1 (whole slots).
+        the same length; ``size`` must be -1 (whole slots). ``checksum``: as
+        for `pull_cache`.
 
         Raises:
             TypeError / ValueError: wrong argument types.
@@ -299,17 +321,19 @@ class TransferOps(ManagerBase):
                                                       dst_layer_range, per_layer)
         check_int64("size", size)
         raise_if_false(size == -1, "push_cache only supports size == -1, but got {0}.", size)
+        checked = checksum_to_proto(checksum)
         if not src_indices:
             return  # no whole layer to push (e.g. one tensor, two per layer)
         # A push of a shape pushed before goes by its repeat handle.
         shape = ("push_cache", dst_cache_key.cluster_id, dst_cache_key.cache_id,
-                 src_cache.cache_id, -1, per_layer, tuple(src_indices), tuple(dst_indices))
+                 src_cache.cache_id, -1, per_layer, tuple(src_indices), tuple(dst_indices),
+                 checked)
         if await self._repeated("push_cache", shape, src_batch_index, dst_cache_key.batch_index):
             return
         reply = await self._call_transfer("push_cache", client_pb2.PushRequest(
             dst=ref_to_proto(dst_cache_key), src_cache_id=src_cache.cache_id,
             src_batch_index=src_batch_index, src_tensor_indices=src_indices,
-            dst_tensor_indices=dst_indices, tensor_num_per_layer=per_layer))
+            dst_tensor_indices=dst_indices, tensor_num_per_layer=per_layer, checksum=checked))
         if reply.repeat_handle:
             self._repeat_handles[shape] = reply.repeat_handle
 
@@ -317,8 +341,10 @@ class TransferOps(ManagerBase):
                           src_blocks: Sequence[int] = (), dst_blocks: Sequence[int] = (),
                           src_layer_range: range | None = None,
                           dst_layer_range: range | None = None,
-                          tensor_num_per_layer: int = 2) -> None:
-        """Write local blocks into blocks of a remote-accessible blocks cache.
+                          tensor_num_per_layer: int = 2, *,
+                          checksum: bool | None = None) -> None:
+        """Write local blocks into blocks of a remote-accessible blocks cache
+        (``checksum``: as for `pull_cache`).
 
         Raises:
             TypeError / ValueError: wrong argument types.
@@ -327,7 +353,7 @@ class TransferOps(ManagerBase):
         """
         request = self.push_blocks_request(dst_cache_key, src_cache, src_blocks, dst_blocks,
                                            src_layer_range, dst_layer_range,
-                                           tensor_num_per_layer)
+                                           tensor_num_per_layer, checksum=checksum)
         if request is not None:
             await self._call_transfer("push_blocks", request)
 
@@ -335,7 +361,8 @@ class TransferOps(ManagerBase):
                             src_blocks: Sequence[int] = (), dst_blocks: Sequence[int] = (),
                             src_layer_range: range | None = None,
                             dst_layer_range: range | None = None,
-                            tensor_num_per_layer: int = 2) -> client_pb2.PushRequest | None:
+                            tensor_num_per_layer: int = 2, *,
+                            checksum: bool | None = None) -> client_pb2.PushRequest | None:
         """`push_blocks`' checks, and the request it sends (None: no whole layer
         to push), for a caller that sends it itself, as `pull_blocks_request`."""
         self._check_is_inited()
@@ -350,12 +377,14 @@ class TransferOps(ManagerBase):
         per_layer = check_tensor_num_per_layer(tensor_num_per_layer)
         src_indices, dst_indices = push_layer_indices(src_cache, src_layer_range,
                                                       dst_layer_range, per_layer)
+        checked = checksum_to_proto(checksum)
         if not src_indices:
             return None
         return client_pb2.PushRequest(
             dst=ref_to_proto(dst_cache_key), src_cache_id=src_cache.cache_id,
             src_tensor_indices=src_indices, dst_tensor_indices=dst_indices,
-            tensor_num_per_layer=per_layer, src_blocks=src_list, dst_blocks=dst_list)
+            tensor_num_per_layer=per_layer, src_blocks=src_list, dst_blocks=dst_list,
+            checksum=checked)
 
     def transfer_cache_async(
             self, src_cache: Cache, layer_synchronizer: LayerSynchronizer,

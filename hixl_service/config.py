@@ -275,6 +275,13 @@ class TransferConfig(_Section):
         "request moves a piece of at most this much per buffer.",
     )
 
+    checksum: bool = Field(
+        default=False,
+        description="TCP transfers carry a CRC-32C of their bytes, checked where they land; "
+        "a mismatch fails the transfer with LLM_LINK_FAILED. A transfer call's checksum "
+        "argument overrides it. Costs a pass over the bytes at each end.",
+    )
+
     @field_validator("bounce_buffer_bytes")
     @classmethod
     def _check_bounce(cls, value: ByteSize) -> ByteSize:

@@ -85,6 +85,8 @@ class EngineDeps:
         default_factory=lambda: CrossMemoryPolicy(None, False))
     bounce_buffers: int = 16
     bounce_buffer_bytes: int = 1 << 20
+    # [transfer] checksum: TCP transfers carry a CRC-32C unless the call says otherwise.
+    checksum: bool = False
     # [links]: heartbeats of our links, leases of the links to us.
     linker: LinkerSettings = field(default_factory=LinkerSettings)
     leases: LeaseSettings = field(default_factory=LeaseSettings)

@@ -195,6 +195,12 @@ _LINK_STATUS: Mapping[int, tuple[LLMStatusCode, str]] = types.MappingProxyType({
     hixl_native.E_CANCELLED: (LLMStatusCode.LLM_LINK_FAILED, "the link was closed"),
     hixl_native.E_GONE: (LLMStatusCode.LLM_PARAM_INVALID, "the local cache's engine memory is "
                          "gone: it was unregistered, or its process exited"),
+    # The bytes that arrived are not the bytes that were sent: damaged on the way
+    # (a NIC, a switch, a relay), or the source changed while it moved.
+    hixl_native.E_CHECKSUM: (LLMStatusCode.LLM_LINK_FAILED,
+                             "the transfer's CRC-32C did not match: bytes changed between the "
+                             "two memories (damaged on the network, or the source was written "
+                             "while it moved); the destination's bytes cannot be trusted"),
 })
 
 

@@ -76,10 +76,10 @@ def shape_of(spec: PullSpec | PushSpec) -> TransferShape | None:
     if isinstance(spec, PullSpec):
         return TransferShape(False, ref.cluster_id, ref.cache_id, spec.dst_cache_id, spec.size,
                              tuple(spec.src_tensor_indices), tuple(spec.dst_tensor_indices),
-                             spec.tensor_num_per_layer)
+                             spec.tensor_num_per_layer, spec.checksum)
     return TransferShape(True, ref.cluster_id, ref.cache_id, spec.src_cache_id, -1,
                          tuple(spec.src_tensor_indices), tuple(spec.dst_tensor_indices),
-                         spec.tensor_num_per_layer)
+                         spec.tensor_num_per_layer, spec.checksum)
 
 
 def repeat_handle(cluster: Cluster, spec: PullSpec | PushSpec, outcome: Outcome) -> int:
@@ -102,12 +102,13 @@ def _spec_of(shape: TransferShape, src_batch: int, dst_batch: int) -> PullSpec |
                         src_cache_id=shape.local_cache_id, src_batch_index=src_batch,
                         src_tensor_indices=list(shape.src_tensor_indices),
                         dst_tensor_indices=list(shape.dst_tensor_indices),
-                        tensor_num_per_layer=shape.tensor_num_per_layer)
+                        tensor_num_per_layer=shape.tensor_num_per_layer,
+                        checksum=shape.checksum)
     return PullSpec(src=IdRef(shape.remote_cluster_id, shape.remote_cache_id, src_batch),
                     dst_cache_id=shape.local_cache_id, batch_index=dst_batch, size=shape.size,
                     src_tensor_indices=list(shape.src_tensor_indices),
                     dst_tensor_indices=list(shape.dst_tensor_indices),
-                    tensor_num_per_layer=shape.tensor_num_per_layer)
+                    tensor_num_per_layer=shape.tensor_num_per_layer, checksum=shape.checksum)
 
 
 def _prepare(cluster: Cluster, shape: TransferShape, spec: PullSpec | PushSpec,
@@ -127,7 +128,8 @@ def _prepare(cluster: Cluster, shape: TransferShape, spec: PullSpec | PushSpec,
         src_batch, dst_batch = far.batch_index, spec.batch_index
     base = ranges - np.array((src_batch * source.stride, dst_batch * destination.stride, 0),
                              dtype=np.uint64)
-    handle = link.transport.prepare(shape.push, local.memory, far.place, base, outcome.bytes)
+    handle = link.transport.prepare(shape.push, local.memory, far.place, base, outcome.bytes,
+                                    shape.checksum)
     return PreparedTransfer(local, link, far, source, destination, outcome.bytes, handle)
 
 

@@ -45,6 +45,7 @@ class TransferShape:
     src_tensor_indices: tuple[int, ...]
     dst_tensor_indices: tuple[int, ...]
     tensor_num_per_layer: int
+    checksum: bool = False  # the transfers carry a CRC-32C (TCP links)
 
 
 class Repeat:

@@ -320,6 +320,7 @@ class Daemon:
                 cross_memory=cross_memory,
                 bounce_buffers=cfg.transfer.bounce_buffers,
                 bounce_buffer_bytes=int(cfg.transfer.bounce_buffer_bytes),
+                checksum=cfg.transfer.checksum,
                 linker=LinkerSettings(cfg.links.heartbeat_interval_s,
                                       cfg.links.heartbeat_timeout_s, cfg.links.down_after_s),
                 leases=LeaseSettings(cfg.links.lease_s, cfg.links.down_after_s,

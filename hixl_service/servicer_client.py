@@ -358,7 +358,14 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
                         dst_tensor_indices=list(request.dst_tensor_indices),
                         tensor_num_per_layer=request.tensor_num_per_layer or 2, blocks=blocks,
                         src_blocks=block_list(request.src_blocks),
-                        dst_blocks=block_list(request.dst_blocks))
+                        dst_blocks=block_list(request.dst_blocks),
+                        checksum=self._checksum(request.checksum))
+
+    def _checksum(self, asked: int) -> bool:
+        """A transfer's CRC-32C: as the call asks, else the daemon's ``[transfer] checksum``."""
+        if asked == client_pb2.CHECKSUM_DEFAULT:
+            return self._engine.deps.checksum
+        return bool(asked == client_pb2.CHECKSUM_ON)
 
     @unary
     async def PullCache(self, request: client_pb2.PullCacheRequest,
@@ -444,7 +451,8 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
                         dst_tensor_indices=list(request.dst_tensor_indices),
                         tensor_num_per_layer=request.tensor_num_per_layer or 2, blocks=blocks,
                         src_blocks=block_list(request.src_blocks),
-                        dst_blocks=block_list(request.dst_blocks))
+                        dst_blocks=block_list(request.dst_blocks),
+                        checksum=self._checksum(request.checksum))
         outcome = await settled(cluster, dst.cluster_id, "PushBlocks" if blocks else "PushCache",
                                 push(cluster, spec))
         return client_pb2.PushReply(bytes=outcome.bytes, transport=outcome.transport,

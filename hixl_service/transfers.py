@@ -62,6 +62,7 @@ class PullSpec:
     blocks: bool = False  # pull_blocks: the destination is a blocks cache
     src_blocks: Blocks = ()
     dst_blocks: Blocks = ()
+    checksum: bool = False  # a CRC-32C over the wire (TCP links), resolved per call
 
 
 @dataclass(slots=True)
@@ -77,6 +78,7 @@ class PushSpec:
     blocks: bool = False
     src_blocks: Blocks = ()
     dst_blocks: Blocks = ()
+    checksum: bool = False
 
 
 @dataclass(slots=True)
@@ -187,11 +189,11 @@ def plan_pull(source: FarCache, dst: CacheEntry, spec: PullSpec) -> Ranges:
 
 
 async def move(cluster: Cluster, link: OutboundLink, local: CacheEntry, far: FarCache,
-               ranges: Ranges, deadline: float, push: bool) -> None:
+               ranges: Ranges, deadline: float, push: bool, checksum: bool = False) -> None:
     """Move planned ranges between a local cache and the far end over the link's
     transport: into ``local`` for a pull, out of it for a push."""
     transfer = link.transport.write if push else link.transport.read
-    await transfer(local.memory, far.place, ranges, _remaining_ms(cluster, deadline))
+    await transfer(local.memory, far.place, ranges, _remaining_ms(cluster, deadline), checksum)
 
 
 async def pull(cluster: Cluster, spec: PullSpec) -> Outcome:
@@ -203,7 +205,8 @@ async def pull(cluster: Cluster, spec: PullSpec) -> Outcome:
     deadline = asyncio.get_running_loop().time() + cluster.settings.sync_timeout_s
 
     async def into_dst(source: FarCache, ranges: Ranges) -> None:
-        await move(cluster, link, dst, source, ranges, deadline, push=False)
+        await move(cluster, link, dst, source, ranges, deadline, push=False,
+                   checksum=spec.checksum)
 
     outcome = Outcome(transport=link.transport.name)
     await _retrying_stale(cluster, link, spec.src, deadline,
@@ -255,7 +258,8 @@ async def push(cluster: Cluster, spec: PushSpec) -> Outcome:
     deadline = asyncio.get_running_loop().time() + cluster.settings.sync_timeout_s
 
     async def out_of_src(target: FarCache, ranges: Ranges) -> None:
-        await move(cluster, link, src, target, ranges, deadline, push=True)
+        await move(cluster, link, src, target, ranges, deadline, push=True,
+                   checksum=spec.checksum)
 
     outcome = Outcome(transport=link.transport.name)
     await _retrying_stale(cluster, link, spec.dst, deadline,

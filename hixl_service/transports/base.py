@@ -93,14 +93,20 @@ class Transport(Protocol):
     def info(self) -> TransportInfo:
         """The transport as the admin status shows it."""
 
-    async def read(self, local: Memory, far: Place, ranges: Ranges, timeout_ms: int) -> None:
-        """Move (far offset, local offset, length) ranges into ``local``."""
+    async def read(self, local: Memory, far: Place, ranges: Ranges, timeout_ms: int,
+                   checksum: bool = False) -> None:
+        """Move (far offset, local offset, length) ranges into ``local``.
 
-    async def write(self, local: Memory, far: Place, ranges: Ranges, timeout_ms: int) -> None:
+        ``checksum``: the bytes carry a CRC-32C over the wire (the TCP transport;
+        the others move nothing over a network and ignore it), and a transfer
+        whose bytes arrive changed fails with ``LLM_LINK_FAILED``."""
+
+    async def write(self, local: Memory, far: Place, ranges: Ranges, timeout_ms: int,
+                    checksum: bool = False) -> None:
         """Move (local offset, far offset, length) ranges out of ``local``."""
 
     def prepare(self, writing: bool, local: Memory, far: Place, ranges: Ranges,
-                nbytes: int) -> Prepared:
+                nbytes: int, checksum: bool = False) -> Prepared:
         """Make ``read`` (or ``write``) of ``ranges`` repeatable between slots."""
 
     async def close(self) -> None:

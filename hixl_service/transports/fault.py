@@ -112,20 +112,22 @@ class FaultTransport:
                                status_code=LLMStatusCode.LLM_LINK_FAILED)
         return next((rule for rule in self.rules if rule.picks(writing)), None)
 
-    async def read(self, local: Memory, far: Place, ranges: Ranges, timeout_ms: int) -> None:
+    async def read(self, local: Memory, far: Place, ranges: Ranges, timeout_ms: int,
+                   checksum: bool = False) -> None:
         rule = self._rule_for(False)
         await self._run(rule, False, local, ranges, timeout_ms,
-                        lambda: self.inner.read(local, far, ranges, timeout_ms))
+                        lambda: self.inner.read(local, far, ranges, timeout_ms, checksum))
 
-    async def write(self, local: Memory, far: Place, ranges: Ranges, timeout_ms: int) -> None:
+    async def write(self, local: Memory, far: Place, ranges: Ranges, timeout_ms: int,
+                    checksum: bool = False) -> None:
         rule = self._rule_for(True)
         await self._run(rule, True, local, ranges, timeout_ms,
-                        lambda: self.inner.write(local, far, ranges, timeout_ms))
+                        lambda: self.inner.write(local, far, ranges, timeout_ms, checksum))
 
     def prepare(self, writing: bool, local: Memory, far: Place, ranges: Ranges,
-                nbytes: int) -> Prepared:
+                nbytes: int, checksum: bool = False) -> Prepared:
         return _FaultyPrepared(self, writing, local, ranges,
-                               self.inner.prepare(writing, local, far, ranges, nbytes))
+                               self.inner.prepare(writing, local, far, ranges, nbytes, checksum))
 
     async def _run(self, rule: FaultRule | None, writing: bool, local: Memory, ranges: Ranges,
                    timeout_ms: int, move: _Move) -> None:

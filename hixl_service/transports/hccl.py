@@ -647,14 +647,16 @@ class HcclTransport:
     def info(self) -> TransportInfo:
         return TransportInfo(self.name, 0, self.alive, self.data_path)
 
-    async def read(self, local: Memory, far: Place, ranges: Ranges, timeout_ms: int) -> None:
+    async def read(self, local: Memory, far: Place, ranges: Ranges, timeout_ms: int,
+                   checksum: bool = False) -> None:
         await self._batch(False, local, ranges, far.region_id, timeout_ms)
 
-    async def write(self, local: Memory, far: Place, ranges: Ranges, timeout_ms: int) -> None:
+    async def write(self, local: Memory, far: Place, ranges: Ranges, timeout_ms: int,
+                    checksum: bool = False) -> None:
         await self._batch(True, local, ranges, far.region_id, timeout_ms)
 
     def prepare(self, writing: bool, local: Memory, far: Place, ranges: Ranges,
-                nbytes: int) -> Prepared:
+                nbytes: int, checksum: bool = False) -> Prepared:
         return _PreparedBatch(self, writing, local, far, ranges)
 
     async def _batch(self, sending: bool, local: Memory, ranges: Ranges, region_id: int,

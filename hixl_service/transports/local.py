@@ -35,14 +35,16 @@ class LocalTransport:
     def info(self) -> TransportInfo:
         return TransportInfo(self.name)
 
-    async def read(self, local: Memory, far: Place, ranges: Ranges, timeout_ms: int) -> None:
+    async def read(self, local: Memory, far: Place, ranges: Ranges, timeout_ms: int,
+                   checksum: bool = False) -> None:
         await self._copier.copy(local, _far_memory(far), ranges)
 
-    async def write(self, local: Memory, far: Place, ranges: Ranges, timeout_ms: int) -> None:
+    async def write(self, local: Memory, far: Place, ranges: Ranges, timeout_ms: int,
+                    checksum: bool = False) -> None:
         await self._copier.copy(_far_memory(far), local, ranges)
 
     def prepare(self, writing: bool, local: Memory, far: Place, ranges: Ranges,
-                nbytes: int) -> Prepared:
+                nbytes: int, checksum: bool = False) -> Prepared:
         far_memory = _far_memory(far)
         dst, src = (far_memory, local) if writing else (local, far_memory)
         return _PreparedCopy(self._copier, dst, src, ranges, nbytes)

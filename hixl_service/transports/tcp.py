@@ -96,27 +96,30 @@ class TcpTransport:
         return TransportInfo(self.name, self._data.streams, self.alive,
                              streams_up=self._data.streams_up)
 
-    async def read(self, local: Memory, far: Place, ranges: Ranges, timeout_ms: int) -> None:
-        await self._transfer(False, local, far.region_id, ranges, timeout_ms)
+    async def read(self, local: Memory, far: Place, ranges: Ranges, timeout_ms: int,
+                   checksum: bool = False) -> None:
+        await self._transfer(False, local, far.region_id, ranges, timeout_ms, checksum)
 
-    async def write(self, local: Memory, far: Place, ranges: Ranges, timeout_ms: int) -> None:
-        await self._transfer(True, local, far.region_id, ranges, timeout_ms)
+    async def write(self, local: Memory, far: Place, ranges: Ranges, timeout_ms: int,
+                    checksum: bool = False) -> None:
+        await self._transfer(True, local, far.region_id, ranges, timeout_ms, checksum)
 
     def prepare(self, writing: bool, local: Memory, far: Place, ranges: Ranges,
-                nbytes: int) -> Prepared:
+                nbytes: int, checksum: bool = False) -> Prepared:
         if len(ranges) <= SLICE_RANGES:
-            return _OneRequest(self, writing, local, far.region_id, ranges)
-        return _Sliced(self, writing, local, far.region_id, ranges)
+            return _OneRequest(self, writing, local, far.region_id, ranges, checksum)
+        return _Sliced(self, writing, local, far.region_id, ranges, checksum)
 
     def start(self, writing: bool, local: Memory, region_id: int, ranges: Ranges,
-              timeout_ms: int, remote_shift: int = 0,
-              local_shift: int = 0) -> int | asyncio.Future[int]:
+              timeout_ms: int, remote_shift: int = 0, local_shift: int = 0,
+              checksum: bool = False) -> int | asyncio.Future[int]:
         """Post ranges of one remote region (at most ``SLICE_RANGES``) to the data
         link as one request, every remote and local offset shifted by
         ``remote_shift`` and ``local_shift`` (natively: no new array). Returns
         its native status when it ended inside the call (alone, a small request
         may: see INLINE_WAIT_US), else the future of its completion, ``local``
-        pinned until then (``landed`` waits for it). Raises, having posted
+        pinned until then (``landed`` waits for it). ``checksum``: the request
+        carries a CRC-32C of its bytes (``tcp_wire.h``). Raises, having posted
         nothing, when the link is down or the data link refuses the request."""
         submit = self._submit(writing)
         dispatcher = self._dispatcher
@@ -124,7 +127,7 @@ class TcpTransport:
         try:
             status = submit(request_id, local.data_handle, region_id, ranges,
                             max(1, timeout_ms), INLINE_WAIT_US if dispatcher.idle else 0,
-                            remote_shift, local_shift)
+                            remote_shift, local_shift, checksum=checksum)
         except hixl_native.NativeError as exc:
             raise _gone(exc) from None
         return status if status is not None else self._posted(request_id, local)
@@ -148,7 +151,7 @@ class TcpTransport:
         return data.write_to if writing else data.read_from
 
     async def _transfer(self, writing: bool, local: Memory, region_id: int, ranges: Ranges,
-                        timeout_ms: int) -> None:
+                        timeout_ms: int, checksum: bool = False) -> None:
         """Post ranges of one remote region to the data link and wait for the completion.
 
         ``ranges`` are the planner's (n, 3) uint64 rows: (remote offset, local
@@ -158,7 +161,8 @@ class TcpTransport:
         only once every slice it started has ended.
         """
         if len(ranges) <= SLICE_RANGES:
-            started = self.start(writing, local, region_id, ranges, timeout_ms)
+            started = self.start(writing, local, region_id, ranges, timeout_ms,
+                                 checksum=checksum)
             if isinstance(started, int):
                 _check(started)
             else:
@@ -180,7 +184,8 @@ class TcpTransport:
                 # No inline wait: a slice's completion always comes through the queue.
                 try:
                     submit(request_id, local.data_handle, region_id,
-                           ranges[start:start + SLICE_RANGES], remaining_ms, 0)
+                           ranges[start:start + SLICE_RANGES], remaining_ms, 0,
+                           checksum=checksum)
                 except hixl_native.NativeError as exc:
                     raise _gone(exc) from None
                 moving.append(self._posted(request_id, local))
@@ -200,15 +205,16 @@ class TcpTransport:
 class _Planned:
     """Ranges of one remote region, kept for starts between other slots."""
 
-    __slots__ = ("_local", "_ranges", "_region_id", "_transport", "_writing")
+    __slots__ = ("_checksum", "_local", "_ranges", "_region_id", "_transport", "_writing")
 
     def __init__(self, transport: TcpTransport, writing: bool, local: Memory, region_id: int,
-                 ranges: Ranges) -> None:
+                 ranges: Ranges, checksum: bool) -> None:
         self._transport = transport
         self._writing = writing
         self._local = local
         self._region_id = region_id
         self._ranges = ranges
+        self._checksum = checksum
 
 
 class _OneRequest(_Planned):
@@ -222,7 +228,8 @@ class _OneRequest(_Planned):
         remote_shift, local_shift = (dst_shift, src_shift) if self._writing else \
             (src_shift, dst_shift)
         posted = self._transport.start(self._writing, self._local, self._region_id,
-                                       self._ranges, timeout_ms, remote_shift, local_shift)
+                                       self._ranges, timeout_ms, remote_shift, local_shift,
+                                       self._checksum)
         if not isinstance(posted, int):
             return landed(posted)
         _check(posted)
@@ -238,4 +245,4 @@ class _Sliced(_Planned):
               timeout_ms: int) -> Awaitable[None] | None:
         shifted = self._ranges + np.array((src_shift, dst_shift, 0), dtype=np.uint64)
         return self._transport._transfer(self._writing, self._local, self._region_id, shifted,
-                                         timeout_ms)
+                                         timeout_ms, self._checksum)

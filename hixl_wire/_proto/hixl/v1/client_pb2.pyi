@@ -1,11 +1,21 @@
 from hixl_wire._proto.hixl.v1 import common_pb2 as _common_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class Checksum(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CHECKSUM_DEFAULT: _ClassVar[Checksum]
+    CHECKSUM_ON: _ClassVar[Checksum]
+    CHECKSUM_OFF: _ClassVar[Checksum]
+CHECKSUM_DEFAULT: Checksum
+CHECKSUM_ON: Checksum
+CHECKSUM_OFF: Checksum
 
 class AttachRequest(_message.Message):
     __slots__ = ("client_pid", "client_name")
@@ -225,7 +235,7 @@ class RemoveCacheKeyReply(_message.Message):
     def __init__(self) -> None: ...
 
 class PullCacheRequest(_message.Message):
-    __slots__ = ("src", "dst_cache_id", "batch_index", "size", "src_tensor_indices", "dst_tensor_indices", "tensor_num_per_layer", "src_blocks", "dst_blocks")
+    __slots__ = ("src", "dst_cache_id", "batch_index", "size", "src_tensor_indices", "dst_tensor_indices", "tensor_num_per_layer", "src_blocks", "dst_blocks", "checksum")
     SRC_FIELD_NUMBER: _ClassVar[int]
     DST_CACHE_ID_FIELD_NUMBER: _ClassVar[int]
     BATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -235,6 +245,7 @@ class PullCacheRequest(_message.Message):
     TENSOR_NUM_PER_LAYER_FIELD_NUMBER: _ClassVar[int]
     SRC_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     DST_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     src: _common_pb2.CacheRef
     dst_cache_id: int
     batch_index: int
@@ -244,7 +255,8 @@ class PullCacheRequest(_message.Message):
     tensor_num_per_layer: int
     src_blocks: _containers.RepeatedScalarFieldContainer[int]
     dst_blocks: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, src: _Optional[_Union[_common_pb2.CacheRef, _Mapping]] = ..., dst_cache_id: _Optional[int] = ..., batch_index: _Optional[int] = ..., size: _Optional[int] = ..., src_tensor_indices: _Optional[_Iterable[int]] = ..., dst_tensor_indices: _Optional[_Iterable[int]] = ..., tensor_num_per_layer: _Optional[int] = ..., src_blocks: _Optional[_Iterable[int]] = ..., dst_blocks: _Optional[_Iterable[int]] = ...) -> None: ...
+    checksum: Checksum
+    def __init__(self, src: _Optional[_Union[_common_pb2.CacheRef, _Mapping]] = ..., dst_cache_id: _Optional[int] = ..., batch_index: _Optional[int] = ..., size: _Optional[int] = ..., src_tensor_indices: _Optional[_Iterable[int]] = ..., dst_tensor_indices: _Optional[_Iterable[int]] = ..., tensor_num_per_layer: _Optional[int] = ..., src_blocks: _Optional[_Iterable[int]] = ..., dst_blocks: _Optional[_Iterable[int]] = ..., checksum: _Optional[_Union[Checksum, str]] = ...) -> None: ...
 
 class PullCacheReply(_message.Message):
     __slots__ = ("bytes", "transport", "control_us", "data_us", "repeat_handle")
@@ -261,7 +273,7 @@ class PullCacheReply(_message.Message):
     def __init__(self, bytes: _Optional[int] = ..., transport: _Optional[str] = ..., control_us: _Optional[int] = ..., data_us: _Optional[int] = ..., repeat_handle: _Optional[int] = ...) -> None: ...
 
 class PushRequest(_message.Message):
-    __slots__ = ("dst", "src_cache_id", "src_batch_index", "src_tensor_indices", "dst_tensor_indices", "tensor_num_per_layer", "src_blocks", "dst_blocks")
+    __slots__ = ("dst", "src_cache_id", "src_batch_index", "src_tensor_indices", "dst_tensor_indices", "tensor_num_per_layer", "src_blocks", "dst_blocks", "checksum")
     DST_FIELD_NUMBER: _ClassVar[int]
     SRC_CACHE_ID_FIELD_NUMBER: _ClassVar[int]
     SRC_BATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -270,6 +282,7 @@ class PushRequest(_message.Message):
     TENSOR_NUM_PER_LAYER_FIELD_NUMBER: _ClassVar[int]
     SRC_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     DST_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     dst: _common_pb2.CacheRef
     src_cache_id: int
     src_batch_index: int
@@ -278,7 +291,8 @@ class PushRequest(_message.Message):
     tensor_num_per_layer: int
     src_blocks: _containers.RepeatedScalarFieldContainer[int]
     dst_blocks: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, dst: _Optional[_Union[_common_pb2.CacheRef, _Mapping]] = ..., src_cache_id: _Optional[int] = ..., src_batch_index: _Optional[int] = ..., src_tensor_indices: _Optional[_Iterable[int]] = ..., dst_tensor_indices: _Optional[_Iterable[int]] = ..., tensor_num_per_layer: _Optional[int] = ..., src_blocks: _Optional[_Iterable[int]] = ..., dst_blocks: _Optional[_Iterable[int]] = ...) -> None: ...
+    checksum: Checksum
+    def __init__(self, dst: _Optional[_Union[_common_pb2.CacheRef, _Mapping]] = ..., src_cache_id: _Optional[int] = ..., src_batch_index: _Optional[int] = ..., src_tensor_indices: _Optional[_Iterable[int]] = ..., dst_tensor_indices: _Optional[_Iterable[int]] = ..., tensor_num_per_layer: _Optional[int] = ..., src_blocks: _Optional[_Iterable[int]] = ..., dst_blocks: _Optional[_Iterable[int]] = ..., checksum: _Optional[_Union[Checksum, str]] = ...) -> None: ...
 
 class PushReply(_message.Message):
     __slots__ = ("bytes", "transport", "control_us", "data_us", "repeat_handle")
