@@ -51,6 +51,10 @@ def _check(status: int) -> None:
         raise link_error(status)
 
 
+async def _failed(status: int) -> None:
+    _check(status)
+
+
 async def landed(posted: asyncio.Future[int]) -> None:
     """Wait for a posted request to end; raise if it failed.
 
@@ -232,8 +236,13 @@ class _OneRequest(_Planned):
                                        self._checksum)
         if not isinstance(posted, int):
             return landed(posted)
-        _check(posted)
-        return None
+        if posted == hixl_native.E_REFUSED:
+            _check(posted)  # RegionRefused: refused before a byte moved
+        if posted == hixl_native.OK:
+            return None
+        # It ran and failed (bytes may have moved): reported, never started again
+        # as if nothing had happened (raising here would run the full call).
+        return _failed(posted)
 
 
 class _Sliced(_Planned):

@@ -265,31 +265,46 @@ HANDSHAKE_S2C = CHALLENGE.size + WELCOME.size
 
 
 class FlipRelay:
-    """A TCP relay in front of a data server that damages one byte in flight.
+    """A TCP relay in front of a server that damages one byte in flight.
 
-    The first connection through it gets the byte at ``offset`` of direction
-    ``direction`` ("c2s": initiator to target, "s2c": back) XOR-ed with
-    0x01, once; everything else passes unchanged. One thread pumps both
-    directions of every connection, so a test's link sees a real socket
-    whose bytes were changed after they left the sender's memory.
+    Armed with ``offset`` (at start or by :meth:`arm`), it XORs with 0x01 the
+    byte that many bytes later in direction ``direction`` ("c2s": initiator
+    to target, "s2c": back), counted over all its connections, once;
+    everything else passes unchanged (``offset`` None: a plain relay). One
+    thread pumps both directions of every connection, so the initiator sees
+    a real socket whose bytes were changed after they left the sender's
+    memory. Counting over connections is exact while one request at a time
+    moves through it.
     """
 
-    def __init__(self, target_port: int, direction: str, offset: int) -> None:
+    def __init__(self, target_port: int, direction: str = "s2c", offset: int | None = None,
+                 target_host: str = "127.0.0.1", listen: tuple[str, int] = ("127.0.0.1", 0)
+                 ) -> None:
         assert direction in ("c2s", "s2c")
         self.direction = direction
-        self.offset = offset
         self.flipped = threading.Event()
-        self._target = target_port
-        self._connections = 0
-        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._lock = threading.Lock()
+        self._left = offset  # bytes of `direction` to pass before the one to flip
+        self._listener = socket.create_server(listen)
         self.port: int = self._listener.getsockname()[1]
+        # target_port 0: the relay's own port, on target_host (a server that
+        # listens on another address and advertises the relay's).
+        self._target = (target_host, target_port or self.port)
         self._wake_r, self._wake_w = socket.socketpair()
         self._thread = threading.Thread(target=self._run, name="flip-relay", daemon=True)
         self._thread.start()
 
+    def arm(self, offset: int, direction: str | None = None) -> None:
+        """Flip the byte ``offset`` bytes from now in ``direction`` (default: as before)."""
+        assert direction in (None, "c2s", "s2c")
+        with self._lock:
+            self.flipped.clear()
+            self.direction = direction or self.direction
+            self._left = offset
+
     def _run(self) -> None:
-        # peer socket -> (its partner, direction, bytes seen, connection number)
-        pipes: dict[socket.socket, list[Any]] = {}
+        # peer socket -> (its partner, the direction it sends)
+        pipes: dict[socket.socket, tuple[socket.socket, str]] = {}
         with selectors.DefaultSelector() as sel:
             sel.register(self._listener, selectors.EVENT_READ)
             sel.register(self._wake_r, selectors.EVENT_READ)
@@ -300,31 +315,37 @@ class FlipRelay:
                         if sock is self._wake_r:
                             return
                         if sock is self._listener:
-                            client, _ = self._listener.accept()
-                            client.settimeout(10)
-                            upstream = socket.create_connection(("127.0.0.1", self._target), 5)
-                            number = self._connections
-                            self._connections += 1
-                            pipes[client] = [upstream, "c2s", 0, number]
-                            pipes[upstream] = [client, "s2c", 0, number]
-                            sel.register(client, selectors.EVENT_READ)
-                            sel.register(upstream, selectors.EVENT_READ)
+                            self._accept(sel, pipes)
                         else:
                             self._pump(sel, pipes, sock)  # type: ignore[arg-type]
             finally:
                 for sock in pipes:
                     sock.close()
 
-    def _pump(self, sel: selectors.BaseSelector, pipes: dict[socket.socket, list[Any]],
-              sock: socket.socket) -> None:
+    def _accept(self, sel: selectors.BaseSelector,
+                pipes: dict[socket.socket, tuple[socket.socket, str]]) -> None:
+        client, _ = self._listener.accept()
+        client.settimeout(10)
+        try:
+            upstream = socket.create_connection(self._target, 5)
+        except OSError:
+            client.close()
+            return
+        upstream.settimeout(10)
+        pipes[client] = (upstream, "c2s")
+        pipes[upstream] = (client, "s2c")
+        sel.register(client, selectors.EVENT_READ)
+        sel.register(upstream, selectors.EVENT_READ)
+
+    def _pump(self, sel: selectors.BaseSelector,
+              pipes: dict[socket.socket, tuple[socket.socket, str]], sock: socket.socket) -> None:
+        if sock not in pipes:
+            return
+        partner, direction = pipes[sock]
         try:
             data = bytearray(sock.recv(1 << 20))
-        except ConnectionError:
+        except OSError:
             data = bytearray()
-        pipe = pipes.get(sock)
-        if pipe is None:
-            return
-        partner, direction, seen, number = pipe
         if not data:
             for end in (sock, partner):
                 if end in pipes:
@@ -332,11 +353,14 @@ class FlipRelay:
                     del pipes[end]
                     end.close()
             return
-        at = self.offset - seen
-        if number == 0 and direction == self.direction and 0 <= at < len(data):
-            data[at] ^= 0x01
-            self.flipped.set()
-        pipe[2] = seen + len(data)
+        with self._lock:
+            if direction == self.direction and self._left is not None:
+                if self._left < len(data):
+                    data[self._left] ^= 0x01
+                    self._left = None
+                    self.flipped.set()
+                else:
+                    self._left -= len(data)
         try:
             partner.sendall(data)
         except OSError:

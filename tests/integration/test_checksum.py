@@ -1,0 +1,219 @@
+"""CRC-32C of TCP transfers between two real daemons, with a relay in the data
+path that damages one byte in flight.
+
+The prompt daemon listens on 127.0.0.2 and advertises 127.0.0.1, where two
+relays forward its peer port and its data port; so the decoder daemon's data
+streams run through a relay that can flip a payload byte. The decoder daemon
+has ``[transfer] checksum = true``: calls that pass nothing are checked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import pytest_asyncio
+
+from hixl_client import (
+    Cache,
+    CacheDesc,
+    CacheKey,
+    CacheKeyByIdAndIndex,
+    DataType,
+    LLMDataDist,
+    LLMException,
+    LLMRole,
+    LLMStatusCode,
+)
+from hixl_service.testing import DaemonProcess
+from tests.clusters import cluster_info
+from tests.native._native_support import REPLY, REQUEST, FlipRelay
+
+from .conftest import daemon_process, options
+
+pytestmark = pytest.mark.asyncio
+
+KIB = 1 << 10
+MISMATCH = "CRC-32C did not match"
+
+
+@dataclass
+class Relayed:
+    prompt_daemon: DaemonProcess
+    decoder_daemon: DaemonProcess
+    data: FlipRelay
+
+
+@pytest.fixture(scope="module")
+def relayed() -> Iterator[Relayed]:
+    data = FlipRelay(0, target_host="127.0.0.2")
+    peer = FlipRelay(0, target_host="127.0.0.2")
+    try:
+        with daemon_process(server__peer_host="127.0.0.2", server__advertise_host="127.0.0.1",
+                            server__data_port=data.port, server__peer_port=peer.port,
+                            server__peer_lane=False) as prompt_daemon, \
+                daemon_process(transfer__checksum=True) as decoder_daemon:
+            yield Relayed(prompt_daemon, decoder_daemon, data)
+    finally:
+        data.close()
+        peer.close()
+
+
+@dataclass
+class Clusters:
+    prompt: LLMDataDist
+    decoder: LLMDataDist
+    relay: FlipRelay
+    decoder_daemon: DaemonProcess
+
+
+@contextlib.asynccontextmanager
+async def linked(relayed: Relayed, next_cluster_id: Callable[[], int],
+                 remote_accessible: bool = False) -> AsyncIterator[Clusters]:
+    prompt = LLMDataDist(LLMRole.PROMPT, next_cluster_id(),
+                         daemon=relayed.prompt_daemon.client_target)
+    decoder = LLMDataDist(LLMRole.DECODER, next_cluster_id(),
+                          daemon=relayed.decoder_daemon.client_target)
+    await prompt.init(options(remote_accessible=remote_accessible))
+    await decoder.init(options(remote_accessible=remote_accessible))
+    try:
+        status, results = await decoder.link_clusters(
+            [cluster_info(prompt.cluster_id, relayed.prompt_daemon.peer_address)], timeout=5000)
+        assert status == LLMStatusCode.LLM_SUCCESS, results
+        yield Clusters(prompt, decoder, relayed.data, relayed.decoder_daemon)
+    finally:
+        await decoder.finalize()
+        await prompt.finalize()
+
+
+@pytest_asyncio.fixture
+async def clusters(relayed: Relayed, next_cluster_id: Callable[[], int]
+                   ) -> AsyncIterator[Clusters]:
+    async with linked(relayed, next_cluster_id) as made:
+        yield made
+
+
+def fill(cache: Cache, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(cache.cache_desc.num_tensors):
+        view = np.frombuffer(cache.tensor_view(i), dtype=np.uint8)
+        view[:] = rng.integers(0, 256, view.size, dtype=np.uint8)
+        out.append(view.copy())
+    return out
+
+
+def tensors(cache: Cache) -> list[np.ndarray]:
+    return [np.frombuffer(cache.tensor_view(i), dtype=np.uint8).copy()
+            for i in range(cache.cache_desc.num_tensors)]
+
+
+def logged(daemon: DaemonProcess, text: str, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if text in daemon.log_path.read_text(errors="replace"):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+# Two tensors of 32 KiB: one contiguous 64 KiB extent, one range on the wire.
+DESC = CacheDesc(2, [1, 32 * KIB], DataType.DT_UINT8)
+
+
+async def test_a_pull_damaged_in_flight_fails_and_the_next_one_lands(clusters: Clusters) -> None:
+    key = CacheKey(clusters.prompt.cluster_id, req_id=1)
+    src = await clusters.prompt.cache_manager.allocate_cache(DESC, [key])
+    expected = fill(src, 1)
+    dst = await clusters.decoder.cache_manager.allocate_cache(DESC)
+    by_id = CacheKeyByIdAndIndex(clusters.prompt.cluster_id, src.cache_id)
+    try:
+        clusters.relay.arm(REPLY.size + 1000, "s2c")
+        with pytest.raises(LLMException) as info:  # the daemon's checksum = true
+            await clusters.decoder.cache_manager.pull_cache(by_id, dst)
+        assert info.value.status_code == LLMStatusCode.LLM_LINK_FAILED
+        assert MISMATCH in str(info.value)
+        assert clusters.relay.flipped.is_set()
+        assert logged(clusters.decoder_daemon, MISMATCH)
+        # The link is still up: the same pull, checked again, lands exactly.
+        await clusters.decoder.cache_manager.pull_cache(by_id, dst, checksum=True)
+        for got, want in zip(tensors(dst), expected):
+            np.testing.assert_array_equal(got, want)
+        # checksum=False beats the daemon's default: the damage lands unseen.
+        clusters.relay.arm(REPLY.size + 1000, "s2c")
+        await clusters.decoder.cache_manager.pull_cache(by_id, dst, checksum=False)
+        assert clusters.relay.flipped.is_set()
+        damaged = tensors(dst)[0]
+        assert damaged[1000] == expected[0][1000] ^ 1
+        damaged[1000] ^= 1
+        np.testing.assert_array_equal(damaged, expected[0])
+        # A pull by key is checked the same way, and its key survives the failure.
+        clusters.relay.arm(REPLY.size + 5000, "s2c")
+        with pytest.raises(LLMException) as info:
+            await clusters.decoder.cache_manager.pull_cache(key, dst, checksum=True)
+        assert info.value.status_code == LLMStatusCode.LLM_LINK_FAILED
+        await clusters.decoder.cache_manager.pull_cache(key, dst, checksum=True)
+        for got, want in zip(tensors(dst), expected):
+            np.testing.assert_array_equal(got, want)
+    finally:
+        await clusters.decoder.cache_manager.deallocate_cache(dst)
+        await clusters.prompt.cache_manager.deallocate_cache(src)
+
+
+async def test_repeated_pulls_keep_the_checksum_of_their_shape(clusters: Clusters) -> None:
+    """A pull by cache id repeats by handle; the handle's transfers are checked
+    as the call that made it asked."""
+    src = await clusters.prompt.cache_manager.allocate_cache(CacheDesc(2, [4, 8 * KIB],
+                                                                       DataType.DT_UINT8))
+    expected = fill(src, 2)
+    dst = await clusters.decoder.cache_manager.allocate_cache(CacheDesc(2, [4, 8 * KIB],
+                                                                        DataType.DT_UINT8))
+    try:
+        for slot in range(4):
+            key = CacheKeyByIdAndIndex(clusters.prompt.cluster_id, src.cache_id, slot)
+            await clusters.decoder.cache_manager.pull_cache(key, dst, batch_index=slot,
+                                                            checksum=True)
+        clusters.relay.arm(REPLY.size + 100, "s2c")
+        key = CacheKeyByIdAndIndex(clusters.prompt.cluster_id, src.cache_id, 3)
+        with pytest.raises(LLMException) as info:
+            await clusters.decoder.cache_manager.pull_cache(key, dst, batch_index=0,
+                                                            checksum=True)
+        assert info.value.status_code == LLMStatusCode.LLM_LINK_FAILED
+        await clusters.decoder.cache_manager.pull_cache(key, dst, batch_index=0, checksum=True)
+        for got, want in zip(tensors(dst), expected):
+            g, w = got.reshape(4, -1), want.reshape(4, -1)
+            np.testing.assert_array_equal(g[0], w[3])
+            np.testing.assert_array_equal(g[1:], w[1:])
+    finally:
+        await clusters.decoder.cache_manager.deallocate_cache(dst)
+        await clusters.prompt.cache_manager.deallocate_cache(src)
+
+
+async def test_a_push_damaged_in_flight_is_refused_by_the_far_daemon(
+        relayed: Relayed, next_cluster_id: Callable[[], int]) -> None:
+    async with linked(relayed, next_cluster_id, remote_accessible=True) as clusters:
+        await _push_damaged(clusters)
+
+
+async def _push_damaged(clusters: Clusters) -> None:
+    dst = await clusters.prompt.cache_manager.allocate_cache(DESC)
+    src = await clusters.decoder.cache_manager.allocate_cache(DESC)
+    expected = fill(src, 3)
+    target = CacheKeyByIdAndIndex(clusters.prompt.cluster_id, dst.cache_id)
+    try:
+        # Past the request header and its range list, into the payload.
+        clusters.relay.arm(REQUEST.size + 2048, "c2s")
+        with pytest.raises(LLMException) as info:
+            await clusters.decoder.cache_manager.push_cache(target, src, checksum=True)
+        assert info.value.status_code == LLMStatusCode.LLM_LINK_FAILED
+        assert MISMATCH in str(info.value)
+        await clusters.decoder.cache_manager.push_cache(target, src, checksum=True)
+        for got, want in zip(tensors(dst), expected):
+            np.testing.assert_array_equal(got, want)
+    finally:
+        await clusters.decoder.cache_manager.deallocate_cache(src)
+        await clusters.prompt.cache_manager.deallocate_cache(dst)
