@@ -96,17 +96,29 @@ class Caches:
         await self.free(cluster.registry.remove_key(key))
 
     async def free(self, entry: CacheEntry | None) -> None:
-        """Unregister a cache's region and return its extent to its pool."""
+        """Unregister a cache's region and return its extent to its pool, once
+        nothing can touch it any more (see ``fence``)."""
         if entry is None:
             return
         if isinstance(entry.memory, ProcessMemory):
             await self.end_access(entry)
             return
-        await self._regions.remove(entry.region_id)
+        await self.fence(entry)
         if entry.registered or entry.memory.closed:
             return  # the user's memory, or the whole pool went away with its cluster
         assert isinstance(entry.memory, Pool)
         entry.memory.allocator.free(entry.extent_offset)
+
+    async def fence(self, entry: CacheEntry) -> None:
+        """Wait until no byte can reach a cache the registry dropped (``entry.gone``):
+        peers' requests (the data server refuses its region from now on and waits
+        for those already in it), this daemon's transfers that found it before
+        (they start nothing more in it, ``CacheEntry.check_present``, and are
+        waited for) and the native jobs pinning its memory now (each bounded by
+        its deadline). Only then may its memory have a new owner."""
+        await self._regions.remove(entry.region_id)
+        await entry.still()
+        await entry.memory.jobs_ended()
 
     async def end_access(self, entry: CacheEntry) -> None:
         """End every access to a cache in a client process's memory: later native
@@ -257,8 +269,8 @@ class Caches:
             return
         if isinstance(entry.memory, ProcessMemory):
             await self.end_access(entry)
-        else:
-            await self._regions.remove(entry.region_id)
+        else:  # the memory is the user's again once this returns
+            await self.fence(entry)
 
     async def free_all(self, entries: list[CacheEntry]) -> None:
         for entry in entries:

@@ -203,16 +203,21 @@ class LayerwiseTask:
         source = self.source.memory
         timeout_ms = self._cluster.settings.sync_timeout_ms
         write = target.link.transport.write
-        if target.places is not None:
-            moved = 0
-            for place, ranges in self._address_ranges(target, layer):
-                await write(source, place, ranges, timeout_ms)
-                moved += total_bytes(ranges)
-            return moved
-        assert target.peer is not None
-        ranges = self._ranges(target, layer)
-        await write(source, target.peer.place, ranges, timeout_ms)
-        return total_bytes(ranges)
+        # Fenced: a source freed during the task sends nothing more (its extent
+        # may hold another cache by the next layer), and waits for this write.
+        with self.source.in_use():
+            if target.places is not None:
+                moved = 0
+                for place, ranges in self._address_ranges(target, layer):
+                    self.source.check_present()
+                    await write(source, place, ranges, timeout_ms)
+                    moved += total_bytes(ranges)
+                return moved
+            assert target.peer is not None
+            ranges = self._ranges(target, layer)
+            self.source.check_present()
+            await write(source, target.peer.place, ranges, timeout_ms)
+            return total_bytes(ranges)
 
     async def send_layer(self, layer: int) -> list[client_pb2.TransferProgress]:
         """Send one source layer to every target that needs it; report per target."""

@@ -18,6 +18,7 @@ between slots 0 and 0 is the successful transfer's own, shifted back.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
@@ -200,11 +201,15 @@ async def _finish(cluster: Cluster, repeat: Repeat, src_batch: int, dst_batch: i
                   started: float) -> Outcome:
     """The rest of a transfer ``again_at_once`` started: its Outcome once the bytes
     landed; the full call's if the far end refused the remembered region."""
+    far_entry = prepared.far.origin if isinstance(prepared.far.origin, CacheEntry) else None
     try:
-        await moving
+        with prepared.local.in_use(), (far_entry.in_use() if far_entry is not None
+                                       else contextlib.nullcontext()):
+            await moving
     except RegionRefused:  # the remote cache is gone or moved; nothing has moved
         _forget(prepared, repeat.shape)
         return await _full(cluster, repeat, src_batch, dst_batch)
+    prepared.local.check_present()  # freed while its bytes moved
     return _repeated(cluster, prepared, started)
 
 

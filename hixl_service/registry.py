@@ -18,7 +18,10 @@ Rules kept from LLM-DataDist (see the spec, section 2.8):
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -74,6 +77,13 @@ class CacheEntry:
     blocks_model_id: int | None = None
     writable: bool = False  # remote-accessible: linked peers may push into it
     registered: bool = False  # the user's memory: never freed, keys not refcounted
+    # Fencing (caches.Caches.free): set once the registry dropped the cache, so
+    # that a transfer that found it before starts nothing more in its memory;
+    # its extent goes back to the pool only once the transfers moving its bytes
+    # (``moving``) have ended.
+    gone: bool = field(default=False, compare=False)
+    moving: int = field(default=0, repr=False, compare=False)
+    _still: asyncio.Event | None = field(default=None, repr=False, compare=False)
 
     @property
     def stride(self) -> int:
@@ -88,6 +98,29 @@ class CacheEntry:
     @property
     def alive(self) -> bool:
         return not self.released or bool(self.keys) or bool(self.prefix_keys)
+
+    def check_present(self) -> None:
+        """Raise LLM_KV_CACHE_NOT_EXIST once the cache was freed or unregistered."""
+        if self.gone:
+            raise LLMException(f"cache {self.cache_id} was freed while a transfer used it",
+                               status_code=LLMStatusCode.LLM_KV_CACHE_NOT_EXIST)
+
+    @contextlib.contextmanager
+    def in_use(self) -> Iterator[None]:
+        """Count a transfer that moves the cache's bytes while the block runs."""
+        self.moving += 1
+        try:
+            yield
+        finally:
+            self.moving -= 1
+            if self.moving == 0 and self._still is not None:
+                self._still.set()
+
+    async def still(self) -> None:
+        """Return once no transfer counted by ``in_use`` runs (each ends by its deadline)."""
+        while self.moving:
+            self._still = asyncio.Event()
+            await self._still.wait()
 
 
 @dataclass(frozen=True)
@@ -279,11 +312,14 @@ class CacheRegistry:
         if entry.blocks_model_id is not None:
             self._blocks_by_model.pop(entry.blocks_model_id, None)
         del self._caches[cache_id]
+        entry.gone = True
         return entry
 
     def drain(self) -> list[CacheEntry]:
         """Forget everything (cluster teardown) and return every cache to free."""
         entries = list(self._caches.values())
+        for entry in entries:
+            entry.gone = True
         self._caches.clear()
         self._req_keys.clear()
         self._prefix_keys.clear()
@@ -295,4 +331,5 @@ class CacheRegistry:
         if entry.alive:
             return None
         del self._caches[entry.cache_id]
+        entry.gone = True
         return entry

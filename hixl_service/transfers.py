@@ -13,6 +13,7 @@ makes the transfer that repeats start again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -133,7 +134,9 @@ async def _retrying_stale(cluster: Cluster, link: OutboundLink, ref: CacheRefSpe
         await _timed(move, target, ranges, outcome)
     except LLMException as exc:
         planning = exc.status_code == LLMStatusCode.LLM_PARAM_INVALID
-        if not target.cached or not (planning or isinstance(exc, RegionRefused)):
+        # A refused region is found afresh even when this call just resolved it:
+        # the far cache was freed in between (the resolve then says so) or moved.
+        if not (isinstance(exc, RegionRefused) or (target.cached and planning)):
             raise
         link.far.forget(ref)
         target = await find_target(cluster, link, ref, deadline, fresh=True)
@@ -193,7 +196,16 @@ async def move(cluster: Cluster, link: OutboundLink, local: CacheEntry, far: Far
     """Move planned ranges between a local cache and the far end over the link's
     transport: into ``local`` for a pull, out of it for a push."""
     transfer = link.transport.write if push else link.transport.read
-    await transfer(local.memory, far.place, ranges, _remaining_ms(cluster, deadline), checksum)
+    far_entry = far.origin if isinstance(far.origin, CacheEntry) else None  # a local link's
+    with contextlib.ExitStack() as using:
+        # Fenced: nothing starts in a cache freed since it was found, and its
+        # extent stays out of the pool until this move has ended (Caches.fence).
+        for entry in (local, far_entry):
+            if entry is not None:
+                entry.check_present()
+                using.enter_context(entry.in_use())
+        await transfer(local.memory, far.place, ranges, _remaining_ms(cluster, deadline),
+                       checksum)
 
 
 async def pull(cluster: Cluster, spec: PullSpec) -> Outcome:
@@ -212,6 +224,7 @@ async def pull(cluster: Cluster, spec: PullSpec) -> Outcome:
     await _retrying_stale(cluster, link, spec.src, deadline,
                           lambda source: plan_pull(source, dst, spec), into_dst, outcome,
                           len(spec.dst_blocks))
+    dst.check_present()  # freed while its bytes arrived: they went nowhere
     if isinstance(spec.src, KeyRef):
         await _release_key(link, spec.src, spec.src_tensor_indices, deadline)
     return outcome

@@ -99,6 +99,7 @@ class Memory:
         self.client_base: int | None = None
         self._pins = 0
         self._unpinned: asyncio.Event | None = None
+        self._jobs: set[asyncio.Future[Any]] = set()  # the native jobs pinning it
         # Undoes what a backend attached to the memory (an aclrtHostRegister,
         # a one-sided HCCL registration) before it is unmapped or freed.
         self.before_release: Callable[[], None] | None = None
@@ -127,12 +128,22 @@ class Memory:
     def pin_until(self, job: asyncio.Future[Any]) -> None:
         """Keep the memory alive until ``job`` completes, however it ends."""
         self._pins += 1
+        self._jobs.add(job)
         job.add_done_callback(self._unpin)
 
-    def _unpin(self, _job: asyncio.Future[Any]) -> None:
+    def _unpin(self, job: asyncio.Future[Any]) -> None:
+        self._jobs.discard(job)
         self._pins -= 1
         if self._pins == 0 and self._unpinned is not None:
             self._unpinned.set()
+
+    async def jobs_ended(self) -> None:
+        """Return once the native jobs that pin the memory now have ended (later
+        ones are not waited for, so a busy memory cannot starve the caller).
+        Cancelling the wait leaves the jobs alone."""
+        jobs = list(self._jobs)
+        if jobs:
+            await asyncio.wait(jobs)
 
     async def wait_unpinned(self) -> None:
         """Return once no native job uses the memory (jobs are bounded by their deadlines)."""
