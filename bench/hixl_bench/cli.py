@@ -14,6 +14,7 @@ from typing import Any
 
 from hixl_bench import (
     ceilings,
+    checksum,
     env,
     kvshape,
     memory,
@@ -84,6 +85,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--security", type=_csv(security.MODES), default=[],
                    help="also run the sec suite in these modes (e.g. none,token,mtls): a pair "
                    "of daemons per mode, link set-up time and TCP pulls, side by side")
+    p.add_argument("--checksum", action="store_true",
+                   help="also run the crc suite: TCP pulls and pushes without and with the "
+                   "CRC-32C of their bytes, back to back, and the checked row's GB/s and p50 "
+                   "over the unchecked one's")
     return p
 
 
@@ -233,6 +238,8 @@ async def run_measurements(p: plan.Plan, args: argparse.Namespace,
         await native.close()
     if args.security:
         rows += await security.security_rows(args.security, args.streams, p.budget, progress)
+    if args.checksum:
+        rows += await checksum.checksum_rows(args.streams, p.budget, progress)
     work = peer_work(p)
     if len(work):
         rows += await peers.peer_rows(args.peers, work, _pythons(args), progress, absent)
@@ -265,7 +272,8 @@ def _count(p: plan.Plan, args: argparse.Namespace, absent: dict[str, str]) -> in
     serving = len(p.serve_cases) + 1 if p.serve_cases else 0  # and the 4 KiB reference
     return 1 + len(ceiling_rows) + probes + len(p.cases) + len(counts) + len(p.kv_cases) + \
         serving + _peer_count(p, args, absent) + \
-        len(args.security) * len(security.BLOCKS)
+        len(args.security) * len(security.BLOCKS) + \
+        (checksum.rows_per_run() if args.checksum else 0)
 
 
 def _peer_count(p: plan.Plan, args: argparse.Namespace, absent: dict[str, str]) -> int:

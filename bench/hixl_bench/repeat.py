@@ -68,7 +68,12 @@ def median_of_runs(runs: list[list[Row]]) -> list[Row]:
         row.requests = sum(r.requests for r in same)
         for name, value in first.extra.items():
             if isinstance(value, float):
-                row.extra[name] = _median([r.extra.get(name) for r in same])
+                values = [r.extra.get(name) for r in same]
+                row.extra[name] = _median(values)
+                present = [v for v in values if v is not None]
+                if name.endswith("_ratio") and len(present) > 1:  # a paired ratio's spread
+                    row.extra[f"{name}_min"], row.extra[f"{name}_max"] = min(present), \
+                        max(present)
         ratios = [r.ratio for r in same if r.ratio is not None]
         if len(ratios) > 1:
             row.extra["ratio_min"], row.extra["ratio_max"] = min(ratios), max(ratios)

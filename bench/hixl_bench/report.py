@@ -169,6 +169,12 @@ def format_row(row: Row) -> str:
             text += f"; {_num(row.extra['ctrl_us_per_added_block'], '.3f')} us per added block"
     if row.suite == "sec" and row.extra.get("link_setup_ms") is not None:
         text += f"  link set-up {_num(row.extra['link_setup_ms'], '.2f')} ms"
+    if row.suite == "crc" and row.extra.get("crc_gbps_ratio") is not None:
+        text += f"  vs crc off: {_num(row.extra['crc_gbps_ratio'], '.3f')} x GB/s, " \
+                f"{_num(row.extra['crc_p50_ratio'], '.3f')} x p50"
+        if row.extra.get("crc_gbps_ratio_min") is not None:
+            text += f" (GB/s {_num(row.extra['crc_gbps_ratio_min'], '.3f')}-" \
+                    f"{_num(row.extra['crc_gbps_ratio_max'], '.3f')} over {row.extra['runs']} runs)"
     return text if row.ok else f"{text}  {row.status}"
 
 
@@ -177,7 +183,8 @@ def header() -> str:
                     for i, (name, w) in enumerate(COLUMNS))
 
 
-_SUITE_ORDER = {"block": 0, "batch": 1, "conc": 2, "scale": 3, "kv": 4, "serve": 5, "sec": 6}
+_SUITE_ORDER = {"block": 0, "batch": 1, "conc": 2, "scale": 3, "kv": 4, "serve": 5, "sec": 6,
+                "crc": 7}
 
 
 def _table_key(item: tuple[int, Row]) -> tuple[Any, ...]:
