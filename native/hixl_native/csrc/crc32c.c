@@ -15,10 +15,24 @@
 #endif
 
 #define POLY 0x82F63B78u
+/* The instruction takes three cycles and accepts one a cycle: three lanes
+ * of LANE bytes each, interleaved, keep it busy, and their CRCs are joined
+ * with `shift` (the CRC register advanced over LANE zero bytes). */
+#define LANE 4096
 
 static uint32_t table[256];
+static uint32_t shift[4][256];
 static int use_hw;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+static uint32_t by_table(uint32_t c, const uint8_t *p, size_t len);
+
+/* The register `c` advanced over LANE zero bytes, from the tables. */
+static uint32_t shift_lane(uint32_t c)
+{
+    return shift[0][c & 0xff] ^ shift[1][(c >> 8) & 0xff] ^ shift[2][(c >> 16) & 0xff]
+           ^ shift[3][c >> 24];
+}
 
 static void init(void)
 {
@@ -28,6 +42,20 @@ static void init(void)
             c = (c & 1) ? (c >> 1) ^ POLY : c >> 1;
         table[i] = c;
     }
+    /* Advancing over zeros is linear in the register: the images of the 32
+     * unit registers give it for any register, a byte of it at a time. */
+    static const uint8_t zeros[LANE];
+    uint32_t unit[32];
+    for (int bit = 0; bit < 32; bit++)
+        unit[bit] = by_table(1u << bit, zeros, LANE);
+    for (int k = 0; k < 4; k++)
+        for (uint32_t v = 0; v < 256; v++) {
+            uint32_t img = 0;
+            for (int bit = 0; bit < 8; bit++)
+                if (v & (1u << bit))
+                    img ^= unit[8 * k + bit];
+            shift[k][v] = img;
+        }
 #if defined(__x86_64__)
     __builtin_cpu_init();
     use_hw = __builtin_cpu_supports("sse4.2");
@@ -43,37 +71,65 @@ static uint32_t by_table(uint32_t c, const uint8_t *p, size_t len)
     return c;
 }
 
+static inline uint64_t load64(const uint8_t *p)
+{
+    uint64_t w;
+    memcpy(&w, p, 8); /* unaligned payloads are normal */
+    return w;
+}
+
+/* The body shared by both instruction sets: STEP64 and STEP8 advance a
+ * register over a word or a byte. Three lanes while a whole stripe is left,
+ * then one. */
+#define BY_CPU_BODY(STEP64, STEP8)                                               \
+    while (len >= 3 * LANE) {                                                    \
+        uint32_t c1 = 0, c2 = 0;                                                 \
+        for (size_t i = 0; i < LANE; i += 8) {                                   \
+            c = STEP64(c, load64(p + i));                                        \
+            c1 = STEP64(c1, load64(p + LANE + i));                               \
+            c2 = STEP64(c2, load64(p + 2 * LANE + i));                           \
+        }                                                                        \
+        c = shift_lane(shift_lane(c) ^ c1) ^ c2;                                 \
+        p += 3 * LANE;                                                           \
+        len -= 3 * LANE;                                                         \
+    }                                                                            \
+    for (; len >= 8; p += 8, len -= 8)                                           \
+        c = STEP64(c, load64(p));                                                \
+    while (len--)                                                                \
+        c = STEP8(c, *p++);                                                      \
+    return c;
+
 #if defined(__x86_64__)
+__attribute__((target("sse4.2"))) static inline uint32_t step64(uint32_t c, uint64_t w)
+{
+    return (uint32_t)_mm_crc32_u64(c, w);
+}
+
+__attribute__((target("sse4.2"))) static inline uint32_t step8(uint32_t c, uint8_t b)
+{
+    return _mm_crc32_u8(c, b);
+}
+
 __attribute__((target("sse4.2")))
 static uint32_t by_cpu(uint32_t c, const uint8_t *p, size_t len)
 {
-    uint64_t c64 = c;
-    while (len >= 8) {
-        uint64_t w;
-        memcpy(&w, p, 8); /* unaligned payloads are normal */
-        c64 = _mm_crc32_u64(c64, w);
-        p += 8;
-        len -= 8;
-    }
-    c = (uint32_t)c64;
-    while (len--)
-        c = _mm_crc32_u8(c, *p++);
-    return c;
+    BY_CPU_BODY(step64, step8)
 }
 #elif defined(__aarch64__)
+__attribute__((target("+crc"))) static inline uint32_t step64(uint32_t c, uint64_t w)
+{
+    return __crc32cd(c, w);
+}
+
+__attribute__((target("+crc"))) static inline uint32_t step8(uint32_t c, uint8_t b)
+{
+    return __crc32cb(c, b);
+}
+
 __attribute__((target("+crc")))
 static uint32_t by_cpu(uint32_t c, const uint8_t *p, size_t len)
 {
-    while (len >= 8) {
-        uint64_t w;
-        memcpy(&w, p, 8);
-        c = __crc32cd(c, w);
-        p += 8;
-        len -= 8;
-    }
-    while (len--)
-        c = __crc32cb(c, *p++);
-    return c;
+    BY_CPU_BODY(step64, step8)
 }
 #else
 static uint32_t by_cpu(uint32_t c, const uint8_t *p, size_t len) { return by_table(c, p, len); }
