@@ -35,7 +35,8 @@ _RPC_OF = {"pull_cache": "PullCache", "pull_blocks": "PullBlocks", "push_cache":
 # remote cluster and cache, local cache, size, tensors per layer, source and
 # destination tensors, and the checksum asked for. The key of the daemon's
 # repeat handles.
-TransferShape = tuple[str, int, int, int, int, int, tuple[int, ...], tuple[int, ...], int]
+TransferShape = tuple[str, int, int, int, int, int, tuple[int, ...], tuple[int, ...],
+                      client_pb2.Checksum]
 _UINT32_MAX = 2**32 - 1
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
@@ -62,7 +63,7 @@ def _layer_tensors(layers: range | None, per_layer: int) -> list[int]:
     return list(range(layers.start * per_layer, layers.stop * per_layer))
 
 
-def checksum_to_proto(checksum: Any) -> int:
+def checksum_to_proto(checksum: Any) -> client_pb2.Checksum:
     """A transfer call's ``checksum`` argument as the request's ``Checksum``: None
     leaves it to the daemon's ``[transfer] checksum``."""
     if checksum is None:

@@ -34,7 +34,7 @@ def rows_per_run() -> int:
 def _crc_row(budget: Budget) -> Row:
     block = BLOCKS[-1]
     data = bytearray(block)
-    latencies = []
+    latencies: list[float] = []
     deadline = time.perf_counter() + budget.seconds / 4
     while len(latencies) < budget.min_requests or (
             time.perf_counter() < deadline and len(latencies) < budget.max_requests):

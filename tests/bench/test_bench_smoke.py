@@ -114,6 +114,25 @@ def test_security_suite_rows_in_each_mode(tmp_path: Path) -> None:
     assert all(row["status"] == "ok" and row["link_setup_ms"] > 0 for row in sec), sec
 
 
+def test_checksum_suite_pairs_rows_without_and_with_the_crc(tmp_path: Path) -> None:
+    out = tmp_path / "crc.jsonl"
+    done = subprocess.run([sys.executable, "-m", "hixl_bench", "--quick", "--suites", "none",
+                           "--peers", "none", "--checksum", "--quiet", "--json-out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()[1:]]
+    crc = [row for row in rows if row["suite"] == "crc" and row["kind"] == "hixl"]
+    assert {(row["op"], row["block"], row["checksum"]) for row in crc} == {
+        (op, block, on) for op in ("pull", "push") for block in (64 << 10, 1 << 20, 16 << 20)
+        for on in (False, True)}
+    assert all(row["status"] == "ok" and row["gbps"] > 0 for row in crc), crc
+    assert all(row["crc_gbps_ratio"] > 0 and row["crc_p50_ratio"] > 0
+               for row in crc if row["checksum"])
+    assert "vs crc off:" in done.stdout
+    (speed,) = [row for row in rows if row["name"] == "crc32c"]
+    assert speed["gbps"] > 0
+
+
 @pytest.mark.skipif(importlib.util.find_spec("matplotlib") is not None,
                     reason="matplotlib is installed: --plot would plot")
 def test_plot_without_matplotlib_fails_at_once_with_the_hint(tmp_path: Path) -> None:

@@ -141,7 +141,7 @@ async def test_a_pull_damaged_in_flight_fails_and_the_next_one_lands(clusters: C
         assert logged(clusters.decoder_daemon, MISMATCH)
         # The link is still up: the same pull, checked again, lands exactly.
         await clusters.decoder.cache_manager.pull_cache(by_id, dst, checksum=True)
-        for got, want in zip(tensors(dst), expected):
+        for got, want in zip(tensors(dst), expected, strict=True):
             np.testing.assert_array_equal(got, want)
         # checksum=False beats the daemon's default: the damage lands unseen.
         clusters.relay.arm(REPLY.size + 1000, "s2c")
@@ -157,7 +157,7 @@ async def test_a_pull_damaged_in_flight_fails_and_the_next_one_lands(clusters: C
             await clusters.decoder.cache_manager.pull_cache(key, dst, checksum=True)
         assert info.value.status_code == LLMStatusCode.LLM_LINK_FAILED
         await clusters.decoder.cache_manager.pull_cache(key, dst, checksum=True)
-        for got, want in zip(tensors(dst), expected):
+        for got, want in zip(tensors(dst), expected, strict=True):
             np.testing.assert_array_equal(got, want)
     finally:
         await clusters.decoder.cache_manager.deallocate_cache(dst)
@@ -184,7 +184,7 @@ async def test_repeated_pulls_keep_the_checksum_of_their_shape(clusters: Cluster
                                                             checksum=True)
         assert info.value.status_code == LLMStatusCode.LLM_LINK_FAILED
         await clusters.decoder.cache_manager.pull_cache(key, dst, batch_index=0, checksum=True)
-        for got, want in zip(tensors(dst), expected):
+        for got, want in zip(tensors(dst), expected, strict=True):
             g, w = got.reshape(4, -1), want.reshape(4, -1)
             np.testing.assert_array_equal(g[0], w[3])
             np.testing.assert_array_equal(g[1:], w[1:])
@@ -212,7 +212,7 @@ async def _push_damaged(clusters: Clusters) -> None:
         assert info.value.status_code == LLMStatusCode.LLM_LINK_FAILED
         assert MISMATCH in str(info.value)
         await clusters.decoder.cache_manager.push_cache(target, src, checksum=True)
-        for got, want in zip(tensors(dst), expected):
+        for got, want in zip(tensors(dst), expected, strict=True):
             np.testing.assert_array_equal(got, want)
     finally:
         await clusters.decoder.cache_manager.deallocate_cache(src)

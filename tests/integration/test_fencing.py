@@ -102,7 +102,7 @@ async def test_remembered_resolves_and_repeats_never_reach_the_new_cache(pair: P
         key = CacheKeyByIdAndIndex(pair.prompt.cluster_id, old.cache_id, slot)
         await pair.decoder.cache_manager.pull_cache(key, dst, batch_index=slot)
     for got, want in zip((np.frombuffer(dst.tensor_view(i), np.uint8) for i in range(2)),
-                         expected):
+                         expected, strict=True):
         np.testing.assert_array_equal(got, want)
     new = await reallocate(pair.prompt, old, SMALL)
     fill_pattern(dst)
