@@ -25,8 +25,8 @@ def native_extension(name: str, c_sources: list[str], libraries: tuple[str, ...]
 extensions = [
     # pools, mappings, copies and the TCP data plane
     native_extension("_core", ["extents.c", "pool.c", "mapping.c", "copy.c", "region_table.c",
-                               "tcp_wire.c", "tcp_server.c", "tcp_link.c", "completion.c", "xmem.c",
-                               "copy_pool.c"],
+                               "tcp_wire.c", "tcp_server.c", "tcp_link.c", "link_threads.c",
+                               "completion.c", "xmem.c", "copy_pool.c"],
                      # libcrypto: the data plane's connection MACs (HMAC-SHA256)
                      libraries=("crypto",)),
     # the ACL/HCCL shim: loads CANN with dlopen at run time, so it builds anywhere
