@@ -292,10 +292,11 @@ class Daemon:
                                          links.tcp_keepalive_interval_s,
                                          links.tcp_keepalive_count,
                                          int(links.tcp_user_timeout_s * 1000))
+            hixl_native.set_link_threads(cfg.transfer.data_threads)
             try:
                 data_server = await asyncio.to_thread(
                     hixl_native.DataServer, cfg.server.peer_host, cfg.server.data_port,
-                    cfg.limits.max_data_connections)
+                    cfg.limits.max_data_connections, cfg.transfer.data_threads)
             except hixl_native.NativeError as exc:
                 raise refuse_busy_port("the data plane", data_address, exc) from None
             unwind.callback(data_server.close)

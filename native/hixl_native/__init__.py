@@ -29,6 +29,8 @@ from hixl_native._core import (
     copy_process,
     copy_ranges,
     live_objects,
+    link_threads,
+    set_link_threads,
     set_tcp_liveness,
     status_name,
 )
@@ -58,6 +60,8 @@ __all__ = [
     "copy_process",
     "copy_ranges",
     "live_objects",
+    "link_threads",
+    "set_link_threads",
     "set_tcp_liveness",
     "status_name",
 ]

@@ -167,14 +167,24 @@ cdef extern from "tcp_server.h" nogil:
     ctypedef struct hixl_server:
         pass
 
-    int hixl_server_start(const char *host, uint16_t port, size_t max_conns, hixl_server **out)
+    enum:
+        HIXL_SERVER_MAX_THREADS
+
+    int hixl_server_start(const char *host, uint16_t port, size_t max_conns, int nthreads,
+                          hixl_server **out)
     uint16_t hixl_server_port(const hixl_server *s)
+    int hixl_server_threads(const hixl_server *s)
     hixl_region_table *hixl_server_regions(hixl_server *s)
     int hixl_server_authorize(hixl_server *s, uint64_t token, uint64_t cluster,
                               const uint8_t *key, int may_write)
     void hixl_server_revoke(hixl_server *s, uint64_t token)
     void hixl_server_stop(hixl_server *s)
     void hixl_server_destroy(hixl_server *s)
+
+
+cdef extern from "link_threads.h" nogil:
+    int hixl_jobs_set_threads(int n)
+    int hixl_jobs_threads()
 
 
 cdef extern from "tcp_link.h" nogil:
