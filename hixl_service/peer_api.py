@@ -88,6 +88,7 @@ class Lease(enum.Enum):
     RENEWED = 0
     UNKNOWN = 1  # the far daemon holds no such link (its lease ended, or it restarted)
     DROPPED = 2  # the far cluster dropped the link itself
+    STOPPING = 3  # the far daemon is draining: the link ends with it
 
 
 @dataclass(frozen=True)

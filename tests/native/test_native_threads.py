@@ -62,7 +62,7 @@ def test_links_share_a_fixed_set_of_threads(pools: tuple[SharedPool, SharedPool]
     links = []
     try:
         threads, fds = _threads(), _fds()
-        for i in range(LINKS):
+        for _ in range(LINKS):
             links.append(hn.DataLink("127.0.0.1", server.port, TOKEN, STREAMS, cq, 5000))
         assert all(link.streams_up == STREAMS for link in links)
         # Each link: its sockets on both ends (one process) and its stop
