@@ -32,6 +32,7 @@ static struct {
 } jobs = {
     .mu = PTHREAD_MUTEX_INITIALIZER,
     .work = PTHREAD_COND_INITIALIZER,
+    .next_due_ns = UINT64_MAX,
     .want = DEFAULT_THREADS,
     .epfd = -1,
     .wake_fd = -1,
@@ -240,7 +241,6 @@ int hixl_jobs_start(void)
         } else {
             jobs.epfd = epfd;
             jobs.wake_fd = wfd;
-            jobs.next_due_ns = UINT64_MAX;
             rc = hixl_spawn_thread(&t, watcher_main, NULL);
             if (rc == HIXL_OK) {
                 pthread_detach(t);
