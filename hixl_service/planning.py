@@ -14,7 +14,7 @@ than numpy's per-call overhead.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -82,14 +82,14 @@ class Layout:
     tensor_offsets: Sequence[int]
     tensor_size: int
     batch_size: int
+    # Derived once: the planners read them several times a request.
+    num_tensors: int = field(init=False, repr=False, compare=False)
+    stride: int = field(init=False, repr=False, compare=False)
 
-    @property
-    def num_tensors(self) -> int:
-        return len(self.tensor_offsets)
-
-    @property
-    def stride(self) -> int:
-        return self.tensor_size // self.batch_size
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "num_tensors", len(self.tensor_offsets))
+        object.__setattr__(self, "stride",
+                           self.tensor_size // self.batch_size if self.batch_size else 0)
 
 
 Pairs = Any  # a TensorRun, an (n, 2) int64 array of (source, destination) tensor
