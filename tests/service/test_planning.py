@@ -26,7 +26,7 @@ def layout(num_tensors: int, tensor_size: int, batch_size: int, base: int = 0) -
 
 
 def test_block_lists_come_from_the_request_as_uint64_arrays() -> None:
-    long = list(range(SMALL_BLOCKS)) + [2**64 - 1]
+    long = [*range(SMALL_BLOCKS), 2**64 - 1]
     request = client_pb2.PullCacheRequest(dst_blocks=long)
     blocks = block_list(request.dst_blocks)
     assert blocks.dtype == np.uint64 and blocks.tolist() == long
