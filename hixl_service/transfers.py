@@ -186,12 +186,13 @@ def plan_pull(source: FarCache, dst: CacheEntry, spec: PullSpec) -> Ranges:
     return ranges
 
 
-async def move(cluster: Cluster, link: OutboundLink, local: CacheEntry, far: FarCache,
-               ranges: Ranges, deadline: float, push: bool) -> None:
+def move(cluster: Cluster, link: OutboundLink, local: CacheEntry, far: FarCache,
+         ranges: Ranges, deadline: float, push: bool) -> Awaitable[None]:
     """Move planned ranges between a local cache and the far end over the link's
-    transport: into ``local`` for a pull, out of it for a push."""
+    transport: into ``local`` for a pull, out of it for a push. The transport's
+    own awaitable, not one wrapping it: a coroutine less on every request."""
     transfer = link.transport.write if push else link.transport.read
-    await transfer(local.memory, far.place, ranges, _remaining_ms(cluster, deadline))
+    return transfer(local.memory, far.place, ranges, _remaining_ms(cluster, deadline))
 
 
 async def pull(cluster: Cluster, spec: PullSpec) -> Outcome:
@@ -202,8 +203,8 @@ async def pull(cluster: Cluster, spec: PullSpec) -> Outcome:
     link = cluster.link_to(spec.src.cluster_id)
     deadline = asyncio.get_running_loop().time() + cluster.settings.sync_timeout_s
 
-    async def into_dst(source: FarCache, ranges: Ranges) -> None:
-        await move(cluster, link, dst, source, ranges, deadline, push=False)
+    def into_dst(source: FarCache, ranges: Ranges) -> Awaitable[None]:
+        return move(cluster, link, dst, source, ranges, deadline, push=False)
 
     outcome = Outcome(transport=link.transport.name)
     await _retrying_stale(cluster, link, spec.src, deadline,
@@ -254,8 +255,8 @@ async def push(cluster: Cluster, spec: PushSpec) -> Outcome:
     link = cluster.link_to(spec.dst.cluster_id)
     deadline = asyncio.get_running_loop().time() + cluster.settings.sync_timeout_s
 
-    async def out_of_src(target: FarCache, ranges: Ranges) -> None:
-        await move(cluster, link, src, target, ranges, deadline, push=True)
+    def out_of_src(target: FarCache, ranges: Ranges) -> Awaitable[None]:
+        return move(cluster, link, src, target, ranges, deadline, push=True)
 
     outcome = Outcome(transport=link.transport.name)
     await _retrying_stale(cluster, link, spec.dst, deadline,

@@ -130,6 +130,7 @@ def run_ranges(
     count: int,
     length: int,
 ) -> bytearray: ...
+def range_bytes(ranges: _Ranges) -> int: ...
 def block_ranges(
     src_bases: Sequence[int],
     src_add: int,

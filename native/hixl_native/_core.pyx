@@ -12,6 +12,7 @@ from cpython.buffer cimport (
     PyBUF_FORMAT,
     PyBuffer_FillInfo,
     PyBuffer_Release,
+    PyObject_CheckBuffer,
     PyObject_GetBuffer,
 )
 from libc.errno cimport errno
