@@ -26,6 +26,7 @@ extensions = [
     # pools, mappings, copies and the TCP data plane
     native_extension("_core", ["extents.c", "pool.c", "mapping.c", "copy.c", "region_table.c",
                                "crc32c.c", "tcp_wire.c", "tcp_server.c", "tcp_link.c",
+                               "link_threads.c",
                                "completion.c", "xmem.c", "copy_pool.c"],
                      # libcrypto: the data plane's connection MACs (HMAC-SHA256)
                      libraries=("crypto",)),

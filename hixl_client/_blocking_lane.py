@@ -11,15 +11,21 @@ replies never need sorting between threads.
 
 Every wait is bounded as on the other lanes (``_transport``): the frame
 carries the call's deadline, the thread gives up LANE_GRACE_S after it, and a
-connection that timed out is closed, since its reply may still come. Control
-calls still go through the loop thread.
+connection that timed out is closed, since its reply may still come. The
+bound is the kernel's (``SO_RCVTIMEO``, ``SO_SNDTIMEO``) on a blocking
+socket, not a Python socket timeout: with one, each send and receive is a
+``poll`` and then the call, two releases of the GIL where one does, and with
+several threads calling at once each release is a hand-off the thread may
+wait for. Control calls still go through the loop thread.
 """
 
 from __future__ import annotations
 
 import logging
 import socket
+import struct
 import threading
+import time
 import weakref
 from typing import Any
 
@@ -56,10 +62,12 @@ class BlockingLane:
         self._what = what
         self._reader = FrameReader()
         self._next_id = 0
+        self._bound_s = 0.0  # the kernel's bound on each send and receive now
         self._sock: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._sock.settimeout(HELLO_TIMEOUT_S)
             self._sock.connect(path)
+            self._sock.settimeout(None)  # blocking from now on, bounded by _bound
             self._exchange(KIND_HELLO, session_id.encode(), HELLO_TIMEOUT_S, lambda body: body)
         except BaseException:
             self.close()
@@ -83,8 +91,10 @@ class BlockingLane:
             raise LLMException(f"{self._what}: the lane was closed",
                                status_code=LLMStatusCode.LLM_FAILED)
         self._next_id = call_id = (self._next_id + 1) & 0xFFFFFFFF
+        wait_s = timeout_s + LANE_GRACE_S
         try:
-            sock.settimeout(timeout_s + LANE_GRACE_S)
+            self._bound(sock, wait_s)
+            give_up = time.monotonic() + wait_s
             sock.sendall(frame_of(call_id, kind, timeout_s, 0, body))
             while True:
                 data = sock.recv(_READ_BYTES)
@@ -95,14 +105,29 @@ class BlockingLane:
                         if kind == KIND_HELLO and reply_kind != REPLY_OK:
                             raise error_from_reply(reply_body, self._what)
                         return reply_of(reply_kind, reply_body, read_reply, self._what)
-        except TimeoutError:
+                # A part of the reply: the rest within what is left of the bound.
+                left_s = give_up - time.monotonic()
+                if left_s <= 0:
+                    raise BlockingIOError
+                self._bound(sock, left_s)
+        except (BlockingIOError, TimeoutError):  # the kernel's bound ran out
             # The reply may still come: the connection is of no further use.
-            raise self._lost(f"no answer from the daemon within {sock.gettimeout():.1f} s",
+            raise self._lost(f"no answer from the daemon within {wait_s:.1f} s",
                              LLMStatusCode.LLM_TIMEOUT) from None
         except ValueError as exc:  # a malformed frame (FrameReader)
             raise self._lost(f"malformed reply: {exc}", LLMStatusCode.LLM_FAILED) from None
         except OSError as exc:
             raise self._lost(f"the lane failed: {exc}", LLMStatusCode.LLM_FAILED) from None
+
+    def _bound(self, sock: socket.socket, seconds: float) -> None:
+        """Bound each send and receive on ``sock`` by ``seconds`` (set only when it
+        changes: calls of one cluster share their timeout)."""
+        if seconds != self._bound_s:
+            whole = int(seconds)
+            bound = struct.pack("ll", whole, int((seconds - whole) * 1e6) or 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, bound)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, bound)
+            self._bound_s = seconds
 
     def _lost(self, reason: str, status: LLMStatusCode) -> LLMException:
         self.close()

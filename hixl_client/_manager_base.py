@@ -34,6 +34,9 @@ def key_to_proto(key: CacheKey) -> common_pb2.CacheKey:
 
 
 def ref_to_proto(key: CacheKey | CacheKeyByIdAndIndex | BlocksCacheKey) -> common_pb2.CacheRef:
+    if type(key) is BlocksCacheKey:  # pull_blocks' usual key; a dict builds the field fastest
+        return common_pb2.CacheRef(blocks_key={"cluster_id": key.cluster_id,
+                                               "model_id": key.model_id})
     if isinstance(key, CacheKey):
         return common_pb2.CacheRef(key=key_to_proto(key))
     if isinstance(key, CacheKeyByIdAndIndex):

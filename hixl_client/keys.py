@@ -207,6 +207,12 @@ class BlocksCacheKey:
     __slots__ = ("_cluster_id", "_model_id", "_spelling")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if not kwargs and 1 <= len(args) <= 2 and all(type(a) is int for a in args):
+            # How engines build one per request, positionally: every check below passes.
+            self._spelling = "cluster_id"
+            self._cluster_id: int = args[0]
+            self._model_id: int = args[1] if len(args) == 2 else 0
+            return
         merged = _collect(args, kwargs, ("cluster_id", "model_id"), ())
         self._spelling = "cluster_id" if "cluster_id" in merged else "prompt_cluster_id"
         cluster_id = merged[self._spelling]
@@ -215,8 +221,8 @@ class BlocksCacheKey:
             "cluster_id", cluster_id, int, extra_fmt="The first param ", allow_none=False
         )
         check_isinstance("model_id", model_id, int, extra_fmt="The second param ", allow_none=False)
-        self._cluster_id: int = cluster_id
-        self._model_id: int = model_id
+        self._cluster_id = cluster_id
+        self._model_id = model_id
 
     @property
     def cluster_id(self) -> int:

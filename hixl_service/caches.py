@@ -150,7 +150,7 @@ class Caches:
             return
         cluster.process = process
 
-    def add_user_buffer(self, upload_token: bytes, fd: int) -> int:
+    async def add_user_buffer(self, upload_token: bytes, fd: int) -> int:
         """Map a client's shareable buffer (fd from the fd socket); return its id."""
         cluster = self._cluster_of_token(upload_token)
         size = os.fstat(fd).st_size
@@ -160,9 +160,14 @@ class Caches:
         buffer_id = next(self._buffer_ids)
         buffer = UserBuffer(buffer_id, cluster.cluster_id, hixl_native.Mapping(fd, size))
         if self._ascend is not None:  # page-locked for ACL copies (a swap, a copy_cache)
-            pinned = self._ascend.pin_host(buffer.native)
+            # aclrtHostRegister of a large buffer takes long: off the event loop.
+            pinned = await asyncio.to_thread(self._ascend.pin_host, buffer.native)
             if pinned is not None:
                 buffer.before_release = pinned.close
+            if cluster.closed:  # finalized meanwhile: nothing may keep the buffer
+                await asyncio.to_thread(buffer.release)
+                raise LLMException("the cluster was finalized during the upload",
+                                   status_code=LLMStatusCode.LLM_FAILED)
         cluster.buffers[buffer_id] = buffer
         return buffer_id
 

@@ -263,6 +263,12 @@ class TransferConfig(_Section):
         default=2, ge=1, le=64,
         description="Native copy threads (and threads of the executor for device copies)."
     )
+    data_threads: int = Field(
+        default=16, ge=1, le=256,
+        description="Native workers that move the data streams of all this daemon's links, "
+        "and as many that serve its data server's connections; a stream or connection holds "
+        "one only while it moves bytes, so the count does not grow with links.",
+    )
     # xmem: engine-allocated client memory moves to and from sockets through these.
     bounce_buffers: int = Field(
         default=16, ge=1, le=4096,

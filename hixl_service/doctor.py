@@ -222,6 +222,7 @@ def _limits(status: admin_pb2.DaemonStatus, config: DaemonConfig | None) -> Iter
     streams = config.transfer.streams_per_link if config is not None else 4
     max_conns = config.limits.max_data_connections if config is not None else 1024
     copy_threads = config.transfer.copy_threads if config is not None else 2
+    data_threads = config.transfer.data_threads if config is not None else 16
 
     files_needed = _BASE_FILES + max_conns + 2 * streams * max(links, 1)
     soft, hard = limits.get("Max open files", ("0", "0"))
@@ -247,7 +248,9 @@ def _limits(status: admin_pb2.DaemonStatus, config: DaemonConfig | None) -> Iter
                                                       "host backend" if status.backend ==
                                                       "host" else ""))
 
-    tasks_needed = _BASE_TASKS + copy_threads + max_conns + streams * max(links, 1)
+    # Data streams and connections hold no thread: the data plane runs a
+    # fixed set on each side (links' workers and watcher, the data server's).
+    tasks_needed = _BASE_TASKS + copy_threads + 2 * data_threads + 1
     soft, hard = limits.get("Max processes", ("0", "0"))
     pids_max = _cgroup_pids_max(status.pid)
     ceiling = min(_number(soft), _number(pids_max) if pids_max else float("inf"))
@@ -255,8 +258,8 @@ def _limits(status: admin_pb2.DaemonStatus, config: DaemonConfig | None) -> Iter
     if ceiling < tasks_needed:
         yield Finding("limit tasks", WARN,
                       f"{where}; the daemon runs {threads} threads and may need up to "
-                      f"{tasks_needed} (a thread per data connection served, per stream, per "
-                      f"copy thread); raise TasksMax= / LimitNPROC=")
+                      f"{tasks_needed} (transfer.data_threads on each side of the data "
+                      f"plane, the copy threads); raise TasksMax= / LimitNPROC=")
     else:
         yield Finding("limit tasks", OK, f"{where}; {threads} threads now")
 

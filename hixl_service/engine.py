@@ -246,6 +246,7 @@ class Engine:
         """Refuse new sessions, links and transfers from now on (``drain``); False if
         the drain had begun already."""
         self.sessions.closing = True
+        self.inbound.stopping = True  # linkers hear it at their next heartbeat
         return self.drain.begin()
 
     async def close(self) -> None:

@@ -24,7 +24,7 @@ import logging
 import os
 import socket
 import struct
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from hixl_client.status import LLMException
@@ -60,7 +60,7 @@ class FdServer:
     """A unix socket that trades tokens for fds, and fds for buffer ids."""
 
     def __init__(self, path: Path, lookup_pool: Callable[[bytes], int | None],
-                 add_buffer: Callable[[bytes, int], int],
+                 add_buffer: Callable[[bytes, int], Awaitable[int]],
                  bind_process: Callable[[bytes, ClientProcess], None] | None = None) -> None:
         self.path = path
         self._lookup_pool = lookup_pool
@@ -99,7 +99,7 @@ class FdServer:
                 logger.info("fd request failed: %s", exc)
                 return
             try:
-                reply, send_fd = self._answer(data, fds, conn)
+                reply, send_fd = await self._answer(data, fds, conn)
             finally:
                 for fd in fds:
                     os.close(fd)  # the daemon keeps mappings, never the client's fds
@@ -110,7 +110,7 @@ class FdServer:
             else:
                 socket.send_fds(conn, [reply], [send_fd])
 
-    def _answer(self, data: bytes, fds: list[int],
+    async def _answer(self, data: bytes, fds: list[int],
                 conn: socket.socket) -> tuple[bytes, int | None]:
         if len(data) != REQUEST_BYTES:
             return DENIED, None
@@ -133,7 +133,7 @@ class FdServer:
             return (DENIED, None) if fd is None else (GRANTED, fd)
         if op == OP_UPLOAD and len(fds) == 1:
             try:
-                buffer_id = self._add_buffer(token, fds[0])
+                buffer_id = await self._add_buffer(token, fds[0])
             except (LLMException, OSError) as exc:
                 logger.info("buffer upload refused: %s", exc)
                 return DENIED, None

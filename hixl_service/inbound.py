@@ -105,6 +105,8 @@ class InboundLinks:
         self.leases = leases if leases is not None else LeaseSettings()
         self._dropped: collections.OrderedDict[int, None] = collections.OrderedDict()
         self._last_reap = 0.0  # loop.time() of the last reap round
+        # Set by the drain: heartbeats are answered LEASE_STOPPING from then on.
+        self.stopping = False
 
     def all(self) -> list[InboundLink]:
         return list(self._links.values())
@@ -223,9 +225,31 @@ class InboundLinks:
                 answers.append(Lease.DROPPED if token in self._dropped else Lease.UNKNOWN)
                 continue
             inbound.renewed_at = now
+            if self.stopping:
+                inbound.told_stopping = True
+                answers.append(Lease.STOPPING)
+                continue
             inbound.health.move_to(LinkState.UP)
             answers.append(Lease.RENEWED)
         return answers
+
+    def untold_of_stop(self) -> int:
+        """Inbound links with a lease whose linker has not heard yet that this daemon
+        drains (the drain waits for them, ``wait_told_of_stop``)."""
+        return sum(1 for inbound in self._links.values()
+                   if inbound.lease_s and not inbound.told_stopping)
+
+    async def wait_told_of_stop(self, bound_s: float) -> bool:
+        """Wait, at most ``bound_s``, until every linker's heartbeat was answered
+        ``LEASE_STOPPING``; whether they all were. Linkers renew at least thrice a
+        lease, so a third of the lease (plus their call) bounds the wait."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + bound_s
+        while self.untold_of_stop():
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(0.02)
+        return True
 
     def lease_left_s(self, inbound: InboundLink) -> float:
         """Seconds until ``inbound``'s lease ends unrenewed (0: no lease)."""

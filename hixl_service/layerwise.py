@@ -23,7 +23,7 @@ from .planning import (
     Layout,
     Ranges,
     as_ranges,
-    block_list,
+    block_array,
     plan_blocks,
     plan_cache_pull,
     plan_slot_to_blocks,
@@ -76,8 +76,8 @@ class LayerwiseTask:
         self._trace_context = tracing.current_context() if tracing.ENABLED else None
         self._start = start
         # Converted once, not at every layer (see planning.block_list).
-        self._src_blocks = block_list(start.src_blocks)
-        self._dst_blocks = block_list(start.dst_blocks)
+        self._src_blocks = block_array(start.src_blocks)
+        self._dst_blocks = block_array(start.dst_blocks)
         # Destination blocks a TransferConfig tensor spans: up to the highest named.
         self._dst_block_count = int(self._dst_blocks.max()) + 1 if len(self._dst_blocks) else 0
         self.source: CacheEntry = cluster.registry.get(start.src_cache_id)

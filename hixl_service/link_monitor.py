@@ -133,6 +133,8 @@ class LinkMonitor:
             cause = f"heartbeat to {peer.address} failed: {exc or 'timed out'}"
             for _, link in links:
                 silent_s = loop.time() - link.last_heard
+                if link.far_stopping:
+                    continue  # down since it said so; back once it answers again
                 if silent_s >= settings.down_after_s:
                     link.health.move_to(LinkState.DOWN, f"{cause} (nothing heard for "
                                         f"{silent_s:.1f} s)")
@@ -152,6 +154,12 @@ class LinkMonitor:
             link.dropped = True
             link.health.move_to(LinkState.DOWN, f"cluster {link.remote_cluster_id} dropped "
                                 f"the link itself; link_clusters links again")
+            return
+        if lease is Lease.STOPPING:
+            link.far_stopping = True
+            link.health.move_to(LinkState.DOWN, f"daemon {answer.daemon_id} at "
+                                f"{link.remote_peer_address} is stopping (drained); the link "
+                                f"comes back by itself when that daemon is started again")
             return
         if lease is Lease.UNKNOWN:
             self._reopen(cluster, link, f"daemon {answer.daemon_id} no longer holds the link "

@@ -100,6 +100,8 @@ class OutboundLink:
     last_heard: float = 0.0
     # The far cluster dropped the link itself: it is not renewed any more.
     dropped: bool = False
+    # The far daemon said it is stopping: down until it runs again.
+    far_stopping: bool = False
     # Linking again after a far restart failed: not before retry_at
     # (loop.time()), the pause doubling while it fails.
     retry_at: float = 0.0
@@ -136,6 +138,7 @@ class InboundLink:
     # lease_s (0: no lease, the linking cluster lives in this daemon).
     lease_s: float = 0.0
     renewed_at: float = 0.0  # loop.time() of the last renewal
+    told_stopping: bool = False  # a heartbeat of the linker heard that this daemon drains
     health: LinkHealth = field(default_factory=lambda: LinkHealth(""))
 
     def __post_init__(self) -> None:

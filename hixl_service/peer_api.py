@@ -7,6 +7,7 @@ only sees these types, so it stays testable without a network.
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -59,8 +60,9 @@ class ResolvedCache:
     blocks: bool
     writable: bool = False
 
-    @property
+    @functools.cached_property
     def layout(self) -> Layout:
+        """Built once: every transfer against the cache asks."""
         return Layout(self.tensor_offsets, self.tensor_size, self.batch_size)
 
 
@@ -88,6 +90,7 @@ class Lease(enum.Enum):
     RENEWED = 0
     UNKNOWN = 1  # the far daemon holds no such link (its lease ended, or it restarted)
     DROPPED = 2  # the far cluster dropped the link itself
+    STOPPING = 3  # the far daemon is draining: the link ends with it
 
 
 @dataclass(frozen=True)

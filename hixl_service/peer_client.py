@@ -92,6 +92,10 @@ def _request_tag() -> int:
         return 0
 
 
+# A state this daemon does not know (a newer far daemon) counts as unknown.
+_LEASES = frozenset(lease.value for lease in Lease)
+
+
 class PeerClient:
     """Calls the Peer service of one remote daemon over a cached channel."""
 
@@ -199,7 +203,7 @@ class PeerClient:
         # exists only in mode "none".
         request = peer_pb2.HeartbeatRequest(daemon_id=daemon_id, link_tokens=list(tokens))
         reply = await self._call(self._stub.Heartbeat, request, timeout_s)
-        leases = tuple(Lease(state) if state in (0, 1, 2) else Lease.UNKNOWN
+        leases = tuple(Lease(state) if state in _LEASES else Lease.UNKNOWN
                        for state in reply.states)
         if len(leases) != len(tokens):
             leases = (Lease.UNKNOWN,) * len(tokens)

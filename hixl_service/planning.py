@@ -14,11 +14,11 @@ than numpy's per-call overhead.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from hixl_native._core import block_ranges, run_ranges
+from hixl_native._core import block_ranges, range_bytes, run_ranges
 
 from hixl_wire.status import param_invalid as _invalid
 
@@ -36,31 +36,43 @@ def as_ranges(ranges: Sequence[Range]) -> Ranges:
 
 
 def total_bytes(ranges: Ranges) -> int:
-    if len(ranges) <= SMALL_PLAN:  # a numpy reduction costs more than a few rows
-        return int(sum(row[2] for row in ranges.tolist()))
-    return int(ranges[:, 2].sum())
+    """The bytes ``ranges`` move: one native loop over a planner's array (a
+    numpy reduction costs more), numpy for anything else."""
+    try:
+        return int(range_bytes(ranges))
+    except (TypeError, ValueError):  # not a contiguous uint64 buffer of triples
+        return int(np.asarray(ranges, dtype=U64).reshape(-1, 3)[:, 2].sum())
 
 
-Blocks = Any  # block indices: a uint64 numpy array (see block_list) or a sequence of ints
+Blocks = Any  # block indices: a sequence of ints (see block_list) or a uint64 numpy array
+# Up to this many block indices stay in the request's repeated field: the
+# native planner reads them from it faster than numpy builds an array.
+SMALL_BLOCKS = 64
 
 
 def block_list(indices: Any) -> Blocks:
-    """Block indices, e.g. a protobuf ``repeated uint64`` field, as a uint64 array.
+    """Block indices, e.g. a protobuf ``repeated uint64`` field, for the planners.
 
-    numpy copies a repeated field through its buffer in one step, where a
-    tuple of them costs a Python int per block, which a daemon would hold
-    for the whole transfer. An empty list (every pull_cache has two) gets a
-    shared read-only array: numpy is slow to find that a repeated field
-    holds nothing.
+    A short list is the field itself: it holds its values packed (as the
+    message does), and the native planner reads them without an array in
+    between. A longer one becomes a uint64 array, which numpy copies from
+    the field in one step where a Python list costs an int per block, which
+    a daemon would hold for the whole transfer. An empty list (every
+    pull_cache has two) gets a shared read-only array.
     """
-    if not len(indices):
+    count = len(indices)
+    if not count:
         return _NO_BLOCKS
-    return np.array(indices, dtype=U64)
+    return indices if count <= SMALL_BLOCKS else np.array(indices, dtype=U64)
+
+
+def block_array(indices: Any) -> Any:
+    """Block indices as a uint64 array, whatever their number (see block_list)."""
+    return np.array(indices, dtype=U64) if len(indices) else _NO_BLOCKS
 
 
 _NO_BLOCKS = np.empty(0, dtype=U64)
 _NO_BLOCKS.flags.writeable = False
-
 
 
 @dataclass(frozen=True)
@@ -70,14 +82,14 @@ class Layout:
     tensor_offsets: Sequence[int]
     tensor_size: int
     batch_size: int
+    # Derived once: the planners read them several times a request.
+    num_tensors: int = field(init=False, repr=False, compare=False)
+    stride: int = field(init=False, repr=False, compare=False)
 
-    @property
-    def num_tensors(self) -> int:
-        return len(self.tensor_offsets)
-
-    @property
-    def stride(self) -> int:
-        return self.tensor_size // self.batch_size
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "num_tensors", len(self.tensor_offsets))
+        object.__setattr__(self, "stride",
+                           self.tensor_size // self.batch_size if self.batch_size else 0)
 
 
 Pairs = Any  # a TensorRun, an (n, 2) int64 array of (source, destination) tensor
@@ -224,10 +236,12 @@ def merge_ranges(ranges: Ranges) -> Ranges:
 
 
 def _u64_blocks(blocks: Blocks) -> Any:
-    """Block indices as the contiguous uint64 array the native planner reads in place."""
-    if type(blocks) is np.ndarray and blocks.dtype == U64 and blocks.flags.c_contiguous:
-        return blocks
-    return np.ascontiguousarray(blocks, dtype=U64)
+    """Block indices as the native planner takes them: a contiguous uint64 array
+    (read in place) or a short sequence of ints (copied natively)."""
+    if type(blocks) is np.ndarray:
+        return blocks if blocks.dtype == U64 and blocks.flags.c_contiguous else \
+            np.ascontiguousarray(blocks, dtype=U64)
+    return blocks if len(blocks) <= SMALL_BLOCKS else np.array(blocks, dtype=U64)
 
 
 def _tensor_bases(src: Layout, dst: Layout, pairs: Pairs) -> tuple[Sequence[int], Sequence[int]]:

@@ -292,10 +292,11 @@ class Daemon:
                                          links.tcp_keepalive_interval_s,
                                          links.tcp_keepalive_count,
                                          int(links.tcp_user_timeout_s * 1000))
+            hixl_native.set_link_threads(cfg.transfer.data_threads)
             try:
                 data_server = await asyncio.to_thread(
                     hixl_native.DataServer, cfg.server.peer_host, cfg.server.data_port,
-                    cfg.limits.max_data_connections)
+                    cfg.limits.max_data_connections, cfg.transfer.data_threads)
             except hixl_native.NativeError as exc:
                 raise refuse_busy_port("the data plane", data_address, exc) from None
             unwind.callback(data_server.close)
@@ -446,6 +447,14 @@ class Daemon:
         if not await engine.drain.wait_idle(grace):
             logger.warning("grace_period_s (%g s) is over with %s still running: they are "
                            "cancelled", grace, engine.drain.in_flight())
+        # Linking daemons hear of the stop from their heartbeats' answers, so
+        # their links go down at once, with the reason, instead of timing out.
+        told_bound = min(max(0.0, deadline - loop.time()),
+                         engine.inbound.leases.lease_s / 3 + 1.0)
+        if not await engine.inbound.wait_told_of_stop(told_bound):
+            logger.warning("%d linking daemons did not heartbeat within %.1f s of the drain: "
+                           "their links end when their leases do",
+                           engine.inbound.untold_of_stop(), told_bound)
         client_servicer.stop_sessions()  # their links close, the peers told
         left = max(0.0, deadline - loop.time())
         lanes = [lane.stop(left) for lane in (lane_server, peer_lane) if lane is not None]

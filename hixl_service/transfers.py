@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 
 from hixl_client.status import LLMException, LLMStatusCode
@@ -122,7 +122,7 @@ async def _plan(plan: Callable[[FarCache], Ranges], target: FarCache,
 async def _retrying_stale(cluster: Cluster, link: OutboundLink, ref: CacheRefSpec,
                           deadline: float, plan: Callable[[FarCache], Ranges],
                           move: Callable[[FarCache, Ranges], Awaitable[None]],
-                          outcome: Outcome, blocks: int = 0) -> None:
+                          outcome: Outcome, local: CacheEntry, blocks: int = 0) -> None:
     """Plan and move against the far end; if a remembered far end turns out stale
     (the plan does not fit it, or its data server refuses the region), find it
     afresh and try once more. Nothing has moved when either happens. The plan
@@ -131,7 +131,7 @@ async def _retrying_stale(cluster: Cluster, link: OutboundLink, ref: CacheRefSpe
     try:
         ranges = plan(target) if blocks <= PLAN_OFF_LOOP_BLOCKS else \
             await _plan(plan, target, blocks)
-        await _timed(move, target, ranges, outcome)
+        await _timed(move, target, ranges, outcome, local)
     except LLMException as exc:
         planning = exc.status_code == LLMStatusCode.LLM_PARAM_INVALID
         # A refused region is found afresh even when this call just resolved it:
@@ -141,20 +141,35 @@ async def _retrying_stale(cluster: Cluster, link: OutboundLink, ref: CacheRefSpe
         link.far.forget(ref)
         target = await find_target(cluster, link, ref, deadline, fresh=True)
         ranges = await _plan(plan, target, blocks)
-        await _timed(move, target, ranges, outcome)
+        await _timed(move, target, ranges, outcome, local)
     outcome.ranges, outcome.far = ranges, target
     outcome.bytes = total_bytes(ranges)
 
 
 async def _timed(move: Callable[[FarCache, Ranges], Awaitable[None]], target: FarCache,
-                 ranges: Ranges, outcome: Outcome) -> None:
+                 ranges: Ranges, outcome: Outcome, local: CacheEntry) -> None:
     # perf_counter, not loop.time(): uvloop's clock is cached per iteration
     # in whole milliseconds.
     started = time.perf_counter()
     try:
-        await move(target, ranges)
+        with fenced(local, target):
+            await move(target, ranges)
     finally:
         outcome.data_s += time.perf_counter() - started
+
+
+@contextlib.contextmanager
+def fenced(local: CacheEntry, far: FarCache) -> Iterator[None]:
+    """Around a move: nothing starts in a cache freed since it was found (both
+    ends of a local link), and each end's extent stays out of its pool until the
+    move has ended (``Caches.fence``)."""
+    far_entry = far.origin if isinstance(far.origin, CacheEntry) else None
+    with contextlib.ExitStack() as using:
+        for entry in (local, far_entry):
+            if entry is not None:
+                entry.check_present()
+                using.enter_context(entry.in_use())
+        yield
 
 
 def _remaining_ms(cluster: Cluster, deadline: float) -> int:
@@ -191,21 +206,14 @@ def plan_pull(source: FarCache, dst: CacheEntry, spec: PullSpec) -> Ranges:
     return ranges
 
 
-async def move(cluster: Cluster, link: OutboundLink, local: CacheEntry, far: FarCache,
-               ranges: Ranges, deadline: float, push: bool, checksum: bool = False) -> None:
+def move(cluster: Cluster, link: OutboundLink, local: CacheEntry, far: FarCache,
+         ranges: Ranges, deadline: float, push: bool, checksum: bool = False) -> Awaitable[None]:
     """Move planned ranges between a local cache and the far end over the link's
-    transport: into ``local`` for a pull, out of it for a push."""
+    transport: into ``local`` for a pull, out of it for a push. The transport's
+    own awaitable, not one wrapping it: a coroutine less on every request."""
     transfer = link.transport.write if push else link.transport.read
-    far_entry = far.origin if isinstance(far.origin, CacheEntry) else None  # a local link's
-    with contextlib.ExitStack() as using:
-        # Fenced: nothing starts in a cache freed since it was found, and its
-        # extent stays out of the pool until this move has ended (Caches.fence).
-        for entry in (local, far_entry):
-            if entry is not None:
-                entry.check_present()
-                using.enter_context(entry.in_use())
-        await transfer(local.memory, far.place, ranges, _remaining_ms(cluster, deadline),
-                       checksum)
+    return transfer(local.memory, far.place, ranges, _remaining_ms(cluster, deadline),
+                    checksum)
 
 
 async def pull(cluster: Cluster, spec: PullSpec) -> Outcome:
@@ -216,14 +224,14 @@ async def pull(cluster: Cluster, spec: PullSpec) -> Outcome:
     link = cluster.link_to(spec.src.cluster_id)
     deadline = asyncio.get_running_loop().time() + cluster.settings.sync_timeout_s
 
-    async def into_dst(source: FarCache, ranges: Ranges) -> None:
-        await move(cluster, link, dst, source, ranges, deadline, push=False,
-                   checksum=spec.checksum)
+    def into_dst(source: FarCache, ranges: Ranges) -> Awaitable[None]:
+        return move(cluster, link, dst, source, ranges, deadline, push=False,
+                    checksum=spec.checksum)
 
     outcome = Outcome(transport=link.transport.name)
     await _retrying_stale(cluster, link, spec.src, deadline,
                           lambda source: plan_pull(source, dst, spec), into_dst, outcome,
-                          len(spec.dst_blocks))
+                          dst, len(spec.dst_blocks))
     dst.check_present()  # freed while its bytes arrived: they went nowhere
     if isinstance(spec.src, KeyRef):
         await _release_key(link, spec.src, spec.src_tensor_indices, deadline)
@@ -270,12 +278,12 @@ async def push(cluster: Cluster, spec: PushSpec) -> Outcome:
     link = cluster.link_to(spec.dst.cluster_id)
     deadline = asyncio.get_running_loop().time() + cluster.settings.sync_timeout_s
 
-    async def out_of_src(target: FarCache, ranges: Ranges) -> None:
-        await move(cluster, link, src, target, ranges, deadline, push=True,
-                   checksum=spec.checksum)
+    def out_of_src(target: FarCache, ranges: Ranges) -> Awaitable[None]:
+        return move(cluster, link, src, target, ranges, deadline, push=True,
+                    checksum=spec.checksum)
 
     outcome = Outcome(transport=link.transport.name)
     await _retrying_stale(cluster, link, spec.dst, deadline,
                           lambda target: plan_push(src, target, spec), out_of_src, outcome,
-                          len(spec.dst_blocks))
+                          src, len(spec.dst_blocks))
     return outcome

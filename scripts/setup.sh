@@ -10,6 +10,11 @@ PYTHON=${PYTHON:-python3}
 if [ ! -e /usr/include/openssl/hmac.h ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
   apt-get install -y -q libssl-dev >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q libssl-dev >/dev/null; }
 fi
+# The partition tests cut links between network namespaces with nftables
+# drops (the kernel has no netem); without nft (or root) they skip.
+if ! command -v nft >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  apt-get install -y -q nftables iproute2 >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q nftables iproute2 >/dev/null; } || echo "setup.sh: nftables not installed: the partition tests will skip" >&2
+fi
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi

@@ -193,17 +193,25 @@ async def run_hixl(p: plan.Plan, args: argparse.Namespace, native: ceilings.Nati
 
 async def _serve_rows(p: plan.Plan, pair: env.Daemons, native: ceilings.NativeCeilings,
                       progress: report.Progress) -> list[Row]:
-    """The serving suite: the 4 KiB reference pull, then each case after its TCP ceiling."""
+    """The serving suite: the 4 KiB reference pull, then each case after its TCP ceiling.
+
+    Each case runs between clusters of its own, finalized before the next
+    starts: a daemon keeps every shareable buffer a cluster uploaded, and
+    its pool, until the cluster ends, so clusters serving the whole suite
+    would hold every case's memory at once (the sweep's largest cases are
+    gigabytes on each side). Their peak is then the largest case's."""
     rows: list[Row] = []
-    async with env.clusters(pair, serve.pool_bytes(p.serve_cases), ("tcp",),
+    async with env.clusters(pair, serve.pool_bytes(()), ("tcp",),
                             id_base=SERVE_ID_BASE) as linked:
         rows.append(await serve.ref_4k_row(linked, p.serve_budget))
         progress(rows[-1])
-        for index, case in enumerate(p.serve_cases):
-            rows += await native.measure(case.ceiling_shape(p.cold_bytes), {"tcp"})
+    for index, case in enumerate(p.serve_cases):
+        rows += await native.measure(case.ceiling_shape(p.cold_bytes), {"tcp"})
+        async with env.clusters(pair, serve.pool_bytes((case,)), ("tcp",),
+                                id_base=SERVE_ID_BASE) as linked:
             rows.append(await serve.serve_row(pair, linked, case, index, p.cold_bytes,
                                               p.serve_budget, SERVE_FACADE_ID))
-            progress(rows[-1])
+        progress(rows[-1])
     return rows
 
 

@@ -31,7 +31,9 @@ from hixl_native._core import (
     copy_ranges,
     crc32c,
     crc32c_hardware,
+    link_threads,
     live_objects,
+    set_link_threads,
     set_tcp_liveness,
     status_name,
 )
@@ -63,7 +65,9 @@ __all__ = [
     "copy_ranges",
     "crc32c",
     "crc32c_hardware",
+    "link_threads",
     "live_objects",
+    "set_link_threads",
     "set_tcp_liveness",
     "status_name",
 ]

@@ -168,8 +168,13 @@ cdef extern from "tcp_server.h" nogil:
     ctypedef struct hixl_server:
         pass
 
-    int hixl_server_start(const char *host, uint16_t port, size_t max_conns, hixl_server **out)
+    enum:
+        HIXL_SERVER_MAX_THREADS
+
+    int hixl_server_start(const char *host, uint16_t port, size_t max_conns, int nthreads,
+                          hixl_server **out)
     uint16_t hixl_server_port(const hixl_server *s)
+    int hixl_server_threads(const hixl_server *s)
     hixl_region_table *hixl_server_regions(hixl_server *s)
     int hixl_server_authorize(hixl_server *s, uint64_t token, uint64_t cluster,
                               const uint8_t *key, int may_write)
@@ -182,6 +187,11 @@ cdef extern from "crc32c.h" nogil:
     uint32_t hixl_crc32c(uint32_t crc, const void *buf, size_t len)
     uint32_t hixl_crc32c_table(uint32_t crc, const void *buf, size_t len)
     int hixl_crc32c_hardware()
+
+
+cdef extern from "link_threads.h" nogil:
+    int hixl_jobs_set_threads(int n)
+    int hixl_jobs_threads()
 
 
 cdef extern from "tcp_link.h" nogil:

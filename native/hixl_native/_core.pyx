@@ -13,6 +13,7 @@ from cpython.buffer cimport (
     PyBUF_SIMPLE,
     PyBuffer_FillInfo,
     PyBuffer_Release,
+    PyObject_CheckBuffer,
     PyObject_GetBuffer,
 )
 from libc.errno cimport errno

@@ -126,6 +126,24 @@ def run_ranges(src_offsets, src_first, src_add, dst_offsets, dst_first, dst_add,
     return out
 
 
+def set_link_threads(threads):
+    """How many native workers move the data streams of every ``DataLink`` of
+    this process (1-256). Set before the first link opens; later, it can only
+    add workers.
+    """
+    cdef int n = _int_in(threads, 1, 256, "threads")
+    cdef int rc
+    with nogil:
+        rc = hixl_jobs_set_threads(n)
+    if rc != HIXL_OK:
+        _raise(rc, "cannot start the data links' workers", errno)
+
+
+def link_threads():
+    """The workers that move data streams (``set_link_threads``), besides one watcher."""
+    return hixl_jobs_threads()
+
+
 cdef class DataServer:
     """The target side of the TCP data plane: a listening socket plus native threads.
 
@@ -134,6 +152,8 @@ cdef class DataServer:
         port: TCP port; 0 picks an ephemeral one (see ``port``).
         max_connections: Data connections served at once; a HELLO beyond
             them is answered ``E_BUSY``.
+        threads: Native workers serving every connection (1-256): a
+            connection holds one only while it moves a request.
 
     Raises:
         NativeError: The address cannot be resolved or bound (``E_IO``).
@@ -144,17 +164,18 @@ cdef class DataServer:
         self._closed = True
         self._regions = {}
 
-    def __init__(self, str host not None, port, max_connections=1024):
+    def __init__(self, str host not None, port, max_connections=1024, threads=16):
         cdef hixl_server *s = NULL
         cdef int rc, err
         cdef uint16_t cport = _int_in(port, 0, 65535, "port")
         cdef size_t cmax = _int_in(max_connections, 1, _MAX_CONNECTIONS, "max_connections")
+        cdef int cthreads = _int_in(threads, 1, HIXL_SERVER_MAX_THREADS, "threads")
         if self._s != NULL:
             raise RuntimeError("DataServer is already initialized")
         bhost = host.encode()
         cdef const char *chost = bhost
         with nogil:
-            rc = hixl_server_start(chost, cport, cmax, &s)
+            rc = hixl_server_start(chost, cport, cmax, cthreads, &s)
             err = errno
         if rc != HIXL_OK:
             _raise(rc, f"cannot listen on {host}:{port}", err)
@@ -177,6 +198,12 @@ cdef class DataServer:
     def port(self):
         """The bound TCP port."""
         return self._port
+
+    @property
+    def threads(self):
+        """The native workers serving this server's connections."""
+        self._check_running()
+        return hixl_server_threads(self._s)
 
     def authorize(self, token, cluster_id, key=_NO_KEY, may_write=True):
         """Let connections of link ``token`` that prove ``key`` access regions of

@@ -7,14 +7,30 @@ cdef enum:
 
 
 cdef const uint64_t *_block_array(object blocks, Py_ssize_t *count, list keep) except? NULL:
-    """Block indices as a C array, read in place from a contiguous uint64
-    buffer; None gives NULL, which ``_block_at`` reads as 0, 1, 2, ..."""
+    """Block indices as a C array: read in place from a contiguous uint64
+    buffer, or copied from any other sequence of ints (a short list, or a
+    protobuf repeated field, costs less copied here than made into an array
+    first); None gives NULL, which ``_block_at`` reads as 0, 1, 2, ..."""
     if blocks is None:
         return NULL
-    cdef const uint64_t[::1] view = blocks
-    keep.append(view)  # the pointer stays valid while the view lives
-    count[0] = view.shape[0]
-    return &view[0] if view.shape[0] else NULL
+    cdef const uint64_t[::1] view
+    cdef Py_ssize_t i, n
+    cdef uint64_t *filled
+    if PyObject_CheckBuffer(blocks):
+        view = blocks
+        keep.append(view)  # the pointer stays valid while the view lives
+        count[0] = view.shape[0]
+        return &view[0] if view.shape[0] else NULL
+    n = len(blocks)
+    count[0] = n
+    if not n:
+        return NULL
+    copied = bytearray(8 * n)
+    keep.append(copied)  # likewise: nothing resizes it
+    filled = <uint64_t *><char *>copied
+    for i in range(n):
+        filled[i] = <uint64_t>_u64(blocks[i], "a block index")
+    return filled
 
 
 cdef inline uint64_t _block_at(const uint64_t *blocks, Py_ssize_t i) noexcept nogil:
@@ -55,6 +71,32 @@ cdef object _first_out_of_range(const uint64_t *blocks, Py_ssize_t count, uint64
     return None
 
 
+def range_bytes(ranges):
+    """The bytes a list of ranges moves: the sum of their lengths.
+
+    Args:
+        ranges: C-contiguous buffer of uint64 (src, dst, length) triples, e.g.
+            a planner's ``(n, 3)`` array.
+
+    Raises:
+        TypeError / ValueError: As the transports, for a buffer of another
+            format or not of whole triples.
+    """
+    cdef Py_buffer view
+    cdef const uint64_t *rows
+    cdef Py_ssize_t i, n
+    cdef uint64_t total = 0
+    _u64_view(ranges, 3, "ranges", &view)
+    try:
+        rows = <const uint64_t *>view.buf
+        n = view.len // 24
+        for i in range(n):
+            total += rows[3 * i + 2]
+    finally:
+        PyBuffer_Release(&view)
+    return total
+
+
 def block_ranges(src_bases, src_add, dst_bases, dst_add, src_blocks, dst_blocks, block,
                  src_limit, dst_limit):
     """The merged ranges copying block ``src_blocks[i]`` to ``dst_blocks[i]``
@@ -70,9 +112,10 @@ def block_ranges(src_bases, src_add, dst_bases, dst_add, src_blocks, dst_blocks,
         src_add: Added to every source base (e.g. a batch slot's start).
         dst_bases: As ``src_bases``, for the destination (the same length).
         dst_add: As ``src_add``, for the destination.
-        src_blocks: Contiguous uint64 buffer of source block indices, or None
-            for 0, 1, 2, ... (a continuous slot cut into blocks).
-        dst_blocks: Contiguous uint64 buffer of destination block indices.
+        src_blocks: Source block indices: a contiguous uint64 buffer (read in
+            place) or a sequence of ints, or None for 0, 1, 2, ... (a
+            continuous slot cut into blocks).
+        dst_blocks: Destination block indices, as ``src_blocks`` (not None).
         block: Bytes per block.
         src_limit: Source block indices must be below it.
         dst_limit: As ``src_limit``, for the destination.

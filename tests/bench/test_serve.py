@@ -12,13 +12,16 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 
-from hixl_bench import cli, serve, targets
-from hixl_bench.model import HIXL, PROBE, Row
-from hixl_bench.plan import PRESETS, SERVE_LAYOUTS, ServeCase, serve_plan
+from hixl_bench import ceilings, cli, env, report, serve, targets
+from hixl_bench.model import HIXL, MIB, PROBE, Budget, Row
+from hixl_bench.plan import PRESETS, SERVE_LAYOUTS, Plan, ServeCase, serve_plan
+from hixl_wire._proto.hixl.v1 import admin_pb2, admin_pb2_grpc
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -153,3 +156,50 @@ def test_a_tiny_serve_run_pulls_byte_exact_rows(tmp_path: Path) -> None:
     assert all(r["status"] == "ok" or r["status"].startswith("skipped") for r in rows)
     assert any(r["name"] == serve.REF_4K and r["status"] == "ok" for r in rows)
     assert {"mooncake-tcp", "nixl-ucx-tcp"} <= {r["name"] for r in rows if r["kind"] == "peer"}
+
+
+async def _clustered_sessions(target: str) -> set[str]:
+    """The sessions of a daemon that hold a cluster now."""
+    async with grpc.aio.insecure_channel(target) as channel:
+        status = await admin_pb2_grpc.AdminStub(channel).GetStatus(
+            admin_pb2.GetStatusRequest(), timeout=10)
+    return {s.session_id for s in status.sessions if s.has_cluster}
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio
+@pytest.mark.timeout(180)
+async def test_each_case_runs_between_clusters_of_its_own(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A daemon keeps a cluster's uploaded shareable buffers and its pool until
+    the cluster ends, so each case gets clusters of its own, finalized before
+    the next case starts: the sweep's peak memory is its largest case's."""
+    budget = Budget(0.05, 2, 20, 1)
+    cases = (_case(), _case(tokens=512))
+    made = Plan((), (), 64 * MIB, budget, budget, serve_cases=cases, serve_budget=budget)
+    seen: list[tuple[set[str], set[str]]] = []
+    serve_row = serve.serve_row
+
+    async def observed(pair: env.Daemons, *args: Any, **kwargs: Any) -> Row:
+        seen.append((await _clustered_sessions(pair.a.client_target),
+                     await _clustered_sessions(pair.b.client_target)))
+        return await serve_row(pair, *args, **kwargs)
+
+    monkeypatch.setattr(serve, "serve_row", observed)
+    progress = report.Progress(0, quiet=True)
+    native = ceilings.NativeCeilings(made.cold_bytes, [1], False, budget, progress)
+    async with env.daemons(512 * MIB, 512 * MIB, 1) as pair:
+        await native.open()
+        try:
+            rows = await cli._serve_rows(made, pair, native, progress)
+        finally:
+            await native.close()
+        left = (await _clustered_sessions(pair.a.client_target),
+                await _clustered_sessions(pair.b.client_target))
+    assert [r.status for r in rows if r.kind == HIXL] == ["ok", "ok"], rows
+    (first_a, first_b), (second_a, second_b) = seen
+    # one decode cluster on A and one prefill cluster on B per case, none of the
+    # 4 KiB reference's or the previous case's left beside them
+    assert len(first_a) == len(first_b) == len(second_a) == len(second_b) == 1, seen
+    assert not first_a & second_a and not first_b & second_b, seen
+    assert left == (set(), set())

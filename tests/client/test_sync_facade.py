@@ -1,18 +1,15 @@
-"""The blocking facade without a daemon: names, signatures, singleton, loop thread.
+"""The blocking facade without a daemon: names, signatures, validation, refusals.
 
 These tests never open a gRPC channel (grpc.aio supports one loop per process
-and the suite's loop is the one); the async objects behind the facade are
-fakes where a call must succeed. Daemon-backed scenarios run in subprocesses
-in tests/integration/test_sync_facade.py.
+and the suite's loop is the one). Everything that needs a call to succeed
+(the singleton, calls forwarded to the loop thread, errors crossing, tasks
+waited from threads) runs against real daemons in subprocesses, in
+tests/integration/test_sync_facade.py.
 """
 
 from __future__ import annotations
 
-import asyncio
 import inspect
-import logging
-import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -22,12 +19,8 @@ import hixl_client
 from hixl_client import _sync_loop, sync
 from hixl_client import transfer_config as transfer_config_module
 from hixl_client.sync import (
-    Cache,
-    CacheDesc,
-    CacheKey,
     CacheManager,
     CacheTask,
-    DataType,
     LLMDataDist,
     LLMException,
     LLMRole,
@@ -84,7 +77,6 @@ SIGNATURES = {
     (CacheTask, "get_results"): "timeout_in_millis=None",
 }
 CACHE_MANAGER_METHODS = sorted(name for cls, name in SIGNATURES if cls is CacheManager)
-DESC = CacheDesc(2, [1, 16], DataType.DT_UINT8)
 
 
 def parameter_list(function: Callable[..., Any]) -> str:
@@ -99,100 +91,10 @@ def parameter_list(function: Callable[..., Any]) -> str:
     return ", ".join(parts)
 
 
-class FakeAsyncCacheManager:
-    """An async CacheManager with a few coroutines; the rest are 'not built'."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any], str]] = []
-        self.in_flight = 0
-        self.most_in_flight = 0
-        self.error: BaseException | None = None
-
-    def _record(self, name: str, *args: Any, **kwargs: Any) -> None:
-        self.calls.append((name, args, kwargs, threading.current_thread().name))
-
-    async def allocate_cache(self, cache_desc: CacheDesc, cache_keys: Any = ()) -> Cache:
-        self._record("allocate_cache", cache_desc, cache_keys)
-        return Cache(7, cache_desc, [0x1000, 0x2000])
-
-    async def pull_cache(self, cache_key: Any, cache: Any, batch_index: int = 0, size: int = -1,
-                         **kwargs: Any) -> None:
-        self._record("pull_cache", cache_key, cache, batch_index, size, **kwargs)
-        if self.error is not None:
-            raise self.error
-        self.in_flight += 1
-        self.most_in_flight = max(self.most_in_flight, self.in_flight)
-        try:
-            await asyncio.sleep(0.1)
-        finally:
-            self.in_flight -= 1
-
-    def transfer_cache_async(self, *args: Any) -> FakeAsyncTask:
-        # Like the async client's: a plain method, called in the running loop,
-        # that returns an awaitable task (which the facade must not await).
-        asyncio.get_running_loop()
-        self._record("transfer_cache_async", *args)
-        return FakeAsyncTask(0.2)
-
-
-class FakeAsyncTask:
-    """The async CacheTask interface: done after ``seconds``; awaiting it gives results."""
-
-    def __init__(self, seconds: float) -> None:
-        self._done_at = time.monotonic() + seconds
-        self.threads: set[str] = set()
-
-    def __await__(self) -> Any:
-        return self.get_results(None).__await__()
-
-    async def synchronize(self, timeout_in_millis: int | None) -> LLMStatusCode:
-        self.threads.add(threading.current_thread().name)
-        wait = self._done_at - time.monotonic()
-        if timeout_in_millis is not None and wait > timeout_in_millis / 1000:
-            await asyncio.sleep(timeout_in_millis / 1000)
-            return LLMStatusCode.LLM_TIMEOUT
-        await asyncio.sleep(max(wait, 0))
-        return LLMStatusCode.LLM_SUCCESS
-
-    async def get_results(self, timeout_in_millis: int | None) -> list[LLMStatusCode | None]:
-        status = await self.synchronize(timeout_in_millis)
-        return [status, None]
-
-
-class FakeAsyncLLMDataDist:
-    """Enough of the async LLMDataDist for init/finalize bookkeeping."""
-
-    def __init__(self, finalize_error: LLMException | None = None) -> None:
-        self.is_initialized = False
-        self.cluster_id = 9
-        self.finalize_error = finalize_error
-        self.manager = FakeAsyncCacheManager()
-
-    @property
-    def cache_manager(self) -> FakeAsyncCacheManager:
-        if not self.is_initialized:
-            raise RuntimeError("llm datadist is not initialized")
-        return self.manager
-
-    async def init(self, options: dict[str, str]) -> None:
-        self.is_initialized = True
-
-    async def finalize(self) -> None:
-        self.is_initialized = False
-        if self.finalize_error is not None:
-            raise self.finalize_error
-
-
 @pytest.fixture(autouse=True)
 def no_engine_instance(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(LLMDataDist, "llm_engine_instance", None)
     monkeypatch.setattr(sync, "_daemon_target", None)
-
-
-def faked(fake: FakeAsyncLLMDataDist | None = None) -> LLMDataDist:
-    dd = LLMDataDist(LLMRole.PROMPT, 9)
-    dd._async = fake or FakeAsyncLLMDataDist()  # type: ignore[assignment]
-    return dd
 
 
 def test_exports_are_llm_datadists() -> None:
@@ -256,136 +158,14 @@ def test_cache_manager_before_init_is_a_runtime_error() -> None:
         _ = LLMDataDist(LLMRole.PROMPT, 1).cache_manager
 
 
-def test_init_sets_and_finalize_clears_the_singleton() -> None:
-    first, second = faked(), faked()
-    first.init({})
-    assert LLMDataDist.llm_engine_instance is first
-    first.init({})  # already initialized: returns at once
-    with pytest.raises(LLMException, match="^Cannot init multiple LLMDataDists$") as info:
-        second.init({})
-    assert info.value.status_code == LLMStatusCode.LLM_FAILED
-    manager = first.cache_manager
-    assert isinstance(manager, CacheManager) and first.cache_manager is manager
-    first.finalize()
-    assert LLMDataDist.llm_engine_instance is None
-    first.finalize()  # not initialized: a no-op
-    second.init({})
-    assert LLMDataDist.llm_engine_instance is second
-
-
-def test_shutdown_handler_finalizes_and_swallows_llm_exceptions(
-        caplog: pytest.LogCaptureFixture) -> None:
-    sync._shutdown_handler()  # no instance: nothing to do
-    clean = faked()
-    clean.init({})
+def test_the_exit_hook_without_an_instance_does_nothing() -> None:
     sync._shutdown_handler()
-    assert LLMDataDist.llm_engine_instance is None and not clean._async.is_initialized
-    failing = faked(FakeAsyncLLMDataDist(LLMException(
-        "daemon gone", status_code=LLMStatusCode.LLM_FAILED)))
-    failing.init({})
-    with caplog.at_level(logging.WARNING, logger="hixl_client.sync"):
-        sync._shutdown_handler()
     assert LLMDataDist.llm_engine_instance is None
-    assert "daemon gone" in caplog.text
-
-
-def test_unbuilt_methods_raise_feature_not_enabled() -> None:
-    dd = faked()
-    calls: list[Callable[[], object]] = [
-        lambda: dd.switch_role(LLMRole.DECODER), lambda: dd.link("comm", {1: 0, 2: 1}, "{}"),
-        lambda: dd.unlink(1), lambda: dd.query_register_mem_status(1),
-        lambda: dd.check_link_status(1), lambda: dd.kv_cache_manager,
-        lambda: CacheManager(FakeAsyncCacheManager()).push_cache(None, None),  # type: ignore[arg-type]
-    ]
-    for call in calls:
-        with pytest.raises(LLMException, match="not") as info:
-            call()
-        assert info.value.status_code == LLMStatusCode.LLM_FEATURE_NOT_ENABLED
-
-
-def test_calls_are_forwarded_and_run_on_the_loop_thread() -> None:
-    fake = FakeAsyncCacheManager()
-    manager = CacheManager(fake)
-    cache = manager.allocate_cache(DESC, [CacheKey(1, 2)])
-    assert type(cache) is hixl_client.Cache and cache.cache_id == 7
-    manager.pull_cache(CacheKey(1, 2), cache, 0, 8, src_layer_range=range(1))
-    name, args, kwargs, _ = fake.calls[1]
-    assert (name, args[1:], kwargs) == ("pull_cache", (cache, 0, 8), {"src_layer_range": range(1)})
-    assert args[0].req_id == 2
-    assert {call[3] for call in fake.calls} == {_sync_loop.THREAD_NAME}
-    thread = _sync_loop.loop_thread().thread
-    assert thread is not None and thread.daemon and thread.name == "hixl-sync-loop"
-    loop = _sync_loop.loop_thread().loop()
-    try:
-        import uvloop
-    except ImportError:
-        assert isinstance(loop, asyncio.AbstractEventLoop)
-    else:
-        assert isinstance(loop, uvloop.Loop)
-
-
-def test_exceptions_cross_unchanged() -> None:
-    fake = FakeAsyncCacheManager()
-    error = LLMException("no such key", status_code=LLMStatusCode.LLM_KV_CACHE_NOT_EXIST)
-    fake.error = error
-    with pytest.raises(LLMException) as info:
-        CacheManager(fake).pull_cache(CacheKey(1, 2), Cache(1, DESC, [0, 0]))
-    assert info.value is error
-    fake.error = TypeError("cache_key only support ...")
-    with pytest.raises(TypeError, match="cache_key only support"):
-        CacheManager(fake).pull_cache(None, None)  # type: ignore[arg-type]
-
-
-def test_plain_threads_share_the_loop_concurrently() -> None:
-    fake = FakeAsyncCacheManager()
-    manager = CacheManager(fake)
-    barrier = threading.Barrier(4)
-    errors: list[BaseException] = []
-
-    def worker(req_id: int) -> None:
-        try:
-            barrier.wait()
-            manager.pull_cache(CacheKey(1, req_id), Cache(1, DESC, [0, 0]))
-        except BaseException as err:
-            errors.append(err)
-
-    started = time.monotonic()
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors
-    assert fake.most_in_flight == 4  # four 0.1 s pulls overlapped on one loop
-    assert time.monotonic() - started < 0.35
-    assert sorted(call[1][0].req_id for call in fake.calls) == [0, 1, 2, 3]
-    assert [t.name for t in threading.enumerate()].count(_sync_loop.THREAD_NAME) == 1
-
-
-def test_cache_task_waits_from_any_thread() -> None:
-    fake = FakeAsyncCacheManager()
-    task = CacheManager(fake).transfer_cache_async(Cache(1, DESC, [0, 0]), None, [])  # type: ignore[arg-type]
-    assert isinstance(task, CacheTask)
-    assert isinstance(task._task, FakeAsyncTask)
-    assert task.synchronize(0) == LLMStatusCode.LLM_TIMEOUT
-    assert task.get_results(0) == [LLMStatusCode.LLM_TIMEOUT, None]
-    results: list[LLMStatusCode] = []
-    waiters = [threading.Thread(target=lambda: results.append(task.synchronize()))
-               for _ in range(3)]
-    for waiter in waiters:
-        waiter.start()
-    for waiter in waiters:
-        waiter.join()
-    assert results == [LLMStatusCode.LLM_SUCCESS] * 3
-    assert task.get_results(1000) == [LLMStatusCode.LLM_SUCCESS, None]
-    assert task._task.threads == {_sync_loop.THREAD_NAME}
 
 
 def test_a_blocking_call_on_the_facade_loop_raises() -> None:
-    manager = CacheManager(FakeAsyncCacheManager())
-
-    async def nested() -> Cache:
-        return manager.allocate_cache(DESC)
+    async def nested() -> None:
+        LLMDataDist(LLMRole.PROMPT, 1).init({})
 
     with pytest.raises(RuntimeError, match="async API"):
         _sync_loop.run(nested)
@@ -393,14 +173,12 @@ def test_a_blocking_call_on_the_facade_loop_raises() -> None:
 
 @pytest.mark.asyncio
 async def test_blocking_calls_inside_a_running_loop_raise() -> None:
+    """The facade's own calls; those of its CacheManager and CacheTask are checked
+    against a real daemon (tests/integration/test_sync_facade.py)."""
     dd = LLMDataDist(LLMRole.PROMPT, 1)
-    task = CacheTask(FakeAsyncTask(0))
-    manager = CacheManager(FakeAsyncCacheManager())
     calls: list[Callable[[], object]] = [
         lambda: dd.init({}), dd.finalize, lambda: dd.link_clusters([]),
-        lambda: dd.unlink_clusters([]), lambda: manager.allocate_cache(DESC),
-        lambda: manager.push_cache(None, None),  # type: ignore[arg-type]
-        task.synchronize, task.get_results,
+        lambda: dd.unlink_clusters([]),
     ]
     for call in calls:
         with pytest.raises(RuntimeError, match="use the async API"):

@@ -221,8 +221,9 @@ async def test_finalize_after_the_daemon_died_does_not_mask_the_error(
 # test holds its daemon stopped.
 FACADE = textwrap.dedent("""
     import json, sys, time
-    from hixl_client.sync import (CacheDesc, CacheKeyByIdAndIndex, DataType, LLMClusterInfo,
-                                  LLMConfig, LLMDataDist, LLMException, LLMRole, set_daemon)
+    from hixl_client.sync import (BlocksCacheKey, CacheDesc, CacheKeyByIdAndIndex, DataType,
+                                  LLMClusterInfo, LLMConfig, LLMDataDist, LLMException, LLMRole,
+                                  set_daemon)
 
     set_daemon(sys.argv[1])
     options = json.loads(sys.argv[4])
@@ -237,12 +238,23 @@ FACADE = textwrap.dedent("""
     desc = CacheDesc(2, [2, 64 * 1024], DataType.DT_UINT8)
     cm = dd.cache_manager
     dst = cm.allocate_cache(desc)
+    blocks = cm.allocate_blocks_cache(desc)
+    no_such_blocks = BlocksCacheKey(int(sys.argv[5]), 7)
+
+    def pull_blocks():  # on this thread's own lane (hixl_client._blocking_lane)
+        cm.pull_blocks(no_such_blocks, blocks, [0], [1])
+
+    try:
+        pull_blocks()  # connects the thread's lane while the daemon still runs
+    except LLMException:
+        pass  # the prefill has no such blocks cache
     print("ready", flush=True)
     sys.stdin.readline()  # the daemon is stopped now
     results = {}
     for name, call in (
             ("pull_cache", lambda: cm.pull_cache(
                 CacheKeyByIdAndIndex(int(sys.argv[5]), int(sys.argv[6]), 0), dst)),
+            ("pull_blocks", pull_blocks),
             ("allocate_cache", lambda: cm.allocate_cache(desc))):
         started = time.monotonic()
         try:
@@ -285,6 +297,8 @@ async def test_blocking_facade_calls_whose_daemon_hangs_end_by_their_timeout(
                 await client.wait()
         assert results["pull_cache"][0] == "LLM_TIMEOUT", results
         _assert_within(results["pull_cache"][1], SYNC_KV_TIMEOUT_MS / 1000)
+        assert results["pull_blocks"][0] == "LLM_TIMEOUT", results
+        _assert_within(results["pull_blocks"][1], SYNC_KV_TIMEOUT_MS / 1000)
         assert results["allocate_cache"][0] == "LLM_TIMEOUT", results
         _assert_within(results["allocate_cache"][1], CONTROL_TIMEOUT_MS / 1000)
         await prompt.finalize()

@@ -223,6 +223,30 @@ async def test_a_restarted_peer_is_linked_again_and_its_old_caches_are_gone(
             await prompt.finalize()
 
 
+async def test_a_draining_owner_tells_its_linkers(next_cluster_id: Callable[[], int]) -> None:
+    """A SIGTERM'd owner answers the linkers' heartbeats ``LEASE_STOPPING`` before it
+    exits: their links go down saying why, rather than once heartbeats fail."""
+    async with start_daemon(**FAST) as decode:
+        owner = await asyncio.to_thread(lambda: DaemonProcess(**FAST).start())
+        try:
+            pair = await make_pair(owner, decode, next_cluster_id)
+            prompt_id = pair.prompt.cluster_id
+            await wait_until(lambda: _matching(outbound_state(pair.decoder, prompt_id),
+                                               in_state(LinkState.UP)), "the link is up")
+            assert await asyncio.to_thread(owner.stop, WAIT_S) == 0
+            assert "did not heartbeat" not in owner.log_tail(20000)
+        finally:
+            await asyncio.to_thread(owner.close)
+        down = await wait_until(
+            lambda: _matching(outbound_state(pair.decoder, prompt_id),
+                              lambda link: link is not None and link.state is LinkState.DOWN),
+            "the linker's link is down")
+        assert f"daemon {owner.daemon_id}" in down.last_error, down
+        assert "is stopping (drained)" in down.last_error, down
+        await finalize_quietly(pair.prompt)
+        await pair.decoder.finalize()
+
+
 async def test_link_clusters_replaces_a_link_whose_peer_died(
         next_cluster_id: Callable[[], int]) -> None:
     async with start_daemon(**FAST) as decode:

@@ -114,6 +114,31 @@ DECODE = PRELUDE + textwrap.dedent("""
         raise AssertionError("a pulled key was pulled again")
     names = [t.name for t in threading.enumerate()]
     assert names.count("hixl-sync-loop") == 1, names
+    # Every call ran on that one loop thread, on uvloop where it is installed.
+    from hixl_client import _sync_loop
+    assert _sync_loop.loop_thread().thread.daemon
+    try:
+        import uvloop
+    except ImportError:
+        pass
+    else:
+        assert isinstance(_sync_loop.loop_thread().loop(), uvloop.Loop)
+    # The async layer's checks cross unchanged, TypeError included.
+    try:
+        cm.pull_cache(None, None)
+    except TypeError as err:
+        assert "cache_key" in str(err), err
+    else:
+        raise AssertionError("pull_cache(None, None)")
+    # Inside a running loop the blocking calls refuse: the async API is the one there.
+    import asyncio
+    async def inside():
+        try:
+            cm.allocate_cache(DESC)
+        except RuntimeError as err:
+            return "use the async API" in str(err)
+        return False
+    assert asyncio.run(inside())
     status, per_cluster = dd.unlink_clusters([info], timeout=5000)
     assert status == LLMStatusCode.LLM_SUCCESS, per_cluster
     dd.finalize()
@@ -265,6 +290,14 @@ LAYERWISE_SRC = PRELUDE + textwrap.dedent("""
         waiter.join()
     assert results == [[LLMStatusCode.LLM_SUCCESS]] * 3, results
     assert task.synchronize() == LLMStatusCode.LLM_SUCCESS
+    import asyncio
+    async def inside():
+        try:
+            task.synchronize()
+        except RuntimeError as err:
+            return "use the async API" in str(err)
+        return False
+    assert asyncio.run(inside())
     dd.unlink_clusters([info], timeout=5000)
     dd.finalize()
     print("sent", flush=True)

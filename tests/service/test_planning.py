@@ -7,6 +7,7 @@ import pytest
 
 from hixl_client.status import LLMException, LLMStatusCode
 from hixl_service.planning import (
+    SMALL_BLOCKS,
     Layout,
     as_ranges,
     block_list,
@@ -15,6 +16,7 @@ from hixl_service.planning import (
     plan_cache_pull,
     plan_slot_to_blocks,
     tensor_pairs,
+    total_bytes,
 )
 from hixl_wire._proto.hixl.v1 import client_pb2
 
@@ -24,14 +26,34 @@ def layout(num_tensors: int, tensor_size: int, batch_size: int, base: int = 0) -
 
 
 def test_block_lists_come_from_the_request_as_uint64_arrays() -> None:
-    request = client_pb2.PullCacheRequest(dst_blocks=[5, 2**64 - 1, 0])
+    long = [*range(SMALL_BLOCKS), 2**64 - 1]
+    request = client_pb2.PullCacheRequest(dst_blocks=long)
     blocks = block_list(request.dst_blocks)
-    assert blocks.dtype == np.uint64 and blocks.tolist() == [5, 2**64 - 1, 0]
+    assert blocks.dtype == np.uint64 and blocks.tolist() == long
     blocks[0] = 7  # a copy: the request is untouched
-    assert list(request.dst_blocks) == [5, 2**64 - 1, 0]
+    assert list(request.dst_blocks) == long
     empty = block_list(request.src_blocks)
     assert empty.dtype == np.uint64 and len(empty) == 0
     assert not empty.flags.writeable  # shared by every empty list
+
+
+def test_short_block_lists_stay_in_the_request_and_plan_alike() -> None:
+    request = client_pb2.PullCacheRequest(src_blocks=[3, 0, 2**20 - 1],
+                                          dst_blocks=[1, 2, 0])
+    src_blocks, dst_blocks = block_list(request.src_blocks), block_list(request.dst_blocks)
+    assert list(src_blocks) == [3, 0, 2**20 - 1]  # the field itself: no copy made
+    src, dst = layout(2, 4096 << 20, 1 << 20), layout(2, 4096 << 20, 1 << 20, base=1 << 40)
+    pairs = tensor_pairs(src, dst, [], [], 2)
+    planned = plan_blocks(src, dst, pairs, src_blocks, dst_blocks)
+    assert planned.tolist() == plan_blocks(src, dst, pairs, np.array([3, 0, 2**20 - 1],
+                                                                     dtype=np.uint64),
+                                           np.array([1, 2, 0], dtype=np.uint64)).tolist()
+    assert total_bytes(planned) == 2 * 3 * 4096
+    assert total_bytes(planned.tolist()) == 2 * 3 * 4096  # not a native array: numpy sums
+    with pytest.raises(LLMException) as err:  # out of range, read from the field
+        plan_blocks(src, dst, pairs, block_list(client_pb2.PullCacheRequest(
+            src_blocks=[2**20]).src_blocks), block_list(request.dst_blocks)[:1])
+    assert err.value.status_code == LLMStatusCode.LLM_PARAM_INVALID
 
 
 def test_whole_cache_pull_merges_into_one_range() -> None:

@@ -6,6 +6,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -13,6 +14,7 @@
 #include "copy.h"
 #include "crc32c.h"
 #include "hixl_common.h"
+#include "link_threads.h"
 #include "tcp_wire.h"
 
 #define MAX_STREAMS 64
@@ -21,7 +23,7 @@
 #define MIN_PIECE_BYTES (256 * 1024)
 /* A piece whose outgoing bytes (header, ranges, a WRITE's payload) fit in
  * this is sent by the submitting thread itself when a stream is idle, so the
- * peer starts on it without waiting for the stream's worker to wake up. */
+ * peer starts on it without waiting for a worker to wake up. */
 #define DIRECT_MAX_BYTES (64 * 1024)
 /* hixl_link_submit_wait waits for the reply itself only for a request of
  * one piece moving at most this many bytes. */
@@ -45,6 +47,7 @@ typedef struct hixl_piece {
     /* Set when the submitting thread started the piece (direct send, maybe
      * an inline wait): how far it got, for the worker to carry on. */
     int present;        /* bytes of it may be on the wire */
+    int phase;          /* PHASE_*: how far a worker moved it */
     int early_rc;       /* HIXL_OK, or the failure that ends it */
     hixl_iovcur out;    /* what is left to send */
     /* The reply, received in steps that may be spread over two threads. */
@@ -72,20 +75,23 @@ typedef struct hixl_request {
 } hixl_request;
 
 typedef struct hixl_stream {
+    hixl_job job; /* first: the stream is the job the shared threads run */
     struct hixl_link *link;
-    pthread_t thread;
-    int started;
-    pthread_mutex_t mu; /* queue, the flags below, and changes of fd */
-    pthread_cond_t unclaimed; /* an exiting worker waits for a submitter's socket use */
+    pthread_mutex_t mu; /* everything below but `pieces` */
+    pthread_cond_t idle; /* signalled, once the link closes, when the stream lets go */
     hixl_piece *head, *tail;
-    int exited;
-    int busy;    /* the worker is running a piece */
-    int claimed; /* a submitting thread uses the socket; nothing else may */
-    int fd;      /* changed only by the worker (and by open before it starts) */
-    int wake_fd; /* eventfd: the queue became non-empty */
+    hixl_piece *parked; /* the piece waiting in the watcher for its socket */
+    int exited;    /* the link is closing: pieces are cancelled, not queued */
+    int scheduled; /* a worker owns the stream: queued, running or parked */
+    int claimed;   /* a submitting thread uses the socket; nothing else may */
+    int running;   /* workers inside run_stream (one owns it, one may finish) */
+    int hup;       /* the watcher saw a hang-up while the socket was in use */
+    int reopen;    /* the owning worker connects it again before anything */
+    int idle_watch; /* fd is watched for hang-ups (not parked, not disarmed) */
+    int fd;        /* changed only by the stream's owner */
     atomic_ulong pieces; /* pieces this stream was given: how the load spread */
-    /* A lost connection is reopened by the idle worker (reopen_lost), no
-     * sooner than reopen_at_ns; the pause doubles after each failure. */
+    /* A lost connection is reopened (reopen_now) no sooner than
+     * reopen_at_ns; the pause doubles after each failure. */
     uint64_t reopen_at_ns;
     uint64_t reopen_pause_ns;
 } hixl_stream;
@@ -360,6 +366,15 @@ static void wake(int efd)
     (void)n; /* only fails if the counter saturates, i.e. already readable */
 }
 
+/* With s->mu held: gives the stream to a worker, unless one has it. */
+static void schedule_locked(hixl_stream *s)
+{
+    if (!s->scheduled && !s->claimed) {
+        s->scheduled = 1;
+        hixl_jobs_run(&s->job);
+    }
+}
+
 static void enqueue(hixl_stream *s, hixl_piece *p)
 {
     p->next = NULL;
@@ -370,29 +385,25 @@ static void enqueue(hixl_stream *s, hixl_piece *p)
         return;
     }
     atomic_fetch_add(&s->pieces, 1);
-    int was_empty = s->head == NULL;
-    if (was_empty)
+    if (s->head == NULL)
         s->head = p;
     else
         s->tail->next = p;
     s->tail = p;
+    schedule_locked(s);
     pthread_mutex_unlock(&s->mu);
-    /* A worker only sleeps after finding its queue empty under the lock,
-     * so only the empty -> non-empty transition needs a wakeup. */
-    if (was_empty)
-        wake(s->wake_fd);
 }
 
 /* ---- direct sends ---- */
 
-/* Claims an idle, connected stream (its worker asleep, nothing queued), trying
+/* Claims an idle, connected stream (no worker owns it, nothing queued), trying
  * them in turn from `first`; NULL when none is. */
 static hixl_stream *claim_idle(hixl_link *l, unsigned first)
 {
     for (int k = 0; k < l->nstreams; k++) {
         hixl_stream *s = &l->streams[(first + (unsigned)k) % (unsigned)l->nstreams];
         pthread_mutex_lock(&s->mu);
-        int idle = !s->exited && !s->busy && !s->claimed && s->head == NULL && s->fd >= 0 &&
+        int idle = !s->exited && !s->scheduled && !s->claimed && s->head == NULL && s->fd >= 0 &&
                    !atomic_load(&l->closing);
         if (idle)
             s->claimed = 1;
@@ -405,21 +416,29 @@ static hixl_stream *claim_idle(hixl_link *l, unsigned first)
     return NULL;
 }
 
-static void unclaim(hixl_stream *s)
+static void check_idle_locked(hixl_stream *s);
+
+/* With s->mu held: the submitting thread is done with the socket. */
+static void unclaim_locked(hixl_stream *s)
 {
     s->claimed = 0;
+    if (s->hup)
+        check_idle_locked(s);
+    if (s->head != NULL)
+        schedule_locked(s); /* pieces queued meanwhile */
     if (s->exited)
-        pthread_cond_broadcast(&s->unclaimed);
+        pthread_cond_broadcast(&s->idle);
 }
 
-/* Gives a piece the submitting thread started to the stream's worker, first
- * in its queue (its reply comes first), and wakes it: the worker sends any
- * rest, receives the reply, or fails the piece with early_rc. */
+/* Gives a piece the submitting thread started to a worker, first in the
+ * stream's queue (its reply comes first): the worker sends any rest,
+ * receives the reply, or fails the piece with early_rc. */
 static void hand_over(hixl_stream *s, hixl_piece *p)
 {
     pthread_mutex_lock(&s->mu);
-    unclaim(s);
+    s->claimed = 0;
     if (s->exited) {
+        pthread_cond_broadcast(&s->idle);
         pthread_mutex_unlock(&s->mu);
         piece_done(p, HIXL_E_CANCELLED);
         return;
@@ -428,8 +447,8 @@ static void hand_over(hixl_stream *s, hixl_piece *p)
     s->head = p;
     if (s->tail == NULL)
         s->tail = p;
+    schedule_locked(s);
     pthread_mutex_unlock(&s->mu);
-    wake(s->wake_fd);
 }
 
 /* Sends a piece on a claimed stream from this thread, as far as the socket
@@ -446,7 +465,7 @@ static void send_direct(hixl_stream *s, hixl_piece *p, uint64_t deadline)
  * The whole of a one-piece request on the submitting thread: send it, wait up
  * to `wait_ns` for the reply and receive it. Returns the request's status
  * when it ended here (the stream is released, nothing is posted) and PENDING
- * when the stream's worker must carry on from where this thread stopped.
+ * when a worker must carry on from where this thread stopped.
  */
 static int run_inline(hixl_stream *s, hixl_piece *p, uint64_t wait_ns)
 {
@@ -458,18 +477,17 @@ static int run_inline(hixl_stream *s, hixl_piece *p, uint64_t wait_ns)
     uint64_t until = r->deadline_ns > now + wait_ns ? now + wait_ns : r->deadline_ns;
     int rc = recv_reply(s->fd, s->link->stop_fd, p, until);
     if (rc == HIXL_E_TIMEOUT && hixl_now_ns() < r->deadline_ns)
-        return PENDING; /* no reply yet: the worker waits on, to the real deadline */
+        return PENDING; /* no reply yet: a worker waits on, to the real deadline */
     if (rc != HIXL_OK && rc != HIXL_E_REFUSED && rc != HIXL_E_CHECKSUM) {
         p->early_rc = rc; /* the stream is out of sync: the worker drops it */
         return PENDING;
     }
     pthread_mutex_lock(&s->mu);
-    unclaim(s);
+    unclaim_locked(s);
     pthread_mutex_unlock(&s->mu);
     return rc;
 }
 
-/* hixl_link_submit_wait; `done` NULL for hixl_link_submit (no inline wait). */
 static int submit(hixl_link *l, int op, uint64_t request_id, hixl_mapping *local,
                   hixl_xmem *xmem, const uint8_t *quads, size_t n, uint64_t timeout_ms,
                   uint64_t wait_us, int32_t *done)
@@ -482,7 +500,7 @@ static int submit(hixl_link *l, int op, uint64_t request_id, hixl_mapping *local
         return HIXL_E_INVAL;
     int rc;
     /* Client-process memory never goes out from the submitting thread: its
-     * bytes are staged by the stream's worker, which holds the bounce buffer. */
+     * bytes are staged by a worker, which holds the bounce buffer. */
     if (xmem != NULL)
         done = NULL;
     hixl_request *r =
@@ -574,131 +592,103 @@ int hixl_link_submit_wait(hixl_link *l, int op, uint64_t request_id, hixl_mappin
     return submit(l, op, request_id, local, NULL, quads, n, timeout_ms, wait_us, status);
 }
 
-/* ---- stream workers ---- */
+/* ---- streams on the shared threads (link_threads.h) ---- */
+
+#define REOPEN_FIRST_PAUSE_NS (200ull * 1000 * 1000)
+#define REOPEN_MAX_PAUSE_NS (5ull * 1000 * 1000 * 1000)
+/* A reopening waits this long for a free slot (see reopen_slot). */
+#define REOPEN_SLOT_WAIT_NS (50ull * 1000 * 1000)
+/* A piece whose socket moves no byte for this long hands its worker back
+ * and waits in the watcher (parked) until the socket is ready again, so a
+ * silent peer holds no thread; shorter waits stay on the worker, where the
+ * reply is read the moment it comes. */
+#define PARK_AFTER_NS (2ull * 1000 * 1000)
+/* Not a status: the piece is to wait in the watcher. */
+#define PARKED 2
+
+enum { PHASE_START, PHASE_SEND, PHASE_RECV };
+
+/* Idle sockets are watched for hang-ups only (edge-triggered: once per
+ * change); a parked piece's socket for the one event it waits on. */
+#define IDLE_EVENTS (EPOLLRDHUP | EPOLLET)
+
+/* Connections being made again in the background, all links together: a
+ * partition that cuts many links must not occupy every worker with
+ * connection attempts that can only time out. */
+static atomic_int reopening;
+
+static int reopen_slot(void)
+{
+    int max = hixl_jobs_threads() / 4;
+    if (max < 1)
+        max = 1;
+    int n = atomic_load(&reopening);
+    while (n < max)
+        if (atomic_compare_exchange_weak(&reopening, &n, n + 1))
+            return 1;
+    return 0;
+}
+
+/* With s->mu held: a stream that lost its connection and that nobody owns
+ * is reopened when its pause is over. */
+static void lost_locked(hixl_stream *s)
+{
+    if (s->fd < 0 && !s->scheduled && !s->claimed && !s->exited &&
+        !atomic_load(&s->link->closing))
+        hixl_jobs_time(&s->job, s->reopen_at_ns);
+}
+
+/* With s->mu held: fd leaves the watcher's set and is closed. */
+static void drop_socket_locked(hixl_stream *s)
+{
+    int fd = s->fd;
+    s->fd = -1;
+    s->hup = 0;
+    s->idle_watch = 0;
+    if (fd >= 0) {
+        (void)hixl_jobs_watch(EPOLL_CTL_DEL, fd, 0, &s->job);
+        close(fd);
+    }
+}
 
 static void drop_socket(hixl_stream *s)
 {
     pthread_mutex_lock(&s->mu);
-    int fd = s->fd;
-    s->fd = -1;
+    drop_socket_locked(s);
     pthread_mutex_unlock(&s->mu);
-    if (fd >= 0)
-        close(fd);
 }
 
-/* A stream that is idle should hear nothing; EOF or a reset means the
- * target went away (or revoked us), and stray bytes mean the stream is out
- * of sync. Noticing this while idle keeps `alive` honest between requests. */
-static void check_idle_socket(hixl_stream *s)
+/* With s->mu held, and no reply due on the socket: an idle stream should
+ * hear nothing. EOF or a reset means the target went away (or revoked us),
+ * and stray bytes mean the stream is out of sync. Noticing this while idle
+ * keeps `alive` and `streams_up` honest between requests. */
+static void check_idle_locked(hixl_stream *s)
 {
     char b;
-    pthread_mutex_lock(&s->mu);
-    /* Decided under the lock that claims a stream: once a submitter sent on
-     * it, what arrives is a reply, not stray bytes. */
-    if (s->claimed || s->head != NULL || s->fd < 0) {
-        pthread_mutex_unlock(&s->mu);
+    s->hup = 0;
+    if (s->fd < 0)
         return;
-    }
     ssize_t k = recv(s->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
-        pthread_mutex_unlock(&s->mu);
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
         return;
-    }
     if (k <= 0)
         atomic_store(&s->link->dead, 1);
-    int fd = s->fd;
-    s->fd = -1;
-    pthread_mutex_unlock(&s->mu);
-    close(fd);
+    drop_socket_locked(s);
+    lost_locked(s);
 }
 
-/* Waits on the wakeup and stop eventfds and, when `fd` >= 0, for the peer to
- * hang up the idle socket (not for data: a submitting thread may be waiting
- * for a reply on it). HIXL_E_CANCELLED once the link is closing; HIXL_OK
- * otherwise (including spurious wakeups: the caller re-checks its queue). */
-static int idle_wait(hixl_stream *s, int fd, int timeout_ms)
+/* With s->mu held: the owning worker lets the stream go. */
+static void go_idle_locked(hixl_stream *s)
 {
-    struct pollfd p[3] = {
-        {.fd = s->wake_fd, .events = POLLIN},
-        {.fd = s->link->stop_fd, .events = POLLIN},
-        {.fd = fd, .events = POLLRDHUP},
-    };
-    /* The timeout guards against a lost wakeup and brings the next reopening
-     * of a lost connection; it is not polling for work. */
-    int rc = poll(p, fd >= 0 ? 3 : 2, timeout_ms);
-    if (rc <= 0)
-        return HIXL_OK;
-    if (p[1].revents)
-        return HIXL_E_CANCELLED;
-    if (p[0].revents) {
-        uint64_t count;
-        ssize_t n = read(s->wake_fd, &count, sizeof(count));
-        (void)n;
-    }
-    if (fd >= 0 && p[2].revents)
-        check_idle_socket(s);
-    return HIXL_OK;
-}
-
-static int reconnect(hixl_stream *s, uint64_t deadline);
-
-#define REOPEN_FIRST_PAUSE_NS (200ull * 1000 * 1000)
-#define REOPEN_MAX_PAUSE_NS (5ull * 1000 * 1000 * 1000)
-#define IDLE_WAIT_MS 1000
-
-/* An idle stream whose connection was lost (the peer hung up, a keepalive
- * or TCP_USER_TIMEOUT expiry, a failed request) connects again in the
- * background, so that the next request finds it open; a link marked dead
- * comes back to life once a connection handshakes again (the far daemon
- * still knows the link's token). Returns how long the worker may wait
- * before the next try, in ms. */
-static int reopen_lost(hixl_stream *s)
-{
-    hixl_link *l = s->link;
-    uint64_t now = hixl_now_ns();
-    if (now >= s->reopen_at_ns) {
-        if (reconnect(s, hixl_deadline_after_ms(l->connect_timeout_ms)) == HIXL_OK) {
-            atomic_store(&l->dead, 0);
-            s->reopen_pause_ns = REOPEN_FIRST_PAUSE_NS;
-            return IDLE_WAIT_MS;
-        }
-        now = hixl_now_ns();
-        s->reopen_at_ns = now + s->reopen_pause_ns;
-        s->reopen_pause_ns = s->reopen_pause_ns * 2 > REOPEN_MAX_PAUSE_NS
-                                 ? REOPEN_MAX_PAUSE_NS : s->reopen_pause_ns * 2;
-    }
-    uint64_t wait_ms = (s->reopen_at_ns - now) / 1000000 + 1;
-    return wait_ms < IDLE_WAIT_MS ? (int)wait_ms : IDLE_WAIT_MS;
-}
-
-static hixl_piece *next_piece(hixl_stream *s)
-{
-    for (;;) {
-        pthread_mutex_lock(&s->mu);
-        /* While a submitting thread uses the socket nothing else may. */
-        hixl_piece *p = s->claimed ? NULL : s->head;
-        if (p != NULL) {
-            s->head = p->next;
-            if (s->head == NULL)
-                s->tail = NULL;
-            s->busy = 1;
-        }
-        int lost = !s->claimed && s->fd < 0;
-        int fd = s->claimed ? -1 : s->fd;
-        pthread_mutex_unlock(&s->mu);
-        if (p != NULL)
-            return p;
-        if (atomic_load(&s->link->closing))
-            return NULL;
-        int wait_ms = lost ? reopen_lost(s) : IDLE_WAIT_MS;
-        if (lost) {
-            pthread_mutex_lock(&s->mu);
-            fd = s->claimed ? -1 : s->fd;
-            pthread_mutex_unlock(&s->mu);
-        }
-        if (atomic_load(&s->link->closing) || idle_wait(s, fd, wait_ms) == HIXL_E_CANCELLED)
-            return NULL;
-    }
+    if (s->hup)
+        check_idle_locked(s);
+    if (s->fd >= 0 && !s->idle_watch &&
+        hixl_jobs_watch(EPOLL_CTL_MOD, s->fd, IDLE_EVENTS, &s->job) == HIXL_OK)
+        s->idle_watch = 1;
+    s->scheduled = 0;
+    lost_locked(s);
+    if (s->exited)
+        pthread_cond_broadcast(&s->idle);
 }
 
 static int reconnect(hixl_stream *s, uint64_t deadline)
@@ -717,30 +707,44 @@ static int reconnect(hixl_stream *s, uint64_t deadline)
         atomic_store(&l->dead, 1);
     if (rc != HIXL_OK)
         return rc;
-    if (atomic_load(&l->closing)) {
-        close(fd);
-        return HIXL_E_CANCELLED;
-    }
     pthread_mutex_lock(&s->mu);
     /* close() shuts down the sockets it can see; one connected after that
      * must not survive it. */
     int closing = atomic_load(&l->closing);
-    if (!closing)
+    if (!closing && hixl_jobs_watch(EPOLL_CTL_ADD, fd, IDLE_EVENTS, &s->job) != HIXL_OK)
+        rc = HIXL_E_IO;
+    if (!closing && rc == HIXL_OK) {
         s->fd = fd;
+        s->hup = 0;
+        s->idle_watch = 1;
+    }
     pthread_mutex_unlock(&s->mu);
-    if (closing) {
+    if (closing || rc != HIXL_OK) {
         close(fd);
-        return HIXL_E_CANCELLED;
+        return closing ? HIXL_E_CANCELLED : rc;
     }
     return HIXL_OK;
 }
 
-/* Sends the piece, or what the submitting thread left of it. */
-static int send_request(hixl_stream *s, hixl_piece *p, uint64_t deadline)
+/* The owning worker connects a lost stream again; a link marked dead comes
+ * back to life once a connection handshakes again (the far daemon still
+ * knows the link's token). */
+static void reopen_now(hixl_stream *s)
 {
-    if (!p->present)
-        p->out = prepare_request(p, deadline);
-    return hixl_send_iov(s->fd, s->link->stop_fd, &p->out, deadline);
+    hixl_link *l = s->link;
+    int rc = reconnect(s, hixl_deadline_after_ms(l->connect_timeout_ms));
+    atomic_fetch_sub(&reopening, 1);
+    pthread_mutex_lock(&s->mu);
+    if (rc == HIXL_OK) {
+        atomic_store(&l->dead, 0);
+        s->reopen_pause_ns = REOPEN_FIRST_PAUSE_NS;
+        s->reopen_at_ns = 0;
+    } else {
+        s->reopen_at_ns = hixl_now_ns() + s->reopen_pause_ns;
+        s->reopen_pause_ns = s->reopen_pause_ns * 2 > REOPEN_MAX_PAUSE_NS
+                                 ? REOPEN_MAX_PAUSE_NS : s->reopen_pause_ns * 2;
+    }
+    pthread_mutex_unlock(&s->mu);
 }
 
 /* Checks before a piece goes out: HIXL_OK, or the status that ends it. */
@@ -801,63 +805,223 @@ static int unstage_piece(hixl_piece *p, int rc)
     return rc;
 }
 
-static int run_piece(hixl_stream *s, hixl_piece *p)
+static uint64_t park_or_deadline(uint64_t deadline)
+{
+    uint64_t soon = hixl_now_ns() + PARK_AFTER_NS;
+    return deadline < soon ? deadline : soon;
+}
+
+/* Sends what is left of the piece; PARKED once the socket took nothing for
+ * PARK_AFTER_NS. */
+static int send_step(hixl_stream *s, hixl_piece *p, uint64_t deadline)
+{
+    for (;;) {
+        struct iovec *iov = p->out.iov;
+        size_t cnt = p->out.cnt;
+        void *base = cnt > 0 ? iov->iov_base : NULL;
+        int rc = hixl_send_iov(s->fd, s->link->stop_fd, &p->out, park_or_deadline(deadline));
+        if (rc != HIXL_E_TIMEOUT || hixl_now_ns() >= deadline)
+            return rc;
+        if (p->out.iov == iov && p->out.cnt == cnt && (cnt == 0 || iov->iov_base == base))
+            return PARKED;
+    }
+}
+
+/* Receives the reply (and a READ's payload); PARKED once nothing arrived
+ * for PARK_AFTER_NS. */
+static int recv_step(hixl_stream *s, hixl_piece *p, uint64_t deadline)
+{
+    for (;;) {
+        size_t before = p->got;
+        int rc = recv_reply(s->fd, s->link->stop_fd, p, park_or_deadline(deadline));
+        if (rc != HIXL_E_TIMEOUT || hixl_now_ns() >= deadline)
+            return rc;
+        if (p->got == before)
+            return PARKED;
+    }
+}
+
+/* Moves a piece on as far as its socket allows: its final status, or PARKED
+ * (it resumes on a worker, in the phase it reached, once the socket is
+ * ready or its deadline came). */
+static int step_piece(hixl_stream *s, hixl_piece *p)
 {
     hixl_link *l = s->link;
     hixl_request *r = p->req;
     int rc;
-    if (p->present) {
-        /* Bytes of it may be on the wire already: whatever ends it early
-         * leaves the stream out of sync. */
-        rc = p->early_rc;
-        if (rc == HIXL_OK)
-            rc = may_run(l, r);
-        if (rc != HIXL_OK)
-            return out_of_sync(s, rc);
-    } else {
-        if ((rc = may_run(l, r)) != HIXL_OK)
-            return rc;
-        if (s->fd < 0 && (rc = reconnect(s, r->deadline_ns)) != HIXL_OK)
-            return rc;
-        if (r->xmem != NULL && (rc = stage_piece(l, p)) != HIXL_OK)
-            return unstage_piece(p, rc);
+    if (p->phase == PHASE_START) {
+        if (p->present) {
+            /* The submitting thread sent some or all of it (and may have
+             * read part of the reply): whatever ends it now leaves the
+             * stream out of sync. */
+            rc = p->early_rc;
+            if (rc == HIXL_OK)
+                rc = may_run(l, r);
+            if (rc != HIXL_OK)
+                return out_of_sync(s, rc);
+            p->phase = p->out.cnt > 0 ? PHASE_SEND : PHASE_RECV;
+        } else {
+            if ((rc = may_run(l, r)) != HIXL_OK)
+                return rc;
+            if (s->fd < 0 && (rc = reconnect(s, r->deadline_ns)) != HIXL_OK)
+                return rc;
+            if (r->xmem != NULL && (rc = stage_piece(l, p)) != HIXL_OK)
+                return unstage_piece(p, rc);
+            p->out = prepare_request(p, r->deadline_ns);
+            p->phase = PHASE_SEND;
+        }
     }
-    rc = send_request(s, p, r->deadline_ns);
-    if (rc == HIXL_OK)
-        rc = recv_reply(s->fd, l->stop_fd, p, r->deadline_ns);
+    if (p->phase == PHASE_SEND) {
+        rc = send_step(s, p, r->deadline_ns);
+        if (rc == PARKED)
+            return rc;
+        if (rc != HIXL_OK) {
+            unstage_piece(p, rc);
+            return out_of_sync(s, rc);
+        }
+        p->phase = PHASE_RECV;
+    }
+    rc = recv_step(s, p, r->deadline_ns);
+    if (rc == PARKED)
+        return rc;
     if (rc == HIXL_OK || rc == HIXL_E_REFUSED || rc == HIXL_E_CHECKSUM)
         return unstage_piece(p, rc); /* the stream is still in sync */
     unstage_piece(p, rc);
     return out_of_sync(s, rc); /* anything else leaves the byte stream unknown */
 }
 
-static void *stream_main(void *arg)
+/* Hands the piece to the watcher until its socket is ready or its deadline
+ * comes; the stream stays owned (scheduled) meanwhile. HIXL_OK, or why it
+ * could not wait. */
+static int park(hixl_stream *s, hixl_piece *p)
 {
-    hixl_stream *s = arg;
-    hixl_piece *p;
-    while ((p = next_piece(s)) != NULL) {
-        int rc = run_piece(s, p);
-        /* Idle again before the completion, which may bring the next request. */
+    uint32_t events = (p->phase == PHASE_SEND ? EPOLLOUT : EPOLLIN) | EPOLLRDHUP | EPOLLONESHOT;
+    int rc = HIXL_OK;
+    pthread_mutex_lock(&s->mu);
+    /* hixl_link_close wakes every parked piece after setting `closing`,
+     * under this lock: checked here, none can be left behind. */
+    if (atomic_load(&s->link->closing))
+        rc = HIXL_E_CANCELLED;
+    else if (hixl_jobs_watch(EPOLL_CTL_MOD, s->fd, events, &s->job) != HIXL_OK)
+        rc = HIXL_E_IO;
+    if (rc == HIXL_OK) {
+        s->idle_watch = 0;
+        s->parked = p;
+        hixl_jobs_time(&s->job, p->req->deadline_ns);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+/* With s->mu held: the parked piece goes back to the front of the queue of
+ * its stream, which its owner (still `scheduled`) runs on. */
+static void wake_parked_locked(hixl_stream *s)
+{
+    hixl_piece *p = s->parked;
+    if (p == NULL)
+        return;
+    s->parked = NULL;
+    hixl_jobs_untime(&s->job);
+    p->next = s->head;
+    s->head = p;
+    if (s->tail == NULL)
+        s->tail = p;
+    hixl_jobs_run(&s->job);
+}
+
+/* With s->mu held: the piece to move next. */
+static hixl_piece *take_piece_locked(hixl_stream *s)
+{
+    hixl_piece *p = s->head;
+    if (p != NULL) {
+        s->head = p->next;
+        if (s->head == NULL)
+            s->tail = NULL;
+    }
+    return p;
+}
+
+/* A worker runs the stream it was given until its queue is empty or a piece
+ * parks. */
+static void run_stream(hixl_job *job)
+{
+    hixl_stream *s = (hixl_stream *)job;
+    pthread_mutex_lock(&s->mu);
+    s->running++;
+    if (s->reopen) {
+        s->reopen = 0;
+        pthread_mutex_unlock(&s->mu);
+        reopen_now(s);
         pthread_mutex_lock(&s->mu);
-        s->busy = 0;
+    }
+    for (;;) {
+        hixl_piece *p = take_piece_locked(s);
+        if (p == NULL) {
+            go_idle_locked(s);
+            break;
+        }
+        pthread_mutex_unlock(&s->mu);
+        int rc = step_piece(s, p);
+        if (rc == PARKED) {
+            int why = park(s, p);
+            if (why == HIXL_OK) {
+                pthread_mutex_lock(&s->mu);
+                break;
+            }
+            unstage_piece(p, why);
+            rc = out_of_sync(s, why);
+        }
+        pthread_mutex_lock(&s->mu);
+        int last = s->head == NULL;
+        /* Idle again before the completion, which may bring the next
+         * request (and find the stream free for a direct send). */
+        if (last)
+            go_idle_locked(s);
         pthread_mutex_unlock(&s->mu);
         piece_done(p, rc);
+        pthread_mutex_lock(&s->mu);
+        if (last)
+            break;
     }
-    pthread_mutex_lock(&s->mu);
-    s->exited = 1;
-    /* A submitter still sending uses the socket: keep it open until then. */
-    while (s->claimed)
-        pthread_cond_wait(&s->unclaimed, &s->mu);
-    p = s->head;
-    s->head = s->tail = NULL;
+    s->running--;
+    if (s->exited)
+        pthread_cond_broadcast(&s->idle);
     pthread_mutex_unlock(&s->mu);
-    while (p != NULL) {
-        hixl_piece *next = p->next;
-        piece_done(p, HIXL_E_CANCELLED);
-        p = next;
+}
+
+/* On the watcher: the stream's socket reported `events`. */
+static void stream_ready(hixl_job *job, uint32_t events)
+{
+    (void)events;
+    hixl_stream *s = (hixl_stream *)job;
+    pthread_mutex_lock(&s->mu);
+    if (s->parked != NULL) {
+        wake_parked_locked(s);
+    } else if (!s->scheduled && !s->claimed) {
+        check_idle_locked(s);
+    } else {
+        s->hup = 1; /* in use: its user finds out, or checks when done */
     }
-    drop_socket(s);
-    return NULL;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* On the watcher: a parked piece's deadline, or a lost stream's reopening. */
+static void stream_due(hixl_job *job)
+{
+    hixl_stream *s = (hixl_stream *)job;
+    pthread_mutex_lock(&s->mu);
+    if (s->parked != NULL) {
+        wake_parked_locked(s); /* its next step times out */
+    } else if (s->fd < 0 && !s->scheduled && !s->claimed && !s->exited &&
+               !atomic_load(&s->link->closing)) {
+        if (reopen_slot()) {
+            s->reopen = 1;
+            schedule_locked(s);
+        } else {
+            hixl_jobs_time(job, hixl_now_ns() + REOPEN_SLOT_WAIT_NS);
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
 }
 
 /* ---- lifecycle ---- */
@@ -867,17 +1031,29 @@ static int open_stream(hixl_link *l, hixl_stream *s, const char *host, uint16_t 
 {
     s->link = l;
     s->fd = -1;
+    s->job.run = run_stream;
+    s->job.ready = stream_ready;
+    s->job.due = stream_due;
     s->reopen_pause_ns = REOPEN_FIRST_PAUSE_NS;
     pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->unclaimed, NULL);
-    s->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (s->wake_fd < 0)
-        return HIXL_E_IO;
+    pthread_cond_init(&s->idle, NULL);
     int rc = s == l->streams
                  ? hixl_tcp_connect(host, port, l->stop_fd, deadline, &s->fd, &l->addr)
                  : hixl_tcp_connect_addr(&l->addr, l->stop_fd, deadline, &s->fd);
     if (rc == HIXL_OK)
         rc = hixl_tcp_handshake(s->fd, l->stop_fd, l->token, l->key, deadline);
+    return rc;
+}
+
+/* The streams' sockets join the watcher's set once every stream is open. */
+static int watch_streams(hixl_link *l)
+{
+    int rc = hixl_jobs_start();
+    for (int i = 0; rc == HIXL_OK && i < l->nstreams; i++) {
+        hixl_stream *s = &l->streams[i];
+        rc = hixl_jobs_watch(EPOLL_CTL_ADD, s->fd, IDLE_EVENTS, &s->job);
+        s->idle_watch = rc == HIXL_OK;
+    }
     return rc;
 }
 
@@ -903,10 +1079,8 @@ int hixl_link_open(const char *host, uint16_t port, uint64_t token, const uint8_
     uint64_t deadline = hixl_deadline_after_ms(connect_timeout_ms);
     for (int i = 0; rc == HIXL_OK && i < nstreams; i++, l->nstreams++)
         rc = open_stream(l, &l->streams[i], host, port, deadline);
-    for (int i = 0; rc == HIXL_OK && i < nstreams; i++) {
-        rc = hixl_spawn_thread(&l->streams[i].thread, stream_main, &l->streams[i]);
-        l->streams[i].started = rc == HIXL_OK;
-    }
+    if (rc == HIXL_OK)
+        rc = watch_streams(l);
     if (rc != HIXL_OK) {
         int err = errno;
         hixl_link_destroy(l);
@@ -952,16 +1126,28 @@ void hixl_link_close(hixl_link *l)
         wake(l->stop_fd);
     for (int i = 0; i < l->nstreams; i++) {
         hixl_stream *s = &l->streams[i];
+        pthread_mutex_lock(&s->mu);
+        s->exited = 1;
         /* A worker inside a long sendmsg/recvmsg run never polls; shutting
          * the socket down makes its next call fail at once. */
-        pthread_mutex_lock(&s->mu);
         if (s->fd >= 0)
             shutdown(s->fd, SHUT_RDWR);
+        wake_parked_locked(s); /* its owner ends it, cancelled */
+        hixl_jobs_untime(&s->job); /* no reopening any more */
         pthread_mutex_unlock(&s->mu);
     }
-    for (int i = 0; i < l->nstreams; i++)
-        if (l->streams[i].started)
-            pthread_join(l->streams[i].thread, NULL);
+    /* Workers and submitting threads finish what they hold (every wait
+     * they are in now ends at once), and take nothing new. */
+    for (int i = 0; i < l->nstreams; i++) {
+        hixl_stream *s = &l->streams[i];
+        pthread_mutex_lock(&s->mu);
+        while (s->scheduled || s->claimed || s->running > 0)
+            pthread_cond_wait(&s->idle, &s->mu);
+        drop_socket_locked(s);
+        pthread_mutex_unlock(&s->mu);
+    }
+    /* The watcher may still hold an event or a timer of these streams. */
+    hixl_jobs_quiesce();
 }
 
 void hixl_link_destroy(hixl_link *l)
@@ -973,9 +1159,7 @@ void hixl_link_destroy(hixl_link *l)
         hixl_stream *s = &l->streams[i];
         if (s->fd >= 0)
             close(s->fd);
-        if (s->wake_fd >= 0)
-            close(s->wake_fd);
-        pthread_cond_destroy(&s->unclaimed);
+        pthread_cond_destroy(&s->idle);
         pthread_mutex_destroy(&s->mu);
     }
     if (l->stop_fd >= 0)

@@ -1,13 +1,16 @@
 /*
  * The initiator side of the TCP data plane (protocol in tcp_wire.h): a link
- * is `nstreams` connections to one DataServer, each driven by its own
- * worker thread with its own queue of request pieces.
+ * is `nstreams` connections to one DataServer, each with its own queue of
+ * request pieces. Streams hold no thread: the shared workers of
+ * link_threads.h move a stream's pieces while it has any, and a piece whose
+ * socket goes quiet waits in the watcher without a thread, so a daemon's
+ * thread count does not grow with its links.
  *
  * A request's ranges are cut by bytes into at most one piece per stream
  * (more only when a piece would exceed the wire's range limit), splitting a
  * range where a cut falls inside it, so that all streams move bytes in
  * parallel. A small piece is sent by the submitting thread itself when a
- * stream is idle (its worker, woken meanwhile, only receives the reply),
+ * stream is idle (a worker, woken meanwhile, only receives the reply),
  * and hixl_link_submit_wait may even send a small request whole and receive
  * its reply there, sparing both thread handoffs of the round trip; it tries
  * the stream that carried the last such request first. The
@@ -35,7 +38,7 @@ int hixl_link_open(const char *host, uint16_t port, uint64_t token, const uint8_
                    int nstreams, hixl_cq *cq, uint64_t connect_timeout_ms, hixl_link **out);
 int hixl_link_alive(hixl_link *l);
 /* How many streams hold an open connection now (a lost one is reopened in
- * the background by its idle worker, with a growing pause between tries). */
+ * the background, with a growing pause between tries). */
 int hixl_link_streams_up(hixl_link *l);
 /* How many request pieces `stream` was given so far (0 for no such stream). */
 uint64_t hixl_link_stream_pieces(hixl_link *l, int stream);
@@ -56,8 +59,7 @@ int hixl_link_submit(hixl_link *l, int op, uint64_t request_id, hixl_mapping *lo
                      const uint8_t *quads, size_t n, uint64_t timeout_ms);
 /* hixl_link_submit of client-process memory: `quads`' local offsets are
  * relative to the span's base (bounds-checked by the caller); each piece
- * moves through one of the span's outbound bounce buffers on its stream's
- * worker. */
+ * moves through one of the span's outbound bounce buffers on a worker. */
 int hixl_link_submit_xmem(hixl_link *l, int op, uint64_t request_id, hixl_xmem *local,
                           const uint8_t *quads, size_t n, uint64_t timeout_ms);
 /*
@@ -65,7 +67,7 @@ int hixl_link_submit_xmem(hixl_link *l, int op, uint64_t request_id, hixl_xmem *
  * request of at most 512 KiB, when a stream is idle, goes out whole on it
  * from here and its reply is awaited for up to `wait_us` plus 1 us per 2000
  * bytes it moves (the calling thread blocks that long at most; a later reply
- * is left to the stream's worker). *status is then its final status and
+ * is left to a worker). *status is then its final status and
  * nothing is posted; otherwise *status is 1 and exactly one completion is
  * posted as for hixl_link_submit. Errors (nothing posted, *status 1) as
  * hixl_link_submit.
@@ -73,7 +75,8 @@ int hixl_link_submit_xmem(hixl_link *l, int op, uint64_t request_id, hixl_xmem *
 int hixl_link_submit_wait(hixl_link *l, int op, uint64_t request_id, hixl_mapping *local,
                           const uint8_t *quads, size_t n, uint64_t timeout_ms,
                           uint64_t wait_us, int32_t *status);
-/* Cancels queued and in-flight pieces and joins the workers. Idempotent. */
+/* Cancels queued and in-flight pieces and returns once no thread uses the
+ * link any more. Idempotent. */
 void hixl_link_close(hixl_link *l);
 void hixl_link_destroy(hixl_link *l);
 

@@ -4,11 +4,11 @@
 #include <endian.h>
 #include <errno.h>
 #include <netdb.h>
-#include <poll.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -19,9 +19,9 @@
 #include "hixl_common.h"
 #include "tcp_wire.h"
 
-/* A peer gets this long to complete its HELLO, and to deliver a request's
- * header and range list once its first byte arrived; the payload itself is
- * bounded by the request's own timeout instead. */
+/* A peer gets this long to complete its handshake, and to deliver a
+ * request's header and range list once its first byte arrived; the payload
+ * itself is bounded by the request's own timeout instead. */
 #define HANDSHAKE_TIMEOUT_MS 5000
 #define HEADER_TIMEOUT_MS 10000
 #define DISCARD_CHUNK (64 * 1024)
@@ -30,12 +30,20 @@
  * ends the target's wait at once). The other order would make the
  * initiator see an EOF and take a slow transfer for a dead peer. */
 #define DEADLINE_GRACE_MS 1000
-/* Each connection is a thread. Connections beyond the server's limit
- * (max_conns) still get a thread, which answers their HELLO with E_BUSY so
- * the peer learns which limit it hit; this many more are closed unanswered,
- * so that a peer opening connections in a loop cannot exhaust the threads
- * or fds of the daemon. */
+/* Connections beyond the server's limit (max_conns) are still accepted and
+ * have their HELLO answered with E_BUSY, so the peer learns which limit it
+ * hit; this many more are closed unanswered, so that a peer opening
+ * connections in a loop cannot exhaust the fds of the daemon. */
 #define REFUSING_CONNS 64
+/* How often a worker looks for handshakes past their deadline (and for an
+ * accept paused by a shortage of fds). */
+#define SWEEP_NS (500ull * 1000 * 1000)
+#define ACCEPT_PAUSE_NS (100ull * 1000 * 1000)
+#define ACCEPTS_PER_EVENT 64
+/* Not a status: the handshake waits for more bytes. */
+#define MORE 1
+
+enum { CONN_HELLO, CONN_PROOF, CONN_SERVING };
 
 typedef struct token_entry {
     uint64_t token;
@@ -44,17 +52,24 @@ typedef struct token_entry {
     int may_write;
 } token_entry;
 
+/* A connection belongs to the one worker that took its event (its epoll
+ * registration is one-shot) and to nobody while it waits in epoll; only
+ * that worker closes and frees it, others may only shut its socket down. */
 typedef struct hixl_conn {
-    struct hixl_conn *next;
+    struct hixl_conn *prev, *next; /* the server's list, under srv->mu */
     hixl_server *srv;
-    pthread_t thread;
     int fd; /* -1 once closed; changed under srv->mu */
+    int state;
     int authed;
     int over_limit; /* accepted beyond max_conns: answered E_BUSY */
     int may_write;  /* the link may write into writable regions */
     uint64_t token;
     uint64_t cluster;
-    atomic_int finished;
+    uint64_t handshake_deadline_ns;
+    /* The handshake, read without blocking a worker: the message so far. */
+    uint8_t msg[HIXL_HELLO_SIZE > HIXL_PROOF_SIZE ? HIXL_HELLO_SIZE : HIXL_PROOF_SIZE];
+    size_t msg_got;
+    uint8_t nonce[HIXL_NONCE_SIZE];
     /* Per-connection buffers, grown on demand and reused by every request,
      * so the hot path allocates nothing. */
     uint8_t *ranges;
@@ -67,11 +82,14 @@ typedef struct hixl_conn {
 struct hixl_server {
     int listen_fd;
     int stop_fd;
+    int epfd;
     uint16_t port;
-    pthread_t accept_thread;
-    int accepting;
+    pthread_t *threads;
+    int nthreads;
     int stopped;
     atomic_int stopping;
+    atomic_uint_fast64_t next_sweep_ns;
+    atomic_uint_fast64_t accept_paused_until_ns; /* 0: accepting */
     pthread_mutex_t mu; /* tokens and the connection list */
     token_entry *tokens;
     size_t ntokens, cap_tokens;
@@ -140,43 +158,74 @@ void hixl_server_revoke(hixl_server *s, uint64_t token)
 
 /* ---- one connection ---- */
 
-/* HELLO, CHALLENGE, PROOF, WELCOME (tcp_wire.h). The connection is
- * authed only once its MAC over this connection's fresh nonce matches the
- * key of the link its token names; nothing else is read before that. */
-static int handshake(hixl_conn *c)
+/* Reads the handshake message in c->msg up to `want` bytes without waiting:
+ * HIXL_OK once it is whole, MORE when the socket has no more yet. */
+static int handshake_recv(hixl_conn *c, size_t want)
+{
+    while (c->msg_got < want) {
+        ssize_t k = recv(c->fd, c->msg + c->msg_got, want - c->msg_got, MSG_DONTWAIT);
+        if (k > 0) {
+            c->msg_got += (size_t)k;
+            continue;
+        }
+        if (k == 0)
+            return HIXL_E_CLOSED;
+        if (errno == EINTR)
+            continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK)
+            return MORE;
+        return HIXL_E_IO;
+    }
+    return HIXL_OK;
+}
+
+/* A handshake message goes out whole or the connection fails: the socket's
+ * send buffer is empty at this point and takes a few dozen bytes at once. */
+static int handshake_send(hixl_conn *c, const uint8_t *msg, size_t len)
+{
+    ssize_t k = send(c->fd, msg, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    return k == (ssize_t)len ? HIXL_OK : HIXL_E_IO;
+}
+
+/* HELLO, CHALLENGE, PROOF, WELCOME (tcp_wire.h), one step per readable
+ * event: HIXL_OK once the connection is served, MORE while it waits for the
+ * peer, otherwise the status that ends it. The connection is authed only
+ * once its MAC over this connection's fresh nonce matches the key of the
+ * link its token names; nothing else is read before that. */
+static int handshake_step(hixl_conn *c)
 {
     hixl_server *s = c->srv;
-    uint8_t hello[HIXL_HELLO_SIZE], challenge[HIXL_CHALLENGE_SIZE];
-    uint8_t proof[HIXL_PROOF_SIZE], welcome[HIXL_WELCOME_SIZE];
-    uint8_t nonce[HIXL_NONCE_SIZE], mac[HIXL_MAC_SIZE], want[HIXL_MAC_SIZE];
-    uint64_t deadline = hixl_deadline_after_ms(HANDSHAKE_TIMEOUT_MS);
-    uint64_t token = 0;
-    int rc = hixl_recv_buf(c->fd, s->stop_fd, hello, sizeof(hello), deadline);
-    if (rc != HIXL_OK)
+    int rc;
+    if (c->state == CONN_HELLO) {
+        if ((rc = handshake_recv(c, HIXL_HELLO_SIZE)) != HIXL_OK)
+            return rc;
+        uint8_t challenge[HIXL_CHALLENGE_SIZE];
+        int status = hixl_get_hello(c->msg, &c->token);
+        if (status == HIXL_OK && c->over_limit)
+            status = HIXL_E_BUSY;
+        if (status == HIXL_OK && hixl_fill_random(c->nonce, sizeof(c->nonce)) != HIXL_OK)
+            status = HIXL_E_IO;
+        if (status != HIXL_OK)
+            memset(c->nonce, 0, sizeof(c->nonce));
+        hixl_put_challenge(challenge, status, c->nonce);
+        rc = handshake_send(c, challenge, sizeof(challenge));
+        if (rc != HIXL_OK || status != HIXL_OK)
+            return rc != HIXL_OK ? rc : status;
+        c->state = CONN_PROOF;
+        c->msg_got = 0;
+        return MORE;
+    }
+    if ((rc = handshake_recv(c, HIXL_PROOF_SIZE)) != HIXL_OK)
         return rc;
-    int status = hixl_get_hello(hello, &token);
-    if (status == HIXL_OK && c->over_limit)
-        status = HIXL_E_BUSY;
-    if (status == HIXL_OK && hixl_fill_random(nonce, sizeof(nonce)) != HIXL_OK)
-        status = HIXL_E_IO;
-    if (status != HIXL_OK)
-        memset(nonce, 0, sizeof(nonce));
-    hixl_put_challenge(challenge, status, nonce);
-    rc = hixl_send_buf(c->fd, s->stop_fd, challenge, sizeof(challenge), deadline);
-    if (rc != HIXL_OK || status != HIXL_OK)
-        return rc != HIXL_OK ? rc : status;
-    rc = hixl_recv_buf(c->fd, s->stop_fd, proof, sizeof(proof), deadline);
-    if (rc != HIXL_OK)
-        return rc;
-    status = hixl_get_proof(proof, mac);
+    uint8_t mac[HIXL_MAC_SIZE], want[HIXL_MAC_SIZE], welcome[HIXL_WELCOME_SIZE];
+    int status = hixl_get_proof(c->msg, mac);
     if (status == HIXL_OK) {
         status = HIXL_E_REFUSED;
         pthread_mutex_lock(&s->mu);
-        token_entry *e = find_token(s, token);
-        if (e != NULL && hixl_data_mac(e->key, token, nonce, want) == HIXL_OK
+        token_entry *e = find_token(s, c->token);
+        if (e != NULL && hixl_data_mac(e->key, c->token, c->nonce, want) == HIXL_OK
             && CRYPTO_memcmp(want, mac, sizeof(want)) == 0) {
             c->authed = 1;
-            c->token = token;
             c->cluster = e->cluster;
             c->may_write = e->may_write;
             status = HIXL_OK;
@@ -184,8 +233,11 @@ static int handshake(hixl_conn *c)
         pthread_mutex_unlock(&s->mu);
     }
     hixl_put_welcome(welcome, status);
-    rc = hixl_send_buf(c->fd, s->stop_fd, welcome, sizeof(welcome), deadline);
-    return rc != HIXL_OK ? rc : status;
+    rc = handshake_send(c, welcome, sizeof(welcome));
+    if (rc != HIXL_OK || status != HIXL_OK)
+        return rc != HIXL_OK ? rc : status;
+    c->state = CONN_SERVING;
+    return HIXL_OK;
 }
 
 static int reserve_buffers(hixl_conn *c, size_t n)
@@ -202,20 +254,6 @@ static int reserve_buffers(hixl_conn *c, size_t n)
     c->owners = malloc(n * sizeof(*c->owners));
     c->cap = (c->ranges && c->iov && c->held && c->owners) ? n : 0;
     return c->cap ? HIXL_OK : HIXL_E_NOMEM;
-}
-
-/* Waits for the next request without a deadline: an idle connection is
- * normal. Wakes on server stop, on shutdown() and once a second to re-check
- * the stop flag in case a wakeup was lost. */
-static int wait_request(hixl_conn *c)
-{
-    for (;;) {
-        int rc = hixl_wait_fd(c->fd, POLLIN, c->srv->stop_fd, hixl_deadline_after_ms(1000));
-        if (rc != HIXL_E_TIMEOUT)
-            return rc;
-        if (atomic_load(&c->srv->stopping))
-            return HIXL_E_CANCELLED;
-    }
 }
 
 static int sum_lengths(const uint8_t *ranges, uint32_t n, uint64_t *total)
@@ -424,25 +462,6 @@ static int serve_request(hixl_conn *c)
     return rc;
 }
 
-static void *conn_main(void *arg)
-{
-    hixl_conn *c = arg;
-    hixl_server *s = c->srv;
-    int rc = handshake(c);
-    while (rc == HIXL_OK) {
-        rc = wait_request(c);
-        if (rc == HIXL_OK)
-            rc = serve_request(c);
-    }
-    pthread_mutex_lock(&s->mu);
-    int fd = c->fd;
-    c->fd = -1;
-    pthread_mutex_unlock(&s->mu);
-    close(fd);
-    atomic_store(&c->finished, 1);
-    return NULL;
-}
-
 static void free_conn(hixl_conn *c)
 {
     free(c->ranges);
@@ -453,35 +472,71 @@ static void free_conn(hixl_conn *c)
     hixl_live_add(HIXL_LIVE_CONNECTIONS, -1);
 }
 
-/* ---- accepting ---- */
-
-/* Joins connection threads that ended, so a long-running server does not
- * accumulate zombie threads from peers that came and went. */
-static void reap(hixl_server *s, int all)
+/* By the connection's owner: out of the list and the epoll set, closed, freed. */
+static void close_conn(hixl_conn *c)
 {
-    hixl_conn *done = NULL;
+    hixl_server *s = c->srv;
     pthread_mutex_lock(&s->mu);
-    for (hixl_conn **pp = &s->conns; *pp != NULL;) {
-        hixl_conn *c = *pp;
-        if (all || atomic_load(&c->finished)) {
-            *pp = c->next;
-            s->nconns--;
-            c->next = done;
-            done = c;
-        } else {
-            pp = &c->next;
-        }
-    }
+    if (c->prev != NULL)
+        c->prev->next = c->next;
+    else
+        s->conns = c->next;
+    if (c->next != NULL)
+        c->next->prev = c->prev;
+    s->nconns--;
+    int fd = c->fd;
+    c->fd = -1;
     pthread_mutex_unlock(&s->mu);
-    while (done != NULL) {
-        hixl_conn *next = done->next;
-        pthread_join(done->thread, NULL);
-        free_conn(done);
-        done = next;
-    }
+    (void)epoll_ctl(s->epfd, EPOLL_CTL_DEL, fd, NULL);
+    close(fd);
+    free_conn(c);
 }
 
-static void start_conn(hixl_server *s, int fd)
+/* By the owner: the connection waits in epoll for its next bytes. */
+static int arm_conn(hixl_conn *c, int op)
+{
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT, .data.ptr = c};
+    return epoll_ctl(c->srv->epfd, op, c->fd, &ev) == 0 ? HIXL_OK : HIXL_E_IO;
+}
+
+/* Did the peer send more already? 1 yes, 0 not yet, -1 it hung up. */
+static int more_waiting(hixl_conn *c)
+{
+    char b;
+    ssize_t k = recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (k > 0)
+        return 1;
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+        return 0;
+    return -1;
+}
+
+/* A worker took the connection's event: a handshake step, or requests for
+ * as long as they keep coming without a wait. */
+static void conn_ready(hixl_conn *c)
+{
+    if (c->state != CONN_SERVING) {
+        int rc = handshake_step(c);
+        if ((rc == MORE || rc == HIXL_OK) && arm_conn(c, EPOLL_CTL_MOD) == HIXL_OK)
+            return;
+        close_conn(c);
+        return;
+    }
+    int more;
+    do {
+        if (serve_request(c) != HIXL_OK) {
+            close_conn(c);
+            return;
+        }
+        more = more_waiting(c);
+    } while (more > 0);
+    if (more < 0 || arm_conn(c, EPOLL_CTL_MOD) != HIXL_OK)
+        close_conn(c);
+}
+
+/* ---- accepting ---- */
+
+static void add_conn(hixl_server *s, int fd)
 {
     hixl_conn *c = calloc(1, sizeof(*c));
     if (c == NULL) {
@@ -491,40 +546,96 @@ static void start_conn(hixl_server *s, int fd)
     hixl_live_add(HIXL_LIVE_CONNECTIONS, 1);
     c->srv = s;
     c->fd = fd;
+    c->state = CONN_HELLO;
+    c->handshake_deadline_ns = hixl_deadline_after_ms(HANDSHAKE_TIMEOUT_MS);
     pthread_mutex_lock(&s->mu);
-    c->over_limit = s->nconns >= s->max_conns;
-    int rc = s->nconns < s->max_conns + REFUSING_CONNS
-                 ? hixl_spawn_thread(&c->thread, conn_main, c)
-                 : HIXL_E_BUSY;
-    if (rc == HIXL_OK) {
+    int room = s->nconns < s->max_conns + REFUSING_CONNS && !atomic_load(&s->stopping);
+    if (room) {
+        c->over_limit = s->nconns >= s->max_conns;
         c->next = s->conns;
+        if (s->conns != NULL)
+            s->conns->prev = c;
         s->conns = c;
         s->nconns++;
     }
     pthread_mutex_unlock(&s->mu);
-    if (rc != HIXL_OK) {
+    if (!room) {
         close(fd);
         free_conn(c);
+        return;
     }
+    /* Once armed the connection may be another worker's at once. */
+    if (arm_conn(c, EPOLL_CTL_ADD) != HIXL_OK)
+        close_conn(c);
 }
 
-static void *accept_main(void *arg)
+static int arm_listener(hixl_server *s)
 {
-    hixl_server *s = arg;
-    while (!atomic_load(&s->stopping)) {
-        if (hixl_wait_fd(s->listen_fd, POLLIN, s->stop_fd, 0) != HIXL_OK)
-            break;
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLONESHOT, .data.ptr = &s->listen_fd};
+    return epoll_ctl(s->epfd, EPOLL_CTL_MOD, s->listen_fd, &ev) == 0 ? HIXL_OK : HIXL_E_IO;
+}
+
+static void accept_some(hixl_server *s)
+{
+    for (int i = 0; i < ACCEPTS_PER_EVENT; i++) {
         int fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
-            /* Out of fds or memory: back off instead of spinning on a
-             * listening socket that stays readable. */
-            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
-                hixl_wait_fd(s->stop_fd, POLLIN, -1, hixl_deadline_after_ms(100));
-            continue;
+            if (errno == EINTR)
+                continue;
+            /* Out of fds or memory: pause accepting (the sweep takes it up
+             * again) instead of spinning on a listener that stays readable. */
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+                atomic_store(&s->accept_paused_until_ns, hixl_now_ns() + ACCEPT_PAUSE_NS);
+                return;
+            }
+            break; /* EAGAIN, or a connection that died in the queue */
         }
         hixl_tcp_tune(fd);
-        reap(s, 0);
-        start_conn(s, fd);
+        add_conn(s, fd);
+    }
+    (void)arm_listener(s);
+}
+
+/* Handshakes past their deadline are shut down (their owner, woken by
+ * that, closes them); a paused accept resumes. At most one worker at a time
+ * and every SWEEP_NS. */
+static void sweep(hixl_server *s)
+{
+    uint64_t now = hixl_now_ns();
+    uint_fast64_t due = atomic_load(&s->next_sweep_ns);
+    if (now < due || !atomic_compare_exchange_strong(&s->next_sweep_ns, &due, now + SWEEP_NS))
+        return;
+    pthread_mutex_lock(&s->mu);
+    for (hixl_conn *c = s->conns; c != NULL; c = c->next)
+        if (c->state != CONN_SERVING && now >= c->handshake_deadline_ns && c->fd >= 0)
+            shutdown(c->fd, SHUT_RDWR);
+    pthread_mutex_unlock(&s->mu);
+    uint_fast64_t paused = atomic_load(&s->accept_paused_until_ns);
+    if (paused != 0 && now >= paused &&
+        atomic_compare_exchange_strong(&s->accept_paused_until_ns, &paused, 0))
+        (void)arm_listener(s);
+}
+
+/* Every worker waits in the one epoll set and serves what it takes: no
+ * thread is tied to a connection, and no hand-off sits between a request's
+ * arrival and its service. */
+static void *worker_main(void *arg)
+{
+    hixl_server *s = arg;
+    struct epoll_event ev;
+    while (!atomic_load(&s->stopping)) {
+        int n = epoll_wait(s->epfd, &ev, 1, (int)(SWEEP_NS / 1000000));
+        if (atomic_load(&s->stopping))
+            break;
+        sweep(s);
+        if (n <= 0)
+            continue;
+        if (ev.data.ptr == &s->stop_fd)
+            break;
+        if (ev.data.ptr == &s->listen_fd)
+            accept_some(s);
+        else
+            conn_ready(ev.data.ptr);
     }
     return NULL;
 }
@@ -577,9 +688,25 @@ static uint16_t bound_port(int fd)
     return ntohs(((struct sockaddr_in *)&ss)->sin_port);
 }
 
-int hixl_server_start(const char *host, uint16_t port, size_t max_conns, hixl_server **out)
+/* The epoll set: the stop eventfd (level-triggered, so it wakes every
+ * worker once readable) and the listener (one-shot, taken by one worker). */
+static int open_epoll(hixl_server *s)
 {
-    if (max_conns == 0)
+    s->epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (s->epfd < 0)
+        return HIXL_E_IO;
+    struct epoll_event stop = {.events = EPOLLIN, .data.ptr = &s->stop_fd};
+    struct epoll_event listen = {.events = EPOLLIN | EPOLLONESHOT, .data.ptr = &s->listen_fd};
+    if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, s->stop_fd, &stop) != 0 ||
+        epoll_ctl(s->epfd, EPOLL_CTL_ADD, s->listen_fd, &listen) != 0)
+        return HIXL_E_IO;
+    return HIXL_OK;
+}
+
+int hixl_server_start(const char *host, uint16_t port, size_t max_conns, int nthreads,
+                      hixl_server **out)
+{
+    if (max_conns == 0 || nthreads < 1 || nthreads > HIXL_SERVER_MAX_THREADS)
         return HIXL_E_INVAL;
     hixl_server *s = calloc(1, sizeof(*s));
     if (s == NULL)
@@ -587,26 +714,33 @@ int hixl_server_start(const char *host, uint16_t port, size_t max_conns, hixl_se
     s->max_conns = max_conns;
     hixl_live_add(HIXL_LIVE_SERVERS, 1);
     s->listen_fd = -1;
+    s->epfd = -1;
     s->stop_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    int rc = s->stop_fd >= 0 ? open_listener(host, port, &s->listen_fd) : HIXL_E_IO;
     pthread_mutex_init(&s->mu, NULL);
     hixl_regions_init(&s->regions);
+    s->threads = calloc((size_t)nthreads, sizeof(*s->threads));
+    int rc = s->stop_fd >= 0 && s->threads != NULL ? HIXL_OK : HIXL_E_IO;
+    if (rc == HIXL_OK)
+        rc = open_listener(host, port, &s->listen_fd);
     if (rc == HIXL_OK) {
         s->port = bound_port(s->listen_fd);
-        rc = hixl_spawn_thread(&s->accept_thread, accept_main, s);
+        rc = open_epoll(s);
     }
+    for (; rc == HIXL_OK && s->nthreads < nthreads; s->nthreads++)
+        rc = hixl_spawn_thread(&s->threads[s->nthreads], worker_main, s);
     if (rc != HIXL_OK) {
         int err = errno;
         hixl_server_destroy(s);
         errno = err;
         return rc;
     }
-    s->accepting = 1;
     *out = s;
     return HIXL_OK;
 }
 
 uint16_t hixl_server_port(const hixl_server *s) { return s->port; }
+
+int hixl_server_threads(const hixl_server *s) { return s->nthreads; }
 
 hixl_region_table *hixl_server_regions(hixl_server *s) { return &s->regions; }
 
@@ -619,23 +753,27 @@ void hixl_server_stop(hixl_server *s)
     hixl_live_add(HIXL_LIVE_SERVERS, -1); /* counts running servers */
     uint64_t one = 1;
     /* Cannot fail on a fresh eventfd; the shutdown() calls below and the
-     * threads' periodic stop-flag check are the fallback anyway. */
+     * workers' check of the stop flag after every wait are the fallback. */
     if (s->stop_fd >= 0) {
         ssize_t n = write(s->stop_fd, &one, sizeof(one));
         (void)n;
     }
-    if (s->accepting)
-        pthread_join(s->accept_thread, NULL);
-    if (s->listen_fd >= 0)
-        close(s->listen_fd);
-    s->listen_fd = -1;
     pthread_mutex_lock(&s->mu);
-    /* A thread busy in a long send never polls; shutdown makes it fail. */
+    /* A worker busy in a long send never polls; shutdown makes it fail. */
     for (hixl_conn *c = s->conns; c != NULL; c = c->next)
         if (c->fd >= 0)
             shutdown(c->fd, SHUT_RDWR);
     pthread_mutex_unlock(&s->mu);
-    reap(s, 1);
+    for (int i = 0; i < s->nthreads; i++)
+        pthread_join(s->threads[i], NULL);
+    s->nthreads = 0;
+    /* No worker is left: what is still listed waited in epoll, owned by
+     * nobody. */
+    while (s->conns != NULL)
+        close_conn(s->conns);
+    if (s->listen_fd >= 0)
+        close(s->listen_fd);
+    s->listen_fd = -1;
 }
 
 void hixl_server_destroy(hixl_server *s)
@@ -645,10 +783,13 @@ void hixl_server_destroy(hixl_server *s)
     hixl_server_stop(s);
     hixl_regions_destroy(&s->regions);
     pthread_mutex_destroy(&s->mu);
+    if (s->epfd >= 0)
+        close(s->epfd);
     if (s->stop_fd >= 0)
         close(s->stop_fd);
     if (s->tokens != NULL)
         OPENSSL_cleanse(s->tokens, s->cap_tokens * sizeof(*s->tokens));
     free(s->tokens);
+    free(s->threads);
     free(s);
 }

@@ -13,9 +13,11 @@ class LeaseState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     LEASE_RENEWED: _ClassVar[LeaseState]
     LEASE_UNKNOWN: _ClassVar[LeaseState]
     LEASE_DROPPED: _ClassVar[LeaseState]
+    LEASE_STOPPING: _ClassVar[LeaseState]
 LEASE_RENEWED: LeaseState
 LEASE_UNKNOWN: LeaseState
 LEASE_DROPPED: LeaseState
+LEASE_STOPPING: LeaseState
 
 class HelloRequest(_message.Message):
     __slots__ = ("protocol_version", "daemon_id", "version", "src_cluster_id", "dst_cluster_id", "backend", "challenge", "client_nonce", "proof")
