@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from hixl_bench import collect
 from hixl_bench.procstat import daemon_status
 from hixl_client import (
     Cache,
@@ -139,6 +140,7 @@ class Mesh:
     decode_daemon: DaemonProcess
     pool_bytes: int
     sync_kv_timeout_ms: int
+    daemon_env: dict[str, str]  # loads ``collect``'s hook
     prompts: list[LLMDataDist] = field(default_factory=list)
     decoders: list[LLMDataDist] = field(default_factory=list)
     sources: list[Cache] = field(default_factory=list)  # per prompt, slot 0 filled
@@ -235,6 +237,13 @@ class Mesh:
         self.restarts += 1
         await self.start_prompts()
 
+    async def collect(self) -> bool:
+        """A full garbage collection in both daemons and here (see ``collect``)."""
+        collect.collect_here()
+        answers = await asyncio.gather(collect.collect(self.daemon_env, self.prompt_daemon.pid),
+                                       collect.collect(self.daemon_env, self.decode_daemon.pid))
+        return all(answers)
+
     async def close(self) -> None:
         await finalize_quietly([*self.decoders, *self.prompts])
         self.decoders, self.prompts, self.sources, self.landing = [], [], [], []
@@ -259,18 +268,21 @@ async def mesh(shape: MeshShape, *, streams: int = 4, pool_floor: int = _MIB,
                shape.pool_bytes(shape.decoder_desc(), pool_floor))
     prompt_settings = daemon_settings(shape, streams, pool, shape.prompts, fast_links)
     decode_settings = daemon_settings(shape, streams, pool, shape.decoders, fast_links)
-    prompt = DaemonProcess(server__peer_port=free_port(), **prompt_settings)
-    decode = DaemonProcess(**decode_settings)
-    made: Mesh | None = None
-    try:
-        await asyncio.gather(asyncio.to_thread(prompt.start), asyncio.to_thread(decode.start))
-        made = Mesh(shape, prompt, decode, pool, sync_kv_timeout_ms)
-        await made.start_prompts()
-        await made.start_decoders()
-        if link:
-            await made.link()
-        yield made
-    finally:
-        if made is not None:
-            await made.close()
-        await asyncio.gather(asyncio.to_thread(decode.close), asyncio.to_thread(prompt.close))
+    with collect.hook_dir() as env:
+        prompt = DaemonProcess(env=env, server__peer_port=free_port(), **prompt_settings)
+        decode = DaemonProcess(env=env, **decode_settings)
+        made: Mesh | None = None
+        try:
+            await asyncio.gather(asyncio.to_thread(prompt.start),
+                                 asyncio.to_thread(decode.start))
+            made = Mesh(shape, prompt, decode, pool, sync_kv_timeout_ms, env)
+            await made.start_prompts()
+            await made.start_decoders()
+            if link:
+                await made.link()
+            yield made
+        finally:
+            if made is not None:
+                await made.close()
+            await asyncio.gather(asyncio.to_thread(decode.close),
+                                 asyncio.to_thread(prompt.close))

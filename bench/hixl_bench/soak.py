@@ -146,7 +146,9 @@ class Soak:
     restarts: list[Restart] = field(default_factory=list)
     final_pulls: Counter[str] = field(default_factory=Counter)
     baseline: Snapshot | None = None
-    after: Snapshot | None = None
+    held: Snapshot | None = None  # after the run, settled, before the full collection
+    after: Snapshot | None = None  # after it: what the leak rule reads
+    collected: bool = True  # every full collection asked for was answered
     elapsed_s: float = 0.0
 
     @property
@@ -158,6 +160,8 @@ class Soak:
         if self.baseline is None or self.after is None:
             return ["no baseline or no final figures"]
         c, found = self.config, []
+        if not self.collected:
+            found.append("a daemon did not answer the request for a full garbage collection")
         for name, before in self.baseline.procs.items():
             now = self.after.procs[name]
             for what, slack in (("fds", c.fd_slack), ("threads", c.thread_slack)):
@@ -207,6 +211,7 @@ class Soak:
             "restarts": [asdict(r) for r in self.restarts],
             "final_pulls": dict(self.final_pulls),
             "baseline": self.baseline.to_json() if self.baseline else None,
+            "held": self.held.to_json() if self.held else None,
             "after": self.after.to_json() if self.after else None,
             "elapsed_s": round(self.elapsed_s, 1), "problems": self.problems()}
 
@@ -352,7 +357,9 @@ async def run_soak(config: SoakConfig, progress: Any = None) -> Soak:
                     sync_kv_timeout_ms=config.sync_kv_timeout_ms) as made:
         run = Run(made, config, soak)
         await run.workers(config.warmup, count=False)
-        soak.baseline = await settled(made, await snapshot(made), config)
+        await settled(made, await snapshot(made), config)
+        soak.collected = await made.collect()
+        soak.baseline = await snapshot(made)
         say(f"warm-up done; baseline {summary(soak.baseline)}")
         points = restart_points(config.transfers, config.restart_count, run.rng)
         restarter = asyncio.create_task(run.restarter(points))
@@ -364,7 +371,9 @@ async def run_soak(config: SoakConfig, progress: Any = None) -> Soak:
         say(f"{soak.ended} transfers ended: {dict(soak.statuses)}")
         await made.wait_links_up(config.heal_s)
         await run.final_pulls()
-        soak.after = await settled(made, soak.baseline, config)
+        soak.held = await settled(made, soak.baseline, config)
+        soak.collected = await made.collect() and soak.collected
+        soak.after = await snapshot(made)
     soak.elapsed_s = time.monotonic() - started
     return soak
 
@@ -387,19 +396,21 @@ def print_report(soak: Soak) -> None:
         print(f"restart at {r.at:>6}: {r.signal:<8} back in {r.down_s:5.2f} s, links up "
               f"{'never' if r.heal_s is None else f'{r.heal_s:.2f} s'} later")
     print(f"pull over every link afterwards: {dict(soak.final_pulls)}")
-    if soak.baseline and soak.after:
-        print(f"\n{'process':<8}{'figure':<16}{'baseline':>14}{'after':>14}")
+    if soak.baseline and soak.held and soak.after:
+        print(f"\n{'process':<8}{'figure':<16}{'baseline':>14}{'after, held':>14}"
+              f"{'after':>14}   (held: before a full garbage collection)")
         for name, before in soak.baseline.procs.items():
-            now = soak.after.procs[name]
-            print(f"{name:<8}{'threads':<16}{before.threads:>14}{now.threads:>14}")
-            print(f"{name:<8}{'fds':<16}{before.fds:>14}{now.fds:>14}")
+            held, now = soak.held.procs[name], soak.after.procs[name]
+            for what in ("threads", "fds"):
+                print(f"{name:<8}{what:<16}{getattr(before, what):>14}"
+                      f"{getattr(held, what):>14}{getattr(now, what):>14}")
             print(f"{name:<8}{'rss MiB':<16}{mib(before.rss_bytes):>14}"
-                  f"{mib(now.rss_bytes):>14}")
+                  f"{mib(held.rss_bytes):>14}{mib(now.rss_bytes):>14}")
         for name, before_admin in soak.baseline.admin.items():
-            now_admin = soak.after.admin[name]
+            held_admin, now_admin = soak.held.admin[name], soak.after.admin[name]
             for what in ("reserved_bytes", "used_bytes", "caches", "sessions"):
                 print(f"{name:<8}{what:<16}{getattr(before_admin, what):>14}"
-                      f"{getattr(now_admin, what):>14}")
+                      f"{getattr(held_admin, what):>14}{getattr(now_admin, what):>14}")
 
 
 def parser() -> argparse.ArgumentParser:
