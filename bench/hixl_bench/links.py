@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -118,11 +119,16 @@ class LinkScale:
 
 
 def measure(made: Mesh) -> dict[str, ProcFigures]:
-    import os
-
     return {"decode": proc_figures(made.decode_daemon.pid),
             "prompt": proc_figures(made.prompt_daemon.pid),
             "tool": proc_figures(os.getpid())}
+
+
+async def reading(made: Mesh) -> dict[str, ProcFigures]:
+    """Figures after a full garbage collection in every process (see ``collect``)."""
+    if not await made.collect():
+        raise RuntimeError("a daemon did not answer the request for a full garbage collection")
+    return measure(made)
 
 
 async def admin(made: Mesh) -> dict[str, PoolFigures]:
@@ -187,7 +193,7 @@ async def settle_to(made: Mesh, reference: dict[str, ProcFigures], bound_s: floa
         if figures != last:
             last, steady_since = figures, time.monotonic()
         if back or time.monotonic() - steady_since >= _STEADY_S or time.monotonic() > deadline:
-            return now
+            return await reading(made)
         await asyncio.sleep(0.2)
 
 
@@ -204,16 +210,16 @@ async def run_link_scale(links: int, streams: int = 4, sample: int = 16, block: 
     async with mesh(shape, streams=streams, pool_floor=pool_kib << 10, fast_links=False,
                     link=False) as made:
         await asyncio.sleep(_SETTLE_S)
-        result.procs["before"], result.admin["before"] = measure(made), await admin(made)
+        result.procs["before"], result.admin["before"] = await reading(made), await admin(made)
         for cycle in range(1, cycles + 1):
             started = time.monotonic()
             await made.link()
             link_s = time.monotonic() - started
             up_s = await made.wait_links_up(_UP_BOUND_S)
-            say(f"cycle {cycle}: linked in {link_s:.1f} s, all up after {up_s} s more")
+            say(f"cycle {cycle}: linked in {link_s:.2f} s, all up {up_s} s later")
             await asyncio.sleep(_SETTLE_S)
             linked = "linked" if cycle == 1 else f"linked {cycle}"
-            result.procs[linked], result.admin[linked] = measure(made), await admin(made)
+            result.procs[linked], result.admin[linked] = await reading(made), await admin(made)
             result.sample_failures += await sample_pulls(made, sample)
             if cycle == 1:
                 result.link_s, result.up_s = link_s, up_s
@@ -231,7 +237,7 @@ async def run_link_scale(links: int, streams: int = 4, sample: int = 16, block: 
 def print_report(result: LinkScale) -> None:
     phases = list(result.procs)
     print(f"\n{result.links} links ({result.prompts} prompt x {result.decoders} decode "
-          f"clusters, {result.streams} streams each), linked in {result.link_s:.1f} s")
+          f"clusters, {result.streams} streams each), linked in {result.link_s:.2f} s")
     header = f"{'process':<8} {'figure':<8}" + "".join(f"{p:>12}" for p in phases) + \
         f"{'per link':>10}"
     print(header)

@@ -82,6 +82,7 @@ class SoakConfig:
     concurrency: int = 16
     restarts: int | None = None  # None: one per 2,000 transfers
     kill_share: float = 0.5  # of restarts, SIGKILL; the others SIGTERM
+    signals: tuple[str, ...] = ()  # if given: restart i stops with signals[i % len], not by chance
     push_share: float = 0.5
     warmup: int = 200
     block: int = 4096
@@ -113,6 +114,8 @@ class SoakConfig:
             problems.append("--restarts must be in [0, transfers / 50]")
         if not (0 <= self.kill_share <= 1 and 0 <= self.push_share <= 1):
             problems.append("--kill-share and --push-share must be in [0, 1]")
+        if set(self.signals) - {"SIGKILL", "SIGTERM"}:
+            problems.append("--signals takes SIGKILL and SIGTERM")
         if self.guard_s * 1000 <= self.sync_kv_timeout_ms:
             problems.append("--guard-s must be above the sync_kv_timeout")
         return problems
@@ -259,7 +262,7 @@ class Run:
                                    self.config.guard_s)
         except LLMException as exc:
             return exc.status_code.name
-        except TimeoutError:
+        except asyncio.TimeoutError:  # the guard's (TimeoutError itself from 3.11)
             return HUNG
         except Exception as exc:  # counted, not raised: the run goes on and reports it
             return type(exc).__name__
@@ -290,12 +293,14 @@ class Run:
         await asyncio.gather(*(self.worker(w, count) for w in range(self.config.concurrency)))
 
     async def restarter(self, points: list[int]) -> None:
-        for point in points:
+        signals = self.config.signals
+        for index, point in enumerate(points):
             self.next_point = point
             self.reached.clear()
             if self.issued < point:
                 await self.reached.wait()
-            kill = self.rng.random() < self.config.kill_share
+            kill = signals[index % len(signals)] == "SIGKILL" if signals else \
+                self.rng.random() < self.config.kill_share
             record = Restart(self.issued, "SIGKILL" if kill else "SIGTERM")
             self.soak.restarts.append(record)
             self.restarting = True
@@ -424,6 +429,8 @@ def parser() -> argparse.ArgumentParser:
                    "2,000 transfers)")
     p.add_argument("--kill-share", type=float, default=d.kill_share,
                    help="share of restarts by SIGKILL (the others: SIGTERM)")
+    p.add_argument("--signals", type=lambda text: tuple(text.split(",")), default=(),
+                   help="e.g. SIGKILL,SIGTERM: the restarts' signals in turn (not by chance)")
     p.add_argument("--push-share", type=float, default=d.push_share)
     p.add_argument("--warmup", type=int, default=d.warmup, help="transfers before the baseline")
     p.add_argument("--block", type=int, default=d.block, help="bytes per slot and tensor")
@@ -444,7 +451,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     config = SoakConfig(
         links=args.links, transfers=args.transfers, concurrency=args.concurrency,
-        restarts=args.restarts, kill_share=args.kill_share, push_share=args.push_share,
+        restarts=args.restarts, kill_share=args.kill_share, signals=args.signals,
+        push_share=args.push_share,
         warmup=args.warmup, block=args.block, streams=args.streams, guard_s=args.guard_s,
         fail_pause_s=args.fail_pause_s,
         fd_slack=args.fd_slack, thread_slack=args.thread_slack,
