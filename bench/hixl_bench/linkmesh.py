@@ -21,7 +21,7 @@ import json
 import math
 import signal
 import socket
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -261,7 +261,7 @@ async def finalize_quietly(clients: list[LLMDataDist]) -> None:
 @contextlib.asynccontextmanager
 async def mesh(shape: MeshShape, *, streams: int = 4, pool_floor: int = _MIB,
                sync_kv_timeout_ms: int = 2000, fast_links: bool = True,
-               link: bool = True) -> Any:
+               link: bool = True) -> AsyncIterator[Mesh]:
     """Start both daemons and every cluster, link them (unless ``link`` is false),
     and tear everything down on exit."""
     pool = max(shape.pool_bytes(shape.prompt_desc(), pool_floor),

@@ -71,8 +71,7 @@ class LinkScale:
 
     def per_link(self, name: str, what: str) -> float:
         """(linked - before) / links of ``what`` (threads, fds, rss_bytes) of ``name``."""
-        before = getattr(self.procs["before"][name], what)
-        return (getattr(self.procs["linked"][name], what) - before) / self.links
+        return self.delta(name, what) / self.links
 
     def delta(self, name: str, what: str, phase: str = "linked") -> int:
         before: int = getattr(self.procs["before"][name], what)

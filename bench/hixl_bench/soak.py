@@ -315,6 +315,11 @@ class Run:
                 self.restarting = False
         self.next_point = None
 
+    def stop_if_failed(self, restarter: asyncio.Task[None]) -> None:
+        """A restart that failed (the daemon did not start again) ends the run."""
+        if not restarter.cancelled() and restarter.exception() is not None:
+            self.limit = self.issued
+
     async def final_pulls(self) -> None:
         """One pull over every link, one at a time."""
         for decoder, prompt in self.pairs:
@@ -330,17 +335,19 @@ async def snapshot(made: Mesh) -> Snapshot:
     return Snapshot(procs, {"decode": pool_figures(decode), "prompt": pool_figures(prompt)})
 
 
-async def settled(made: Mesh, baseline: Snapshot, config: SoakConfig) -> Snapshot:
-    """A snapshot once every process's fds and threads are within the slack of the
-    baseline, or have not changed for ``_STEADY_S``, or ``settle_s`` passed."""
+async def settled(made: Mesh, config: SoakConfig, baseline: Snapshot | None = None
+                  ) -> Snapshot:
+    """A snapshot once every process's fds and threads have not changed for
+    ``_STEADY_S``, or are within the slack of ``baseline``, or ``settle_s`` passed."""
     deadline = time.monotonic() + config.settle_s
     last: tuple[int, ...] = ()
     steady_since = time.monotonic()
     while True:
         now = await snapshot(made)
-        back = all(now.procs[n].fds <= b.fds + config.fd_slack
-                   and now.procs[n].threads <= b.threads + config.thread_slack
-                   for n, b in baseline.procs.items())
+        back = baseline is not None and all(
+            now.procs[n].fds <= b.fds + config.fd_slack
+            and now.procs[n].threads <= b.threads + config.thread_slack
+            for n, b in baseline.procs.items())
         figures = tuple(x for f in now.procs.values() for x in (f.fds, f.threads))
         if figures != last:
             last, steady_since = figures, time.monotonic()
@@ -362,12 +369,13 @@ async def run_soak(config: SoakConfig, progress: Any = None) -> Soak:
                     sync_kv_timeout_ms=config.sync_kv_timeout_ms) as made:
         run = Run(made, config, soak)
         await run.workers(config.warmup, count=False)
-        await settled(made, await snapshot(made), config)
+        await settled(made, config)
         soak.collected = await made.collect()
         soak.baseline = await snapshot(made)
         say(f"warm-up done; baseline {summary(soak.baseline)}")
         points = restart_points(config.transfers, config.restart_count, run.rng)
         restarter = asyncio.create_task(run.restarter(points))
+        restarter.add_done_callback(run.stop_if_failed)
         try:
             await run.workers(config.transfers, count=True)
         finally:
@@ -376,7 +384,7 @@ async def run_soak(config: SoakConfig, progress: Any = None) -> Soak:
         say(f"{soak.ended} transfers ended: {dict(soak.statuses)}")
         await made.wait_links_up(config.heal_s)
         await run.final_pulls()
-        soak.held = await settled(made, soak.baseline, config)
+        soak.held = await settled(made, config, soak.baseline)
         soak.collected = await made.collect() and soak.collected
         soak.after = await snapshot(made)
     soak.elapsed_s = time.monotonic() - started
