@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ from hixl_bench.procstat import (
     ProcFigures,
     daemon_status,
     mib,
+    own_figures,
     pool_figures,
     proc_figures,
     raise_nofile,
@@ -120,7 +120,7 @@ class LinkScale:
 def measure(made: Mesh) -> dict[str, ProcFigures]:
     return {"decode": proc_figures(made.decode_daemon.pid),
             "prompt": proc_figures(made.prompt_daemon.pid),
-            "tool": proc_figures(os.getpid())}
+            "tool": own_figures()}
 
 
 async def reading(made: Mesh) -> dict[str, ProcFigures]:

@@ -9,8 +9,10 @@ links from ``Admin/GetStatus``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import resource
+import threading
 from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -55,6 +57,16 @@ def _rss_bytes(pid: int) -> int:
 def proc_figures(pid: int) -> ProcFigures:
     """RSS, open fds and threads of ``pid`` (Linux ``/proc``)."""
     return ProcFigures(_rss_bytes(pid), _count(f"/proc/{pid}/fd"), _count(f"/proc/{pid}/task"))
+
+
+def own_figures() -> ProcFigures:
+    """This process's figures, less the threads of its event loop's default executor
+    (named ``asyncio_N``): the executor starts them as calls to ``asyncio.to_thread``
+    overlap, up to its bound (``min(32, cpus + 4)``), and keeps them, so how many
+    there are says how many such calls once ran at once, not what was left behind."""
+    figures = proc_figures(os.getpid())
+    executor = sum(1 for t in threading.enumerate() if t.name.startswith("asyncio_"))
+    return dataclasses.replace(figures, threads=figures.threads - executor)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ Every transfer runs under a bound (``--guard-s``, well above the clusters'
 ``sync_kv_timeout``) and ends with a status: success, or one a restart
 explains (``ALLOWED``). A pull's landed bytes are checked against what the
 prompt cluster serves. After the last transfer, and once all links are up
-again, one pull over every link must succeed.
+again, a pull and a push over every link must succeed.
 
 Before the run (after a warm-up of ``--warmup`` transfers) and after it
 (once figures settle) the tool reads, for both daemons and for itself,
@@ -37,7 +37,6 @@ import argparse
 import asyncio
 import json
 import logging
-import os
 import random
 import signal
 import sys
@@ -55,6 +54,7 @@ from hixl_bench.procstat import (
     ProcFigures,
     daemon_status,
     mib,
+    own_figures,
     pool_figures,
     proc_figures,
 )
@@ -147,7 +147,8 @@ class Soak:
     steady: Counter[str] = field(default_factory=Counter)  # no restart under way
     by_op: Counter[str] = field(default_factory=Counter)
     restarts: list[Restart] = field(default_factory=list)
-    final_pulls: Counter[str] = field(default_factory=Counter)
+    warm_restart: Restart | None = None  # in the warm-up: not counted
+    final_sweep: Counter[str] = field(default_factory=Counter)
     baseline: Snapshot | None = None
     held: Snapshot | None = None  # after the run, settled, before the full collection
     after: Snapshot | None = None  # after it: what the leak rule reads
@@ -194,15 +195,18 @@ class Soak:
             found.append(f"transfers that ended badly (never ended, wrong bytes or a status "
                          f"no restart explains): {odd}")
         unhealed = [r.at for r in self.restarts if r.heal_s is None]
+        if self.warm_restart is not None and self.warm_restart.heal_s is None:
+            unhealed.insert(0, self.warm_restart.at)
         if unhealed:
             found.append(f"links did not all heal within {self.config.heal_s} s of the "
                          f"restarts at {unhealed}")
         if len(self.restarts) != self.config.restart_count:
             found.append(f"{len(self.restarts)} restarts made, "
                          f"{self.config.restart_count} asked for")
-        failed = {s: n for s, n in self.final_pulls.items() if s != SUCCESS}
-        if failed or sum(self.final_pulls.values()) != self.config.links:
-            found.append(f"the pull over every link after the run: {dict(self.final_pulls)}")
+        failed = {s: n for s, n in self.final_sweep.items() if s != SUCCESS}
+        if failed or sum(self.final_sweep.values()) != 2 * self.config.links:
+            found.append(f"the pull and push over every link after the run: "
+                         f"{dict(self.final_sweep)}")
         return found
 
     def to_json(self) -> dict[str, Any]:
@@ -212,7 +216,8 @@ class Soak:
             "ended": self.ended, "statuses": dict(self.statuses),
             "steady_statuses": dict(self.steady), "by_op": dict(self.by_op),
             "restarts": [asdict(r) for r in self.restarts],
-            "final_pulls": dict(self.final_pulls),
+            "warm_restart": asdict(self.warm_restart) if self.warm_restart else None,
+            "final_sweep": dict(self.final_sweep),
             "baseline": self.baseline.to_json() if self.baseline else None,
             "held": self.held.to_json() if self.held else None,
             "after": self.after.to_json() if self.after else None,
@@ -292,7 +297,8 @@ class Run:
         self.issued, self.limit = 0, transfers
         await asyncio.gather(*(self.worker(w, count) for w in range(self.config.concurrency)))
 
-    async def restarter(self, points: list[int]) -> None:
+    async def restarter(self, points: list[int], warm_up: bool = False) -> None:
+        """Restart the prompt daemon once the transfers started reach each point."""
         signals = self.config.signals
         for index, point in enumerate(points):
             self.next_point = point
@@ -302,7 +308,10 @@ class Run:
             kill = signals[index % len(signals)] == "SIGKILL" if signals else \
                 self.rng.random() < self.config.kill_share
             record = Restart(self.issued, "SIGKILL" if kill else "SIGTERM")
-            self.soak.restarts.append(record)
+            if warm_up:
+                self.soak.warm_restart = record
+            else:
+                self.soak.restarts.append(record)
             self.restarting = True
             started = time.monotonic()
             try:
@@ -320,18 +329,24 @@ class Run:
         if not restarter.cancelled() and restarter.exception() is not None:
             self.limit = self.issued
 
-    async def final_pulls(self) -> None:
-        """One pull over every link, one at a time."""
+    async def sweep(self, counts: Counter[str] | None) -> None:
+        """A pull and a push over every link, one at a time. Besides showing every
+        link healed, this leaves each shape's remembered repeat on the link in
+        use (a repeat of a replaced link keeps that link's eventfds open until
+        its shape is used again: docs/architecture.md), the same in the
+        baseline as after the run."""
         for decoder, prompt in self.pairs:
-            status = await self.transfer(0, decoder, prompt, push=False)
-            self.soak.final_pulls[status] += 1
+            for push in (False, True):
+                status = await self.transfer(0, decoder, prompt, push)
+                if counts is not None:
+                    counts[status] += 1
 
 
 async def snapshot(made: Mesh) -> Snapshot:
     decode, prompt = await asyncio.gather(daemon_status(made.decode_daemon.client_target),
                                           daemon_status(made.prompt_daemon.client_target))
     procs = {"decode": proc_figures(made.decode_daemon.pid),
-             "prompt": proc_figures(made.prompt_daemon.pid), "tool": proc_figures(os.getpid())}
+             "prompt": proc_figures(made.prompt_daemon.pid), "tool": own_figures()}
     return Snapshot(procs, {"decode": pool_figures(decode), "prompt": pool_figures(prompt)})
 
 
@@ -368,7 +383,15 @@ async def run_soak(config: SoakConfig, progress: Any = None) -> Soak:
     async with mesh(shape, streams=config.streams,
                     sync_kv_timeout_ms=config.sync_kv_timeout_ms) as made:
         run = Run(made, config, soak)
+        # The warm-up restarts the prompt daemon once too, so that what a
+        # restart starts once and keeps (the executor's threads in this
+        # process and in the decode daemon) is in the baseline.
+        warm_points = [config.warmup // 2] if config.restart_count else []
+        restarter = asyncio.create_task(run.restarter(warm_points, warm_up=True))
+        restarter.add_done_callback(run.stop_if_failed)
         await run.workers(config.warmup, count=False)
+        await restarter
+        await run.sweep(None)
         await settled(made, config)
         soak.collected = await made.collect()
         soak.baseline = await snapshot(made)
@@ -383,7 +406,7 @@ async def run_soak(config: SoakConfig, progress: Any = None) -> Soak:
             await restarter
         say(f"{soak.ended} transfers ended: {dict(soak.statuses)}")
         await made.wait_links_up(config.heal_s)
-        await run.final_pulls()
+        await run.sweep(soak.final_sweep)
         soak.held = await settled(made, config, soak.baseline)
         soak.collected = await made.collect() and soak.collected
         soak.after = await snapshot(made)
@@ -408,7 +431,7 @@ def print_report(soak: Soak) -> None:
     for r in soak.restarts:
         print(f"restart at {r.at:>6}: {r.signal:<8} back in {r.down_s:5.2f} s, links up "
               f"{'never' if r.heal_s is None else f'{r.heal_s:.2f} s'} later")
-    print(f"pull over every link afterwards: {dict(soak.final_pulls)}")
+    print(f"a pull and a push over every link afterwards: {dict(soak.final_sweep)}")
     if soak.baseline and soak.held and soak.after:
         print(f"\n{'process':<8}{'figure':<16}{'baseline':>14}{'after, held':>14}"
               f"{'after':>14}   (held: before a full garbage collection)")

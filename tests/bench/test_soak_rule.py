@@ -34,7 +34,7 @@ def clean_soak() -> Soak:
                     {"decode": POOLS, "prompt": POOLS})
     return Soak(config, started=100, statuses=Counter({SUCCESS: 90, "LLM_LINK_FAILED": 10}),
                 restarts=[Restart(40, "SIGKILL", 1.0, 0.5)],
-                final_pulls=Counter({SUCCESS: 8}), baseline=snap, held=snap, after=snap)
+                final_sweep=Counter({SUCCESS: 16}), baseline=snap, held=snap, after=snap)
 
 
 def test_a_clean_run_has_no_problem() -> None:
@@ -64,7 +64,7 @@ def test_unended_odd_and_unhealed_runs_are_failures() -> None:
     soak = clean_soak()
     soak.statuses[HUNG] += 1
     soak.started += 1
-    soak.final_pulls = Counter({SUCCESS: 7, "LLM_LINK_FAILED": 1})
+    soak.final_sweep = Counter({SUCCESS: 15, "LLM_LINK_FAILED": 1})
     soak.restarts[0].heal_s = None
     problems = soak.problems()
     assert any("never ended" in p and HUNG in p for p in problems)

@@ -28,7 +28,7 @@ async def test_transfers_across_prompt_daemon_restarts_all_end_and_leave_nothing
     assert [r.signal for r in result.restarts] == ["SIGKILL", "SIGTERM"]
     assert all(r.heal_s is not None for r in result.restarts), result.restarts
     # Healed means every link carries a transfer again, with no link_clusters.
-    assert result.final_pulls == {soak.SUCCESS: 8}
+    assert result.final_sweep == {soak.SUCCESS: 16}
     assert result.baseline is not None and result.after is not None
     for name in ("decode", "prompt", "tool"):
         before, after = result.baseline.procs[name], result.after.procs[name]
