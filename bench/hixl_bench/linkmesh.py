@@ -119,6 +119,9 @@ def daemon_settings(shape: MeshShape, streams: int, pool_bytes: int, clusters: i
     links = shape.links + 64
     settings: dict[str, Any] = {
         "pool__max_bytes": clusters * pool_bytes + 64 * _MIB,
+        # Pools faulted in at init: a daemon's VmRSS then does not grow as a
+        # run first touches its slots.
+        "pool__populate": True,
         "transfer__streams_per_link": streams,
         "limits__max_inbound_links": links,
         "limits__max_links_per_peer": links,

@@ -112,7 +112,7 @@ class LinkScale:
             "admin": {phase: {name: f.to_json() for name, f in figures.items()}
                       for phase, figures in self.admin.items()},
             "per_link": {name: {what: round(self.per_link(name, what), 2)
-                                for what in ("threads", "fds", "rss_bytes")}
+                                for what in ("threads", "fds", "rss_bytes", "anon_bytes")}
                          for name in ("decode", "prompt", "tool")},
             "sampled": self.sampled, "problems": self.problems()}
 
@@ -237,17 +237,19 @@ def print_report(result: LinkScale) -> None:
     phases = list(result.procs)
     print(f"\n{result.links} links ({result.prompts} prompt x {result.decoders} decode "
           f"clusters, {result.streams} streams each), linked in {result.link_s:.2f} s")
-    header = f"{'process':<8} {'figure':<8}" + "".join(f"{p:>12}" for p in phases) + \
+    header = f"{'process':<8} {'figure':<12}" + "".join(f"{p:>12}" for p in phases) + \
         f"{'per link':>10}"
     print(header)
     for name in ("decode", "prompt", "tool"):
-        for what, unit in (("threads", ""), ("fds", ""), ("rss_bytes", "MiB")):
+        for what, label in (("threads", "threads"), ("fds", "fds"), ("rss_bytes", "VmRSS MiB"),
+                            ("anon_bytes", "RssAnon MiB")):
+            unit = what.endswith("bytes")
             values = [getattr(result.procs[p][name], what) for p in phases]
             shown = [mib(v) if unit else v for v in values]
             per = result.per_link(name, what)
             per_shown = f"{per / 1024:.1f}K" if unit else f"{per:.2f}"
-            label = "rss MiB" if unit else what
-            print(f"{name:<8} {label:<8}" + "".join(f"{v:>12}" for v in shown) + f"{per_shown:>10}")
+            print(f"{name:<8} {label:<12}" + "".join(f"{v:>12}" for v in shown)
+                  + f"{per_shown:>10}")
     linked = result.admin["linked"]
     print(f"Admin: decode {linked['decode'].links}, prompt {linked['prompt'].links}")
     print(f"sample pulls: {result.sampled - len(result.sample_failures)} of {result.sampled} ok")

@@ -26,9 +26,16 @@ _STATUS_TIMEOUT_S = 10.0
 
 @dataclass(frozen=True)
 class ProcFigures:
-    """One process at one moment; -1 where ``/proc`` could not be read (it ended)."""
+    """One process at one moment; -1 where ``/proc`` could not be read (it ended).
+
+    ``rss_bytes`` is ``VmRSS``: it counts the pool pages this process has
+    touched (shared memory), which grow as a run first writes a slot.
+    ``anon_bytes`` is ``RssAnon``, private memory only: the heap, where a
+    leak would show.
+    """
 
     rss_bytes: int
+    anon_bytes: int
     fds: int
     threads: int
 
@@ -43,20 +50,23 @@ def _count(path: str) -> int:
         return -1
 
 
-def _rss_bytes(pid: int) -> int:
+def _status_bytes(pid: int, fields: tuple[str, ...]) -> list[int]:
+    found = dict.fromkeys(fields, -1)
     try:
         with open(f"/proc/{pid}/status", encoding="ascii") as status:
             for line in status:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024  # the file counts kB
+                name = line.split(":", 1)[0]
+                if name in found:
+                    found[name] = int(line.split()[1]) * 1024  # the file counts kB
     except OSError:
         pass
-    return -1
+    return [found[name] for name in fields]
 
 
 def proc_figures(pid: int) -> ProcFigures:
     """RSS, open fds and threads of ``pid`` (Linux ``/proc``)."""
-    return ProcFigures(_rss_bytes(pid), _count(f"/proc/{pid}/fd"), _count(f"/proc/{pid}/task"))
+    rss, anon = _status_bytes(pid, ("VmRSS", "RssAnon"))
+    return ProcFigures(rss, anon, _count(f"/proc/{pid}/fd"), _count(f"/proc/{pid}/task"))
 
 
 def own_figures() -> ProcFigures:

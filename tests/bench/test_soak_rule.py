@@ -25,7 +25,7 @@ from hixl_bench.soak import (
 MIB = 1 << 20
 POOLS = PoolFigures(reserved_bytes=8 * MIB, used_bytes=MIB, pools=8, caches=8, sessions=8,
                     clusters=8, links={"outbound up": 8})
-PROC = ProcFigures(rss_bytes=80 * MIB, fds=100, threads=50)
+PROC = ProcFigures(rss_bytes=80 * MIB, anon_bytes=40 * MIB, fds=100, threads=50)
 
 
 def clean_soak() -> Soak:
@@ -47,7 +47,8 @@ def test_each_kind_of_leak_is_reported() -> None:
     procs = dict(soak.after.procs)
     procs["decode"] = dataclasses.replace(PROC, fds=PROC.fds + 3)  # slack is 2
     procs["prompt"] = dataclasses.replace(PROC, threads=PROC.threads + 3)
-    procs["tool"] = dataclasses.replace(PROC, rss_bytes=PROC.rss_bytes + 33 * MIB)
+    procs["tool"] = dataclasses.replace(PROC, anon_bytes=PROC.anon_bytes + 33 * MIB,
+                                        rss_bytes=PROC.rss_bytes + 99 * MIB)
     admin = {"decode": dataclasses.replace(POOLS, used_bytes=2 * MIB),
              "prompt": dataclasses.replace(POOLS, links={"outbound up": 7, "outbound down": 1})}
     soak.after = Snapshot(procs, admin)
@@ -55,7 +56,7 @@ def test_each_kind_of_leak_is_reported() -> None:
     assert len(leaks) == 5, leaks
     assert any(leak.startswith("decode: fds 100 -> 103") for leak in leaks)
     assert any(leak.startswith("prompt: threads 50 -> 53") for leak in leaks)
-    assert any(leak.startswith("tool: RSS grew 33.0 MiB") for leak in leaks)
+    assert any(leak.startswith("tool: RssAnon grew 33.0 MiB") for leak in leaks)
     assert any("used_bytes" in leak for leak in leaks)
     assert any("links" in leak for leak in leaks)
 
