@@ -9,13 +9,14 @@ unlinks everything, reads them, and does it all once more (``--cycles``).
 It prints the figures with the cost per link (linked minus before, over
 ``L``) and exits non-zero when a link did not come up, a sample pull
 failed, or the second unlink left more threads or fds than the first (the
-first leaves what a daemon keeps per far daemon: its channel there and
-executor threads).
+first leaves what a daemon keeps once it has used them: its channel to the
+far daemon, its executor's threads, and the sampled links' remembered
+repeats: docs/architecture.md, "Data plane").
 
-Each daemon serves ``streams`` TCP connections per link: ``L`` links need
-about ``2 x streams x L`` descriptors on this host, so the tool raises its
-soft RLIMIT_NOFILE (inherited by the daemons) towards that, never above
-the hard limit, and says so.
+The linking daemon holds ``2 x streams + 1`` descriptors per link (a
+socket and an eventfd per stream, a stop eventfd), so the tool raises its
+soft RLIMIT_NOFILE, which the daemons inherit, towards what that many
+links need, never above the hard limit, and says so.
 """
 
 from __future__ import annotations
@@ -49,8 +50,8 @@ _SETTLE_S = 1.0
 # Link threads end a little after the unlink that ended their link.
 _UNLINK_SETTLE_S = 30.0
 _STEADY_S = 2.0
-# What one link may hold on each side in descriptors, with room for the clusters.
-_FDS_PER_LINK_GUESS = 10
+# Descriptors a daemon holds besides its links': clusters, sessions, listeners.
+_FDS_BESIDE_LINKS = 4096
 
 
 @dataclass
@@ -201,7 +202,7 @@ async def run_link_scale(links: int, streams: int = 4, sample: int = 16, block: 
                          progress: Any = None) -> LinkScale:
     """Measure ``links`` links between two fresh daemons (see the module's doc)."""
     say = progress or (lambda _text: None)
-    nofile = raise_nofile(2 * _FDS_PER_LINK_GUESS * links + 4096)
+    nofile = raise_nofile((2 * streams + 1) * links + _FDS_BESIDE_LINKS)
     shape = MeshShape.for_links(links, block)
     result = LinkScale(links, streams, shape.prompts, shape.decoders, nofile)
     say(f"{shape.prompts} prompt and {shape.decoders} decode clusters, {links} links of "
@@ -215,7 +216,8 @@ async def run_link_scale(links: int, streams: int = 4, sample: int = 16, block: 
             await made.link()
             link_s = time.monotonic() - started
             up_s = await made.wait_links_up(_UP_BOUND_S)
-            say(f"cycle {cycle}: linked in {link_s:.2f} s, all up {up_s} s later")
+            up = "not all up" if up_s is None else f"all up {up_s:.2f} s later"
+            say(f"cycle {cycle}: linked in {link_s:.2f} s, {up}")
             await asyncio.sleep(_SETTLE_S)
             linked = "linked" if cycle == 1 else f"linked {cycle}"
             result.procs[linked], result.admin[linked] = await reading(made), await admin(made)

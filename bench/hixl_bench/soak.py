@@ -13,10 +13,13 @@ explains (``ALLOWED``). A pull's landed bytes are checked against what the
 prompt cluster serves. After the last transfer, and once all links are up
 again, a pull and a push over every link must succeed.
 
-Before the run (after a warm-up of ``--warmup`` transfers) and after it
+Before the run (after a warm-up of ``--warmup`` transfers around one
+restart of its own, and a pull and a push over every link) and after it
 (once figures settle) the tool reads, for both daemons and for itself,
 RSS, open fds and threads, and each daemon's pool bytes, caches, sessions
-and links (Admin). The rule for a leak (``Soak.leaks``):
+and links (Admin), each time after a full garbage collection in every
+process (``collect``; the figures before it are reported as "held"). The
+rule for a leak (``Soak.leaks``):
 
 * fds and threads of every process at most their warm-up value plus
   ``--fd-slack`` / ``--thread-slack``;
