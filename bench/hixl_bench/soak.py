@@ -62,6 +62,7 @@ from hixl_bench.procstat import (
     own_figures,
     pool_figures,
     proc_figures,
+    raise_nofile,
 )
 from hixl_client import CacheKeyByIdAndIndex, LLMException, LLMStatusCode
 
@@ -382,8 +383,11 @@ async def run_soak(config: SoakConfig, progress: Any = None) -> Soak:
     say = progress or (lambda _text: None)
     soak = Soak(config)
     shape = MeshShape.for_links(config.links, config.block, decoder_slots=config.concurrency)
+    # As in ``links``: what the linking daemon's descriptors need, within the hard limit.
+    nofile = raise_nofile((2 * config.streams + 1) * config.links + 4096)
     say(f"{shape.prompts} prompt and {shape.decoders} decode clusters, {config.links} links, "
-        f"{config.transfers} transfers, {config.restart_count} restarts of the prompt daemon")
+        f"{config.transfers} transfers, {config.restart_count} restarts of the prompt daemon; "
+        f"RLIMIT_NOFILE soft {nofile[0]} -> {nofile[1]}")
     started = time.monotonic()
     async with mesh(shape, streams=config.streams,
                     sync_kv_timeout_ms=config.sync_kv_timeout_ms) as made:
