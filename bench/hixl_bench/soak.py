@@ -79,6 +79,7 @@ HUNG = "HUNG"  # the guard ended it: it would never have ended by itself
 WRONG_BYTES = "WRONG_BYTES"
 _POLL_S = 0.2
 _STEADY_S = 2.0
+_SETTLE_POLL_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -356,26 +357,43 @@ async def snapshot(made: Mesh) -> Snapshot:
     return Snapshot(procs, {"decode": pool_figures(decode), "prompt": pool_figures(prompt)})
 
 
-async def settled(made: Mesh, config: SoakConfig, baseline: Snapshot | None = None
-                  ) -> Snapshot:
+def within(now: Snapshot, baseline: Snapshot, config: SoakConfig) -> bool:
+    """Whether every process's fds and threads are within the slack of ``baseline``."""
+    return all(now.procs[n].fds <= b.fds + config.fd_slack
+               and now.procs[n].threads <= b.threads + config.thread_slack
+               for n, b in baseline.procs.items())
+
+
+async def steady(made: Mesh, config: SoakConfig) -> Snapshot:
     """A snapshot once every process's fds and threads have not changed for
-    ``_STEADY_S``, or are within the slack of ``baseline``, or ``settle_s`` passed."""
+    ``_STEADY_S`` (or ``settle_s`` passed)."""
     deadline = time.monotonic() + config.settle_s
     last: tuple[int, ...] = ()
     steady_since = time.monotonic()
     while True:
         now = await snapshot(made)
-        back = baseline is not None and all(
-            now.procs[n].fds <= b.fds + config.fd_slack
-            and now.procs[n].threads <= b.threads + config.thread_slack
-            for n, b in baseline.procs.items())
         figures = tuple(x for f in now.procs.values() for x in (f.fds, f.threads))
         if figures != last:
             last, steady_since = figures, time.monotonic()
-        if back or time.monotonic() - steady_since >= _STEADY_S \
-                or time.monotonic() > deadline:
+        if time.monotonic() - steady_since >= _STEADY_S or time.monotonic() > deadline:
             return now
         await asyncio.sleep(_POLL_S)
+
+
+async def collected(made: Mesh, config: SoakConfig, baseline: Snapshot) -> tuple[Snapshot, bool]:
+    """A snapshot after a full collection in every process, taken again (each
+    time after another collection) until it is within the slack of
+    ``baseline`` or ``settle_s`` passed: the libraries' thread pools (gRPC's,
+    the executors) shrink a while after the load that grew them. Whether
+    every collection was answered."""
+    deadline = time.monotonic() + config.settle_s
+    answered = True
+    while True:
+        answered = await made.collect() and answered
+        now = await snapshot(made)
+        if within(now, baseline, config) or time.monotonic() > deadline:
+            return now, answered
+        await asyncio.sleep(_SETTLE_POLL_S)
 
 
 async def run_soak(config: SoakConfig, progress: Any = None) -> Soak:
@@ -401,7 +419,7 @@ async def run_soak(config: SoakConfig, progress: Any = None) -> Soak:
         await run.workers(config.warmup, count=False)
         await restarter
         await run.sweep(None)
-        await settled(made, config)
+        await steady(made, config)
         soak.collected = await made.collect()
         soak.baseline = await snapshot(made)
         say(f"warm-up done; baseline {summary(soak.baseline)}")
@@ -416,9 +434,9 @@ async def run_soak(config: SoakConfig, progress: Any = None) -> Soak:
         say(f"{soak.ended} transfers ended: {dict(soak.statuses)}")
         await made.wait_links_up(config.heal_s)
         await run.sweep(soak.final_sweep)
-        soak.held = await settled(made, config, soak.baseline)
-        soak.collected = await made.collect() and soak.collected
-        soak.after = await snapshot(made)
+        soak.held = await steady(made, config)
+        soak.after, answered = await collected(made, config, soak.baseline)
+        soak.collected = soak.collected and answered
     soak.elapsed_s = time.monotonic() - started
     return soak
 
