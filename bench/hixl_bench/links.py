@@ -13,10 +13,11 @@ first leaves what a daemon keeps once it has used them: its channel to the
 far daemon, its executor's threads, and the sampled links' remembered
 repeats: docs/architecture.md, "Data plane").
 
-The linking daemon holds ``2 x streams + 1`` descriptors per link (a
-socket and an eventfd per stream, a stop eventfd), so the tool raises its
-soft RLIMIT_NOFILE, which the daemons inherit, towards what that many
-links need, never above the hard limit, and says so.
+The linking daemon holds ``streams + 1`` descriptors per link (a socket
+per stream, a stop eventfd; the data plane before its shared threads also
+had an eventfd per stream), so the tool raises its soft RLIMIT_NOFILE,
+which the daemons inherit, towards ``2 x streams + 1`` a link, never
+above the hard limit, and says so.
 """
 
 from __future__ import annotations
