@@ -35,6 +35,7 @@ from hixl_client import (
     DataType,
     LLMConfig,
     LLMDataDist,
+    LLMException,
     LLMRole,
     LLMStatusCode,
 )
@@ -55,6 +56,8 @@ FAST_LINKS: dict[str, Any] = {
     "transfer__connect_timeout_s": 1.0,
 }
 _FINALIZE_S = 15.0
+_INIT_RETRY_S = 10.0
+_INIT_RETRY_PAUSE_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -149,6 +152,7 @@ class Mesh:
     sources: list[Cache] = field(default_factory=list)  # per prompt, slot 0 filled
     landing: list[Cache] = field(default_factory=list)  # per decoder
     restarts: int = 0
+    init_retries: int = 0  # prompt clusters' inits refused right after a restart
 
     def prompt_id(self, prompt: int) -> int:
         return PROMPT_ID_BASE + prompt
@@ -167,7 +171,7 @@ class Mesh:
         async def one(prompt: int) -> tuple[LLMDataDist, Cache]:
             client = LLMDataDist(LLMRole.PROMPT, self.prompt_id(prompt),
                                  daemon=self.prompt_daemon.client_target)
-            await client.init(options)
+            await self._init_retrying(client, options)
             cache = await client.cache_manager.allocate_cache(desc)
             for tensor in range(2):
                 cache.numpy(tensor)[0] = pattern(prompt, self.shape.block)
@@ -176,6 +180,27 @@ class Mesh:
         made = await asyncio.gather(*(one(p) for p in range(self.shape.prompts)))
         self.prompts = [client for client, _ in made]
         self.sources = [cache for _, cache in made]
+
+    async def _init_retrying(self, client: LLMDataDist, options: dict[str, str]) -> None:
+        """``init``, tried again for up to ``_INIT_RETRY_S`` while the daemon refuses.
+
+        Right after a restart the first ``init`` can fail at once with
+        UNAVAILABLE ("connection refused") although the new daemon listens:
+        gRPC shares a subchannel, and its reconnect backoff, between the
+        channels of a process to one target, and the old clients' last calls
+        put it in backoff while the daemon was down. A serving stack's
+        client retries; so does this one, and counts it (``init_retries``).
+        """
+        deadline = asyncio.get_running_loop().time() + _INIT_RETRY_S
+        while True:
+            try:
+                await client.init(options)
+                return
+            except LLMException:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise
+                self.init_retries += 1
+                await asyncio.sleep(_INIT_RETRY_PAUSE_S)
 
     async def start_decoders(self) -> None:
         options = cluster_options(self.pool_bytes, self.sync_kv_timeout_ms)

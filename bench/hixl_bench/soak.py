@@ -160,6 +160,7 @@ class Soak:
     held: Snapshot | None = None  # after the run, settled, before the full collection
     after: Snapshot | None = None  # after it: what the leak rule reads
     collected: bool = True  # every full collection asked for was answered
+    init_retries: int = 0  # prompt inits refused right after a restart, then retried
     elapsed_s: float = 0.0
 
     @property
@@ -228,6 +229,7 @@ class Soak:
             "baseline": self.baseline.to_json() if self.baseline else None,
             "held": self.held.to_json() if self.held else None,
             "after": self.after.to_json() if self.after else None,
+            "init_retries": self.init_retries,
             "elapsed_s": round(self.elapsed_s, 1), "problems": self.problems()}
 
 
@@ -437,6 +439,7 @@ async def run_soak(config: SoakConfig, progress: Any = None) -> Soak:
         soak.held = await steady(made, config)
         soak.after, answered = await collected(made, config, soak.baseline)
         soak.collected = soak.collected and answered
+        soak.init_retries = made.init_retries
     soak.elapsed_s = time.monotonic() - started
     return soak
 
@@ -458,7 +461,8 @@ def print_report(soak: Soak) -> None:
     for r in soak.restarts:
         print(f"restart at {r.at:>6}: {r.signal:<8} back in {r.down_s:5.2f} s, links up "
               f"{'never' if r.heal_s is None else f'{r.heal_s:.2f} s'} later")
-    print(f"a pull and a push over every link afterwards: {dict(soak.final_sweep)}")
+    print(f"a pull and a push over every link afterwards: {dict(soak.final_sweep)}; "
+          f"prompt inits refused right after a restart and retried: {soak.init_retries}")
     if soak.baseline and soak.held and soak.after:
         print(f"\n{'process':<8}{'figure':<16}{'baseline':>14}{'after, held':>14}"
               f"{'after':>14}   (held: before a full garbage collection)")
