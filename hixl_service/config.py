@@ -78,6 +78,7 @@ OTHER_ENV_VARIABLES = frozenset({
     "HIXL_TEST_LOOP",  # the test suite: which event loop the tests run on
     "HIXL_DEBUG",  # setup.py: a debug build of the native extension
     "HIXL_BENCH_CALLS_DIR",  # hixl-bench: where its calls tool writes profiles
+    "HIXL_BENCH_GC_DIR",  # hixl-bench: where its soak and links tools' daemons answer SIGUSR2
     "HIXL_TRACING",  # clients: "1" turns on OpenTelemetry spans (the tracing extra)
     "HIXL_BENCH_MOONCAKE_PYTHON",  # the bench tests: an interpreter with Mooncake TE
     "HIXL_BENCH_NIXL_PYTHON",  # the bench tests: an interpreter with NIXL

@@ -82,6 +82,9 @@ SKIPPED = {
     ".venv/bin/python -m hixl_bench.compare A1.jsonl B1.jsonl A2.jsonl B2.jsonl   # alternating "
     "runs of builds A and B": "needs the JSON lines of earlier benchmark runs "
                               "(tests/bench/test_compare.py, test_calls.py)",
+    ".venv/bin/python -m hixl_bench.soak --json-out soak.json         # 20,000 transfers over "
+    "64 links, 10 prompt-daemon restarts (~30 s)": "benchmark runs take minutes "
+    "(tests/integration/test_soak.py and test_link_scale.py run CI-sized ones)",
     ".venv/bin/hixl-bench --suites serve --quick          # the target rows and a few more, "
     "about a minute": "benchmark runs take minutes (tests/bench/test_serve.py)",
     "sudo apt-get install -y python3-venv gcc python3-dev libssl-dev   # Debian/Ubuntu; the last "

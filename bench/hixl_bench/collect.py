@@ -1,0 +1,95 @@
+"""A full garbage collection inside a daemon, on request, before its fds are counted.
+
+Objects a daemon let go of can stay alive in reference cycles (an exception,
+its traceback and the frames it names, an asyncio future holding that
+exception) until Python's cyclic collector next runs its oldest
+generation, which an idle daemon may not do for minutes; a native object
+among them keeps its descriptors open meanwhile. A leak is what stays
+after a full collection, so the soak and link-scale tools ask for one
+before each reading, and report what was held until then.
+
+The daemons are started with a ``sitecustomize`` module on their
+``PYTHONPATH`` (as ``calls`` does for its profiles) that installs a
+``SIGUSR2`` handler: ``gc.collect()``, then the number of collections so
+far written to ``gc-<pid>`` in the directory ``HIXL_BENCH_GC_DIR`` names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import importlib.util
+import os
+import signal
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+SIGNAL = signal.SIGUSR2
+ENV = "HIXL_BENCH_GC_DIR"
+_WAIT_S = 10.0
+_SITECUSTOMIZE = f"""
+import os, sys
+_dir = os.environ.get("{ENV}")
+if _dir and "hixl_service" in " ".join(sys.orig_argv):
+    import gc, signal
+    _done = [0]
+    def _collect(signum, frame):
+        gc.collect()
+        _done[0] += 1
+        path = os.path.join(_dir, f"gc-{{os.getpid()}}")
+        with open(path + ".tmp", "w") as out:
+            out.write(str(_done[0]))
+        os.replace(path + ".tmp", path)
+    signal.signal({int(SIGNAL)}, _collect)
+"""
+
+
+def _package_roots() -> list[str]:
+    """Where this process imports hixl from: the daemon must import the same."""
+    roots: list[str] = []
+    for name in ("hixl_service", "hixl_client", "hixl_wire", "hixl_native"):
+        spec = importlib.util.find_spec(name)
+        for location in (spec.submodule_search_locations or []) if spec else []:
+            root = str(Path(location).resolve().parent)
+            if root not in roots:
+                roots.append(root)
+    return roots
+
+
+@contextlib.contextmanager
+def hook_dir() -> Iterator[dict[str, str]]:
+    """A directory with the hook; yields the environment a daemon needs to load it."""
+    with tempfile.TemporaryDirectory(prefix="hixl-gc-") as scratch:
+        (Path(scratch) / "sitecustomize.py").write_text(_SITECUSTOMIZE, encoding="utf-8")
+        path = [scratch, *_package_roots(), os.environ.get("PYTHONPATH", "")]
+        yield {"PYTHONPATH": os.pathsep.join(p for p in path if p), ENV: scratch}
+
+
+def _done(env: dict[str, str], pid: int) -> int:
+    try:
+        return int((Path(env[ENV]) / f"gc-{pid}").read_text(encoding="ascii"))
+    except (OSError, ValueError):
+        return 0
+
+
+async def collect(env: dict[str, str], pid: int) -> bool:
+    """A full collection in daemon ``pid`` (started with ``env``); whether it answered."""
+    before = _done(env, pid)
+    try:
+        os.kill(pid, SIGNAL)
+    except ProcessLookupError:
+        return False
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + _WAIT_S
+    while _done(env, pid) <= before:
+        if loop.time() > deadline:
+            return False
+        await asyncio.sleep(0.02)
+    return True
+
+
+def collect_here() -> None:
+    """The same in this process."""
+    gc.collect()
