@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
     from hixl_client import LLMClusterInfo
 
-__all__ = ["READY_FIELDS", "DaemonProcess", "cluster_info", "start_daemon"]
+__all__ = ["READY_FIELDS", "DaemonProcess", "cluster_info", "package_roots", "start_daemon"]
 
 # Field name -> type of the daemon's ready record.
 READY_FIELDS: Mapping[str, type] = {
@@ -462,6 +462,19 @@ def _make_tmpdir() -> Path:
     return tmpdir
 
 
+def package_roots() -> list[str]:
+    """Where this process imports hixl's packages from: a daemon it starts must
+    import the same."""
+    roots: list[str] = []
+    for name in ("hixl_service", "hixl_client", "hixl_wire", "hixl_native"):
+        spec = importlib.util.find_spec(name)
+        for location in (spec.submodule_search_locations or []) if spec else []:
+            root = str(Path(location).resolve().parent)
+            if root not in roots:
+                roots.append(root)
+    return roots
+
+
 def _child_env(extra: Mapping[str, str] | None) -> dict[str, str]:
     # The test's own HIXL_<SECTION>__* settings would beat the generated file.
     config_prefixes = tuple(f"HIXL_{section.upper()}" for section in _SECTIONS)
@@ -471,13 +484,7 @@ def _child_env(extra: Mapping[str, str] | None) -> dict[str, str]:
         if not key.upper().startswith(config_prefixes) and key not in _SCRUBBED_ENV
     }
     # The child must import the same packages as this process, whatever its cwd.
-    roots: list[str] = []
-    for name in ("hixl_service", "hixl_client", "hixl_wire", "hixl_native"):
-        spec = importlib.util.find_spec(name)
-        for location in (spec.submodule_search_locations or []) if spec else []:
-            root = str(Path(location).resolve().parent)
-            if root not in roots:
-                roots.append(root)
+    roots = package_roots()
     if env.get("PYTHONPATH"):
         roots.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(roots)

@@ -19,12 +19,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import importlib.util
 import os
 import signal
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+from hixl_service.testing import package_roots
 
 SIGNAL = signal.SIGUSR2
 ENV = "HIXL_BENCH_GC_DIR"
@@ -46,24 +47,12 @@ if _dir and "hixl_service" in " ".join(sys.orig_argv):
 """
 
 
-def _package_roots() -> list[str]:
-    """Where this process imports hixl from: the daemon must import the same."""
-    roots: list[str] = []
-    for name in ("hixl_service", "hixl_client", "hixl_wire", "hixl_native"):
-        spec = importlib.util.find_spec(name)
-        for location in (spec.submodule_search_locations or []) if spec else []:
-            root = str(Path(location).resolve().parent)
-            if root not in roots:
-                roots.append(root)
-    return roots
-
-
 @contextlib.contextmanager
 def hook_dir() -> Iterator[dict[str, str]]:
     """A directory with the hook; yields the environment a daemon needs to load it."""
     with tempfile.TemporaryDirectory(prefix="hixl-gc-") as scratch:
         (Path(scratch) / "sitecustomize.py").write_text(_SITECUSTOMIZE, encoding="utf-8")
-        path = [scratch, *_package_roots(), os.environ.get("PYTHONPATH", "")]
+        path = [scratch, *package_roots(), os.environ.get("PYTHONPATH", "")]
         yield {"PYTHONPATH": os.pathsep.join(p for p in path if p), ENV: scratch}
 
 

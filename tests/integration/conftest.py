@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc.aio
+import numpy as np
 import pytest
 import pytest_asyncio
 
-from hixl_client import LLMDataDist, LLMRole, LLMStatusCode
+from hixl_client import Cache, LLMDataDist, LLMRole, LLMStatusCode
 from hixl_service.testing import DaemonProcess
 from hixl_wire._proto.hixl.v1 import admin_pb2, admin_pb2_grpc
 from tests.clusters import cluster_info, cluster_options
@@ -93,3 +94,15 @@ async def pair(prefill_daemon: DaemonProcess, decode_daemon: DaemonProcess,
         leftovers = {made.prompt.cluster_id, made.decoder.cluster_id} & {
             c.cluster_id for c in status.clusters}
         assert not leftovers, f"clusters left behind on {daemon}: {leftovers}"
+
+
+def fill_random(cache: Cache, seed: int) -> list[np.ndarray]:
+    """Fill every tensor of ``cache`` with seeded random bytes through its zero-copy
+    views; a copy of each tensor's bytes."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(cache.cache_desc.num_tensors):
+        view = np.frombuffer(cache.tensor_view(i), dtype=np.uint8)
+        view[:] = rng.integers(0, 256, view.size, dtype=np.uint8)
+        out.append(view.copy())
+    return out

@@ -33,7 +33,7 @@ from hixl_service.testing import DaemonProcess
 from tests.clusters import cluster_info
 from tests.native._native_support import REPLY, REQUEST, FlipRelay
 
-from .conftest import daemon_process, options
+from .conftest import daemon_process, fill_random, options
 
 pytestmark = pytest.mark.asyncio
 
@@ -97,16 +97,6 @@ async def clusters(relayed: Relayed, next_cluster_id: Callable[[], int]
         yield made
 
 
-def fill(cache: Cache, seed: int) -> list[np.ndarray]:
-    rng = np.random.default_rng(seed)
-    out = []
-    for i in range(cache.cache_desc.num_tensors):
-        view = np.frombuffer(cache.tensor_view(i), dtype=np.uint8)
-        view[:] = rng.integers(0, 256, view.size, dtype=np.uint8)
-        out.append(view.copy())
-    return out
-
-
 def tensors(cache: Cache) -> list[np.ndarray]:
     return [np.frombuffer(cache.tensor_view(i), dtype=np.uint8).copy()
             for i in range(cache.cache_desc.num_tensors)]
@@ -128,7 +118,7 @@ DESC = CacheDesc(2, [1, 32 * KIB], DataType.DT_UINT8)
 async def test_a_pull_damaged_in_flight_fails_and_the_next_one_lands(clusters: Clusters) -> None:
     key = CacheKey(clusters.prompt.cluster_id, req_id=1)
     src = await clusters.prompt.cache_manager.allocate_cache(DESC, [key])
-    expected = fill(src, 1)
+    expected = fill_random(src, 1)
     dst = await clusters.decoder.cache_manager.allocate_cache(DESC)
     by_id = CacheKeyByIdAndIndex(clusters.prompt.cluster_id, src.cache_id)
     try:
@@ -169,7 +159,7 @@ async def test_repeated_pulls_keep_the_checksum_of_their_shape(clusters: Cluster
     as the call that made it asked."""
     src = await clusters.prompt.cache_manager.allocate_cache(CacheDesc(2, [4, 8 * KIB],
                                                                        DataType.DT_UINT8))
-    expected = fill(src, 2)
+    expected = fill_random(src, 2)
     dst = await clusters.decoder.cache_manager.allocate_cache(CacheDesc(2, [4, 8 * KIB],
                                                                         DataType.DT_UINT8))
     try:
@@ -202,7 +192,7 @@ async def test_a_push_damaged_in_flight_is_refused_by_the_far_daemon(
 async def _push_damaged(clusters: Clusters) -> None:
     dst = await clusters.prompt.cache_manager.allocate_cache(DESC)
     src = await clusters.decoder.cache_manager.allocate_cache(DESC)
-    expected = fill(src, 3)
+    expected = fill_random(src, 3)
     target = CacheKeyByIdAndIndex(clusters.prompt.cluster_id, dst.cache_id)
     try:
         # Past the request header and its range list, into the payload.

@@ -29,7 +29,7 @@ from hixl_client import (
 )
 from hixl_service.testing import DaemonProcess
 
-from .conftest import Pair, make_pair
+from .conftest import Pair, fill_random, make_pair
 
 pytestmark = pytest.mark.asyncio
 
@@ -48,16 +48,6 @@ async def accessible(prefill_daemon: DaemonProcess, decode_daemon: DaemonProcess
     yield made
     await made.decoder.finalize()
     await made.prompt.finalize()
-
-
-def fill_random(cache: Cache, seed: int) -> list[np.ndarray]:
-    rng = np.random.default_rng(seed)
-    out = []
-    for i in range(cache.cache_desc.num_tensors):
-        view = np.frombuffer(cache.tensor_view(i), dtype=np.uint8)
-        view[:] = rng.integers(0, 256, view.size, dtype=np.uint8)
-        out.append(view.copy())
-    return out
 
 
 def fill_pattern(cache: Cache) -> None:
