@@ -18,7 +18,6 @@ between slots 0 and 0 is the successful transfer's own, shifted back.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
@@ -34,7 +33,7 @@ from .peer_api import IdRef
 from .planning import Layout
 from .registry import CacheEntry
 from .repeats import Repeat, TransferShape
-from .transfers import Outcome, PullSpec, PushSpec, pull, push
+from .transfers import Outcome, PullSpec, PushSpec, fenced, pull, push
 from .transports.base import Prepared
 
 
@@ -201,10 +200,8 @@ async def _finish(cluster: Cluster, repeat: Repeat, src_batch: int, dst_batch: i
                   started: float) -> Outcome:
     """The rest of a transfer ``again_at_once`` started: its Outcome once the bytes
     landed; the full call's if the far end refused the remembered region."""
-    far_entry = prepared.far.origin if isinstance(prepared.far.origin, CacheEntry) else None
     try:
-        with prepared.local.in_use(), (far_entry.in_use() if far_entry is not None
-                                       else contextlib.nullcontext()):
+        with fenced(prepared.local, prepared.far, check=False):  # it started already
             await moving
     except RegionRefused:  # the remote cache is gone or moved; nothing has moved
         _forget(prepared, repeat.shape)

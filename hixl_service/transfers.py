@@ -159,15 +159,16 @@ async def _timed(move: Callable[[FarCache, Ranges], Awaitable[None]], target: Fa
 
 
 @contextlib.contextmanager
-def fenced(local: CacheEntry, far: FarCache) -> Iterator[None]:
+def fenced(local: CacheEntry, far: FarCache, check: bool = True) -> Iterator[None]:
     """Around a move: nothing starts in a cache freed since it was found (both
-    ends of a local link), and each end's extent stays out of its pool until the
-    move has ended (``Caches.fence``)."""
+    ends of a local link; ``check`` False for a move already started), and each
+    end's extent stays out of its pool until the move has ended (``Caches.fence``)."""
     far_entry = far.origin if isinstance(far.origin, CacheEntry) else None
     with contextlib.ExitStack() as using:
         for entry in (local, far_entry):
             if entry is not None:
-                entry.check_present()
+                if check:
+                    entry.check_present()
                 using.enter_context(entry.in_use())
         yield
 
