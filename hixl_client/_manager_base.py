@@ -88,9 +88,9 @@ class ManagerBase:
         """The daemon's id of a shareable buffer, handing it over on first use."""
         known = buffer._uploaded.get(self._upload_token)
         if known is None:
-            known = await upload_buffer(self._fd_socket, self._upload_token, buffer.fd)
-            buffer._uploaded[self._upload_token] = known
-        return known
+            buffer_id = await upload_buffer(self._fd_socket, self._upload_token, buffer.fd)
+            known = buffer._uploaded[self._upload_token] = (self._fd_socket, buffer_id)
+        return known[1]
 
     async def _device_buffer_id(self, buffer: DeviceShareableBuffer) -> int:
         """The daemon's id of a device buffer, exporting it to the daemon on first use."""

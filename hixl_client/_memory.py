@@ -36,6 +36,7 @@ _GRANTED = b"\x00"
 _OP_FETCH = b"\x01"
 _OP_UPLOAD = b"\x02"
 _OP_BIND = b"\x03"
+_OP_DROP = b"\x04"
 _YAMA_SCOPE = "/proc/sys/kernel/yama/ptrace_scope"
 _PR_SET_PTRACER = 0x59616D61
 
@@ -187,6 +188,22 @@ def _upload(fd_socket: str, token: bytes, fd: int) -> int:
         raise LLMException("the daemon refused the shareable buffer",
                            status_code=LLMStatusCode.LLM_PARAM_INVALID)
     return int.from_bytes(reply[1:], "little")
+
+
+def drop_buffer(fd_socket: str, token: bytes, buffer_id: int) -> bool:
+    """Tell the daemon this process closed an uploaded buffer (blocking, bounded).
+
+    Returns False when the daemon refused or cannot be reached: its cluster
+    ended, which unmapped the buffer anyway.
+    """
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(FD_REQUEST_TIMEOUT_S)
+            sock.connect(fd_socket)
+            sock.sendall(_OP_DROP + token + buffer_id.to_bytes(8, "little"))
+            return sock.recv(1) == _GRANTED
+    except OSError:
+        return False
 
 
 async def upload_buffer(fd_socket: str, token: bytes, fd: int) -> int:

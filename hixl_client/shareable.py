@@ -22,6 +22,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import hixl_native
 
+from ._memory import drop_buffer
 from .status import LLMException, LLMStatusCode
 
 _ALIGN = 4096
@@ -47,7 +48,8 @@ class ShareableBuffer:
         except BaseException:
             os.close(self._fd)
             raise
-        self._uploaded: dict[bytes, int] = {}  # cluster upload token -> daemon buffer id
+        # cluster upload token -> (its daemon's fd socket, the daemon's buffer id)
+        self._uploaded: dict[bytes, tuple[str, int]] = {}
         _REGISTRY.add(self)
 
     @property
@@ -75,7 +77,9 @@ class ShareableBuffer:
         return np.frombuffer(self.view(offset, count), dtype=dtype).reshape(shape)
 
     def close(self) -> None:
-        """Unmap the buffer here (daemons keep their own mapping until unregistered).
+        """Unmap the buffer here and tell each daemon it was handed to: a daemon
+        unmaps it once the caches registered over it are unregistered (their
+        bytes stay valid until then), and no new cache or copy may use it.
 
         Raises:
             BufferError: views of the buffer are still alive.
@@ -85,6 +89,9 @@ class ShareableBuffer:
         self._mapping.close()
         _REGISTRY.remove(self)
         os.close(self._fd)
+        uploaded, self._uploaded = self._uploaded, {}
+        for token, (fd_socket, buffer_id) in uploaded.items():
+            drop_buffer(fd_socket, token, buffer_id)
 
     def __enter__(self) -> ShareableBuffer:
         return self

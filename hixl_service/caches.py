@@ -104,8 +104,11 @@ class Caches:
             await self.end_access(entry)
             return
         await self.fence(entry)
-        if entry.registered or entry.memory.closed:
-            return  # the user's memory, or the whole pool went away with its cluster
+        if entry.registered:
+            await self._release_if_dropped(entry.memory)
+            return
+        if entry.memory.closed:
+            return  # the whole pool went away with its cluster
         assert isinstance(entry.memory, Pool)
         entry.memory.allocator.free(entry.extent_offset)
 
@@ -171,6 +174,33 @@ class Caches:
         cluster.buffers[buffer_id] = buffer
         return buffer_id
 
+    async def drop_user_buffer(self, upload_token: bytes, buffer_id: int) -> None:
+        """The client closed a shareable buffer: nothing new may use it, and the
+        daemon unmaps it once the caches registered over it are unregistered
+        (at once when there are none)."""
+        cluster = self._cluster_of_token(upload_token)
+        buffer = cluster.buffers.get(buffer_id)
+        if buffer is None or buffer.on_device:
+            raise LLMException(f"buffer {buffer_id} was not uploaded by this cluster",
+                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
+        buffer.dropped = True
+        await self._release_if_dropped(buffer)
+
+    async def _release_if_dropped(self, memory: Memory) -> None:
+        """Unmap a buffer its client closed once no cache of its cluster lies in it
+        and no native job uses it."""
+        if not isinstance(memory, UserBuffer) or not memory.dropped or memory.closed:
+            return
+        cluster = self._clusters.get(memory.cluster_id)
+        if cluster is None or cluster.buffers.get(memory.buffer_id) is not memory:
+            return  # its cluster ended, which unmaps it
+        if any(entry.memory is memory for entry in cluster.registry.caches()):
+            return
+        memory.closed = True
+        del cluster.buffers[memory.buffer_id]
+        await memory.wait_unpinned()
+        await asyncio.to_thread(memory.release)
+
     async def import_device_buffer(self, cluster: Cluster, key: str, size: int,
                                    device_id: int) -> int:
         """Import a client's exported device memory (hccl backend); return its buffer id."""
@@ -218,8 +248,9 @@ class Caches:
             memory = pool
         else:
             buffer = cluster.buffers.get(buffer_id)
-            if buffer is None:
-                raise LLMException(f"buffer {buffer_id} was not uploaded by this cluster",
+            if buffer is None or buffer.dropped:
+                raise LLMException(f"buffer {buffer_id} was not uploaded by this cluster "
+                                   f"or was closed",
                                    status_code=LLMStatusCode.LLM_PARAM_INVALID)
             if buffer_address:
                 buffer.client_base = buffer_address
@@ -276,6 +307,7 @@ class Caches:
             await self.end_access(entry)
         else:  # the memory is the user's again once this returns
             await self.fence(entry)
+            await self._release_if_dropped(entry.memory)
 
     async def free_all(self, entries: list[CacheEntry]) -> None:
         for entry in entries:

@@ -43,6 +43,8 @@ def _resolve(engine: Engine, cluster: Cluster, operand: Operand) -> Resolved:
     memory: Memory | None
     if operand.buffer_id:
         memory = cluster.buffers.get(operand.buffer_id)
+        if memory is not None and memory.dropped:
+            memory = None
     else:
         memory = next((p for p in cluster.pools.values() if p.pool_id == operand.pool_id), None)
     if memory is None:

@@ -217,7 +217,7 @@ class Engine:
                 await self.regions.remove(entry.region_id)
         for pool in cluster.pools.values():
             await self.pools.destroy(pool)
-        for buffer in cluster.buffers.values():  # unmapped here, never freed: the user's
+        for buffer in list(cluster.buffers.values()):  # unmapped here, never freed: the user's
             buffer.closed = True
             await buffer.wait_unpinned()
             await asyncio.to_thread(buffer.release)

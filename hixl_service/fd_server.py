@@ -9,6 +9,9 @@ that only a client holding a session has (from its Init reply):
 * UPLOAD, with the cluster's upload token and a shareable buffer's fd
   attached: the daemon maps the buffer (for registered caches) and answers a
   status byte and the buffer id (8 bytes, little endian);
+* DROP, with the cluster's upload token and a buffer id (8 bytes, little
+  endian): the client closed that shareable buffer; the daemon unmaps it
+  once no registered cache lies in it; one status byte;
 * BIND, with the cluster's upload token: the daemon binds the process at the
   other end of this connection, as the kernel names it (``SO_PEERPIDFD`` /
   ``SO_PEERCRED``), to the cluster, whose engine-allocated memory it then
@@ -39,6 +42,8 @@ REQUEST_TIMEOUT_S = 5.0
 OP_FETCH = 1
 OP_UPLOAD = 2
 OP_BIND = 3
+OP_DROP = 4
+BUFFER_ID_BYTES = 8
 GRANTED = b"\x00"
 DENIED = b"\x01"
 
@@ -47,8 +52,8 @@ def _receive(conn: socket.socket) -> tuple[bytes, list[int]]:
     """Read one request and any fds sent with it (blocking, bounded; runs in a thread)."""
     conn.settimeout(REQUEST_TIMEOUT_S)
     data, fds = b"", []
-    while len(data) < REQUEST_BYTES:
-        chunk, more, _flags, _addr = socket.recv_fds(conn, REQUEST_BYTES - len(data), 1)
+    while len(data) < _request_bytes(data):
+        chunk, more, _flags, _addr = socket.recv_fds(conn, _request_bytes(data) - len(data), 1)
         fds.extend(more)
         if not chunk:
             break
@@ -56,15 +61,22 @@ def _receive(conn: socket.socket) -> tuple[bytes, list[int]]:
     return data, fds
 
 
+def _request_bytes(head: bytes) -> int:
+    """A request's length, known from its first byte."""
+    return REQUEST_BYTES + (BUFFER_ID_BYTES if head[:1] == bytes([OP_DROP]) else 0)
+
+
 class FdServer:
     """A unix socket that trades tokens for fds, and fds for buffer ids."""
 
     def __init__(self, path: Path, lookup_pool: Callable[[bytes], int | None],
                  add_buffer: Callable[[bytes, int], Awaitable[int]],
-                 bind_process: Callable[[bytes, ClientProcess], None] | None = None) -> None:
+                 bind_process: Callable[[bytes, ClientProcess], None] | None = None,
+                 drop_buffer: Callable[[bytes, int], Awaitable[None]] | None = None) -> None:
         self.path = path
         self._lookup_pool = lookup_pool
         self._add_buffer = add_buffer
+        self._drop_buffer = drop_buffer
         self._bind_process = bind_process
         self._sock: socket.socket | None = None
         self._accepting: asyncio.Task[None] | None = None
@@ -112,9 +124,17 @@ class FdServer:
 
     async def _answer(self, data: bytes, fds: list[int],
                 conn: socket.socket) -> tuple[bytes, int | None]:
-        if len(data) != REQUEST_BYTES:
+        if len(data) != _request_bytes(data):
             return DENIED, None
-        op, token = data[0], data[1:]
+        op, token = data[0], data[1:REQUEST_BYTES]
+        if op == OP_DROP and not fds and self._drop_buffer is not None:
+            (buffer_id,) = struct.unpack("<Q", data[REQUEST_BYTES:])
+            try:
+                await self._drop_buffer(token, buffer_id)
+            except LLMException as exc:
+                logger.info("buffer drop refused: %s", exc)
+                return DENIED, None
+            return GRANTED, None
         if op == OP_BIND and not fds and self._bind_process is not None:
             try:
                 process = ClientProcess.of_peer(conn)

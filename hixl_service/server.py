@@ -343,7 +343,7 @@ class Daemon:
                 credentials, trust.mode, cfg.security.insecure,
                 DaemonPort(cfg.server.peer_host, self.advertise_host, peer_port))
             fd_server = FdServer(self.fd_path, pools.take_fd, engine.caches.add_user_buffer,
-                                 engine.caches.bind_process)
+                                 engine.caches.bind_process, engine.caches.drop_user_buffer)
             created.append(self.fd_path)
             with socket_umask():
                 await fd_server.start()

@@ -169,7 +169,8 @@ class UserBuffer(Memory):
     shareable host buffer (its fd), or device memory imported with ACL IPC.
 
     The memory is the user's: hixl unmaps (or closes its import) when the
-    cluster ends, never frees it.
+    client closes it and no cache lies in it any more, or when the cluster
+    ends; it never frees it.
     """
 
     def __init__(self, buffer_id: int, cluster_id: int, native: hixl_native.Mapping | None = None,
@@ -178,6 +179,9 @@ class UserBuffer(Memory):
         size = native.size if native is not None else device.size if device is not None else 0
         super().__init__(cluster_id, placement, size, mapping=native, device=device)
         self.buffer_id = buffer_id
+        # The client closed it: no new cache or copy may use it, and it is
+        # unmapped once the caches registered over it are gone.
+        self.dropped = False
 
 
 class Allocator(Protocol):

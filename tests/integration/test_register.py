@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Callable
 
 import numpy as np
@@ -144,3 +145,39 @@ async def test_ids_are_shared_by_register_and_allocate(
     buffer.view()[:4] = b"kept"
     assert bytes(buffer.view(0, 4)) == b"kept"
     buffer.close()
+
+
+def _daemon_maps(daemon: DaemonProcess, inode: int) -> bool:
+    """Whether the daemon maps the memfd with this inode (its /proc maps)."""
+    with open(f"/proc/{daemon.pid}/maps", encoding="ascii", errors="replace") as maps:
+        return any(len(f := line.split()) > 4 and f[4] == str(inode) for line in maps)
+
+
+async def test_a_closed_buffer_is_unmapped_once_its_caches_are_unregistered(
+        pair: Pair) -> None:
+    """A long-running engine allocates and closes shareable buffers: the daemon
+    must not keep each one until its cluster ends."""
+    cm = pair.prompt.cache_manager
+    desc = CacheDesc(1, [4, 4096], DataType.DT_UINT8)
+    buffer = alloc_shareable(desc.size)
+    inode = os.fstat(buffer.fd).st_ino
+    buffer.view()[:] = bytes(range(256)) * (desc.size // 256)
+    key = CacheKey(pair.prompt.cluster_id, req_id=41)
+    cache = await cm.register_cache(desc, [buffer.address], [key])
+    assert _daemon_maps(pair.prompt_daemon, inode)
+    buffer.close()  # the registered cache keeps its bytes for peers until unregistered
+    dst = await pair.decoder.cache_manager.allocate_cache(desc)
+    await pair.decoder.cache_manager.pull_cache(key, dst)
+    assert bytes(dst.numpy(0).tobytes()[:256]) == bytes(range(256))
+    assert _daemon_maps(pair.prompt_daemon, inode)
+    await cm.unregister_cache(cache.cache_id)
+    assert not _daemon_maps(pair.prompt_daemon, inode)
+
+    unused = alloc_shareable(4096)  # a buffer with no cache left goes at once
+    inode = os.fstat(unused.fd).st_ino
+    first = await cm.register_cache(CacheDesc(1, [4096], DataType.DT_UINT8), [unused.address])
+    await cm.unregister_cache(first.cache_id)
+    assert _daemon_maps(pair.prompt_daemon, inode)  # still open here: it may be registered again
+    unused.close()
+    assert not _daemon_maps(pair.prompt_daemon, inode)
+    await pair.decoder.cache_manager.deallocate_cache(dst)
