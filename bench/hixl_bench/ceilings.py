@@ -103,6 +103,18 @@ class NativeCeilings:
             await asyncio.to_thread(ceiling.close)
         self._open.clear()
 
+    def pending(self, shape: tuple[int, int], paths: set[str]) -> list[CeilingSlices]:
+        """The open ceilings serving ``paths`` not yet measured at ``shape``, to be
+        timed in slices beside other rows (``serve_group``); each counts as
+        measured from now on."""
+        pending = []
+        for name, (path, ceiling) in self._open.items():
+            if path not in paths or (name, shape) in self._done:
+                continue
+            self._done.add((name, shape))
+            pending.append(CeilingSlices(name, path, shape, ceiling, self._broken))
+        return pending
+
     async def measure(self, shape: tuple[int, int], paths: set[str]) -> list[Row]:
         """Rows of every open ceiling serving ``paths`` not yet measured at ``shape``."""
         rows = []
@@ -125,6 +137,27 @@ class NativeCeilings:
             self._progress(row)
             rows.append(row)
         return rows
+
+
+class CeilingSlices:
+    """One ceiling at one shape, timed a slice at a time beside other rows;
+    the caller fills ``row`` with the pooled slices. A TCP ceiling whose
+    connection broke fails its later slices (``broken``, shared by the run)."""
+
+    def __init__(self, name: str, path: str, shape: tuple[int, int], ceiling: _Ceiling,
+                 broken: dict[str, str]) -> None:
+        self.name, self.shape, self._ceiling, self._broken = name, shape, ceiling, broken
+        self.row = Row(CEILING, name, "ceiling", "copy", path, shape[0], shape[1])
+        self.request_bytes = shape[0] * shape[1]
+
+    async def slice(self, budget: Budget) -> Timing:
+        if self.name in self._broken:
+            raise OSError(self._broken[self.name])
+        try:
+            return await asyncio.to_thread(drive_sync, _runner(self._ceiling, self.shape), budget)
+        except OSError as exc:
+            self._broken[self.name] = str(exc)
+            raise
 
 
 @contextlib.asynccontextmanager

@@ -26,6 +26,7 @@ from hixl_bench import (
     scale,
     security,
     serve,
+    serve_group,
     serve_peers,
     targets,
 )
@@ -123,7 +124,8 @@ def _budgets(p: plan.Plan, paths: tuple[str, ...]) -> tuple[int, int, int, int]:
     kv_pool = max([k.prompt_bytes for k in p.kv_cases] or [0]) + 64 * MIB
     # The serving suite: its clusters' pools, and on A the facade's cluster's beside them.
     serve_pool = serve.pool_bytes(p.serve_cases) if p.serve_cases else 0
-    facade = max([serve.worker_pool(c) for c in p.serve_cases if c.client == "sync"] or [0])
+    facade = max([serve_group.facade_pools([c for _, c in g])
+                  for g in serve_group.groups(p.serve_cases)] or [0])
     a = max(sweep_pool * (1 + ("local" in paths)), kv_pool, serve_pool + facade)
     b = max(sweep_pool, kv_pool, serve_pool)
     return sweep_pool, kv_pool, a + 256 * MIB, b + 256 * MIB
@@ -193,25 +195,28 @@ async def run_hixl(p: plan.Plan, args: argparse.Namespace, native: ceilings.Nati
 
 async def _serve_rows(p: plan.Plan, pair: env.Daemons, native: ceilings.NativeCeilings,
                       progress: report.Progress) -> list[Row]:
-    """The serving suite: the 4 KiB reference pull, then each case after its TCP ceiling.
+    """The serving suite: the 4 KiB reference pull, then each group of cases
+    with its TCP ceilings, side by side (``serve_group``).
 
-    Each case runs between clusters of its own, finalized before the next
-    starts: a daemon keeps every shareable buffer a cluster uploaded, and
-    its pool, until the cluster ends, so clusters serving the whole suite
-    would hold every case's memory at once (the sweep's largest cases are
-    gigabytes on each side). Their peak is then the largest case's."""
+    Each group runs between clusters of its own, finalized before the next
+    starts: a daemon keeps a cluster's pool until the cluster ends, so
+    clusters serving the whole suite would hold every case's memory at once
+    (the sweep's largest cases are gigabytes on each side). Their peak is
+    then the largest group's."""
     rows: list[Row] = []
     async with env.clusters(pair, serve.pool_bytes(()), ("tcp",),
                             id_base=SERVE_ID_BASE) as linked:
         rows.append(await serve.ref_4k_row(linked, p.serve_budget))
         progress(rows[-1])
-    for index, case in enumerate(p.serve_cases):
-        rows += await native.measure(case.ceiling_shape(p.cold_bytes), {"tcp"})
-        async with env.clusters(pair, serve.pool_bytes((case,)), ("tcp",),
+    for group in serve_group.groups(p.serve_cases):
+        cases = tuple(case for _, case in group)
+        async with env.clusters(pair, serve.pool_bytes(cases), ("tcp",),
                                 id_base=SERVE_ID_BASE) as linked:
-            rows.append(await serve.serve_row(pair, linked, case, index, p.cold_bytes,
-                                              p.serve_budget, SERVE_FACADE_ID))
-        progress(rows[-1])
+            measured = await serve_group.serve_group(pair, linked, native, group, p.cold_bytes,
+                                                     p.serve_budget, SERVE_FACADE_ID)
+        for row in measured:
+            progress(row)
+        rows += measured
     return rows
 
 

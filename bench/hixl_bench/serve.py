@@ -23,26 +23,24 @@ The ``async`` client runs here; the blocking facade (``sync``) runs in a
 process of its own (``serve_worker``), since grpc.aio serves one event loop
 per process. Every row checks its pulls byte-exact (before and after the
 timed requests): each source block holds a pattern of its tensor and block
-index, so the decode side knows what must have landed where.
+index, so the decode side knows what must have landed where. This module
+holds the cases' memory, tables and checks; ``serve_group`` times them,
+the rows compared with each other side by side.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ctypes
-import json
 import random
-import subprocess
-import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
-from hixl_bench.env import Clusters, Daemons, options
-from hixl_bench.model import HIXL, PROBE, Budget, Row, Timing, drive
+from hixl_bench.env import Clusters
+from hixl_bench.model import HIXL, PROBE, Budget, Row, drive
 from hixl_bench.plan import ServeCase
 from hixl_bench.runner import Caches, Pull
 from hixl_client import (
@@ -61,11 +59,6 @@ REF_4K = "hixl-4k"  # the repeated 4 KiB pull by cache id the small rows compare
 ROTATIONS = 4
 _KEY_MULTIPLIER = 0x9E37_79B1  # odd
 _DTYPES = {"fp16": DataType.DT_FLOAT16, "bf16": DataType.DT_BF16}
-# The facade's process: start-up (imports, init, link) and its fills take a
-# while beside the row's own time.
-WORKER_START_S = 120
-# The last lines of the worker's stderr (its traceback) that a failed row shows.
-WORKER_ERROR_LINES = 12
 
 
 def desc_of(case: ServeCase) -> CacheDesc:
@@ -232,7 +225,7 @@ class Prefill:
             await self.side.release()
 
 
-async def _verify(cm: CacheManager, case: ServeCase, key: BlocksCacheKey, dst: Side,
+async def verify(cm: CacheManager, case: ServeCase, key: BlocksCacheKey, dst: Side,
                   pairs: list[tuple[list[int], list[int]]]) -> int:
     """Pull each (src, dst) table pair into cleared blocks and check the bytes."""
     layers = range(case.model.layers)
@@ -258,102 +251,9 @@ def verify_pairs(src: list[list[list[int]]], dst: list[list[list[int]]],
 BEFORE, AFTER = range(ROTATIONS), range(ROTATIONS - 1, ROTATIONS)
 
 
-async def _async_row(env: Clusters, case: ServeCase, index: int, prefill: Prefill,
-                     budget: Budget, row: Row) -> None:
-    cm = env.cm
-    src, dst = side_tables(case, index)
-    decode = await open_side(cm, case, None)
-    try:
-        verified = await _verify(cm, case, prefill.key, decode, verify_pairs(src, dst, BEFORE))
-        layers = range(case.model.layers)
-        free_slots = list(range(case.conc))
-
-        async def request(i: int) -> None:
-            slot = free_slots.pop()
-            try:
-                rotation = i % ROTATIONS
-                await cm.pull_blocks(prefill.key, decode.cache, src[slot][rotation],
-                                     dst[slot][rotation], src_layer_range=layers,
-                                     dst_layer_range=layers)
-            finally:
-                free_slots.append(slot)
-
-        timing = await drive(request, case.conc, budget)
-        verified += await _verify(cm, case, prefill.key, decode,
-                                  verify_pairs(src, dst, AFTER))
-        row.fill(timing, case.request_bytes)
-        row.extra["verified_pulls"] = verified
-    finally:
-        await decode.release()
-
-
-async def _sync_row(pair: Daemons, env: Clusters, case: ServeCase, index: int,
-                    prefill: Prefill, budget: Budget, row: Row, cluster_id: int) -> None:
-    """The blocking facade's row, from ``serve_worker`` in a process of its own."""
-    spec = {"daemon": pair.a.client_target, "cluster_id": cluster_id,
-            "options": options(worker_pool(case)),
-            "prefill": {"cluster_id": env.target_id("tcp"), "peer": pair.b.peer_address,
-                        "model_id": prefill.model_id},
-            "case": case_spec(case), "index": index, "budget": asdict(budget)}
-    record = await run_worker(spec, 3 * budget.seconds + WORKER_START_S)
-    if "skipped" in record:
-        row.status = f"skipped: {record['skipped']}"
-    elif "latencies" in record:
-        row.fill(Timing(record["latencies"], record["wall_s"]), case.request_bytes)
-        row.extra["verified_pulls"] = record["verified_pulls"]
-    else:
-        row.status = f"error: {record.get('error', record)}"
-
-
 def worker_pool(case: ServeCase) -> int:
     """The facade cluster's pool: the case's cache in pool mode, else a token pool."""
     return case.cache_bytes + (16 << 20) if case.memory == "pool" else 16 << 20
-
-
-async def run_worker(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """Run ``serve_worker`` on ``spec``; its one JSON line, or an error record.
-
-    Started by ``subprocess`` from a worker thread, not by the event loop:
-    CPython spawns with vfork, which runs no fork handlers, while a child
-    forked as gRPC's threads are busy has died before it ran (SIGSEGV). The
-    spec goes as an argument (a few KiB)."""
-    command = [sys.executable, "-X", "faulthandler", "-m", "hixl_bench.serve_worker",
-               json.dumps(spec)]
-    try:
-        done = await asyncio.to_thread(subprocess.run, command, stdin=subprocess.DEVNULL,
-                                       capture_output=True, timeout=timeout, check=False)
-    except subprocess.TimeoutExpired:
-        return {"error": f"the facade's worker ran past {timeout:.0f} s"}
-    tail = " | ".join(done.stderr.decode(errors="replace").strip()
-                      .splitlines()[-WORKER_ERROR_LINES:])
-    for line in reversed(done.stdout.decode(errors="replace").splitlines()):
-        with contextlib.suppress(json.JSONDecodeError):
-            record = json.loads(line)
-            if isinstance(record, dict):
-                if "error" in record and tail:
-                    record["error"] += f" ({tail})"
-                return record
-    return {"error": f"the facade's worker exited ({done.returncode}): {tail}"}
-
-
-async def serve_row(pair: Daemons, env: Clusters, case: ServeCase, index: int,
-                    cold_bytes: int, budget: Budget, worker_cluster_id: int) -> Row:
-    """Measure one case; a refused memory mode or a failure becomes the row's status."""
-    row = row_of(case, index, cold_bytes)
-    prefill = Prefill(env, case, model_id=index + 1)
-    try:
-        await prefill.open()
-        if case.client == "async":
-            await _async_row(env, case, index, prefill, budget, row)
-        else:
-            await _sync_row(pair, env, case, index, prefill, budget, row, worker_cluster_id)
-    except Unsupported as exc:
-        row.status = f"skipped: {exc}"
-    except Exception as exc:  # reported in the row; the run goes on
-        row.status = f"error: {type(exc).__name__}: {exc}"
-    finally:
-        await prefill.close()
-    return row
 
 
 async def ref_4k_row(env: Clusters, budget: Budget) -> Row:

@@ -1,12 +1,17 @@
 """The serving suite's blocking-facade rows: a decode instance on ``hixl_client.sync``.
 
-Run by ``serve`` as ``python -m hixl_bench.serve_worker SPEC``, SPEC a JSON
-object (the daemon, the cluster to be, the prefill cluster to link to, the
-case, the budget). A process of its own, since grpc.aio serves one event
-loop per process and the facade runs its own. It registers the decode side's
-memory, links, checks pulls byte-exact, times ``conc`` threads each pulling
-with its own block tables, checks again, and prints one JSON line:
-``{"latencies", "wall_s", "verified_pulls"}``, ``{"skipped"}`` or ``{"error"}``.
+Run by ``serve_group`` as ``python -m hixl_bench.serve_worker SPEC``, SPEC a
+JSON object (the daemon, the cluster to be, the prefill cluster to link to,
+the case). A process of its own, since grpc.aio serves one event loop per
+process and the facade runs its own. It registers the decode side's memory,
+links, checks pulls byte-exact and answers ``{"ready": true}`` (or
+``{"skipped"}``, ``{"error"}`` and ends); then it reads commands from stdin,
+one JSON line each, and answers each with one line on stdout:
+
+* ``{"slice": BUDGET}``: ``conc`` threads, each pulling with its own block
+  tables, for that budget: ``{"latencies", "wall_s"}``;
+* ``{"close": true}`` (or the end of stdin): the pulls are checked again,
+  the cluster finalized: ``{"verified_pulls"}``, and the process ends.
 """
 
 from __future__ import annotations
@@ -126,45 +131,75 @@ class _Unsupported(Exception):
     pass
 
 
-def measure(spec: dict[str, Any]) -> dict[str, Any]:
-    decode = _Decode(spec)
-    case = decode.case
-    try:
-        addrs = decode.open()
-        src, dst = side_tables(case, spec["index"])
-        verified = 0
+class _Session:
+    """The worker's decode side between ``ready`` and ``close``."""
 
-        def verify(rotations: range) -> None:
-            nonlocal verified
-            for s, d in verify_pairs(src, dst, rotations):
-                clear_blocks(case, addrs, d)
-                decode.pull(s, d)
-                check_blocks(case, addrs, s, d)
-                verified += 1
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.decode = _Decode(spec)
+        self.case = self.decode.case
+        self.src, self.dst = side_tables(self.case, spec["index"])
+        self.addrs: list[int] = []
+        self.verified = 0
 
-        verify(BEFORE)  # and the warm-up: see serve.verify_pairs
+    def open(self) -> None:
+        self.addrs = self.decode.open()
+        self.verify(BEFORE)  # and the warm-up: see serve.verify_pairs
 
+    def verify(self, rotations: range) -> None:
+        for s, d in verify_pairs(self.src, self.dst, rotations):
+            clear_blocks(self.case, self.addrs, d)
+            self.decode.pull(s, d)
+            check_blocks(self.case, self.addrs, s, d)
+            self.verified += 1
+
+    def slice(self, budget: Budget) -> dict[str, Any]:
         def request(slot: int, index: int) -> None:
             rotation = index % ROTATIONS
-            decode.pull(src[slot][rotation], dst[slot][rotation])
+            self.decode.pull(self.src[slot][rotation], self.dst[slot][rotation])
 
-        latencies, wall = drive_threads(request, case.conc, Budget(**spec["budget"]))
-        verify(AFTER)
-        return {"latencies": latencies, "wall_s": wall, "verified_pulls": verified}
-    except _Unsupported as exc:
-        return {"skipped": str(exc)}
+        latencies, wall = drive_threads(request, self.case.conc, budget)
+        return {"latencies": latencies, "wall_s": wall}
+
+    def close(self) -> dict[str, Any]:
+        self.verify(AFTER)
+        return {"verified_pulls": self.verified}
+
+
+def _answer(record: dict[str, Any]) -> None:
+    print(json.dumps(record), flush=True)
+
+
+def _failed(exc: Exception) -> dict[str, Any]:
+    traceback.print_exc()  # the parent shows its last lines with the error
+    return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def serve(spec: dict[str, Any]) -> None:
+    session = _Session(spec)
+    try:
+        try:
+            session.open()
+        except _Unsupported as exc:
+            _answer({"skipped": str(exc)})
+            return
+        _answer({"ready": True})
+        for line in sys.stdin:
+            command = json.loads(line)
+            if "slice" in command:
+                _answer(session.slice(Budget(**command["slice"])))
+            else:
+                break
+        _answer(session.close())
     finally:
-        decode.close()
+        session.decode.close()
 
 
 def main() -> int:
     spec = json.loads(sys.argv[1])
     try:
-        record = measure(spec)
+        serve(spec)
     except Exception as exc:  # the parent turns it into the row's status
-        traceback.print_exc()  # the parent shows its last lines with the error
-        record = {"error": f"{type(exc).__name__}: {exc}"}
-    print(json.dumps(record), flush=True)
+        _answer(_failed(exc))
     return 0
 
 

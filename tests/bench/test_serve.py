@@ -18,16 +18,16 @@ import grpc
 import numpy as np
 import pytest
 
-from hixl_bench import ceilings, cli, env, report, serve, targets
-from hixl_bench.model import HIXL, MIB, PROBE, Budget, Row
+from hixl_bench import ceilings, cli, env, report, serve, serve_group, targets
+from hixl_bench.model import CEILING, HIXL, MIB, PROBE, Budget, Row, Timing
 from hixl_bench.plan import PRESETS, SERVE_LAYOUTS, Plan, ServeCase, serve_plan
 from hixl_wire._proto.hixl.v1 import admin_pb2, admin_pb2_grpc
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _case(conc: int = 1, tokens: int = 256) -> ServeCase:
-    return ServeCase(PRESETS["tiny"], "fp16", tokens, 16, conc)
+def _case(conc: int = 1, tokens: int = 256, client: str = "async") -> ServeCase:
+    return ServeCase(PRESETS["tiny"], "fp16", tokens, 16, conc, client=client)
 
 
 @pytest.mark.parametrize("conc", [1, 4, 16])
@@ -169,23 +169,23 @@ async def _clustered_sessions(target: str) -> set[str]:
 @pytest.mark.slow
 @pytest.mark.asyncio
 @pytest.mark.timeout(180)
-async def test_each_case_runs_between_clusters_of_its_own(
+async def test_each_group_runs_between_clusters_of_its_own(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A daemon keeps a cluster's uploaded shareable buffers and its pool until
-    the cluster ends, so each case gets clusters of its own, finalized before
-    the next case starts: the sweep's peak memory is its largest case's."""
+    """A daemon keeps a cluster's pool until the cluster ends, so each group of
+    cases gets clusters of its own, finalized before the next group starts:
+    the sweep's peak memory is its largest group's."""
     budget = Budget(0.05, 2, 20, 1)
-    cases = (_case(), _case(tokens=512))
+    cases = (_case(), _case(client="sync"), _case(tokens=512))
     made = Plan((), (), 64 * MIB, budget, budget, serve_cases=cases, serve_budget=budget)
     seen: list[tuple[set[str], set[str]]] = []
-    serve_row = serve.serve_row
+    measure = serve_group.serve_group
 
-    async def observed(pair: env.Daemons, *args: Any, **kwargs: Any) -> Row:
+    async def observed(pair: env.Daemons, *args: Any, **kwargs: Any) -> list[Row]:
         seen.append((await _clustered_sessions(pair.a.client_target),
                      await _clustered_sessions(pair.b.client_target)))
-        return await serve_row(pair, *args, **kwargs)
+        return await measure(pair, *args, **kwargs)
 
-    monkeypatch.setattr(serve, "serve_row", observed)
+    monkeypatch.setattr(serve_group, "serve_group", observed)
     progress = report.Progress(0, quiet=True)
     native = ceilings.NativeCeilings(made.cold_bytes, [1], False, budget, progress)
     async with env.daemons(512 * MIB, 512 * MIB, 1) as pair:
@@ -196,10 +196,51 @@ async def test_each_case_runs_between_clusters_of_its_own(
             await native.close()
         left = (await _clustered_sessions(pair.a.client_target),
                 await _clustered_sessions(pair.b.client_target))
-    assert [r.status for r in rows if r.kind == HIXL] == ["ok", "ok"], rows
+    hixl = [r for r in rows if r.kind == HIXL]
+    assert [(r.extra["client"], r.extra["tokens"], r.status) for r in hixl] == [
+        ("async", 256, "ok"), ("sync", 256, "ok"), ("async", 512, "ok")], rows
+    # each group's ceiling row comes before its cases, timed with them
+    assert [r.kind for r in rows[1:]] == [CEILING, HIXL, HIXL, CEILING, HIXL], rows
+    assert all(r.requests > 0 for r in rows[1:]), rows
+    assert hixl[0].extra["ref_4k_p50_us"] > 0  # the small async row paced the reference
     (first_a, first_b), (second_a, second_b) = seen
-    # one decode cluster on A and one prefill cluster on B per case, none of the
-    # 4 KiB reference's or the previous case's left beside them
+    # one decode cluster on A and one prefill cluster on B per group (the
+    # facade's cluster opens inside the group), none of the 4 KiB reference's
+    # or the previous group's left beside them
     assert len(first_a) == len(first_b) == len(second_a) == len(second_b) == 1, seen
     assert not first_a & second_a and not first_b & second_b, seen
     assert left == (set(), set())
+
+
+class _Slices:
+    """A member that records when it was timed, and may fail on one slice."""
+
+    def __init__(self, name: str, log: list[str], fail_on: int | None = None) -> None:
+        self.name, self.log, self.fail_on = name, log, fail_on
+        self.row = Row(HIXL, name, "serve", "pull", "tcp")
+        self.request_bytes = 1
+        self.calls = 0
+
+    async def slice(self, budget: Budget) -> Timing:
+        self.calls += 1
+        self.log.append(self.name)
+        if self.calls == self.fail_on:
+            raise RuntimeError("lost")
+        return Timing([budget.seconds], budget.seconds)
+
+
+@pytest.mark.asyncio
+async def test_members_take_turns_in_alternating_order() -> None:
+    log: list[str] = []
+    a, b, c = _Slices("a", log), _Slices("b", log, fail_on=2), _Slices("c", log)
+    timings = await serve_group.take_turns([a, b, c], Budget(1.0, 4, 40, 1), rounds=4)
+    assert log == ["a", "b", "c", "c", "b", "a", "a", "c", "c", "a"]
+    assert sorted(timings) == [0, 2] and b.row.status == "error: RuntimeError: lost"
+    assert timings[0].latencies == [0.25] * 4 and timings[0].wall_s == 1.0
+    assert serve_group.sliced(Budget(1.0, 5, 2000, 2), 4) == Budget(0.25, 2, 500, 2)
+    # rows a target compares get more rounds until each has enough requests
+    log.clear()
+    timings = await serve_group.take_turns([_Slices("a", log), _Slices("b", log)],
+                                           Budget(1.0, 4, 40, 1), rounds=2, at_least=5)
+    assert log == ["a", "b", "b", "a"] * 2 + ["a", "b"]
+    assert [len(t.latencies) for t in timings.values()] == [5, 5]
