@@ -10,8 +10,8 @@ minutes of a shared host, whose load moves their ratio by more than the
 the same prompt, every memory and client measured) and the ceilings of that
 shape are all opened first, then timed in ``ROUNDS`` rounds, each member
 taking a slice of its budget per round, in an order that reverses every
-round, and in more rounds while a compared row has fewer than
-``PAIRED_MIN_REQUESTS`` requests; a member's row pools its slices. The small async rows also
+round, a compared row timing at least ``PAIRED_MIN_REQUESTS`` requests
+in all; a member's row pools its slices. The small async rows also
 interleave the 4 KiB reference pull with their own requests
 (``ref_4k_p50_us``).
 
@@ -52,11 +52,9 @@ from hixl_bench.serve import (
 from hixl_client import CacheDesc, DataType
 
 ROUNDS = 4
-# Rows a target compares: timed until each has this many requests (a p50
-# from fewer moves by more than the 10% a target allows on this host), in at
-# most MAX_ROUNDS rounds.
+# Rows a target compares time at least this many requests each: a p50 of
+# fewer moves by more than the 10% a target allows on this host.
 PAIRED_MIN_REQUESTS = 48
-MAX_ROUNDS = 24
 # Async rows of one request in flight up to this size interleave the 4 KiB
 # reference pull (drive's slices of 64 requests stay short).
 REF_BESIDE_MAX_BYTES = 2 * MIB
@@ -101,28 +99,24 @@ def merge(timings: list[Timing]) -> Timing:
                   [t for timing in timings for t in timing.paced])
 
 
-def sliced(budget: Budget, rounds: int) -> Budget:
-    """One round's part of a row's budget."""
-    return Budget(budget.seconds / rounds, -(-budget.min_requests // rounds),
-                  -(-budget.max_requests // rounds), budget.warmup)
+def sliced(budget: Budget, rounds: int, at_least: int = 0) -> Budget:
+    """One round's part of a row's budget, enough for ``at_least`` requests over
+    the rounds."""
+    return Budget(budget.seconds / rounds,
+                  -(-max(budget.min_requests, at_least) // rounds),
+                  -(-max(budget.max_requests, at_least) // rounds), budget.warmup)
 
 
 async def take_turns(members: list[Member], budget: Budget, rounds: int = ROUNDS,
                      at_least: int = 0) -> dict[int, Timing]:
-    """Time every member in ``rounds`` rounds of slices (the order reversing each
-    round), and in more rounds of the same slices, up to ``MAX_ROUNDS``, while
-    a member has timed fewer than ``at_least`` requests. A member whose slice
-    fails gets the error in its row's status and leaves the rotation.
-    Returns each timed member's pooled timing, by its position in ``members``."""
-    part = sliced(budget, rounds)
+    """Time every member in ``rounds`` rounds of slices, the order reversing each
+    round, each member timing ``at_least`` requests or more in all. A member
+    whose slice fails gets the error in its row's status and leaves the
+    rotation. Returns each timed member's pooled timing, by its position in
+    ``members``."""
+    part = sliced(budget, rounds, at_least)
     timings: dict[int, list[Timing]] = {i: [] for i in range(len(members))}
-
-    def short() -> bool:
-        return any(sum(t.count for t in parts) < at_least for parts in timings.values())
-
-    for turn in range(MAX_ROUNDS):
-        if turn >= rounds and not short():
-            break
+    for turn in range(rounds):
         order = list(timings) if turn % 2 == 0 else list(reversed(timings))
         for i in order:
             if i not in timings:
