@@ -105,7 +105,7 @@ class Caches:
             return
         await self.fence(entry)
         if entry.registered:
-            await self._release_if_dropped(entry.memory)
+            await self._cache_gone(entry.memory)
             return
         if entry.memory.closed:
             return  # the whole pool went away with its cluster
@@ -176,30 +176,32 @@ class Caches:
 
     async def drop_user_buffer(self, upload_token: bytes, buffer_id: int) -> None:
         """The client closed a shareable buffer: nothing new may use it, and the
-        daemon unmaps it once the caches registered over it are unregistered
-        (at once when there are none)."""
+        daemon unmaps it once the caches registered over it are gone (at once
+        when there are none)."""
         cluster = self._cluster_of_token(upload_token)
         buffer = cluster.buffers.get(buffer_id)
         if buffer is None or buffer.on_device:
             raise LLMException(f"buffer {buffer_id} was not uploaded by this cluster",
                                status_code=LLMStatusCode.LLM_PARAM_INVALID)
         buffer.dropped = True
-        await self._release_if_dropped(buffer)
+        await self._release_if_unused(buffer)
 
-    async def _release_if_dropped(self, memory: Memory) -> None:
-        """Unmap a buffer its client closed once no cache of its cluster lies in it
-        and no native job uses it."""
-        if not isinstance(memory, UserBuffer) or not memory.dropped or memory.closed:
-            return
-        cluster = self._clusters.get(memory.cluster_id)
-        if cluster is None or cluster.buffers.get(memory.buffer_id) is not memory:
-            return  # its cluster ended, which unmaps it
-        if any(entry.memory is memory for entry in cluster.registry.caches()):
-            return
-        memory.closed = True
-        del cluster.buffers[memory.buffer_id]
-        await memory.wait_unpinned()
-        await asyncio.to_thread(memory.release)
+    async def _cache_gone(self, memory: Memory) -> None:
+        """A registered cache's memory is the user's again (fenced)."""
+        if isinstance(memory, UserBuffer):
+            memory.caches -= 1
+            await self._release_if_unused(memory)
+
+    async def _release_if_unused(self, buffer: UserBuffer) -> None:
+        """Unmap a buffer its client closed once no cache lies in it (counting
+        those still being fenced) and no native job uses it."""
+        cluster = self._clusters.get(buffer.cluster_id)
+        if not buffer.dropped or buffer.caches or buffer.closed or cluster is None:
+            return  # in use, or its cluster ended, which unmaps it
+        buffer.closed = True
+        cluster.buffers.pop(buffer.buffer_id, None)
+        await buffer.wait_unpinned()
+        await asyncio.to_thread(buffer.release)
 
     async def import_device_buffer(self, cluster: Cluster, key: str, size: int,
                                    device_id: int) -> int:
@@ -273,7 +275,10 @@ class Caches:
                            extent_size=span, tensor_offsets=list(tensor_offsets),
                            region_id=region_id, blocks_model_id=spec.blocks_model_id,
                            writable=remote_accessible, registered=True)
-        return entry, cluster.registry.add_registered(entry, keys)
+        orphans = cluster.registry.add_registered(entry, keys)
+        if isinstance(memory, UserBuffer):
+            memory.caches += 1  # until the cache is unregistered and fenced
+        return entry, orphans
 
     async def _reach(self, cluster: Cluster, spec: NewCache, addrs: list[int]) -> ProcessMemory:
         """The client's own memory at ``addrs``, probed (LLM_PARAM_INVALID if the
@@ -307,7 +312,7 @@ class Caches:
             await self.end_access(entry)
         else:  # the memory is the user's again once this returns
             await self.fence(entry)
-            await self._release_if_dropped(entry.memory)
+            await self._cache_gone(entry.memory)
 
     async def free_all(self, entries: list[CacheEntry]) -> None:
         for entry in entries:

@@ -180,8 +180,9 @@ class UserBuffer(Memory):
         super().__init__(cluster_id, placement, size, mapping=native, device=device)
         self.buffer_id = buffer_id
         # The client closed it: no new cache or copy may use it, and it is
-        # unmapped once the caches registered over it are gone.
+        # unmapped once the caches registered over it (``caches``) are gone.
         self.dropped = False
+        self.caches = 0
 
 
 class Allocator(Protocol):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator, Callable
 
@@ -171,6 +172,13 @@ async def test_a_closed_buffer_is_unmapped_once_its_caches_are_unregistered(
     assert bytes(dst.numpy(0).tobytes()[:256]) == bytes(range(256))
     assert _daemon_maps(pair.prompt_daemon, inode)
     await cm.unregister_cache(cache.cache_id)
+    assert not _daemon_maps(pair.prompt_daemon, inode)
+
+    shared = alloc_shareable(2 * desc.size)  # two caches in one buffer, let go at once
+    inode = os.fstat(shared.fd).st_ino
+    both = [await cm.register_cache(desc, [shared.address + i * desc.size]) for i in range(2)]
+    shared.close()
+    await asyncio.gather(*(cm.unregister_cache(c.cache_id) for c in both))
     assert not _daemon_maps(pair.prompt_daemon, inode)
 
     unused = alloc_shareable(4096)  # a buffer with no cache left goes at once
