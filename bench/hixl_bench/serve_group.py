@@ -85,7 +85,7 @@ def facade_pools(group: list[ServeCase]) -> int:
 
 
 class Member(Protocol):
-    """One row of a group: opened, timed in slices, closed."""
+    """One row of a group, timed a slice at a time (its row filled by the group)."""
 
     row: Row
     request_bytes: int
