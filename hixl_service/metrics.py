@@ -117,6 +117,14 @@ class DaemonCollector(Collector):
             transfers.add_metric([op, transport, status], count)
         out += [transfers, moved, duration]
 
+        mismatches = CounterMetricFamily(
+            "hixl_checksum_mismatches",
+            "Transfers whose bytes did not match their CRC-32C ([transfer] checksum): "
+            "this daemon's calls that failed so (initiator), writes into its memory "
+            "that it refused so (target)", labels=["side"])
+        mismatches.add_metric(["initiator"], stats.checksum_mismatches)
+        mismatches.add_metric(["target"], deps.data_server.checksum_mismatches)
+        out.append(mismatches)
         out.append(GaugeMetricFamily("hixl_transfers_in_flight",
                                      "Transfer calls accepted and not yet answered",
                                      value=deps.load.running))

@@ -211,10 +211,19 @@ class RegionRefused(LLMException):
     afresh and tries once more."""
 
 
+class ChecksumMismatch(LLMException):
+    """The transfer's bytes did not match their CRC-32C (here, or at the far
+    daemon that received them); counted in ``hixl_checksum_mismatches``."""
+
+
 def link_error(status: int) -> LLMException:
     """The exception for a data-link request that ended with native ``status``."""
     code, text = _LINK_STATUS.get(status, (LLMStatusCode.LLM_FAILED, "the transfer failed"))
-    kind = RegionRefused if status == hixl_native.E_REFUSED else LLMException
+    kind: type[LLMException] = LLMException
+    if status == hixl_native.E_REFUSED:
+        kind = RegionRefused
+    elif status == hixl_native.E_CHECKSUM:
+        kind = ChecksumMismatch
     return kind(f"{text} (native status {status})", status_code=code)
 
 

@@ -24,6 +24,7 @@ from .layerwise import LayerwiseTask
 from .link_views import inbound_health, outbound_health
 from .log_keys import keys
 from .memory.base import Pool
+from .native_errors import ChecksumMismatch
 from .peer_api import KeyRef
 from .peer_client import key_from_proto, ref_from_proto
 from .planning import block_list
@@ -127,6 +128,8 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         """A handler of ``method`` failed with ``error`` (``calls.FailureHook``): counted."""
         if isinstance(error, CallRefused):
             self._stats.call_refused(error.reason)
+        elif isinstance(error, ChecksumMismatch):
+            self._stats.checksum_mismatches += 1
         self._stats.call_failed(method, error.status_code)
 
     def stop_sessions(self) -> None:

@@ -89,6 +89,9 @@ class DaemonStats:
     refused: dict[str, int] = field(default_factory=dict)
     # (direction, state) -> links that entered the state
     link_transitions: dict[tuple[str, str], int] = field(default_factory=dict)
+    # transfer calls of this daemon that failed because their bytes did not
+    # match their CRC-32C (the far daemon's refusals of pushes included)
+    checksum_mismatches: int = 0
 
     def _moved(self, op: str, transport: str) -> Moved:
         entry = self.moved.get((op, transport))

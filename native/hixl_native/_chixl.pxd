@@ -175,6 +175,7 @@ cdef extern from "tcp_server.h" nogil:
                           hixl_server **out)
     uint16_t hixl_server_port(const hixl_server *s)
     int hixl_server_threads(const hixl_server *s)
+    uint64_t hixl_server_checksum_mismatches(hixl_server *s)
     hixl_region_table *hixl_server_regions(hixl_server *s)
     int hixl_server_authorize(hixl_server *s, uint64_t token, uint64_t cluster,
                               const uint8_t *key, int may_write)

@@ -205,6 +205,13 @@ cdef class DataServer:
         self._check_running()
         return hixl_server_threads(self._s)
 
+    @property
+    def checksum_mismatches(self):
+        """Writes refused since the start because their bytes did not match
+        their CRC-32C (``E_CHECKSUM`` answered to the writer)."""
+        self._check_running()
+        return hixl_server_checksum_mismatches(self._s)
+
     def authorize(self, token, cluster_id, key=_NO_KEY, may_write=True):
         """Let connections of link ``token`` that prove ``key`` access regions of
         ``cluster_id``.

@@ -33,6 +33,7 @@ from hixl_service.testing import DaemonProcess
 from tests.clusters import cluster_info
 from tests.native._native_support import REPLY, REQUEST, FlipRelay
 
+from ._metrics_support import ascrape, value
 from .conftest import daemon_process, fill_random, options
 
 pytestmark = pytest.mark.asyncio
@@ -55,8 +56,10 @@ def relayed() -> Iterator[Relayed]:
     try:
         with daemon_process(server__peer_host="127.0.0.2", server__advertise_host="127.0.0.1",
                             server__data_port=data.port, server__peer_port=peer.port,
-                            server__peer_lane=False) as prompt_daemon, \
-                daemon_process(transfer__checksum=True) as decoder_daemon:
+                            server__peer_lane=False,
+                            metrics__listen="127.0.0.1:0") as prompt_daemon, \
+                daemon_process(transfer__checksum=True,
+                               metrics__listen="127.0.0.1:0") as decoder_daemon:
             yield Relayed(prompt_daemon, decoder_daemon, data)
     finally:
         data.close()
@@ -69,6 +72,7 @@ class Clusters:
     decoder: LLMDataDist
     relay: FlipRelay
     decoder_daemon: DaemonProcess
+    prompt_daemon: DaemonProcess
 
 
 @contextlib.asynccontextmanager
@@ -84,7 +88,8 @@ async def linked(relayed: Relayed, next_cluster_id: Callable[[], int],
         status, results = await decoder.link_clusters(
             [cluster_info(prompt.cluster_id, relayed.prompt_daemon.peer_address)], timeout=5000)
         assert status == LLMStatusCode.LLM_SUCCESS, results
-        yield Clusters(prompt, decoder, relayed.data, relayed.decoder_daemon)
+        yield Clusters(prompt, decoder, relayed.data, relayed.decoder_daemon,
+                       relayed.prompt_daemon)
     finally:
         await decoder.finalize()
         await prompt.finalize()
@@ -121,6 +126,7 @@ async def test_a_pull_damaged_in_flight_fails_and_the_next_one_lands(clusters: C
     expected = fill_random(src, 1)
     dst = await clusters.decoder.cache_manager.allocate_cache(DESC)
     by_id = CacheKeyByIdAndIndex(clusters.prompt.cluster_id, src.cache_id)
+    before = await mismatches(clusters)
     try:
         clusters.relay.arm(REPLY.size + 1000, "s2c")
         with pytest.raises(LLMException) as info:  # the daemon's checksum = true
@@ -149,9 +155,20 @@ async def test_a_pull_damaged_in_flight_fails_and_the_next_one_lands(clusters: C
         await clusters.decoder.cache_manager.pull_cache(key, dst, checksum=True)
         for got, want in zip(tensors(dst), expected, strict=True):
             np.testing.assert_array_equal(got, want)
+        # the two pulls that failed, on the side that found them
+        assert await mismatches(clusters) == (before[0] + 2, before[1])
     finally:
         await clusters.decoder.cache_manager.deallocate_cache(dst)
         await clusters.prompt.cache_manager.deallocate_cache(src)
+
+
+async def mismatches(clusters: Clusters) -> tuple[float, float]:
+    """(the decoder daemon's calls failed by their CRC, the prompt daemon's
+    refused writes) from their /metrics."""
+    decoder = await ascrape(clusters.decoder_daemon)
+    prompt = await ascrape(clusters.prompt_daemon)
+    return (value(decoder, "hixl_checksum_mismatches_total", side="initiator"),
+            value(prompt, "hixl_checksum_mismatches_total", side="target"))
 
 
 async def test_repeated_pulls_keep_the_checksum_of_their_shape(clusters: Clusters) -> None:
@@ -194,6 +211,7 @@ async def _push_damaged(clusters: Clusters) -> None:
     src = await clusters.decoder.cache_manager.allocate_cache(DESC)
     expected = fill_random(src, 3)
     target = CacheKeyByIdAndIndex(clusters.prompt.cluster_id, dst.cache_id)
+    before = await mismatches(clusters)
     try:
         # Past the request header and its range list, into the payload.
         clusters.relay.arm(REQUEST.size + 2048, "c2s")
@@ -204,6 +222,8 @@ async def _push_damaged(clusters: Clusters) -> None:
         await clusters.decoder.cache_manager.push_cache(target, src, checksum=True)
         for got, want in zip(tensors(dst), expected, strict=True):
             np.testing.assert_array_equal(got, want)
+        # found by the far daemon, which refused the write; failed the call here
+        assert await mismatches(clusters) == (before[0] + 1, before[1] + 1)
     finally:
         await clusters.decoder.cache_manager.deallocate_cache(src)
         await clusters.prompt.cache_manager.deallocate_cache(dst)

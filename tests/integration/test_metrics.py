@@ -14,39 +14,18 @@ import grpc
 import grpc.aio
 import pytest
 import pytest_asyncio
-from prometheus_client.parser import text_string_to_metric_families
 
 from hixl_client import CacheDesc, CacheKey, CacheKeyByIdAndIndex, DataType, LLMException
 from hixl_service.testing import DaemonProcess
 from hixl_wire._proto.hixl.v1 import client_pb2, client_pb2_grpc
 
+from ._metrics_support import ascrape, value
 from .conftest import Pair, daemon_process, daemon_status, make_pair
 
 pytestmark = pytest.mark.asyncio
 
 DESC = CacheDesc(2, [4, 8192], DataType.DT_UINT8)
 SLOT_BYTES = 2 * 8192  # two tensors, one slot each
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def scrape(daemon: DaemonProcess) -> Samples:
-    """Every sample of the daemon's /metrics, by name and sorted labels."""
-    url = f"http://{daemon.ready['metrics_address']}/metrics"
-    with urllib.request.urlopen(url, timeout=10) as reply:
-        assert reply.status == 200
-        text = reply.read().decode()
-    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
-            for family in text_string_to_metric_families(text) for sample in family.samples}
-
-
-async def ascrape(daemon: DaemonProcess) -> Samples:
-    return await asyncio.to_thread(scrape, daemon)
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
-
-
 @pytest.fixture(scope="module")
 def metered() -> Iterator[tuple[DaemonProcess, DaemonProcess]]:
     with daemon_process(metrics__listen="127.0.0.1:0") as prefill, \

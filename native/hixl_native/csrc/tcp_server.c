@@ -90,6 +90,7 @@ struct hixl_server {
     atomic_int stopping;
     atomic_uint_fast64_t next_sweep_ns;
     atomic_uint_fast64_t accept_paused_until_ns; /* 0: accepting */
+    atomic_uint_fast64_t checksum_mismatches; /* writes refused by their CRC-32C */
     pthread_mutex_t mu; /* tokens and the connection list */
     token_entry *tokens;
     size_t ntokens, cap_tokens;
@@ -309,8 +310,10 @@ static int transfer(hixl_conn *c, const hixl_request_hdr *h, int status, uint64_
             size_t want = (size_t)h->total_bytes + (crc ? sizeof(trailer) : 0);
             hixl_crcwin win = {.lo = 0, .hi = h->total_bytes};
             rc = hixl_recv_iov_crc(c->fd, stop, &cur, want, deadline, NULL, crc ? &win : NULL);
-            if (rc == HIXL_OK && crc && hixl_get_trailer(trailer) != win.crc)
+            if (rc == HIXL_OK && crc && hixl_get_trailer(trailer) != win.crc) {
                 status = HIXL_E_CHECKSUM;
+                atomic_fetch_add(&c->srv->checksum_mismatches, 1);
+            }
         } else {
             rc = discard(c, h->total_bytes + (crc ? sizeof(trailer) : 0), deadline);
         }
@@ -383,8 +386,10 @@ static int transfer_bounced(hixl_conn *c, const hixl_request_hdr *h, hixl_bounce
             status = HIXL_E_REFUSED;
         if (rc == HIXL_OK && crc_on) {
             rc = hixl_recv_buf(c->fd, stop, trailer, sizeof(trailer), deadline);
-            if (rc == HIXL_OK && status == HIXL_OK && hixl_get_trailer(trailer) != crc)
+            if (rc == HIXL_OK && status == HIXL_OK && hixl_get_trailer(trailer) != crc) {
                 status = HIXL_E_CHECKSUM;
+                atomic_fetch_add(&c->srv->checksum_mismatches, 1);
+            }
         }
         if (rc == HIXL_OK)
             rc = send_reply(c, h->tag, status, crc_on, deadline);
@@ -741,6 +746,11 @@ int hixl_server_start(const char *host, uint16_t port, size_t max_conns, int nth
 uint16_t hixl_server_port(const hixl_server *s) { return s->port; }
 
 int hixl_server_threads(const hixl_server *s) { return s->nthreads; }
+
+uint64_t hixl_server_checksum_mismatches(hixl_server *s)
+{
+    return atomic_load(&s->checksum_mismatches);
+}
 
 hixl_region_table *hixl_server_regions(hixl_server *s) { return &s->regions; }
 

@@ -26,6 +26,8 @@ int hixl_server_start(const char *host, uint16_t port, size_t max_conns, int nth
                       hixl_server **out);
 uint16_t hixl_server_port(const hixl_server *s);
 int hixl_server_threads(const hixl_server *s);
+/* Writes this server refused because their bytes did not match their CRC-32C. */
+uint64_t hixl_server_checksum_mismatches(hixl_server *s);
 hixl_region_table *hixl_server_regions(hixl_server *s);
 /* Lets connections that prove the HIXL_KEY_SIZE-byte `key` of link `token`
  * reach regions of `cluster`, and write into its writable ones only if
