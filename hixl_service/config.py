@@ -286,7 +286,7 @@ class TransferConfig(_Section):
         default=False,
         description="TCP transfers carry a CRC-32C of their bytes, checked where they land; "
         "a mismatch fails the transfer with LLM_LINK_FAILED. A transfer call's checksum "
-        "argument overrides it. Costs a pass over the bytes at each end.",
+        "argument overrides it. Costs a pass over the bytes at each end. SIGHUP reloads it.",
     )
 
     @field_validator("bounce_buffer_bytes")

@@ -4,9 +4,11 @@ On SIGHUP the daemon reads its configuration again (the same file, and the
 environment it was started with) and compares it with the one it runs:
 
 * the log level (``logging.level``), the ``[limits]`` on peers except
-  ``max_data_connections``, and the allow-list ``security.allowed_peers``
-  take effect at once; a changed allow-list or limit applies to the links
-  made from then on, links already made stay;
+  ``max_data_connections``, the allow-list ``security.allowed_peers`` and
+  ``transfer.checksum`` take effect at once; a changed allow-list or limit
+  applies to the links made from then on, links already made stay; the
+  checksum default applies to the transfer calls made from then on (a
+  repeat keeps the choice of the call it repeats);
 * every other changed field is logged as needing a restart, and keeps its
   running value: listeners, pools, credentials and the security mode are
   bound when the daemon starts, and changing them under live sessions would
@@ -21,9 +23,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .config import DaemonConfig
 from .trust import Trust
+
+if TYPE_CHECKING:
+    from .engine import EngineDeps
 
 __all__ = ["RELOADABLE", "ReloadPlan", "apply_reload", "plan_reload"]
 
@@ -36,6 +42,7 @@ RELOADABLE: Mapping[str, frozenset[str]] = {
     "limits": frozenset({"max_inbound_links", "max_links_per_peer", "hello_rate",
                          "hello_burst"}),
     "security": frozenset({"allowed_peers"}),
+    "transfer": frozenset({"checksum"}),
 }
 
 
@@ -83,7 +90,7 @@ def _shown(value: object) -> str:
     return str(value)
 
 
-def apply_reload(plan: ReloadPlan, trust: Trust) -> None:
+def apply_reload(plan: ReloadPlan, trust: Trust, deps: EngineDeps) -> None:
     """Put the plan's reloadable settings in force, and log what changed and what did not.
 
     The report is logged at the more verbose of the old and the new log
@@ -91,6 +98,7 @@ def apply_reload(plan: ReloadPlan, trust: Trust) -> None:
     """
     config = plan.config
     trust.update(config.security.allowed_peers, config.limits)
+    deps.checksum = config.transfer.checksum
     root = logging.getLogger()
     level = logging.getLevelName(config.logging.level)
     if level >= root.level:

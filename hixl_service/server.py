@@ -233,8 +233,9 @@ class Daemon:
     async def reload(self) -> ReloadPlan | None:
         """Read the configuration again and apply what a running daemon can (SIGHUP).
 
-        See ``reload``: the log level, ``[limits]`` and the allow-list change
-        now, other changes are logged as needing a restart. Returns the plan,
+        See ``reload``: the log level, ``[limits]``, the allow-list and the
+        checksum default change now, other changes are logged as needing a
+        restart. Returns the plan,
         or None when the configuration did not load (logged; nothing changes).
         """
         async with self._reload_lock:
@@ -247,7 +248,7 @@ class Daemon:
                 logger.error("reload refused, the running configuration stays: %s", exc)
             else:
                 plan = plan_reload(self.config, loaded)
-                apply_reload(plan, self.trust)
+                apply_reload(plan, self.trust, self.engine.deps)
                 self.config = plan.config
             _systemd.notify(f"READY=1\nSTATUS={summary(self.engine)}")
             return plan

@@ -9,7 +9,10 @@ has ``[transfer] checksum = true``: calls that pass nothing are checked.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import os
+import signal
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
@@ -29,6 +32,7 @@ from hixl_client import (
     LLMRole,
     LLMStatusCode,
 )
+from hixl_service.config import dump_toml
 from hixl_service.testing import DaemonProcess
 from tests.clusters import cluster_info
 from tests.native._native_support import REPLY, REQUEST, FlipRelay
@@ -227,3 +231,44 @@ async def _push_damaged(clusters: Clusters) -> None:
     finally:
         await clusters.decoder.cache_manager.deallocate_cache(src)
         await clusters.prompt.cache_manager.deallocate_cache(dst)
+
+
+def reload_checksum(daemon: DaemonProcess, on: bool) -> None:
+    """Rewrite the daemon's [transfer] checksum and SIGHUP it; wait for the report."""
+    settings = {name: dict(fields) for name, fields in daemon.settings.items()}
+    settings.setdefault("transfer", {})["checksum"] = on
+    daemon.config_path.write_text(dump_toml(settings))
+    reports = daemon.log_path.read_text(errors="replace").count("reloaded: ")
+    os.kill(daemon.pid, signal.SIGHUP)
+    deadline = time.monotonic() + 10
+    while daemon.log_path.read_text(errors="replace").count("reloaded: ") == reports:
+        assert time.monotonic() < deadline, daemon.log_tail()
+        time.sleep(0.05)
+    assert f"transfer.checksum {not on} -> {on}" in daemon.log_path.read_text()
+
+
+async def test_the_daemons_checksum_default_reloads_on_sighup(clusters: Clusters) -> None:
+    src = await clusters.prompt.cache_manager.allocate_cache(DESC)
+    expected = fill_random(src, 4)
+    dst = await clusters.decoder.cache_manager.allocate_cache(DESC)
+    by_id = CacheKeyByIdAndIndex(clusters.prompt.cluster_id, src.cache_id)
+    try:
+        await asyncio.to_thread(reload_checksum, clusters.decoder_daemon, False)
+        clusters.relay.arm(REPLY.size + 1000, "s2c")
+        await clusters.decoder.cache_manager.pull_cache(by_id, dst)  # unchecked now
+        assert clusters.relay.flipped.is_set()
+        assert tensors(dst)[0][1000] == expected[0][1000] ^ 1
+    finally:
+        await asyncio.to_thread(reload_checksum, clusters.decoder_daemon, True)
+    # Another destination, so not a repeat of the unchecked pull (a repeat keeps
+    # the choice of the call it repeats).
+    other = await clusters.decoder.cache_manager.allocate_cache(DESC)
+    try:
+        clusters.relay.arm(REPLY.size + 1000, "s2c")
+        with pytest.raises(LLMException) as info:  # checked again, as the daemon starts
+            await clusters.decoder.cache_manager.pull_cache(by_id, other)
+        assert MISMATCH in str(info.value)
+    finally:
+        await clusters.decoder.cache_manager.deallocate_cache(other)
+        await clusters.decoder.cache_manager.deallocate_cache(dst)
+        await clusters.prompt.cache_manager.deallocate_cache(src)
