@@ -104,6 +104,6 @@ class ManagerBase:
                 self._connection.stub.ImportDeviceBuffer,
                 client_pb2.ImportDeviceBufferRequest(ipc_key=key, size=buffer.size,
                                                      device_id=buffer.device_id))
-            known = buffer._imported[self._upload_token] = reply.buffer_id
-        return known
+            known = buffer._imported[self._upload_token] = (self._fd_socket, reply.buffer_id)
+        return known[1]
 

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 FD_REQUEST_TIMEOUT_S = 5.0
 _GRANTED = b"\x00"
+_BUSY = b"\x02"
 # Operations of the daemon's fd socket (see hixl_service.fd_server).
 _OP_FETCH = b"\x01"
 _OP_UPLOAD = b"\x02"
@@ -191,19 +192,21 @@ def _upload(fd_socket: str, token: bytes, fd: int) -> int:
 
 
 def drop_buffer(fd_socket: str, token: bytes, buffer_id: int) -> bool:
-    """Tell the daemon this process closed an uploaded buffer (blocking, bounded).
+    """Tell the daemon this process is closing a buffer it handed over (blocking,
+    bounded).
 
-    Returns False when the daemon refused or cannot be reached: its cluster
-    ended, which unmapped the buffer anyway.
+    Returns False only when the daemon still holds device memory that caches
+    lie in (BUSY): it must not be freed yet. A daemon that refuses (its
+    cluster ended) or cannot be reached (it exited) holds the buffer no more.
     """
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(FD_REQUEST_TIMEOUT_S)
             sock.connect(fd_socket)
             sock.sendall(_OP_DROP + token + buffer_id.to_bytes(8, "little"))
-            return sock.recv(1) == _GRANTED
+            return sock.recv(1) != _BUSY
     except OSError:
-        return False
+        return True
 
 
 async def upload_buffer(fd_socket: str, token: bytes, fd: int) -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ._memory import drop_buffer
 from .shareable import Registry
 from .status import LLMException, LLMStatusCode
 
@@ -51,7 +52,8 @@ class DeviceShareableBuffer:
             raise LLMException(f"cannot allocate {nbytes} bytes on device {device_id}: {exc}",
                                status_code=LLMStatusCode.LLM_DEVICE_OUT_OF_MEMORY) from None
         self.device_id = device_id
-        self._imported: dict[bytes, int] = {}  # cluster upload token -> daemon buffer id
+        # cluster upload token -> (its daemon's fd socket, the daemon's buffer id)
+        self._imported: dict[bytes, tuple[str, int]] = {}
         _DEVICE_REGISTRY.add(self)
 
     @property
@@ -70,9 +72,21 @@ class DeviceShareableBuffer:
         return key
 
     def close(self) -> None:
-        """Free the memory; unregister its caches first (the daemon imported it)."""
+        """Free the memory, once each daemon it was registered with closed its
+        import (CANN frees shared memory in that order).
+
+        Raises:
+            BufferError: caches registered over it remain in a daemon;
+                unregister them (or finalize) first. The buffer stays usable.
+        """
         if self.buffer.closed:
             return
+        for token, (fd_socket, buffer_id) in list(self._imported.items()):
+            if drop_buffer(fd_socket, token, buffer_id):
+                del self._imported[token]
+        if self._imported:
+            raise BufferError("caches registered over this device buffer remain in a hixl "
+                              "daemon: unregister them (or finalize) before closing it")
         _DEVICE_REGISTRY.remove(self)
         try:
             self.buffer.unexport()

@@ -174,17 +174,25 @@ class Caches:
         cluster.buffers[buffer_id] = buffer
         return buffer_id
 
-    async def drop_user_buffer(self, upload_token: bytes, buffer_id: int) -> None:
-        """The client closed a shareable buffer: nothing new may use it, and the
-        daemon unmaps it once the caches registered over it are gone (at once
-        when there are none)."""
+    async def drop_user_buffer(self, upload_token: bytes, buffer_id: int) -> bool:
+        """The client is closing a buffer it handed over: nothing new may use it.
+
+        A shareable host buffer is unmapped once the caches registered over it
+        are gone (at once when there are none). Device memory is the client's
+        to free only after the daemon closed its import (CANN's order for
+        ``aclrtIpcMemClose``): it is closed now, or, while caches lie in it,
+        not at all, and False says so (the client keeps the buffer).
+        """
         cluster = self._cluster_of_token(upload_token)
         buffer = cluster.buffers.get(buffer_id)
-        if buffer is None or buffer.on_device:
-            raise LLMException(f"buffer {buffer_id} was not uploaded by this cluster",
+        if buffer is None:
+            raise LLMException(f"buffer {buffer_id} was not handed over by this cluster",
                                status_code=LLMStatusCode.LLM_PARAM_INVALID)
+        if buffer.on_device and buffer.caches:
+            return False
         buffer.dropped = True
         await self._release_if_unused(buffer)
+        return True
 
     async def _cache_gone(self, memory: Memory) -> None:
         """A registered cache's memory is the user's again (fenced)."""

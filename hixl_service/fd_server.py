@@ -10,8 +10,10 @@ that only a client holding a session has (from its Init reply):
   attached: the daemon maps the buffer (for registered caches) and answers a
   status byte and the buffer id (8 bytes, little endian);
 * DROP, with the cluster's upload token and a buffer id (8 bytes, little
-  endian): the client closed that shareable buffer; the daemon unmaps it
-  once no registered cache lies in it; one status byte;
+  endian): the client is closing that buffer; the daemon unmaps a shareable
+  buffer once no registered cache lies in it, and closes its import of
+  device memory at once, or answers BUSY while caches lie in it (the
+  client must not free it then); one status byte;
 * BIND, with the cluster's upload token: the daemon binds the process at the
   other end of this connection, as the kernel names it (``SO_PEERPIDFD`` /
   ``SO_PEERCRED``), to the cluster, whose engine-allocated memory it then
@@ -46,6 +48,7 @@ OP_DROP = 4
 BUFFER_ID_BYTES = 8
 GRANTED = b"\x00"
 DENIED = b"\x01"
+BUSY = b"\x02"
 
 
 def _receive(conn: socket.socket) -> tuple[bytes, list[int]]:
@@ -72,7 +75,7 @@ class FdServer:
     def __init__(self, path: Path, lookup_pool: Callable[[bytes], int | None],
                  add_buffer: Callable[[bytes, int], Awaitable[int]],
                  bind_process: Callable[[bytes, ClientProcess], None] | None = None,
-                 drop_buffer: Callable[[bytes, int], Awaitable[None]] | None = None) -> None:
+                 drop_buffer: Callable[[bytes, int], Awaitable[bool]] | None = None) -> None:
         self.path = path
         self._lookup_pool = lookup_pool
         self._add_buffer = add_buffer
@@ -130,11 +133,11 @@ class FdServer:
         if op == OP_DROP and not fds and self._drop_buffer is not None:
             (buffer_id,) = struct.unpack("<Q", data[REQUEST_BYTES:])
             try:
-                await self._drop_buffer(token, buffer_id)
+                dropped = await self._drop_buffer(token, buffer_id)
             except LLMException as exc:
                 logger.info("buffer drop refused: %s", exc)
                 return DENIED, None
-            return GRANTED, None
+            return (GRANTED if dropped else BUSY), None
         if op == OP_BIND and not fds and self._bind_process is not None:
             try:
                 process = ClientProcess.of_peer(conn)

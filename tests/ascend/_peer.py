@@ -5,7 +5,8 @@ Roles:
         ``import KEY SIZE N CHECK_SEED WRITE_SEED`` (import on device 1, check the
         first N bytes against ``pattern(N, CHECK_SEED)``, write
         ``pattern(N, WRITE_SEED)`` there, close; answer ``ok``, ``mismatch`` or
-        ``error CODE``) until ``quit``.
+        ``error CODE``), ``hold KEY SIZE`` (import and keep it open) and
+        ``release`` (close what it holds) until ``quit``.
     hccl LIB_DIR ROOT_HEX NBYTES: join as rank 1 on device 1, receive NBYTES,
         send them back with every byte incremented, print ``done``.
     rank1 LIB_DIR (root HEX | table JSON_HEX): join as rank 1 on device 1 (by
@@ -43,10 +44,20 @@ def serve_ipc(lib_dir: str) -> None:
     rt = _ascend.load(lib_dir)
     dev = rt.set_device(1)
     print("ready", rt.bare_tgid(), flush=True)
+    held: list[_ascend.ImportedBuffer] = []
     for line in sys.stdin:
         words = line.split()
         if not words or words[0] == "quit":
             break
+        if words[0] == "hold":
+            held.append(dev.import_ipc(words[1], int(words[2])))
+            print("ok", flush=True)
+            continue
+        if words[0] == "release":
+            while held:
+                held.pop().close()
+            print("ok", flush=True)
+            continue
         key, size, n, check_seed, write_seed = words[1], *map(int, words[2:])
         try:
             with dev.import_ipc(key, size) as buf:

@@ -370,6 +370,35 @@ async def test_pull_from_registered_memory(linked: Linked) -> None:
         buffer.close()
 
 
+async def test_a_device_buffer_is_freed_after_the_daemon_closed_its_import(
+        linked: Linked) -> None:
+    """Closing an alloc_device_shareable buffer while its cluster lives: the
+    daemon closes its import first (the double refuses the exporter's
+    aclrtIpcMemClose before that, as CANN asks), and not while caches lie in it."""
+    if linked.backend != "hccl":
+        pytest.skip("device buffers are the hccl backend's")
+    desc = CacheDesc(1, [1, 8192], DataType.DT_UINT8, Placement.DEVICE)
+    buffer = alloc_device_shareable(desc.size, device_id=0)
+    try:
+        src = await linked.prompt.cache_manager.register_cache(desc, [buffer.address])
+        contents = fill(src)
+        with pytest.raises(BufferError, match="unregister them"):
+            buffer.close()  # a cache lies in it: the daemon keeps its import
+        dst = await linked.decoder.cache_manager.allocate_cache(desc)
+        await linked.decoder.cache_manager.pull_cache(
+            CacheKeyByIdAndIndex(linked.prompt.cluster_id, src.cache_id, 0), dst)
+        assert [IO.read(dst, 0)] == contents  # still the buffer's bytes
+        await linked.prompt.cache_manager.unregister_cache(src.cache_id)
+        buffer.close()  # no finalize first
+        assert buffer.buffer.closed
+        again = await linked.prompt.cache_manager.allocate_cache(desc)  # the cluster goes on
+        await linked.prompt.cache_manager.deallocate_cache(again)
+        await linked.decoder.cache_manager.deallocate_cache(dst)
+    finally:
+        await linked.prompt.finalize()
+        buffer.close()
+
+
 async def test_memory_registered_after_the_link_moves_one_sided(linked: Linked,
                                                               daemons: Daemons) -> None:
     """The link was prepared before this memory existed: its first pull prepares a

@@ -70,6 +70,33 @@ def test_import_in_another_process(device: ascend.Device, peer: Peer) -> None:
         assert peer.ask(f"import {key} {buf.size} 1 0 0") == "error 107000"
 
 
+def test_the_exporter_closes_a_key_only_after_its_importers(double_dir: Path,
+                                                            device: ascend.Device) -> None:
+    """CANN's aclrtIpcMemClose: the exporting process may close a key only after
+    every importing process closed it; an importer that died counts as closed."""
+    peer = Peer(double_dir)
+    try:
+        with device.malloc(1) as buf:
+            key = buf.export_key(pid_validation=False)
+            assert peer.ask(f"hold {key} {buf.size}") == "ok"
+            with pytest.raises(ascend.AclError, match="still imported") as caught:
+                buf.unexport()
+            assert caught.value.api == "aclrtIpcMemClose"
+            assert peer.ask("release") == "ok"
+            buf.unexport()
+        with device.malloc(1) as buf:
+            key = buf.export_key(pid_validation=False)
+            assert peer.ask(f"hold {key} {buf.size}") == "ok"
+            peer.proc.kill()
+            peer.proc.wait(10)
+            buf.unexport()
+    finally:
+        if peer.proc.poll() is None:
+            peer.close()
+        else:
+            peer.proc.communicate(timeout=10)
+
+
 def test_pid_whitelist(runtime: ascend.AscendRuntime, device: ascend.Device, peer: Peer) -> None:
     with device.malloc(1) as allowed, device.malloc(1) as other:
         allowed.write(0, pattern(64, 5))

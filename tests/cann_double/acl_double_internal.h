@@ -28,6 +28,10 @@ typedef struct dbl_mem {
     int pid_check;
     int npids;
     int32_t pids[MAX_PIDS];
+    /* An export's importers (their pids) that have not closed it: CANN lets
+     * the exporter close a key only after every importer did. */
+    int nimporters;
+    int32_t importers[MAX_PIDS];
     char key[KEY_LEN];
 } dbl_mem;
 

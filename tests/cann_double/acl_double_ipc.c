@@ -8,10 +8,15 @@
  * the first export; an importer connects, sends the key and receives the
  * memfd (SCM_RIGHTS), which it maps at a 2 MiB aligned address. The pid
  * whitelist of aclrtIpcMemSetImportPid is checked against the peer
- * credentials of that connection.
+ * credentials of that connection. An importer's aclrtIpcMemClose tells the
+ * exporter (the key prefixed with CLOSE_MARK on the same socket), and the
+ * exporter's own aclrtIpcMemClose fails while a live importer has not
+ * closed the key, the order CANN's documentation of aclrtIpcMemClose
+ * requires.
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +34,9 @@ typedef struct {
     uint32_t reserved;
     uint64_t size;
 } ipc_reply;
+
+/* First byte of an importer's "I closed this key" notice. */
+#define CLOSE_MARK '-'
 
 static pthread_once_t g_ipc_once = PTHREAD_ONCE_INIT;
 static int g_ipc_listener = -1;
@@ -76,20 +84,34 @@ static void serve_one(int conn)
         getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0)
         return;
     key[KEY_LEN - 1] = '\0';
+    int closing = key[0] == CLOSE_MARK;
+    const char *name = closing ? key + 1 : key;
     pthread_mutex_lock(&g_lock);
     dbl_mem *m = g_mems;
     for (; m; m = m->next)
-        if (m->kind == MEM_DEVICE && m->exported && !strcmp(m->key, key))
+        if (m->kind == MEM_DEVICE && m->exported && !strcmp(m->key, name))
             break;
     if (!m) {
         pthread_mutex_unlock(&g_lock);
         send_reply(conn, ACL_ERROR_RT_PARAM_INVALID, 0, -1);
         return;
     }
+    if (closing) {
+        for (int i = 0; i < m->nimporters; i++)
+            if (m->importers[i] == (int32_t)cred.pid) {
+                m->importers[i] = m->importers[--m->nimporters];
+                break;
+            }
+        pthread_mutex_unlock(&g_lock);
+        send_reply(conn, 0, 0, -1);
+        return;
+    }
     int allowed = !m->pid_check;
     for (int i = 0; i < m->npids && !allowed; i++)
         /* "aclrtIpcMemSetImportPid": the whitelist holds bare tgids */
         allowed = m->pids[i] == hixl_double_bare_tgid_of((int32_t)cred.pid);
+    if (allowed && m->nimporters < MAX_PIDS)
+        m->importers[m->nimporters++] = (int32_t)cred.pid;
     if (allowed)
         send_reply(conn, 0, m->size, m->fd);
     else
@@ -197,12 +219,51 @@ DBL_EXPORT aclError aclrtIpcMemSetImportPid(const char *key, int32_t *pid, size_
     return ACL_SUCCESS;
 }
 
-static int ask_exporter(const char *key, int *fd_out)
+/* The exporter's pid in a key, or -1. */
+static int exporter_of(const char *key)
 {
     int pid;
     unsigned serial;
     char tail;
-    if (sscanf(key, "cann-double:%d:%u%c", &pid, &serial, &tail) != 2)
+    return sscanf(key, "cann-double:%d:%u%c", &pid, &serial, &tail) == 2 ? pid : -1;
+}
+
+/* Tell the exporter of an imported key that this process closed it (best
+ * effort: an exporter that is gone has nothing left to check). */
+static void tell_exporter_closed(const char *key)
+{
+    int pid = exporter_of(key);
+    struct sockaddr_un a;
+    socklen_t alen = ipc_address(pid, &a);
+    int s = pid < 0 ? -1 : socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (s < 0)
+        return;
+    struct timeval tv = {2, 0};
+    setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    char req[KEY_LEN] = {0};
+    snprintf(req, sizeof req, "%c%s", CLOSE_MARK, key);
+    ipc_reply r;
+    if (connect(s, (struct sockaddr *)&a, alen) == 0 &&
+        send(s, req, sizeof req, MSG_NOSIGNAL) == (ssize_t)sizeof req)
+        (void)recv(s, &r, sizeof r, MSG_WAITALL);
+    close(s);
+}
+
+/* Importers of export m that have not closed it and are still alive. */
+static int live_importers_locked(dbl_mem *m)
+{
+    for (int i = 0; i < m->nimporters;)
+        if (kill(m->importers[i], 0) != 0 && errno == ESRCH)
+            m->importers[i] = m->importers[--m->nimporters];
+        else
+            i++;
+    return m->nimporters;
+}
+
+static int ask_exporter(const char *key, int *fd_out)
+{
+    int pid = exporter_of(key);
+    if (pid < 0)
         return hixl_double_fail(ACL_ERROR_RT_PARAM_INVALID, "aclrtIpcMemImportByKey: malformed key %s", key);
     struct sockaddr_un a;
     socklen_t alen = ipc_address(pid, &a);
@@ -296,10 +357,19 @@ DBL_EXPORT aclError aclrtIpcMemClose(const char *key)
         pthread_mutex_unlock(&g_lock);
         release_mem(m);
         hixl_double_count(DBL_LIVE_IMPORTS, -1);
+        tell_exporter_closed(key);
         return ACL_SUCCESS;
     }
     m = find_export_locked(key);
     if (m) {
+        if (live_importers_locked(m)) {
+            int importer = m->importers[0];
+            pthread_mutex_unlock(&g_lock);
+            return hixl_double_fail(ACL_ERROR_RT_IPC_ERROR,
+                                    "aclrtIpcMemClose: %s is still imported by process %d; "
+                                    "every importer must close it before its exporter", key,
+                                    importer);
+        }
         m->exported = 0;
         m->key[0] = '\0';
         pthread_mutex_unlock(&g_lock);
