@@ -39,6 +39,11 @@ logger = logging.getLogger(__name__)
 # within one watchdog tick (hixl_wire.lane.WATCHDOG_TICK_S). README, "Bounded
 # calls", lists each call's timeout.
 CALL_MARGIN_S = 0.5
+# A session's channel has a connection of its own: by default gRPC shares one
+# between a process's channels to a target, with its reconnect backoff, so
+# after the local daemon restarted, a new session failed at once (UNAVAILABLE)
+# while an old session's failed calls kept that backoff running.
+CHANNEL_OPTIONS = (("grpc.use_local_subchannel_pool", 1),)
 LANE_GRACE_S = 0.2
 # Calls without a timeout of LLM-DataDist's own (attach, init's control part,
 # allocate, register, deallocate, copies, switch_role, finalize): this bound,
@@ -91,7 +96,7 @@ class DaemonConnection:
 
     async def open(self) -> None:
         """Connect and attach; the session lives until close() or process exit."""
-        self._channel = grpc.aio.insecure_channel(self.target)
+        self._channel = grpc.aio.insecure_channel(self.target, options=CHANNEL_OPTIONS)
         self._stub = client_pb2_grpc.ClientStub(self._channel)
         self._attach = self._stub.Attach(
             client_pb2.AttachRequest(client_pid=os.getpid(), client_name=self._client_name),

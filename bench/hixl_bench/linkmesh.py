@@ -182,14 +182,17 @@ class Mesh:
         self.sources = [cache for _, cache in made]
 
     async def _init_retrying(self, client: LLMDataDist, options: dict[str, str]) -> None:
-        """``init``, tried again for up to ``_INIT_RETRY_S`` while the daemon refuses.
+        """``init``, tried again for up to ``_INIT_RETRY_S`` while the daemon refuses
+        (a restart not yet listening), counted in ``init_retries``.
 
-        Right after a restart the first ``init`` can fail at once with
-        UNAVAILABLE ("connection refused") although the new daemon listens:
-        gRPC shares a subchannel, and its reconnect backoff, between the
-        channels of a process to one target, and the old clients' last calls
-        put it in backoff while the daemon was down. A serving stack's
-        client retries; so does this one, and counts it (``init_retries``).
+        Before sessions had connections of their own, the first ``init``
+        after a restart could also fail at once although the new daemon
+        listened: gRPC shared one
+        connection, and its reconnect backoff, between a process's channels
+        to one target, and the old clients' failed calls kept it in backoff.
+        Each session has a connection of its own now
+        (``hixl_client._transport.CHANNEL_OPTIONS``;
+        tests/integration/test_daemon_restart.py).
         """
         deadline = asyncio.get_running_loop().time() + _INIT_RETRY_S
         while True:
