@@ -34,7 +34,8 @@ from tests.clusters import cluster_info
 
 from .conftest import Pair, daemon_status, make_pair, options
 
-pytestmark = pytest.mark.asyncio
+# About the daemons' links and processes: once, on uvloop (scripts/test.sh).
+pytestmark = [pytest.mark.asyncio, pytest.mark.one_loop]
 
 WAIT_S = 40.0
 # Short bounds: heartbeats every 0.2 s, down after 1.5 s silent, leases of 3 s.

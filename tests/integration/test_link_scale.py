@@ -16,7 +16,8 @@ import pytest
 
 links = pytest.importorskip("hixl_bench.links")
 
-pytestmark = pytest.mark.asyncio
+# About the daemons' links and processes: once, on uvloop (scripts/test.sh).
+pytestmark = [pytest.mark.asyncio, pytest.mark.one_loop]
 
 LINKS = 48
 STREAMS = 4

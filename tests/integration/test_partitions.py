@@ -31,7 +31,8 @@ from .conftest import daemon_status, options
 from .netns import NetnsPair
 from .test_link_health import FAST, admin_link, in_state, outbound_state, wait_until
 
-pytestmark = pytest.mark.asyncio
+# About the daemons' links and processes: once, on uvloop (scripts/test.sh).
+pytestmark = [pytest.mark.asyncio, pytest.mark.one_loop]
 
 DESC = CacheDesc(2, [1, 65536], DataType.DT_UINT8)
 SYNC_KV_TIMEOUT_MS = 1000

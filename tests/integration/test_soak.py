@@ -14,7 +14,8 @@ import pytest
 
 soak = pytest.importorskip("hixl_bench.soak")
 
-pytestmark = pytest.mark.asyncio
+# About the daemons' links and processes: once, on uvloop (scripts/test.sh).
+pytestmark = [pytest.mark.asyncio, pytest.mark.one_loop]
 
 
 async def test_transfers_across_prompt_daemon_restarts_all_end_and_leave_nothing() -> None:
