@@ -165,12 +165,15 @@ def test_a_write_damaged_in_flight_is_answered_e_checksum(server: Any, cq: Any, 
     np.frombuffer(near, np.uint8)[:] = 7
     relay, link = corrupting_link(server, cq, "c2s",
                                   HANDSHAKE_C2S + REQUEST.size + RANGE.size + 500)
+    before = server.checksum_mismatches
     try:
         status = link.write_to(1, near, REGION, triples(rows), 5000, checksum=True)
         assert finish(status, cq, 1) == hn.E_CHECKSUM
+        assert server.checksum_mismatches == before + 1  # counted where it was found
         status = link.write_to(2, near, REGION, triples(rows), 5000, checksum=True)
         assert finish(status, cq, 2) == hn.OK
         assert (np.frombuffer(far, np.uint8)[8192:8192 + 64 * KIB] == 7).all()
+        assert server.checksum_mismatches == before + 1
     finally:
         link.close()
         relay.close()
@@ -267,3 +270,10 @@ def test_unknown_flags_are_a_protocol_error(server: Any, far: Any) -> None:
             pass
     finally:
         raw.close()
+
+
+def test_the_mismatch_count_is_read_after_the_server_closed() -> None:
+    """A /metrics scrape may come while the daemon stops, its data server closed."""
+    srv = hn.DataServer("127.0.0.1", 0)
+    srv.close()
+    assert srv.checksum_mismatches == 0
