@@ -46,16 +46,6 @@ def tcp_name(streams: int) -> str:
     return TCP_C if streams == 1 else f"{TCP_C}x{streams}"
 
 
-def _row(name: str, path: str, shape: tuple[int, int], timing: Timing) -> Row:
-    block, nblocks = shape
-    return Row(CEILING, name, "ceiling", "copy", path, block, nblocks).fill(timing, block * nblocks)
-
-
-def _error_row(name: str, path: str, shape: tuple[int, int], exc: str) -> Row:
-    return Row(CEILING, name, "ceiling", "copy", path, shape[0], shape[1],
-               status=f"error: {exc}")
-
-
 class _Ceiling(Protocol):
     def run(self, block: int, nblocks: int, iters: int) -> list[float]: ...
     def close(self) -> None: ...
@@ -116,26 +106,16 @@ class NativeCeilings:
         return pending
 
     async def measure(self, shape: tuple[int, int], paths: set[str]) -> list[Row]:
-        """Rows of every open ceiling serving ``paths`` not yet measured at ``shape``."""
+        """Rows of every open ceiling serving ``paths`` not yet measured at ``shape``,
+        each timed whole."""
         rows = []
-        for name, (path, ceiling) in self._open.items():
-            if path not in paths or (name, shape) in self._done:
-                continue
-            self._done.add((name, shape))
-            if name in self._broken:
-                row = _error_row(name, path, shape, self._broken[name])
-            else:
-                try:
-                    timing = await asyncio.to_thread(drive_sync, _runner(ceiling, shape),
-                                                     self._budget)
-                    row = _row(name, path, shape, timing)
-                except (ValueError, MemoryError) as exc:
-                    row = _error_row(name, path, shape, str(exc))
-                except OSError as exc:  # a TCP ceiling's connection is gone for good
-                    self._broken[name] = str(exc)
-                    row = _error_row(name, path, shape, str(exc))
-            self._progress(row)
-            rows.append(row)
+        for pending in self.pending(shape, paths):
+            try:
+                pending.row.fill(await pending.slice(self._budget), pending.request_bytes)
+            except (ValueError, MemoryError, OSError) as exc:  # OSError: its TCP pair is gone
+                pending.row.status = f"error: {exc}"
+            self._progress(pending.row)
+            rows.append(pending.row)
         return rows
 
 

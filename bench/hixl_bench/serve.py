@@ -256,16 +256,36 @@ def worker_pool(case: ServeCase) -> int:
     return case.cache_bytes + (16 << 20) if case.memory == "pool" else 16 << 20
 
 
+class Reference:
+    """The repeated 4 KiB ``pull_cache`` by cache id that the small rows' p50
+    compares with, in one pair of clusters; its caches are allocated on first use."""
+
+    def __init__(self, env: Clusters) -> None:
+        self.env = env
+        self._caches: Caches | None = None
+
+    async def pull(self) -> Pull:
+        if self._caches is None:
+            desc = CacheDesc(1, [2, 4096], DataType.DT_UINT8)
+            local = await self.env.cm.allocate_cache(desc)
+            remote = await self.env.target_cm("tcp").allocate_cache(desc)
+            self._caches = Caches(local, remote, 2)
+        return Pull(self.env, "tcp", self._caches)
+
+    async def close(self) -> None:
+        if self._caches is not None:
+            await self.env.cm.deallocate_cache(self._caches.local)
+            await self.env.target_cm("tcp").deallocate_cache(self._caches.remote)
+            self._caches = None
+
+
 async def ref_4k_row(env: Clusters, budget: Budget) -> Row:
-    """The repeated 4 KiB ``pull_cache`` by cache id that the small rows' p50 compares with."""
-    desc = CacheDesc(1, [2, 4096], DataType.DT_UINT8)
-    local = await env.cm.allocate_cache(desc)
-    remote = await env.target_cm("tcp").allocate_cache(desc)
+    """The reference's row of its own."""
+    reference = Reference(env)
     try:
-        timing = await drive(Pull(env, "tcp", Caches(local, remote, 2)).request, 1, budget)
+        timing = await drive((await reference.pull()).request, 1, budget)
     finally:
-        await env.cm.deallocate_cache(local)
-        await env.target_cm("tcp").deallocate_cache(remote)
+        await reference.close()
     return Row(PROBE, REF_4K, SUITE, "pull", "tcp", 4096, 1).fill(timing, 4096)
 
 

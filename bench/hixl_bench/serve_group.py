@@ -33,12 +33,13 @@ from hixl_bench.ceilings import NativeCeilings
 from hixl_bench.env import Clusters, Daemons, options
 from hixl_bench.model import MIB, Budget, Row, Timing, drive, percentile
 from hixl_bench.plan import ServeCase
-from hixl_bench.runner import Caches, Pull
+from hixl_bench.runner import Pull
 from hixl_bench.serve import (
     AFTER,
     BEFORE,
     ROTATIONS,
     Prefill,
+    Reference,
     Side,
     Unsupported,
     case_spec,
@@ -49,7 +50,6 @@ from hixl_bench.serve import (
     verify_pairs,
     worker_pool,
 )
-from hixl_client import CacheDesc, DataType
 
 ROUNDS = 4
 # Rows a target compares time at least this many requests each: a p50 of
@@ -264,30 +264,6 @@ def facade_spec(pair: Daemons, env: Clusters, case: ServeCase, index: int, prefi
             "case": case_spec(case), "index": index}
 
 
-class _Reference:
-    """The repeated 4 KiB pull by cache id, in the group's clusters."""
-
-    def __init__(self, env: Clusters) -> None:
-        self.env = env
-        self.caches: Caches | None = None
-        self._pull: Pull | None = None
-
-    async def pull(self) -> Pull:
-        """The reference's request, its caches allocated on first use."""
-        if self._pull is None:
-            desc = CacheDesc(1, [2, 4096], DataType.DT_UINT8)
-            local = await self.env.cm.allocate_cache(desc)
-            remote = await self.env.target_cm("tcp").allocate_cache(desc)
-            self.caches = Caches(local, remote, 2)
-            self._pull = Pull(self.env, "tcp", self.caches)
-        return self._pull
-
-    async def close(self) -> None:
-        if self.caches is not None:
-            await self.env.cm.deallocate_cache(self.caches.local)
-            await self.env.target_cm("tcp").deallocate_cache(self.caches.remote)
-
-
 def _wants_reference(case: ServeCase) -> bool:
     return case.client == "async" and case.conc == 1 and \
         case.request_bytes <= REF_BESIDE_MAX_BYTES
@@ -303,7 +279,7 @@ async def serve_group(pair: Daemons, env: Clusters, native: NativeCeilings,
     members: list[Member] = list(ceilings)
     prefills: dict[str, Prefill | Exception] = {}
     opened: list[AsyncDecode | FacadeDecode] = []
-    reference = _Reference(env)
+    reference = Reference(env)
     try:
         for (index, case), row in zip(group, rows, strict=True):
             decode = await _open_member(pair, env, case, index, row, prefills, reference,
@@ -333,7 +309,7 @@ async def serve_group(pair: Daemons, env: Clusters, native: NativeCeilings,
 
 
 async def _open_member(pair: Daemons, env: Clusters, case: ServeCase, index: int, row: Row,
-                       prefills: dict[str, Prefill | Exception], reference: _Reference,
+                       prefills: dict[str, Prefill | Exception], reference: Reference,
                        facade_id: int) -> AsyncDecode | FacadeDecode | None:
     """Open one case's decode side (and its memory's prefill side, once per
     group); None with the row's status set when it cannot run."""
