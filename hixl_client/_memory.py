@@ -195,18 +195,22 @@ def drop_buffer(fd_socket: str, token: bytes, buffer_id: int) -> bool:
     """Tell the daemon this process is closing a buffer it handed over (blocking,
     bounded).
 
-    Returns False only when the daemon still holds device memory that caches
-    lie in (BUSY): it must not be freed yet. A daemon that refuses (its
-    cluster ended) or cannot be reached (it exited) holds the buffer no more.
+    Returns False when the daemon may still hold the buffer: it answered BUSY
+    (device memory that caches lie in) or did not answer in time, so device
+    memory must not be freed yet. A daemon that refuses (its cluster ended)
+    or is gone (nothing listens on its socket) holds the buffer no more.
     """
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(FD_REQUEST_TIMEOUT_S)
             sock.connect(fd_socket)
             sock.sendall(_OP_DROP + token + buffer_id.to_bytes(8, "little"))
-            return sock.recv(1) != _BUSY
-    except OSError:
+            reply = sock.recv(1)
+    except (ConnectionRefusedError, FileNotFoundError):
         return True
+    except OSError:  # a timeout, or the daemon went away mid-answer
+        return False
+    return reply not in (_BUSY, b"")
 
 
 async def upload_buffer(fd_socket: str, token: bytes, fd: int) -> int:

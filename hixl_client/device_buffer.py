@@ -85,8 +85,9 @@ class DeviceShareableBuffer:
             if drop_buffer(fd_socket, token, buffer_id):
                 del self._imported[token]
         if self._imported:
-            raise BufferError("caches registered over this device buffer remain in a hixl "
-                              "daemon: unregister them (or finalize) before closing it")
+            raise BufferError("a hixl daemon still holds this device buffer (caches "
+                              "registered over it remain, or it did not answer): unregister "
+                              "them (or finalize) before closing it")
         _DEVICE_REGISTRY.remove(self)
         try:
             self.buffer.unexport()
