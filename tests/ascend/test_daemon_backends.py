@@ -370,61 +370,62 @@ async def test_pull_from_registered_memory(linked: Linked) -> None:
         buffer.close()
 
 
+DEVICE_DESC = CacheDesc(1, [1, 8192], DataType.DT_UINT8, Placement.DEVICE)
+
+
+@pytest_asyncio.fixture
+async def device_buffer(linked: Linked) -> AsyncIterator[DeviceShareableBuffer]:
+    """A device buffer for the prompt cluster of an hccl pair (other backends
+    skip); the cluster is finalized before the buffer is freed."""
+    if linked.backend != "hccl":
+        pytest.skip("device buffers and hccl links only")
+    buffer = alloc_device_shareable(DEVICE_DESC.size, device_id=0)
+    try:
+        yield buffer
+    finally:
+        await linked.prompt.finalize()
+        buffer.close()
+
+
 async def test_a_device_buffer_is_freed_after_the_daemon_closed_its_import(
-        linked: Linked) -> None:
+        linked: Linked, device_buffer: DeviceShareableBuffer) -> None:
     """Closing an alloc_device_shareable buffer while its cluster lives: the
     daemon closes its import first (the double refuses the exporter's
     aclrtIpcMemClose before that, as CANN asks), and not while caches lie in it."""
-    if linked.backend != "hccl":
-        pytest.skip("device buffers are the hccl backend's")
-    desc = CacheDesc(1, [1, 8192], DataType.DT_UINT8, Placement.DEVICE)
-    buffer = alloc_device_shareable(desc.size, device_id=0)
-    try:
-        src = await linked.prompt.cache_manager.register_cache(desc, [buffer.address])
-        contents = fill(src)
-        with pytest.raises(BufferError, match="unregister them"):
-            buffer.close()  # a cache lies in it: the daemon keeps its import
-        dst = await linked.decoder.cache_manager.allocate_cache(desc)
-        await linked.decoder.cache_manager.pull_cache(
-            CacheKeyByIdAndIndex(linked.prompt.cluster_id, src.cache_id, 0), dst)
-        assert [IO.read(dst, 0)] == contents  # still the buffer's bytes
-        await linked.prompt.cache_manager.unregister_cache(src.cache_id)
-        buffer.close()  # no finalize first
-        assert buffer.buffer.closed
-        again = await linked.prompt.cache_manager.allocate_cache(desc)  # the cluster goes on
-        await linked.prompt.cache_manager.deallocate_cache(again)
-        await linked.decoder.cache_manager.deallocate_cache(dst)
-    finally:
-        await linked.prompt.finalize()
-        buffer.close()
+    src = await linked.prompt.cache_manager.register_cache(DEVICE_DESC, [device_buffer.address])
+    contents = fill(src)
+    with pytest.raises(BufferError, match="unregister them"):
+        device_buffer.close()  # a cache lies in it: the daemon keeps its import
+    dst = await linked.decoder.cache_manager.allocate_cache(DEVICE_DESC)
+    await linked.decoder.cache_manager.pull_cache(
+        CacheKeyByIdAndIndex(linked.prompt.cluster_id, src.cache_id, 0), dst)
+    assert [IO.read(dst, 0)] == contents  # still the buffer's bytes
+    await linked.prompt.cache_manager.unregister_cache(src.cache_id)
+    device_buffer.close()  # no finalize first
+    assert device_buffer.buffer.closed
+    again = await linked.prompt.cache_manager.allocate_cache(DEVICE_DESC)  # the cluster goes on
+    await linked.prompt.cache_manager.deallocate_cache(again)
+    await linked.decoder.cache_manager.deallocate_cache(dst)
 
 
-async def test_memory_registered_after_the_link_moves_one_sided(linked: Linked,
-                                                              daemons: Daemons) -> None:
+async def test_memory_registered_after_the_link_moves_one_sided(
+        linked: Linked, daemons: Daemons, device_buffer: DeviceShareableBuffer) -> None:
     """The link was prepared before this memory existed: its first pull prepares a
     new communicator that binds it; later pulls ask the far daemon nothing."""
-    if linked.backend != "hccl":
-        pytest.skip("hccl links only")
-    desc = CacheDesc(1, [1, 8192], DataType.DT_UINT8, Placement.DEVICE)
-    buffer = alloc_device_shareable(desc.size, device_id=0)
-    try:
-        src = await linked.prompt.cache_manager.register_cache(desc, [buffer.address])
-        contents = fill(src)
-        dst = await linked.decoder.cache_manager.allocate_cache(desc)
-        ref = CacheKeyByIdAndIndex(linked.prompt.cluster_id, src.cache_id, 0)
-        await linked.decoder.cache_manager.pull_cache(ref, dst)
-        assert [IO.read(dst, 0)] == contents
-        before = (await daemon_status(daemons.prompt.client_target)).peer_lane_calls
-        IO.write(src, 0, contents[0][::-1])
-        await linked.decoder.cache_manager.pull_cache(ref, dst)
-        assert IO.read(dst, 0) == contents[0][::-1]
-        calls = (await daemon_status(daemons.prompt.client_target)).peer_lane_calls - before
-        assert calls == (0 if linked.data_path == "one-sided" else 1)  # two-sided: a post
-        await linked.prompt.cache_manager.unregister_cache(src.cache_id)
-        await linked.decoder.cache_manager.deallocate_cache(dst)
-    finally:
-        await linked.prompt.finalize()
-        buffer.close()
+    src = await linked.prompt.cache_manager.register_cache(DEVICE_DESC, [device_buffer.address])
+    contents = fill(src)
+    dst = await linked.decoder.cache_manager.allocate_cache(DEVICE_DESC)
+    ref = CacheKeyByIdAndIndex(linked.prompt.cluster_id, src.cache_id, 0)
+    await linked.decoder.cache_manager.pull_cache(ref, dst)
+    assert [IO.read(dst, 0)] == contents
+    before = (await daemon_status(daemons.prompt.client_target)).peer_lane_calls
+    IO.write(src, 0, contents[0][::-1])
+    await linked.decoder.cache_manager.pull_cache(ref, dst)
+    assert IO.read(dst, 0) == contents[0][::-1]
+    calls = (await daemon_status(daemons.prompt.client_target)).peer_lane_calls - before
+    assert calls == (0 if linked.data_path == "one-sided" else 1)  # two-sided: a post
+    await linked.prompt.cache_manager.unregister_cache(src.cache_id)
+    await linked.decoder.cache_manager.deallocate_cache(dst)
 
 
 async def test_transfer_config_to_raw_addresses_of_the_receiver(linked: Linked) -> None:
