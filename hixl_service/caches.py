@@ -64,6 +64,7 @@ class Caches:
         # Made on the first registration of engine memory, then shared by all:
         # (inbound: the data server's requests, outbound: this daemon's own).
         self._bounce: tuple[hixl_native.BouncePool, hixl_native.BouncePool] | None = None
+        self._releasing: set[asyncio.Task[None]] = set()  # closed buffers being unmapped
 
     def allocate(self, cluster: Cluster, spec: NewCache, keys: list[KeySpec]) -> CacheEntry:
         pool = cluster.pool_for(spec.placement)
@@ -178,7 +179,7 @@ class Caches:
         """The client is closing a buffer it handed over: nothing new may use it.
 
         A shareable host buffer is unmapped once the caches registered over it
-        are gone (at once when there are none). Device memory is the client's
+        are gone (right after this returns when there are none). Device memory is the client's
         to free only after the daemon closed its import (CANN's order for
         ``aclrtIpcMemClose``): it is closed now, or, while caches lie in it,
         not at all, and False says so (the client keeps the buffer).
@@ -188,10 +189,17 @@ class Caches:
         if buffer is None:
             raise LLMException(f"buffer {buffer_id} was not handed over by this cluster",
                                status_code=LLMStatusCode.LLM_PARAM_INVALID)
-        if buffer.on_device and buffer.caches:
-            return False
+        if buffer.on_device:
+            if buffer.caches:
+                return False
+            buffer.dropped = True
+            await self._release_if_unused(buffer)  # the client frees it once we answer
+            return True
         buffer.dropped = True
-        await self._release_if_unused(buffer)
+        if not buffer.caches:  # unmapped off the answer's path: close() waits for no munmap
+            releasing = asyncio.get_running_loop().create_task(self._release_if_unused(buffer))
+            self._releasing.add(releasing)
+            releasing.add_done_callback(self._releasing.discard)
         return True
 
     async def _cache_gone(self, memory: Memory) -> None:

@@ -11,9 +11,10 @@ that only a client holding a session has (from its Init reply):
   status byte and the buffer id (8 bytes, little endian);
 * DROP, with the cluster's upload token and a buffer id (8 bytes, little
   endian): the client is closing that buffer; the daemon unmaps a shareable
-  buffer once no registered cache lies in it, and closes its import of
-  device memory at once, or answers BUSY while caches lie in it (the
-  client must not free it then); one status byte;
+  buffer once no registered cache lies in it (after its answer), and closes
+  its import of device memory at once (before its answer), or answers BUSY
+  while caches lie in it (the client must not free it then); one status
+  byte;
 * BIND, with the cluster's upload token: the daemon binds the process at the
   other end of this connection, as the kernel names it (``SO_PEERPIDFD`` /
   ``SO_PEERCRED``), to the cluster, whose engine-allocated memory it then
@@ -120,10 +121,13 @@ class FdServer:
                     os.close(fd)  # the daemon keeps mappings, never the client's fds
             # A few bytes (and maybe one fd) into an empty socket buffer cannot block.
             conn.setblocking(False)
-            if send_fd is None:
-                await asyncio.get_running_loop().sock_sendall(conn, reply)
-            else:
-                socket.send_fds(conn, [reply], [send_fd])
+            try:
+                if send_fd is None:
+                    await asyncio.get_running_loop().sock_sendall(conn, reply)
+                else:
+                    socket.send_fds(conn, [reply], [send_fd])
+            except OSError as exc:  # the client left without its answer
+                logger.debug("fd reply not delivered: %s", exc)
 
     async def _answer(self, data: bytes, fds: list[int],
                 conn: socket.socket) -> tuple[bytes, int | None]:

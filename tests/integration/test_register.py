@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import AsyncIterator, Callable
 
 import numpy as np
@@ -154,6 +155,17 @@ def _daemon_maps(daemon: DaemonProcess, inode: int) -> bool:
         return any(len(f := line.split()) > 4 and f[4] == str(inode) for line in maps)
 
 
+async def _unmapped(daemon: DaemonProcess, inode: int, timeout_s: float = 5.0) -> bool:
+    """Whether the daemon lets go of the memfd within ``timeout_s`` (after a
+    close(), it unmaps a buffer without caches after its answer)."""
+    deadline = time.monotonic() + timeout_s
+    while _daemon_maps(daemon, inode):
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.02)
+    return True
+
+
 async def test_a_closed_buffer_is_unmapped_once_its_caches_are_unregistered(
         pair: Pair) -> None:
     """A long-running engine allocates and closes shareable buffers: the daemon
@@ -172,14 +184,14 @@ async def test_a_closed_buffer_is_unmapped_once_its_caches_are_unregistered(
     assert bytes(dst.numpy(0).tobytes()[:256]) == bytes(range(256))
     assert _daemon_maps(pair.prompt_daemon, inode)
     await cm.unregister_cache(cache.cache_id)
-    assert not _daemon_maps(pair.prompt_daemon, inode)
+    assert not _daemon_maps(pair.prompt_daemon, inode)  # unregister returns after the unmap
 
     shared = alloc_shareable(2 * desc.size)  # two caches in one buffer, let go at once
     inode = os.fstat(shared.fd).st_ino
     both = [await cm.register_cache(desc, [shared.address + i * desc.size]) for i in range(2)]
     shared.close()
     await asyncio.gather(*(cm.unregister_cache(c.cache_id) for c in both))
-    assert not _daemon_maps(pair.prompt_daemon, inode)
+    assert await _unmapped(pair.prompt_daemon, inode)
 
     unused = alloc_shareable(4096)  # a buffer with no cache left goes at once
     inode = os.fstat(unused.fd).st_ino
@@ -187,5 +199,5 @@ async def test_a_closed_buffer_is_unmapped_once_its_caches_are_unregistered(
     await cm.unregister_cache(first.cache_id)
     assert _daemon_maps(pair.prompt_daemon, inode)  # still open here: it may be registered again
     unused.close()
-    assert not _daemon_maps(pair.prompt_daemon, inode)
+    assert await _unmapped(pair.prompt_daemon, inode)
     await pair.decoder.cache_manager.deallocate_cache(dst)
