@@ -7,8 +7,8 @@
 # process: after the whole suite passes on uvloop, the async tests of the
 # client-side packages and the in-process engines (tests/integration,
 # tests/client, tests/service, tests/engine) run
-# again on asyncio's default loop, but those marked one_loop (the soak, link
-# health and scale, partitions: their subject is the daemons, whose loop is
+# again on asyncio's default loop, but those marked one_loop (link health
+# and scale, partitions: their subject is the daemons, whose loop is
 # uvloop either way).
 #
 # That second run happens only for the full run (no arguments, HIXL_TEST_LOOP
