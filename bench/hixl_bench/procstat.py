@@ -107,6 +107,33 @@ async def daemon_status(target: str) -> admin_pb2.DaemonStatus:
         return reply
 
 
+class StatusChannels:
+    """``Admin/GetStatus`` over one channel per daemon, kept open between readings.
+
+    A channel per reading would move the very figures being read: its socket
+    closes a moment after the call, so the fd counts of the tool and of the
+    daemon would never hold still for long. A kept channel is one socket on
+    each side, the same in every reading (it reconnects to a restarted daemon
+    on the same target by itself).
+    """
+
+    def __init__(self) -> None:
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    async def status(self, target: str) -> admin_pb2.DaemonStatus:
+        channel = self._channels.get(target)
+        if channel is None:
+            channel = self._channels[target] = grpc.aio.insecure_channel(target)
+        reply: admin_pb2.DaemonStatus = await admin_pb2_grpc.AdminStub(channel).GetStatus(
+            admin_pb2.GetStatusRequest(), timeout=_STATUS_TIMEOUT_S, wait_for_ready=True)
+        return reply
+
+    async def aclose(self) -> None:
+        channels, self._channels = list(self._channels.values()), {}
+        for channel in channels:
+            await channel.close()
+
+
 def pool_figures(status: admin_pb2.DaemonStatus) -> PoolFigures:
     links = Counter(f"{link.direction} {link.health.state}" for link in status.links)
     return PoolFigures(
