@@ -153,11 +153,11 @@ async def test_control_calls_whose_daemon_hangs_end_by_the_control_timeout(
             ("copy_cache", lambda: manager.copy_cache(dst, other)),
             ("switch_role", lambda: decoder.switch_role(LLMRole.PROMPT)),
         ]
-        with _paused(decode):
-            for name, call in calls:
-                error, elapsed = await _timed_failure(call())
-                assert error.status_code == LLMStatusCode.LLM_TIMEOUT, (name, error)
-                _assert_within(elapsed, CONTROL_TIMEOUT_MS / 1000)
+        with _paused(decode):  # at once: each ends by its own bound, whatever the others do
+            failures = await asyncio.gather(*(_timed_failure(call()) for _, call in calls))
+        for (name, _), (error, elapsed) in zip(calls, failures, strict=True):
+            assert error.status_code == LLMStatusCode.LLM_TIMEOUT, (name, error)
+            _assert_within(elapsed, CONTROL_TIMEOUT_MS / 1000)
 
 
 async def test_link_and_unlink_whose_daemon_hangs_end_by_their_timeout(
@@ -165,10 +165,10 @@ async def test_link_and_unlink_whose_daemon_hangs_end_by_their_timeout(
     async with _linked(next_cluster_id) as (decode, prompt, decoder, _src, _dst):
         target = [cluster_info(prompt.cluster_id, "127.0.0.1:1")]
         with _paused(decode):
-            error, elapsed = await _timed_failure(decoder.link_clusters(target, timeout=1500))
-            assert error.status_code == LLMStatusCode.LLM_TIMEOUT, error
-            _assert_within(elapsed, 1.5)
-            error, elapsed = await _timed_failure(decoder.unlink_clusters(target, timeout=1500))
+            failures = await asyncio.gather(
+                _timed_failure(decoder.link_clusters(target, timeout=1500)),
+                _timed_failure(decoder.unlink_clusters(target, timeout=1500)))
+        for error, elapsed in failures:
             assert error.status_code == LLMStatusCode.LLM_TIMEOUT, error
             _assert_within(elapsed, 1.5)
 
