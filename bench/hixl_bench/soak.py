@@ -340,10 +340,8 @@ class Run:
             self.limit = self.issued
 
     async def sweep(self, counts: Counter[str] | None) -> None:
-        """A pull and a push over every link, one at a time. Besides showing every
-        link healed, this leaves each shape's remembered repeat on the link in
-        use (a repeat of a replaced link keeps that link's stop eventfd open
-        until its shape is used again: docs/architecture.md), the same in the
+        """A pull and a push over every link, one at a time: every link healed,
+        and each shape's remembered repeat on the link in use, the same in the
         baseline as after the run."""
         for decoder, prompt in self.pairs:
             for push in (False, True):

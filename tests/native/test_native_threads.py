@@ -83,6 +83,40 @@ def test_links_share_a_fixed_set_of_threads(pools: tuple[SharedPool, SharedPool]
         server.close()
 
 
+def _eventfds() -> int:
+    return sum(1 for fd in os.listdir("/proc/self/fd")
+               if _link_target(f"/proc/self/fd/{fd}") == "anon_inode:[eventfd]")
+
+
+def _link_target(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:  # the listing's own fd, closed by now
+        return ""
+
+
+def test_a_closed_link_still_referenced_holds_no_eventfd(
+        server: DataServer, pools: tuple[SharedPool, SharedPool], cq: CompletionQueue) -> None:
+    """close() gives back the link's stop eventfd, not only its sockets: a
+    closed link that something still references (a prepared repeat, a
+    traceback's frame) holds no descriptor."""
+    remote, local = pools
+    server.register_region(REGION, remote, 0, remote.size, CLUSTER)
+    before = _eventfds()
+    link = hn.DataLink("127.0.0.1", server.port, TOKEN, STREAMS, cq, 5000)
+    try:
+        assert _eventfds() == before + 1
+        link.read(1, local, quads([(REGION, 0, 0, 4 * KIB)]), 5000)
+        assert wait_completions(cq, 1, 10) == [(1, hn.OK)]
+        link.close()
+        assert _eventfds() == before
+        with pytest.raises(hn.NativeError):  # and the closed link refuses work
+            link.read(2, local, quads([(REGION, 0, 0, 4 * KIB)]), 5000)
+    finally:
+        link.close()
+        server.unregister_region(REGION)
+
+
 @pytest.mark.parametrize("silent", [4], ids=["4-silent-links"])
 def test_a_silent_peer_holds_no_worker(
     silent: int, server: DataServer, pools: tuple[SharedPool, SharedPool], local: SharedPool,

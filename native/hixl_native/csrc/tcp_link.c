@@ -1148,6 +1148,14 @@ void hixl_link_close(hixl_link *l)
     }
     /* The watcher may still hold an event or a timer of these streams. */
     hixl_jobs_quiesce();
+    /* Nothing waits on the stop eventfd any more: every use of it is by a
+     * thread that claimed, was given or reopens a stream, and the streams are
+     * idle and exited (nothing claims or schedules them again). A closed link
+     * that Python still references then holds no fd. */
+    if (l->stop_fd >= 0) {
+        close(l->stop_fd);
+        l->stop_fd = -1;
+    }
 }
 
 void hixl_link_destroy(hixl_link *l)
