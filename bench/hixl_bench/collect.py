@@ -11,7 +11,9 @@ before each reading, and report what was held until then.
 The daemons are started with a ``sitecustomize`` module on their
 ``PYTHONPATH`` (as ``calls`` does for its profiles) that installs a
 ``SIGUSR2`` handler: ``gc.collect()``, then the number of collections so
-far written to ``gc-<pid>`` in the directory ``HIXL_BENCH_GC_DIR`` names.
+far and the daemon's default-executor threads (``procstat.executor_threads``:
+the tools count a daemon's threads less those, as they count their own)
+written to ``gc-<pid>`` in the directory ``HIXL_BENCH_GC_DIR`` names.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from hixl_bench.procstat import EXECUTOR_THREAD_PREFIXES
 from hixl_service.testing import package_roots
 
 SIGNAL = signal.SIGUSR2
@@ -34,14 +37,16 @@ _SITECUSTOMIZE = f"""
 import os, sys
 _dir = os.environ.get("{ENV}")
 if _dir and "hixl_service" in " ".join(sys.orig_argv):
-    import gc, signal
+    import gc, signal, threading
     _done = [0]
     def _collect(signum, frame):
         gc.collect()
         _done[0] += 1
+        executor = sum(1 for t in threading.enumerate()
+                       if t.name.startswith({EXECUTOR_THREAD_PREFIXES!r}))
         path = os.path.join(_dir, f"gc-{{os.getpid()}}")
         with open(path + ".tmp", "w") as out:
-            out.write(str(_done[0]))
+            out.write(f"{{_done[0]}} {{executor}}")
         os.replace(path + ".tmp", path)
     signal.signal({int(SIGNAL)}, _collect)
 """
@@ -56,11 +61,22 @@ def hook_dir() -> Iterator[dict[str, str]]:
         yield {"PYTHONPATH": os.pathsep.join(p for p in path if p), ENV: scratch}
 
 
-def _done(env: dict[str, str], pid: int) -> int:
+def _answer(env: dict[str, str], pid: int) -> tuple[int, int]:
+    """(collections so far, default-executor threads then) of daemon ``pid``."""
     try:
-        return int((Path(env[ENV]) / f"gc-{pid}").read_text(encoding="ascii"))
+        done, executor = (Path(env[ENV]) / f"gc-{pid}").read_text(encoding="ascii").split()
+        return int(done), int(executor)
     except (OSError, ValueError):
-        return 0
+        return 0, 0
+
+
+def _done(env: dict[str, str], pid: int) -> int:
+    return _answer(env, pid)[0]
+
+
+def executor_threads(env: dict[str, str], pid: int) -> int:
+    """Daemon ``pid``'s default-executor threads at its last collection (0 before one)."""
+    return _answer(env, pid)[1]
 
 
 async def collect(env: dict[str, str], pid: int) -> bool:

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from hixl_bench import collect
-from hixl_bench.procstat import daemon_status
+from hixl_bench.procstat import ProcFigures, daemon_status, less_executor, proc_figures
 from hixl_client import (
     Cache,
     CacheDesc,
@@ -274,6 +274,13 @@ class Mesh:
         answers = await asyncio.gather(collect.collect(self.daemon_env, self.prompt_daemon.pid),
                                        collect.collect(self.daemon_env, self.decode_daemon.pid))
         return all(answers)
+
+    def daemon_figures(self, daemon: DaemonProcess) -> ProcFigures:
+        """``daemon``'s figures, less its default-executor threads as of its last
+        collection (``collect``): they are counted the way ``own_figures`` counts
+        this process's."""
+        return less_executor(proc_figures(daemon.pid),
+                             collect.executor_threads(self.daemon_env, daemon.pid))
 
     async def close(self) -> None:
         await finalize_quietly([*self.decoders, *self.prompts])

@@ -41,7 +41,6 @@ from hixl_bench.procstat import (
     mib,
     own_figures,
     pool_figures,
-    proc_figures,
     raise_nofile,
 )
 from hixl_client import CacheKeyByIdAndIndex, LLMException, LLMStatusCode
@@ -120,8 +119,8 @@ class LinkScale:
 
 
 def measure(made: Mesh) -> dict[str, ProcFigures]:
-    return {"decode": proc_figures(made.decode_daemon.pid),
-            "prompt": proc_figures(made.prompt_daemon.pid),
+    return {"decode": made.daemon_figures(made.decode_daemon),
+            "prompt": made.daemon_figures(made.prompt_daemon),
             "tool": own_figures()}
 
 

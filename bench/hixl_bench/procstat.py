@@ -69,14 +69,26 @@ def proc_figures(pid: int) -> ProcFigures:
     return ProcFigures(rss, anon, _count(f"/proc/{pid}/fd"), _count(f"/proc/{pid}/task"))
 
 
-def own_figures() -> ProcFigures:
-    """This process's figures, less the threads of its event loop's default executor
-    (named ``asyncio_N``): the executor starts them as calls to ``asyncio.to_thread``
-    overlap, up to its bound (``min(32, cpus + 4)``), and keeps them, so how many
-    there are says how many such calls once ran at once, not what was left behind."""
-    figures = proc_figures(os.getpid())
-    executor = sum(1 for t in threading.enumerate() if t.name.startswith("asyncio_"))
+# The names asyncio's and uvloop's loops give their default executor's threads.
+EXECUTOR_THREAD_PREFIXES = ("asyncio_", "uvloop_")
+
+
+def executor_threads() -> int:
+    """Threads of this process's event-loop default executor. The executor starts
+    them as calls to ``asyncio.to_thread`` overlap, up to its bound
+    (``min(32, cpus + 4)``), and keeps them, so how many there are says how many
+    such calls once ran at once, not what was left behind."""
+    return sum(1 for t in threading.enumerate() if t.name.startswith(EXECUTOR_THREAD_PREFIXES))
+
+
+def less_executor(figures: ProcFigures, executor: int) -> ProcFigures:
+    """``figures`` without the ``executor`` threads of a default executor."""
     return dataclasses.replace(figures, threads=figures.threads - executor)
+
+
+def own_figures() -> ProcFigures:
+    """This process's figures, less its default executor's threads."""
+    return less_executor(proc_figures(os.getpid()), executor_threads())
 
 
 @dataclass(frozen=True)

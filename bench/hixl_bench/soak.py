@@ -22,7 +22,10 @@ process (``collect``; the figures before it are reported as "held"). The
 rule for a leak (``Soak.leaks``):
 
 * fds and threads of every process at most their warm-up value plus
-  ``--fd-slack`` / ``--thread-slack``;
+  ``--fd-slack`` / ``--thread-slack`` (threads less the process's
+  default-executor threads, which it starts as its ``to_thread`` calls
+  overlap and then keeps: ``procstat.executor_threads``; a daemon's as of
+  its last collection);
 * private memory (``RssAnon``) grown by at most ``--rss-slack-mib``
   (``VmRSS`` is reported too; it also counts pool pages as the run first
   touches them);
@@ -62,7 +65,6 @@ from hixl_bench.procstat import (
     mib,
     own_figures,
     pool_figures,
-    proc_figures,
     raise_nofile,
 )
 from hixl_client import CacheKeyByIdAndIndex, LLMException, LLMStatusCode
@@ -353,8 +355,8 @@ class Run:
 async def snapshot(made: Mesh, channels: StatusChannels) -> Snapshot:
     decode, prompt = await asyncio.gather(channels.status(made.decode_daemon.client_target),
                                           channels.status(made.prompt_daemon.client_target))
-    procs = {"decode": proc_figures(made.decode_daemon.pid),
-             "prompt": proc_figures(made.prompt_daemon.pid), "tool": own_figures()}
+    procs = {"decode": made.daemon_figures(made.decode_daemon),
+             "prompt": made.daemon_figures(made.prompt_daemon), "tool": own_figures()}
     return Snapshot(procs, {"decode": pool_figures(decode), "prompt": pool_figures(prompt)})
 
 
