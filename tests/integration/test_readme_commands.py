@@ -83,7 +83,7 @@ SKIPPED = {
     "runs of builds A and B": "needs the JSON lines of earlier benchmark runs "
                               "(tests/bench/test_compare.py, test_calls.py)",
     ".venv/bin/python -m hixl_bench.soak --json-out soak.json         # 20,000 transfers over "
-    "64 links, 10 prompt-daemon restarts (~30 s)": "benchmark runs take minutes "
+    "64 links, 10 prompt-daemon restarts (~20 s)": "benchmark runs take minutes "
     "(tests/integration/test_soak.py and test_link_scale.py run CI-sized ones)",
     ".venv/bin/hixl-bench --suites serve --quick          # the target rows and a few more, "
     "about a minute": "benchmark runs take minutes (tests/bench/test_serve.py)",
