@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from hixl_bench import collect
-from hixl_bench.procstat import ProcFigures, daemon_status, less_executor, proc_figures
+from hixl_bench.procstat import ProcFigures, StatusChannels, less_executor, proc_figures
 from hixl_client import (
     Cache,
     CacheDesc,
@@ -40,6 +40,7 @@ from hixl_client import (
     LLMStatusCode,
 )
 from hixl_service.testing import DaemonProcess, cluster_info
+from hixl_wire._proto.hixl.v1 import admin_pb2
 
 PROMPT_ID_BASE = 0x50_0000
 DECODER_ID_BASE = 0xD0_0000
@@ -153,6 +154,7 @@ class Mesh:
     landing: list[Cache] = field(default_factory=list)  # per decoder
     restarts: int = 0
     init_retries: int = 0  # prompt clusters' inits refused right after a restart
+    channels: StatusChannels = field(default_factory=StatusChannels)  # Admin readings
 
     def prompt_id(self, prompt: int) -> int:
         return PROMPT_ID_BASE + prompt
@@ -241,7 +243,7 @@ class Mesh:
 
     async def links_up(self) -> int:
         """Outbound links the decode daemon shows up to the prompt daemon now."""
-        status = await daemon_status(self.decode_daemon.client_target)
+        status = await self.status(self.decode_daemon)
         far = self.prompt_daemon.daemon_id
         return sum(1 for link in status.links if link.direction == "outbound"
                    and link.health.state == "up" and link.remote_daemon_id == far)
@@ -275,6 +277,10 @@ class Mesh:
                                        collect.collect(self.daemon_env, self.decode_daemon.pid))
         return all(answers)
 
+    async def status(self, daemon: DaemonProcess) -> admin_pb2.DaemonStatus:
+        """``Admin/GetStatus`` of ``daemon``, over the mesh's kept channel to it."""
+        return await self.channels.status(daemon.client_target)
+
     def daemon_figures(self, daemon: DaemonProcess) -> ProcFigures:
         """``daemon``'s figures, less its default-executor threads as of its last
         collection (``collect``): they are counted the way ``own_figures`` counts
@@ -284,6 +290,7 @@ class Mesh:
 
     async def close(self) -> None:
         await finalize_quietly([*self.decoders, *self.prompts])
+        await self.channels.aclose()
         self.decoders, self.prompts, self.sources, self.landing = [], [], [], []
 
 

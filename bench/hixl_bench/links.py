@@ -37,7 +37,6 @@ from hixl_bench.linkmesh import Mesh, MeshShape, mesh, pattern
 from hixl_bench.procstat import (
     PoolFigures,
     ProcFigures,
-    daemon_status,
     mib,
     own_figures,
     pool_figures,
@@ -132,8 +131,8 @@ async def reading(made: Mesh) -> dict[str, ProcFigures]:
 
 
 async def admin(made: Mesh) -> dict[str, PoolFigures]:
-    decode, prompt = await asyncio.gather(daemon_status(made.decode_daemon.client_target),
-                                          daemon_status(made.prompt_daemon.client_target))
+    decode, prompt = await asyncio.gather(made.status(made.decode_daemon),
+                                          made.status(made.prompt_daemon))
     return {"decode": pool_figures(decode), "prompt": pool_figures(prompt)}
 
 

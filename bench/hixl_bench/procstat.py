@@ -110,15 +110,6 @@ class PoolFigures:
         return self.links.get(f"{direction} {state}", 0)
 
 
-async def daemon_status(target: str) -> admin_pb2.DaemonStatus:
-    """``Admin/GetStatus`` of the daemon whose client target is ``target``."""
-    async with grpc.aio.insecure_channel(target) as channel:
-        stub = admin_pb2_grpc.AdminStub(channel)
-        reply: admin_pb2.DaemonStatus = await stub.GetStatus(
-            admin_pb2.GetStatusRequest(), timeout=_STATUS_TIMEOUT_S)
-        return reply
-
-
 class StatusChannels:
     """``Admin/GetStatus`` over one channel per daemon, kept open between readings.
 

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import logging
 import random
@@ -61,7 +60,6 @@ from hixl_bench.linkmesh import Mesh, MeshShape, mesh, pattern
 from hixl_bench.procstat import (
     PoolFigures,
     ProcFigures,
-    StatusChannels,
     mib,
     own_figures,
     pool_figures,
@@ -352,9 +350,9 @@ class Run:
                     counts[status] += 1
 
 
-async def snapshot(made: Mesh, channels: StatusChannels) -> Snapshot:
-    decode, prompt = await asyncio.gather(channels.status(made.decode_daemon.client_target),
-                                          channels.status(made.prompt_daemon.client_target))
+async def snapshot(made: Mesh) -> Snapshot:
+    decode, prompt = await asyncio.gather(made.status(made.decode_daemon),
+                                          made.status(made.prompt_daemon))
     procs = {"decode": made.daemon_figures(made.decode_daemon),
              "prompt": made.daemon_figures(made.prompt_daemon), "tool": own_figures()}
     return Snapshot(procs, {"decode": pool_figures(decode), "prompt": pool_figures(prompt)})
@@ -367,14 +365,14 @@ def within(now: Snapshot, baseline: Snapshot, config: SoakConfig) -> bool:
                for n, b in baseline.procs.items())
 
 
-async def steady(made: Mesh, channels: StatusChannels, config: SoakConfig) -> Snapshot:
+async def steady(made: Mesh, config: SoakConfig) -> Snapshot:
     """A snapshot once every process's fds and threads have not changed for
     ``_STEADY_S`` (or ``settle_s`` passed)."""
     deadline = time.monotonic() + config.settle_s
     last: tuple[int, ...] = ()
     steady_since = time.monotonic()
     while True:
-        now = await snapshot(made, channels)
+        now = await snapshot(made)
         figures = tuple(x for f in now.procs.values() for x in (f.fds, f.threads))
         if figures != last:
             last, steady_since = figures, time.monotonic()
@@ -383,8 +381,7 @@ async def steady(made: Mesh, channels: StatusChannels, config: SoakConfig) -> Sn
         await asyncio.sleep(_POLL_S)
 
 
-async def collected(made: Mesh, channels: StatusChannels, config: SoakConfig,
-                    baseline: Snapshot) -> tuple[Snapshot, bool]:
+async def collected(made: Mesh, config: SoakConfig, baseline: Snapshot) -> tuple[Snapshot, bool]:
     """A snapshot after a full collection in every process, taken again (each
     time after another collection) until it is within the slack of
     ``baseline`` or ``settle_s`` passed: the libraries' thread pools (gRPC's,
@@ -394,7 +391,7 @@ async def collected(made: Mesh, channels: StatusChannels, config: SoakConfig,
     answered = True
     while True:
         answered = await made.collect() and answered
-        now = await snapshot(made, channels)
+        now = await snapshot(made)
         if within(now, baseline, config) or time.monotonic() > deadline:
             return now, answered
         await asyncio.sleep(_SETTLE_POLL_S)
@@ -411,10 +408,8 @@ async def run_soak(config: SoakConfig, progress: Any = None) -> Soak:
         f"{config.transfers} transfers, {config.restart_count} restarts of the prompt daemon; "
         f"RLIMIT_NOFILE soft {nofile[0]} -> {nofile[1]}")
     started = time.monotonic()
-    channels = StatusChannels()
     async with mesh(shape, streams=config.streams,
-                    sync_kv_timeout_ms=config.sync_kv_timeout_ms) as made, \
-            contextlib.aclosing(channels):
+                    sync_kv_timeout_ms=config.sync_kv_timeout_ms) as made:
         run = Run(made, config, soak)
         # The warm-up restarts the prompt daemon once too, so that what a
         # restart starts once and keeps (the executor's threads in this
@@ -425,9 +420,9 @@ async def run_soak(config: SoakConfig, progress: Any = None) -> Soak:
         await run.workers(config.warmup, count=False)
         await restarter
         await run.sweep(None)
-        await steady(made, channels, config)
+        await steady(made, config)
         soak.collected = await made.collect()
-        soak.baseline = await snapshot(made, channels)
+        soak.baseline = await snapshot(made)
         say(f"warm-up done; baseline {summary(soak.baseline)}")
         points = restart_points(config.transfers, config.restart_count, run.rng)
         restarter = asyncio.create_task(run.restarter(points))
@@ -440,8 +435,8 @@ async def run_soak(config: SoakConfig, progress: Any = None) -> Soak:
         say(f"{soak.ended} transfers ended: {dict(soak.statuses)}")
         await made.wait_links_up(config.heal_s)
         await run.sweep(soak.final_sweep)
-        soak.held = await steady(made, channels, config)
-        soak.after, answered = await collected(made, channels, config, soak.baseline)
+        soak.held = await steady(made, config)
+        soak.after, answered = await collected(made, config, soak.baseline)
         soak.collected = soak.collected and answered
         soak.init_retries = made.init_retries
     soak.elapsed_s = time.monotonic() - started
