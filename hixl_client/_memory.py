@@ -191,10 +191,6 @@ def _upload(fd_socket: str, token: bytes, fd: int) -> int:
     return int.from_bytes(reply[1:], "little")
 
 
-def _drop_request(token: bytes, buffer_id: int) -> bytes:
-    return _OP_DROP + token + buffer_id.to_bytes(8, "little")
-
-
 def drop_buffer(fd_socket: str, token: bytes, buffer_id: int) -> bool:
     """Tell the daemon this process is closing a buffer it handed over (blocking,
     bounded; the daemon answers before it unmaps a host buffer, and after it
@@ -209,7 +205,7 @@ def drop_buffer(fd_socket: str, token: bytes, buffer_id: int) -> bool:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(FD_REQUEST_TIMEOUT_S)
             sock.connect(fd_socket)
-            sock.sendall(_drop_request(token, buffer_id))
+            sock.sendall(_OP_DROP + token + buffer_id.to_bytes(8, "little"))
             reply = sock.recv(1)
     except (ConnectionRefusedError, FileNotFoundError):
         return True
