@@ -13,6 +13,7 @@ from .device_buffer import DeviceShareableBuffer, alloc_device_shareable
 from .keys import BlocksCacheKey, CacheKey, CacheKeyByIdAndIndex
 from .kv_cache import KvCache
 from .llm_datadist import LLMDataDist
+from .notify import NotifyDesc
 from .shareable import ShareableBuffer, alloc_shareable
 from .status import LLMException, LLMStatusCode, Status
 from .timing import TransferTiming, capture_timings
@@ -55,6 +56,7 @@ __all__ = [
     "LlmConfig",
     "MemInfo",
     "Memtype",
+    "NotifyDesc",
     "Placement",
     "RegisterMemStatus",
     "ShareableBuffer",

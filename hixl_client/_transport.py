@@ -26,6 +26,7 @@ from hixl_wire.status import error_from_rpc
 from . import _tracing
 from ._defaults import transfer_lane_enabled
 from ._thread_lane import ThreadLane
+from .notify import NotifyDesc, NotifyInbox
 from .status import LLMException, LLMStatusCode
 
 logger = logging.getLogger(__name__)
@@ -80,7 +81,10 @@ class DaemonConnection:
         self.daemon_id = ""
         self.fd_socket = ""
         self.lane_socket = ""
+        self.peer_address = ""
         self.lost: str | None = None
+        # What linked clusters sent this session (SessionEvent.notify).
+        self.notifies = NotifyInbox()
 
     @property
     def stub(self) -> client_pb2_grpc.ClientStub:
@@ -121,6 +125,7 @@ class DaemonConnection:
         self.daemon_id = event.attached.daemon_id
         self.fd_socket = event.attached.fd_socket
         self.lane_socket = event.attached.lane_socket
+        self.peer_address = event.attached.peer_address
         self._watch = asyncio.get_running_loop().create_task(self._watch_session(self._attach))
         if self._use_lane and event.attached.lane_socket:
             await self._open_lane(event.attached.lane_socket)
@@ -139,11 +144,14 @@ class DaemonConnection:
                            "gRPC: %s", self.target, path, exc or type(exc).__name__)
 
     async def _watch_session(self, attach: Any) -> None:
-        # The stream carries no traffic in steady state; it ends when the
-        # daemon goes away, which makes every later call fail clearly.
+        # The stream carries the notifications linked clusters send; it ends
+        # when the daemon goes away, which makes every later call fail clearly.
         try:
-            while await attach.read() is not grpc.aio.EOF:
-                pass
+            while (event := await attach.read()) is not grpc.aio.EOF:
+                if event.HasField("notify"):
+                    notify = event.notify
+                    await self.notifies.put(NotifyDesc(notify.name, notify.message,
+                                                       notify.src_cluster_id))
             self.lost = "the daemon closed the session"
         except grpc.aio.AioRpcError as err:
             if err.code() != grpc.StatusCode.CANCELLED:

@@ -16,6 +16,7 @@ from hixl_wire._proto.hixl.v1 import client_pb2
 from ._comm_ops import CommOps
 from ._defaults import default_daemon_target
 from ._memory import PoolMapping, map_pools
+from ._notify_ops import NotifyOps
 from ._transport import CONTROL_TIMEOUT_OPTION, CONTROL_TIMEOUT_S, DaemonConnection
 from ._validation import check_int32, check_isinstance, check_uint64
 from .cache_manager import CacheManager
@@ -112,7 +113,7 @@ def normalize_options(options: dict[str, str], role: LLMRole) -> dict[str, str]:
     return normalized
 
 
-class LLMDataDist(CommOps):
+class LLMDataDist(CommOps, NotifyOps):
     """One prefill or decode cluster attached to the local hixl daemon.
 
     Args:
@@ -159,6 +160,13 @@ class LLMDataDist(CommOps):
     def daemon(self) -> str:
         """The gRPC target of the daemon this cluster attaches to."""
         return self._daemon
+
+    @property
+    def peer_address(self) -> str:
+        """hixl extension: ``host:port`` where other daemons reach this cluster's
+        daemon, to name in their ``link_clusters`` (its remote ip info); "" before init.
+        A cluster with ``listen_ip_info`` is also reached at that address."""
+        return self._connection.peer_address if self._connection is not None else ""
 
     @property
     def is_initialized(self) -> bool:

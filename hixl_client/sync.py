@@ -35,6 +35,7 @@ from .config import LLMClusterInfo, LLMConfig, LlmConfig
 from .keys import BlocksCacheKey, CacheKey, CacheKeyByIdAndIndex
 from .kv_cache import KvCache
 from .llm_datadist import LLMDataDist as _AsyncLLMDataDist
+from .notify import NotifyDesc
 from .status import LLMException, LLMStatusCode, Status, raise_if_false
 from .transfer_config import TransferConfig, TransferWithCacheKeyConfig
 from .types import (
@@ -73,6 +74,7 @@ __all__ = [
     "LlmConfig",
     "MemInfo",
     "Memtype",
+    "NotifyDesc",
     "Placement",
     "RegisterMemStatus",
     "Status",
@@ -253,6 +255,23 @@ class LLMDataDist:
             LLMException: the daemon did not answer.
         """
         return run(self._async.query_link_states, timeout)
+
+    @property
+    def peer_address(self) -> str:
+        """hixl extension: where other daemons reach this cluster's daemon ("" before init)."""
+        return self._async.peer_address
+
+    def send_notify(self, remote_cluster_id: int, notify: NotifyDesc,
+                    timeout_in_millis: int = 1000) -> None:
+        """hixl extension: send a notification to a linked cluster (HIXL's SendNotify);
+        as the async client's ``send_notify``."""
+        run(self._async.send_notify, remote_cluster_id, notify, timeout_in_millis)
+
+    def get_notifies(self) -> list[NotifyDesc]:
+        """hixl extension: take the notifications received so far, oldest first
+        (HIXL's GetNotifies); never waits."""
+        taken: list[NotifyDesc] = run(self._async.get_notifies)
+        return taken
 
     def switch_role(self, role: LLMRole, switch_options: dict[str, str] | None = None) -> None:
         """Change the role label and, optionally, the listen address.

@@ -24,6 +24,7 @@ from .cluster_listeners import (
 )
 from .memory.base import Pool, PoolSpec, UserBuffer
 from .memory.process import ClientProcess
+from .notifies import Inbox
 from .peer_api import CacheRefSpec, IdRef, KeyRef
 from .registry import CacheEntry, CacheRegistry
 from .repeats import RepeatTable
@@ -125,6 +126,8 @@ class Cluster:
     listener: ClusterListener | None = None
     # The client process, bound on the fd socket: engine memory it registers is its own.
     process: ClientProcess | None = None
+    # Its session's: where notifications for this cluster are queued.
+    inbox: Inbox = field(default_factory=Inbox)
     closed: bool = False
 
     def pool_for(self, placement: Placement) -> Pool:

@@ -39,6 +39,7 @@ from .link_monitor import LinkMonitor
 from .load import TransferLoad
 from .log_keys import keys
 from .memory.process import CrossMemoryPolicy, ProcessMemory
+from .notifies import check_notification
 from .outbound import LinkerSettings, OutboundLinks
 from .peer_api import PeerApi
 from .pools import PoolManager
@@ -156,7 +157,8 @@ class Engine:
         settings = ClusterSettings.from_options(options)
         if self.deps.ascend is not None:
             self.deps.ascend.device(settings.device_id)  # refuses a device not served here
-        cluster = Cluster(cluster_id, role, session.session_id, dict(options), settings)
+        cluster = Cluster(cluster_id, role, session.session_id, dict(options), settings,
+                          inbox=session.inbox)
         # Creating pools awaits: hold the id meanwhile, so that it cannot be taken twice.
         self._initializing.add(cluster_id)
         try:
@@ -234,6 +236,26 @@ class Engine:
                 and self.inbound.drop_from(cluster.cluster_id, remote_cluster_id)):
             return
         await self.outbound.unlink(cluster, remote_cluster_id, force)
+
+    async def send_notify(self, cluster: Cluster, remote_cluster_id: int, name: str,
+                          message: bytes, timeout_s: float) -> None:
+        """Queue a notification for the client of a cluster ``cluster`` linked to
+        (``notifies``), within ``timeout_s``.
+
+        Raises:
+            LLMException: not linked, the far cluster gone or its inbox full,
+                a bound broken (LLM_PARAM_INVALID), or no answer in time (LLM_TIMEOUT).
+        """
+        check_notification(name, message)
+        link = cluster.link_to(remote_cluster_id)
+        try:
+            # wait_for, not asyncio.timeout: a lane call may get here in its eager first step
+            await asyncio.wait_for(
+                link.far.notify(cluster.cluster_id, name, message, timeout_s), timeout_s)
+        except asyncio.TimeoutError:
+            raise LLMException(f"cluster {remote_cluster_id}'s daemon did not take the "
+                               f"notification within {timeout_s:g} s",
+                               status_code=LLMStatusCode.LLM_TIMEOUT) from None
 
     def switch_role(self, cluster: Cluster, role: LLMRole) -> None:
         """Relabel a cluster; refused while links exist, as LLM-DataDist does."""

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 from hixl_client.status import LLMException, LLMStatusCode
 
 from .links import FarCache
+from .notifies import Notification
 from .peer_api import BlocksRef, CacheRefSpec, IdRef, KeyRef, ResolvedCache
 from .transports.base import Place
 
@@ -101,6 +102,11 @@ class PeerCaches:
             logger.warning("pulled %s but could not release it on cluster %d: %s",
                            ref.key, ref.cluster_id, exc)
 
+    async def notify(self, src_cluster_id: int, name: str, message: bytes,
+                     timeout_s: float) -> None:
+        # The far daemon names the sender by the link, not by what we say.
+        await self._peer.notify(self._token, name, message, timeout_s)
+
     async def tell_unlinked(self, timeout_s: float) -> bool:
         try:
             await self._peer.unlink(self._token, timeout_s)
@@ -169,6 +175,10 @@ class DaemonCaches:
 
     async def release_key(self, ref: KeyRef, tensor_indices: list[int]) -> None:
         await self._daemon.record_pull(self._owner(), ref.key, tensor_indices)
+
+    async def notify(self, src_cluster_id: int, name: str, message: bytes,
+                     timeout_s: float) -> None:
+        self._owner().inbox.put(Notification(src_cluster_id, name, message))
 
     async def tell_unlinked(self, timeout_s: float) -> bool:
         self._daemon.drop_inbound(self._token)

@@ -30,6 +30,7 @@ from .cluster import Cluster
 from .link_health import LinkState
 from .links import InboundLink
 from .log_keys import keys
+from .notifies import Notification, check_notification
 from .peer_api import (
     PROTOCOL_VERSION,
     CacheRefSpec,
@@ -341,6 +342,14 @@ class InboundLinks:
         """Peer side of a completed pull by key: account it, maybe free the cache."""
         cluster = self._cluster_of(token)
         await self._caches.free(cluster.registry.record_pull(key, tensor_indices))
+
+    def notify_for_peer(self, token: int, name: str, message: bytes) -> None:
+        """Peer side of SendNotify: queue it for the linked cluster's client, as
+        sent by the link's own source cluster."""
+        cluster = self._cluster_of(token)
+        check_notification(name, message)
+        inbound = self._links[token]
+        cluster.inbox.put(Notification(inbound.src_cluster_id, name, message))
 
     def resolve_addresses_for_peer(self, token: int, addresses: list[int],
                                    length: int) -> list[tuple[int, int, bool]]:

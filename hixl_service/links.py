@@ -67,6 +67,14 @@ class FarCaches(Protocol):
     async def tell_unlinked(self, timeout_s: float) -> bool:
         """Tell the far daemon that the link is gone; False if it could not be told."""
 
+    async def notify(self, src_cluster_id: int, name: str, message: bytes,
+                     timeout_s: float) -> None:
+        """Queue a notification from ``src_cluster_id`` for the far cluster's client.
+
+        Raises:
+            LLMException: the far cluster is gone, or its inbox is full.
+        """
+
     def known(self) -> FarCache | None:
         """A far cache found before, without asking anyone (the doctor's self-test
         reads from it); None when none is known."""

@@ -127,6 +127,8 @@ class PeerApi(Protocol):
 
     async def unlink(self, token: int, timeout_s: float) -> None: ...
 
+    async def notify(self, token: int, name: str, message: bytes, timeout_s: float) -> None: ...
+
     async def heartbeat(self, daemon_id: str, tokens: Sequence[int],
                         timeout_s: float) -> HeartbeatAnswer:
         """Renew the leases of ``tokens``; the far daemon's id and each lease's fate."""

@@ -194,6 +194,10 @@ class PeerClient:
                                              tensor_indices=list(tensor_indices))
         await self._laned("ReleaseKey", request, timeout_s)
 
+    async def notify(self, token: int, name: str, message: bytes, timeout_s: float) -> None:
+        request = peer_pb2.NotifyRequest(link_token=token, name=name, message=message)
+        await self._laned("Notify", request, timeout_s)
+
     async def unlink(self, token: int, timeout_s: float) -> None:
         await self._call(self._stub.Unlink, peer_pb2.UnlinkRequest(link_token=token), timeout_s)
 

@@ -369,7 +369,8 @@ class Daemon:
                 options=SERVER_OPTIONS,
                 maximum_concurrent_rpcs=cfg.server.max_concurrent_rpcs)
             lane_socket = str(self.lane_path) if cfg.server.transfer_lane else ""
-            client_servicer = ClientServicer(engine, __version__, str(self.fd_path), lane_socket)
+            client_servicer = ClientServicer(engine, __version__, str(self.fd_path), lane_socket,
+                                            peer_address)
             lane_server: LaneServer | None = None
             if lane_socket:
                 lane_server = LaneServer.for_clients(engine, client_servicer)

@@ -108,8 +108,9 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
     """Handlers of the Client service; sessions are named by call metadata."""
 
     def __init__(self, engine: Engine, version: str, fd_socket: str,
-                 lane_socket: str = "") -> None:
+                 lane_socket: str = "", peer_address: str = "") -> None:
         self._engine = engine
+        self._peer_address = peer_address
         self._stats = engine.deps.stats
         self._version = version
         self._fd_socket = fd_socket
@@ -135,6 +136,8 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
     def stop_sessions(self) -> None:
         """Make every Attach stream end (graceful daemon stop)."""
         self._stopping.set()
+        for session in self._engine.sessions.values():
+            session.inbox.close()
 
     async def wait_cleanups(self) -> None:
         await asyncio.gather(*self._cleanups, return_exceptions=True)
@@ -153,8 +156,16 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
             await context.write(client_pb2.SessionEvent(attached=client_pb2.Attached(
                 session_id=session.session_id, daemon_id=self._engine.daemon_id,
                 version=self._version, fd_socket=self._fd_socket,
-                lane_socket=self._lane_socket)))
-            await self._stopping.wait()
+                lane_socket=self._lane_socket, peer_address=self._peer_address)))
+            # The stream carries the session's notifications until it ends.
+            while not self._stopping.is_set():
+                taken = await session.inbox.take()
+                if not taken:
+                    break  # closed: the session or the daemon ends
+                for one in taken:
+                    await context.write(client_pb2.SessionEvent(notify=client_pb2.Notify(
+                        src_cluster_id=one.src_cluster_id, name=one.name,
+                        message=one.message)))
         finally:
             # The stream ends when the client leaves, even by SIGKILL: free its
             # memory. Shielded, and kept referenced, so a second cancellation
@@ -292,6 +303,14 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
                             remote_daemon_id=peer.src_daemon_id, transport=peer.side.name,
                             health=inbound_health(peer, inbound))
         return reply
+
+    @unary
+    async def SendNotify(self, request: client_pb2.SendNotifyRequest,
+                         context: CallInfo) -> client_pb2.SendNotifyReply:
+        cluster = self._engine.cluster_of(self._session(context))
+        await self._engine.send_notify(cluster, request.remote_cluster_id, request.name,
+                                       request.message, (request.timeout_ms or 1000) / 1000.0)
+        return client_pb2.SendNotifyReply()
 
     @unary
     async def SwitchRole(self, request: client_pb2.SwitchRoleRequest,

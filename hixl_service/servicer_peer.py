@@ -118,6 +118,13 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                                               writable=[w for _, _, w in found])
 
     @unary
+    async def Notify(self, request: peer_pb2.NotifyRequest,
+                     context: CallInfo) -> peer_pb2.NotifyReply:
+        self._engine.inbound.notify_for_peer(self._token(request.link_token), request.name,
+                                             request.message)
+        return peer_pb2.NotifyReply()
+
+    @unary
     async def Unlink(self, request: peer_pb2.UnlinkRequest,
                      context: CallInfo) -> peer_pb2.UnlinkReply:
         token = self._token(request.link_token)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 
@@ -13,6 +13,7 @@ from hixl_client.status import LLMStatusCode
 from .cluster import Cluster
 from .drain import refusal
 from .log_keys import keys
+from .notifies import Inbox
 from .rpc_errors import CallRefused
 
 logger = logging.getLogger(__name__)
@@ -36,6 +37,8 @@ class Session:
     # The transfer lane's use, for the admin status.
     lane_connections: int = 0
     lane_calls: int = 0
+    # Notifications from linked clusters, which the Attach stream delivers.
+    inbox: Inbox = field(default_factory=Inbox)
 
 
 class Sessions:
@@ -73,5 +76,6 @@ class Sessions:
         """Forget a session; False if it was already gone."""
         if self._by_id.pop(session.session_id, None) is None:
             return False
+        session.inbox.close()
         self.retired_lane_calls += session.lane_calls
         return True

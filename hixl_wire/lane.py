@@ -104,6 +104,7 @@ CLIENT_METHODS: Methods = {
                              client_pb2.PullCacheReply.FromString),
     "RepeatPush": LaneMethod(10, RepeatFrame.pack, RepeatFrame.unpack,
                              client_pb2.PushReply.FromString),
+    "SendNotify": message_method(11, client_pb2.SendNotifyRequest, client_pb2.SendNotifyReply),
 }
 # The peer lane: the Peer calls a transfer may make.
 PEER_METHODS: Methods = {
@@ -112,6 +113,7 @@ PEER_METHODS: Methods = {
     "ReleaseKey": message_method(2, peer_pb2.ReleaseKeyRequest, peer_pb2.ReleaseKeyReply),
     "HcclPost": message_method(3, peer_pb2.HcclPostRequest, peer_pb2.HcclPostReply),
     "HcclRegion": message_method(4, peer_pb2.HcclRegionRequest, peer_pb2.HcclRegionReply),
+    "Notify": message_method(5, peer_pb2.NotifyRequest, peer_pb2.NotifyReply),
 }
 # Bounds the wait for a daemon that stopped answering, just beyond the call's
 # own deadline (which the daemon enforces and answers with LLM_TIMEOUT); a

@@ -98,7 +98,8 @@ def no_engine_instance(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_exports_are_llm_datadists() -> None:
-    assert set(sync.__all__) == SPEC_EXPORTS | {"CacheManager", "set_daemon"}
+    # NotifyDesc: for the facade's send_notify and get_notifies (hixl extensions)
+    assert set(sync.__all__) == SPEC_EXPORTS | {"CacheManager", "NotifyDesc", "set_daemon"}
     for name in SPEC_EXPORTS - FACADE_CLASSES:
         expected = getattr(hixl_client, name, None) or getattr(transfer_config_module, name)
         assert getattr(sync, name) is expected, name

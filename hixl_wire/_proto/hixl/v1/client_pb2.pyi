@@ -26,24 +26,28 @@ class AttachRequest(_message.Message):
     def __init__(self, client_pid: _Optional[int] = ..., client_name: _Optional[str] = ...) -> None: ...
 
 class SessionEvent(_message.Message):
-    __slots__ = ("attached",)
+    __slots__ = ("attached", "notify")
     ATTACHED_FIELD_NUMBER: _ClassVar[int]
+    NOTIFY_FIELD_NUMBER: _ClassVar[int]
     attached: Attached
-    def __init__(self, attached: _Optional[_Union[Attached, _Mapping]] = ...) -> None: ...
+    notify: Notify
+    def __init__(self, attached: _Optional[_Union[Attached, _Mapping]] = ..., notify: _Optional[_Union[Notify, _Mapping]] = ...) -> None: ...
 
 class Attached(_message.Message):
-    __slots__ = ("session_id", "daemon_id", "version", "fd_socket", "lane_socket")
+    __slots__ = ("session_id", "daemon_id", "version", "fd_socket", "lane_socket", "peer_address")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     DAEMON_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     FD_SOCKET_FIELD_NUMBER: _ClassVar[int]
     LANE_SOCKET_FIELD_NUMBER: _ClassVar[int]
+    PEER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     daemon_id: str
     version: str
     fd_socket: str
     lane_socket: str
-    def __init__(self, session_id: _Optional[str] = ..., daemon_id: _Optional[str] = ..., version: _Optional[str] = ..., fd_socket: _Optional[str] = ..., lane_socket: _Optional[str] = ...) -> None: ...
+    peer_address: str
+    def __init__(self, session_id: _Optional[str] = ..., daemon_id: _Optional[str] = ..., version: _Optional[str] = ..., fd_socket: _Optional[str] = ..., lane_socket: _Optional[str] = ..., peer_address: _Optional[str] = ...) -> None: ...
 
 class InitRequest(_message.Message):
     __slots__ = ("cluster_id", "role", "options")
@@ -527,3 +531,29 @@ class QueryLinkStatesReply(_message.Message):
     LINKS_FIELD_NUMBER: _ClassVar[int]
     links: _containers.RepeatedCompositeFieldContainer[ClusterLinkState]
     def __init__(self, links: _Optional[_Iterable[_Union[ClusterLinkState, _Mapping]]] = ...) -> None: ...
+
+class Notify(_message.Message):
+    __slots__ = ("src_cluster_id", "name", "message")
+    SRC_CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    src_cluster_id: int
+    name: str
+    message: bytes
+    def __init__(self, src_cluster_id: _Optional[int] = ..., name: _Optional[str] = ..., message: _Optional[bytes] = ...) -> None: ...
+
+class SendNotifyRequest(_message.Message):
+    __slots__ = ("remote_cluster_id", "name", "message", "timeout_ms")
+    REMOTE_CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    remote_cluster_id: int
+    name: str
+    message: bytes
+    timeout_ms: int
+    def __init__(self, remote_cluster_id: _Optional[int] = ..., name: _Optional[str] = ..., message: _Optional[bytes] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class SendNotifyReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

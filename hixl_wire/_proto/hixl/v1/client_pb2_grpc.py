@@ -154,6 +154,11 @@ class ClientStub:
                 request_serializer=hixl_dot_v1_dot_client__pb2.QueryLinkStatesRequest.SerializeToString,
                 response_deserializer=hixl_dot_v1_dot_client__pb2.QueryLinkStatesReply.FromString,
                 _registered_method=True)
+        self.SendNotify = channel.unary_unary(
+                '/hixl.v1.Client/SendNotify',
+                request_serializer=hixl_dot_v1_dot_client__pb2.SendNotifyRequest.SerializeToString,
+                response_deserializer=hixl_dot_v1_dot_client__pb2.SendNotifyReply.FromString,
+                _registered_method=True)
 
 
 class ClientServicer:
@@ -329,6 +334,16 @@ class ClientServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SendNotify(self, request, context):
+        """Sends a small message to a cluster this one linked to (HIXL's SendNotify,
+        NIXL's notifs); its daemon delivers it on that cluster's Attach stream.
+        Returns once the far daemon queued it; answered on the transfer lane too
+        (kind 11).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClientServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -451,6 +466,11 @@ def add_ClientServicer_to_server(servicer, server):
                     servicer.QueryLinkStates,
                     request_deserializer=hixl_dot_v1_dot_client__pb2.QueryLinkStatesRequest.FromString,
                     response_serializer=hixl_dot_v1_dot_client__pb2.QueryLinkStatesReply.SerializeToString,
+            ),
+            'SendNotify': grpc.unary_unary_rpc_method_handler(
+                    servicer.SendNotify,
+                    request_deserializer=hixl_dot_v1_dot_client__pb2.SendNotifyRequest.FromString,
+                    response_serializer=hixl_dot_v1_dot_client__pb2.SendNotifyReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1101,6 +1121,33 @@ class Client:
             '/hixl.v1.Client/QueryLinkStates',
             hixl_dot_v1_dot_client__pb2.QueryLinkStatesRequest.SerializeToString,
             hixl_dot_v1_dot_client__pb2.QueryLinkStatesReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SendNotify(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hixl.v1.Client/SendNotify',
+            hixl_dot_v1_dot_client__pb2.SendNotifyRequest.SerializeToString,
+            hixl_dot_v1_dot_client__pb2.SendNotifyReply.FromString,
             options,
             channel_credentials,
             insecure,

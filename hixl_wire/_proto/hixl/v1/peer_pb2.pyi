@@ -254,3 +254,17 @@ class HeartbeatReply(_message.Message):
     states: _containers.RepeatedScalarFieldContainer[LeaseState]
     lease_ms: int
     def __init__(self, daemon_id: _Optional[str] = ..., states: _Optional[_Iterable[_Union[LeaseState, str]]] = ..., lease_ms: _Optional[int] = ...) -> None: ...
+
+class NotifyRequest(_message.Message):
+    __slots__ = ("link_token", "name", "message")
+    LINK_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    link_token: int
+    name: str
+    message: bytes
+    def __init__(self, link_token: _Optional[int] = ..., name: _Optional[str] = ..., message: _Optional[bytes] = ...) -> None: ...
+
+class NotifyReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

@@ -94,6 +94,11 @@ class PeerStub:
                 request_serializer=hixl_dot_v1_dot_peer__pb2.HeartbeatRequest.SerializeToString,
                 response_deserializer=hixl_dot_v1_dot_peer__pb2.HeartbeatReply.FromString,
                 _registered_method=True)
+        self.Notify = channel.unary_unary(
+                '/hixl.v1.Peer/Notify',
+                request_serializer=hixl_dot_v1_dot_peer__pb2.NotifyRequest.SerializeToString,
+                response_deserializer=hixl_dot_v1_dot_peer__pb2.NotifyReply.FromString,
+                _registered_method=True)
 
 
 class PeerServicer:
@@ -198,6 +203,14 @@ class PeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Notify(self, request, context):
+        """A notification from the linking cluster to the linked one (Client/SendNotify),
+        queued for the linked cluster's client; peer lane kind 5.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -260,6 +273,11 @@ def add_PeerServicer_to_server(servicer, server):
                     servicer.Heartbeat,
                     request_deserializer=hixl_dot_v1_dot_peer__pb2.HeartbeatRequest.FromString,
                     response_serializer=hixl_dot_v1_dot_peer__pb2.HeartbeatReply.SerializeToString,
+            ),
+            'Notify': grpc.unary_unary_rpc_method_handler(
+                    servicer.Notify,
+                    request_deserializer=hixl_dot_v1_dot_peer__pb2.NotifyRequest.FromString,
+                    response_serializer=hixl_dot_v1_dot_peer__pb2.NotifyReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -586,6 +604,33 @@ class Peer:
             '/hixl.v1.Peer/Heartbeat',
             hixl_dot_v1_dot_peer__pb2.HeartbeatRequest.SerializeToString,
             hixl_dot_v1_dot_peer__pb2.HeartbeatReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Notify(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hixl.v1.Peer/Notify',
+            hixl_dot_v1_dot_peer__pb2.NotifyRequest.SerializeToString,
+            hixl_dot_v1_dot_peer__pb2.NotifyReply.FromString,
             options,
             channel_credentials,
             insecure,
