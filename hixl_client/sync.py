@@ -270,7 +270,7 @@ class LLMDataDist:
     def get_notifies(self) -> list[NotifyDesc]:
         """hixl extension: take the notifications received so far, oldest first
         (HIXL's GetNotifies); never waits."""
-        taken: list[NotifyDesc] = run(self._async.get_notifies)
+        taken: list[NotifyDesc] = call_method(self._async, _OWNER, "get_notifies")
         return taken
 
     def switch_role(self, role: LLMRole, switch_options: dict[str, str] | None = None) -> None:

@@ -1,0 +1,158 @@
+"""HixlConnector: vLLM's KV connector interface (``KVConnectorBase_V1``) over hixl.
+
+vLLM builds one instance per role: the scheduler's holds no hixl session and
+only keeps books (``_scheduler``); each worker's moves the bytes
+(``_worker``). The worker's facts reach the scheduler through vLLM's
+handshake metadata, once, after the KV cache is registered.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorHandshakeMetadata,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+
+from ._kv_layout import kv_layout_of
+from ._metadata import HixlConnectorMetadata, HixlHandshake
+from ._params import Settings, cluster_id_of, layout_fingerprint
+from ._scheduler import HixlScheduler
+from ._stats import HixlConnectorStats
+from ._worker import HixlWorker
+
+if TYPE_CHECKING:
+    import torch
+    from vllm.config import VllmConfig
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.attention.backend import AttentionMetadata
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+logger = logging.getLogger(__name__)
+
+
+def _tensor_parallel_rank() -> int:
+    from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+    try:
+        return int(get_tensor_model_parallel_rank())
+    except AssertionError:  # no parallel group (a single worker)
+        return 0
+
+
+class HixlConnector(KVConnectorBase_V1):
+    """Disaggregated prefill/decode on hixl: the decode instance pulls a finished
+    prefill's KV blocks straight into its own, and the prefill instance frees
+    them when told (or when their lease ends).
+
+    vLLM loads it with ``--kv-transfer-config '{"kv_connector": "HixlConnector",
+    "kv_connector_module_path": "hixl_client.vllm", "kv_role": "kv_both",
+    "kv_connector_extra_config": {"daemon": "unix:/run/hixl/hixl.sock"}}'``.
+    Extra config keys: ``daemon`` (default ``$HIXL_DAEMON``, then the default
+    socket), ``lease_s`` (30), ``load_timeout_ms`` (10000).
+    """
+
+    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole,
+                 kv_cache_config: KVCacheConfig) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        transfer_config = vllm_config.kv_transfer_config
+        settings = Settings.from_extra_config(transfer_config.kv_connector_extra_config)
+        self._engine_id = str(transfer_config.engine_id)
+        self._scheduler: HixlScheduler | None = None
+        self._worker: HixlWorker | None = None
+        if role == KVConnectorRole.SCHEDULER:
+            self._scheduler = HixlScheduler(vllm_config, self._engine_id, settings)
+        else:
+            rank = _tensor_parallel_rank()
+            self._worker = HixlWorker(settings, cluster_id_of(self._engine_id, rank), rank)
+
+    # -- worker side -------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        assert self._worker is not None
+        layout = kv_layout_of(kv_caches, self._kv_cache_config.num_blocks)
+        model = self._vllm_config.model_config
+        fingerprint = layout_fingerprint(
+            str(getattr(model, "architecture", "")),
+            layout.dtype, self._vllm_config.cache_config.block_size,
+            len(layout.addresses), layout.block_bytes)
+        self._worker.register(layout, fingerprint)
+
+    def get_handshake_metadata(self) -> KVConnectorHandshakeMetadata | None:
+        return self._worker.handshake() if self._worker is not None else None
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        assert self._worker is not None
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, HixlConnectorMetadata)
+        self._worker.start(meta)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return  # whole requests load before vLLM schedules them
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor,
+                      attn_metadata: AttentionMetadata, **kwargs: Any) -> None:
+        return  # the decode side pulls; nothing is pushed
+
+    def wait_for_save(self) -> None:
+        return
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None,
+                                                                set[str] | None]:
+        assert self._worker is not None
+        sending, recving = self._worker.finished()
+        return sending or None, recving or None
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self._worker.take_failed_blocks() if self._worker is not None else set()
+
+    def get_kv_connector_stats(self) -> KVConnectorStats | None:
+        return self._worker.take_stats() if self._worker is not None else None
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None
+                                 ) -> KVConnectorStats | None:
+        return HixlConnectorStats(data=data) if data is not None else HixlConnectorStats()
+
+    def shutdown(self) -> None:
+        if self._worker is not None:
+            self._worker.close()
+
+    # -- scheduler side ------------------------------------------------------------
+
+    def set_xfer_handshake_metadata(
+            self, metadata: dict[int, KVConnectorHandshakeMetadata]) -> None:
+        assert self._scheduler is not None
+        self._scheduler.set_handshakes({rank: meta for rank, meta in metadata.items()
+                                        if isinstance(meta, HixlHandshake)})
+
+    def on_new_request(self, request: Request) -> None:
+        assert self._scheduler is not None
+        self._scheduler.on_new_request(request)
+
+    def get_num_new_matched_tokens(self, request: Request,
+                                   num_computed_tokens: int) -> tuple[int | None, bool]:
+        assert self._scheduler is not None
+        return self._scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks,
+                                 num_external_tokens: int) -> None:
+        assert self._scheduler is not None
+        self._scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        assert self._scheduler is not None
+        return self._scheduler.build_connector_meta(scheduler_output)
+
+    def request_finished(self, request: Request,
+                         block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        assert self._scheduler is not None
+        return self._scheduler.request_finished(request, block_ids)

@@ -1,0 +1,132 @@
+"""The connector's scheduler half: bookkeeping only, no hixl calls.
+
+Prefill side: a request that carries ``do_remote_decode`` keeps its blocks
+after it finishes (``request_finished`` returns True) and hands out
+kv_transfer_params naming them; the workers free them when the decode side
+says it is done, or when the lease ends. Decode side: a request that carries
+those params loads every prompt token asynchronously; the workers pull the
+blocks this scheduler allocated for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from ._metadata import HixlConnectorMetadata, HixlHandshake, Load
+from ._params import DO_REMOTE_DECODE, DO_REMOTE_PREFILL, RemoteBlocks, Settings
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.request import Request
+
+logger = logging.getLogger(__name__)
+
+
+class HixlScheduler:
+    """Scheduler-side state of one vLLM engine."""
+
+    def __init__(self, vllm_config: VllmConfig, engine_id: str, settings: Settings) -> None:
+        self._engine_id = engine_id
+        self._settings = settings
+        self._block_size = vllm_config.cache_config.block_size
+        self._workers: dict[int, HixlHandshake] = {}   # by tp rank
+        # Decode side.
+        self._waiting: dict[str, RemoteBlocks] = {}    # queued, not yet allocated
+        self._loads: list[Load] = []                    # allocated this step
+        self._abandoned: list[RemoteBlocks] = []
+        self._renewed_at = 0.0
+        # Prefill side: requests whose blocks we keep for the workers to release.
+        self._holds: list[str] = []
+
+    def set_handshakes(self, handshakes: dict[int, HixlHandshake]) -> None:
+        """The workers' facts (vLLM collects them once, after KV registration)."""
+        self._workers = dict(handshakes)
+
+    # -- decode side ---------------------------------------------------------
+
+    def on_new_request(self, request: Request) -> None:
+        remote = _remote_of(request)
+        if remote is not None:
+            self._waiting[request.request_id] = remote
+
+    def get_num_new_matched_tokens(self, request: Request,
+                                   num_computed_tokens: int) -> tuple[int, bool]:
+        params = request.kv_transfer_params
+        if not params or not params.get(DO_REMOTE_PREFILL) or _remote_of(request) is None:
+            return 0, False
+        count = len(request.prompt_token_ids or ()) - num_computed_tokens
+        return (count, True) if count > 0 else (0, False)
+
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks,
+                                 num_external_tokens: int) -> None:
+        params = request.kv_transfer_params
+        if not params or not params.get(DO_REMOTE_PREFILL):
+            return
+        params[DO_REMOTE_PREFILL] = False  # once: a second call is for new blocks
+        remote = self._waiting.pop(request.request_id, None) or _remote_of(request)
+        if remote is None:
+            return
+        if num_external_tokens <= 0:
+            self._abandoned.append(remote)  # all cached here: nothing to pull
+            return
+        local = blocks.get_unhashed_block_ids()
+        # Blocks cached here already are not pulled: the rest are the prompt's tail.
+        far = remote.block_ids[len(remote.block_ids) - len(local):] if local else ()
+        if len(far) != len(local):
+            logger.warning("request %s: %d blocks to fill but the prefill side holds %d; "
+                           "it is computed here", request.request_id, len(local),
+                           len(remote.block_ids))
+            self._abandoned.append(remote)
+            return
+        self._loads.append(Load(request.request_id, tuple(local), remote))
+
+    # -- prefill side (and decode requests ending early) ---------------------
+
+    def request_finished(self, request: Request,
+                         block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        from vllm.v1.request import RequestStatus
+
+        request_id = request.request_id
+        params = request.kv_transfer_params or {}
+        waiting = self._waiting.pop(request_id, None)
+        if waiting is not None:
+            self._abandoned.append(waiting)  # ended before its blocks came: let them go
+        # A decode request that ends while its pull runs: vLLM itself keeps its
+        # blocks until the workers report the load finished.
+        if not params.get(DO_REMOTE_DECODE):
+            return False, None
+        if request.status not in (RequestStatus.FINISHED_LENGTH_CAPPED,
+                                  RequestStatus.FINISHED_STOPPED) or not block_ids:
+            return False, None  # aborted: nobody will pull it
+        if not self._workers:
+            logger.warning("request %s: no hixl worker registered its KV cache; its KV "
+                           "cannot be handed to a decode instance", request_id)
+            return False, None
+        ranks = sorted(self._workers)
+        first = self._workers[ranks[0]]
+        remote = RemoteBlocks(self._engine_id, request_id, tuple(block_ids),
+                              request.num_computed_tokens, first.peer_address,
+                              tuple(self._workers[r].cluster_id for r in ranks), first.layout)
+        self._holds.append(request_id)
+        return True, remote.to_params()
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> HixlConnectorMetadata:
+        meta = HixlConnectorMetadata(loads=self._loads, holds=self._holds,
+                                     abandoned=self._abandoned)
+        now = time.monotonic()
+        if self._waiting and now - self._renewed_at >= self._settings.lease_s / 3:
+            meta.waiting = list(self._waiting.values())
+            self._renewed_at = now
+        self._loads, self._holds, self._abandoned = [], [], []
+        return meta
+
+
+def _remote_of(request: Request) -> RemoteBlocks | None:
+    params = request.kv_transfer_params
+    if not params or not params.get(DO_REMOTE_PREFILL):
+        return None
+    return RemoteBlocks.from_params(params)

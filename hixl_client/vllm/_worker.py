@@ -1,0 +1,293 @@
+"""The connector's worker half: the one place that talks to hixl.
+
+It runs the async client on an event loop of its own (thread
+``hixl-vllm``): vLLM's step thread only submits work there and reads
+results that are ready, so no step waits on a transfer. Per worker:
+
+* ``register_kv_caches``: one cluster (``_params.cluster_id_of``) on the
+  local daemon and one blocks cache over vLLM's own KV tensors, registered
+  where they lie (the daemon reaches the engine's memory; nothing is copied
+  into a pool).
+* decode side: one ``pull_blocks`` per request, straight into the blocks
+  the scheduler allocated, over a link made once per prefill worker; then a
+  ``done`` notification so the prefill side frees its blocks at once.
+* prefill side: finished requests' blocks are held until their ``done``
+  notification, or until their lease ends (renewed by ``hold``
+  notifications from a decode side that still waits to pull).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import queue
+import time
+from collections import defaultdict
+from collections.abc import Coroutine, Iterable
+from typing import TYPE_CHECKING, Any
+
+from .. import (
+    BlocksCacheKey,
+    CacheDesc,
+    DataType,
+    LLMClusterInfo,
+    LLMConfig,
+    LLMDataDist,
+    LLMException,
+    LLMRole,
+    LLMStatusCode,
+    NotifyDesc,
+)
+from .._sync_loop import LoopThread
+from ._kv_layout import KvLayout
+from ._metadata import HixlConnectorMetadata, HixlHandshake, Load
+from ._params import DONE, HOLD, RemoteBlocks, Settings, request_ids_message, request_ids_of
+from ._stats import HixlConnectorStats
+
+if TYPE_CHECKING:
+    from .. import Cache
+
+logger = logging.getLogger(__name__)
+
+MODEL_ID = 0  # every instance's KV is one blocks cache under this model id
+CONTROL_TIMEOUT_MS = 10000
+LINK_TIMEOUT_MS = 10000
+# Link and pull failures that a new link may mend (the far daemon restarted).
+RELINK_ON = frozenset({LLMStatusCode.LLM_NOT_YET_LINK, LLMStatusCode.LLM_LINK_FAILED})
+
+
+class HixlWorker:
+    """Worker-side state of one vLLM worker (one tensor-parallel rank)."""
+
+    def __init__(self, settings: Settings, cluster_id: int, rank: int) -> None:
+        self._settings = settings
+        self._cluster_id = cluster_id
+        self._rank = rank
+        self._loop_thread = LoopThread("hixl-vllm")
+        self._dd: LLMDataDist | None = None
+        self._cache: Cache | None = None
+        self._layout: str = ""
+        self._handshake: HixlHandshake | None = None
+        self._links: dict[int, asyncio.Task[None]] = {}   # on the loop only
+        self._reader: asyncio.Task[None] | None = None
+        self._notified: queue.SimpleQueue[NotifyDesc] = queue.SimpleQueue()
+        # Decode side: pulls in flight, by request; blocks that failed to load.
+        # A pull's future gives (bytes, seconds).
+        self._loads: dict[str, tuple[Load, concurrent.futures.Future[tuple[int, float]]]] = {}
+        self._failed_blocks: set[int] = set()
+        # Prefill side: held requests and when their lease ends (monotonic);
+        # "done" that came before the scheduler said to hold.
+        self._held: dict[str, float] = {}
+        self._done_early: dict[str, float] = {}
+        # Touched by vLLM's step thread only (finished(), take_stats()).
+        self._stats = HixlConnectorStats()
+
+    # -- start-up ------------------------------------------------------------
+
+    def _submit(self, work: Coroutine[Any, Any, Any]) -> concurrent.futures.Future[Any]:
+        return asyncio.run_coroutine_threadsafe(work, self._loop_thread.loop())
+
+    def register(self, layout: KvLayout, fingerprint: str) -> None:
+        """Attach to the daemon and register the KV memory (blocks until done).
+
+        Raises:
+            LLMException: the daemon refused (e.g. it cannot reach this
+                process's memory: see README, "Your own memory").
+        """
+        self._layout = fingerprint
+        self._submit(self._register(layout)).result()
+        assert self._dd is not None
+        self._handshake = HixlHandshake(self._dd.peer_address, self._cluster_id, fingerprint)
+        logger.info("hixl: cluster %d registered %d KV regions of %d blocks x %d bytes "
+                    "(%.1f MiB) with %s; peers link to %s", self._cluster_id,
+                    len(layout.addresses), layout.num_blocks, layout.block_bytes,
+                    layout.nbytes / 2**20, self._settings.daemon, self._dd.peer_address)
+
+    async def _register(self, layout: KvLayout) -> None:
+        config = LLMConfig()
+        config.enable_cache_manager = True
+        config.sync_kv_timeout = self._settings.load_timeout_ms
+        dd = LLMDataDist(LLMRole.PROMPT, self._cluster_id, daemon=self._settings.daemon)
+        await dd.init(config.generate_options())
+        desc = CacheDesc(len(layout.addresses), [layout.num_blocks, layout.block_bytes],
+                         DataType.DT_UINT8)
+        try:
+            self._cache = await dd.cache_manager.register_blocks_cache(
+                desc, list(layout.addresses), BlocksCacheKey(self._cluster_id, MODEL_ID))
+        except BaseException:
+            await dd.finalize()
+            raise
+        self._dd = dd
+        self._reader = asyncio.get_running_loop().create_task(self._read_notifies(dd))
+
+    def handshake(self) -> HixlHandshake | None:
+        return self._handshake
+
+    async def _read_notifies(self, dd: LLMDataDist) -> None:
+        # Hands notifications to the step thread without making it touch the loop.
+        while True:
+            for notify in await dd.wait_notifies():
+                self._notified.put(notify)
+
+    # -- each step -----------------------------------------------------------
+
+    def start(self, meta: HixlConnectorMetadata) -> None:
+        """Act on one step's metadata: start pulls, hold blocks, tell prefill sides."""
+        for load in meta.loads:
+            self._loads[load.request_id] = (load, self._submit(self._pull(load)))
+        now = time.monotonic()
+        for request_id in meta.holds:
+            self._held[request_id] = now + self._settings.lease_s
+        if meta.waiting:
+            self._submit(self._tell(HOLD, meta.waiting))
+        if meta.abandoned:
+            self._submit(self._tell(DONE, meta.abandoned))
+
+    def finished(self) -> tuple[set[str], set[str]]:
+        """(requests whose held blocks may go, requests whose pull ended)."""
+        now = time.monotonic()
+        self._read_notified(now)
+        sending = {r for r in self._held if r in self._done_early}
+        for request_id in sending:
+            del self._done_early[request_id]
+        expired = {r for r, deadline in self._held.items() if deadline <= now} - sending
+        if expired:
+            logger.warning("hixl: no decode instance took %d finished requests within their "
+                           "lease (%g s); their blocks are freed: %s", len(expired),
+                           self._settings.lease_s, sorted(expired)[:8])
+            self._stats.leases_expired += len(expired)
+        sending |= expired
+        for request_id in sending:
+            del self._held[request_id]
+        self._done_early = {r: t for r, t in self._done_early.items() if t > now}
+        recving = {r for r, (_, future) in self._loads.items() if future.done()}
+        for request_id in recving:
+            load, future = self._loads.pop(request_id)
+            if future.exception() is not None:
+                self._failed_blocks.update(load.block_ids)
+                self._stats.record_failure()
+            else:
+                self._stats.record_transfer(*future.result())
+        return sending, recving
+
+    def take_stats(self) -> HixlConnectorStats | None:
+        """The statistics since the last call; None when there were none."""
+        if self._stats.is_empty():
+            return None
+        taken, self._stats = self._stats, HixlConnectorStats()
+        return taken
+
+    def _read_notified(self, now: float) -> None:
+        while True:
+            try:
+                notify = self._notified.get_nowait()
+            except queue.Empty:
+                return
+            for request_id in request_ids_of(notify.notify_msg):
+                if notify.name == DONE:
+                    self._done_early[request_id] = now + self._settings.lease_s
+                elif notify.name == HOLD and request_id in self._held:
+                    self._held[request_id] = now + self._settings.lease_s
+
+    def take_failed_blocks(self) -> set[int]:
+        failed, self._failed_blocks = self._failed_blocks, set()
+        return failed
+
+    # -- on the loop ---------------------------------------------------------
+
+    async def _pull(self, load: Load) -> tuple[int, float]:
+        """Pull one request's blocks, then tell the prefill side it may free them;
+        (bytes, seconds). A failure is logged and re-raised for finished() to report."""
+        remote = load.remote
+        try:
+            if remote.layout != self._layout:
+                raise LLMException(f"the prefill instance's KV layout {remote.layout} is not "
+                                   f"this one's {self._layout} (another model, dtype or "
+                                   "block size?)", status_code=LLMStatusCode.LLM_PARAM_INVALID)
+            if self._rank >= len(remote.cluster_ids):
+                raise LLMException(f"the prefill instance has {len(remote.cluster_ids)} "
+                                   f"workers; this is rank {self._rank}",
+                                   status_code=LLMStatusCode.LLM_PARAM_INVALID)
+            cluster_id = remote.cluster_ids[self._rank]
+            await self._linked(cluster_id, remote.peer_address)
+            assert self._dd is not None and self._cache is not None
+            started = time.perf_counter()
+            try:
+                await self._dd.cache_manager.pull_blocks(
+                    BlocksCacheKey(cluster_id, MODEL_ID), self._cache, list(remote.block_ids),
+                    list(load.block_ids))
+                seconds = time.perf_counter() - started
+            except LLMException as exc:
+                if exc.status_code in RELINK_ON:
+                    self._links.pop(cluster_id, None)
+                raise
+        except Exception as exc:
+            logger.warning("hixl: request %s: loading %d blocks from engine %s failed: %s",
+                           load.request_id, len(load.block_ids), remote.engine_id, exc)
+            raise
+        finally:
+            # Done either way: a failed load is computed here, so the prefill
+            # side need not keep its blocks.
+            await self._tell(DONE, [remote])
+        assert self._cache is not None
+        desc = self._cache.cache_desc
+        return len(load.block_ids) * desc.num_tensors * desc.shape[1], seconds
+
+    async def _linked(self, cluster_id: int, peer_address: str) -> None:
+        """Link to a prefill worker's cluster once; later requests share the link."""
+        task = self._links.get(cluster_id)
+        if task is None or (task.done() and task.exception() is not None):
+            task = self._links[cluster_id] = asyncio.get_running_loop().create_task(
+                self._link(cluster_id, peer_address))
+        await asyncio.shield(task)
+
+    async def _link(self, cluster_id: int, peer_address: str) -> None:
+        assert self._dd is not None
+        host, _, port = peer_address.rpartition(":")
+        info = LLMClusterInfo()
+        info.remote_cluster_id = cluster_id
+        info.append_local_ip_info("127.0.0.1", 0)
+        info.append_remote_ip_info(host.strip("[]"), int(port))
+        status, results = await self._dd.link_clusters([info], timeout=LINK_TIMEOUT_MS)
+        if status == LLMStatusCode.LLM_ALREADY_LINK:
+            # A link that went down is replaced by link_clusters; one that is
+            # up (made before a relink was asked for) serves as it is.
+            return
+        if status != LLMStatusCode.LLM_SUCCESS:
+            raise LLMException(f"linking to cluster {cluster_id} at {peer_address} failed: "
+                               f"{results}", status_code=status)
+
+    async def _tell(self, name: str, remotes: Iterable[RemoteBlocks]) -> None:
+        """Send ``name`` for these requests, one notification per prefill worker."""
+        by_cluster: dict[tuple[int, str], list[str]] = defaultdict(list)
+        for remote in remotes:
+            if self._rank < len(remote.cluster_ids):
+                by_cluster[(remote.cluster_ids[self._rank], remote.peer_address)].append(
+                    remote.request_id)
+        assert self._dd is not None
+        for (cluster_id, peer_address), request_ids in by_cluster.items():
+            try:
+                await self._linked(cluster_id, peer_address)
+                await self._dd.send_notify(cluster_id,
+                                           NotifyDesc(name, request_ids_message(request_ids)),
+                                           CONTROL_TIMEOUT_MS)
+            except (LLMException, OSError) as exc:
+                # Its lease frees the blocks instead.
+                logger.warning("hixl: could not tell cluster %d %s for %d requests: %s",
+                               cluster_id, name, len(request_ids), exc)
+
+    # -- shutdown --------------------------------------------------------------
+
+    def close(self) -> None:
+        """End the session: the daemon forgets the cluster, its cache and links."""
+        dd, self._dd = self._dd, None
+        if dd is not None:
+            self._submit(self._close(dd)).result(timeout=CONTROL_TIMEOUT_MS / 1000 + 5)
+
+    async def _close(self, dd: LLMDataDist) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+        for task in self._links.values():
+            task.cancel()
+        await dd.finalize()
