@@ -82,6 +82,9 @@ OTHER_ENV_VARIABLES = frozenset({
     "HIXL_TRACING",  # clients: "1" turns on OpenTelemetry spans (the tracing extra)
     "HIXL_BENCH_MOONCAKE_PYTHON",  # the bench tests: an interpreter with Mooncake TE
     "HIXL_BENCH_NIXL_PYTHON",  # the bench tests: an interpreter with NIXL
+    "HIXL_VLLM_VENV",  # scripts/vllm_env.sh: where the vLLM environment lives
+    "HIXL_VLLM_PIP_TIMEOUT",  # scripts/vllm_env.sh: bound on each pip step
+    "HIXL_VLLM_PYTHON",  # hixl-bench's vLLM tools and tests: that environment's python
 })
 OTHER_ENV_PREFIXES = ("HIXL_DOUBLE_",)  # the CANN test double's knobs (tests/cann_double)
 # sun_path holds 108 bytes on Linux and 104 on macOS, including the final NUL.

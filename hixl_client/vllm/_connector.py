@@ -8,7 +8,6 @@ handshake metadata, once, after the KV cache is registered.
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -35,8 +34,6 @@ if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.request import Request
-
-logger = logging.getLogger(__name__)
 
 
 def _tensor_parallel_rank() -> int:

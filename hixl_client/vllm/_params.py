@@ -13,6 +13,10 @@ from typing import Any
 
 from .._defaults import default_daemon_target
 
+# vLLM configures its "vllm" logger only: the connector logs under it, so its
+# lines land in the engine's log with vLLM's own.
+LOGGER_NAME = "vllm.hixl_connector"
+
 # kv_transfer_params keys of vLLM's own P/D flow (its proxies read and pass them).
 DO_REMOTE_DECODE = "do_remote_decode"
 DO_REMOTE_PREFILL = "do_remote_prefill"

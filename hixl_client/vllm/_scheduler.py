@@ -15,7 +15,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ._metadata import HixlConnectorMetadata, HixlHandshake, Load
-from ._params import DO_REMOTE_DECODE, DO_REMOTE_PREFILL, RemoteBlocks, Settings
+from ._params import DO_REMOTE_DECODE, DO_REMOTE_PREFILL, LOGGER_NAME, RemoteBlocks, Settings
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.request import Request
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger(LOGGER_NAME)
 
 
 class HixlScheduler:

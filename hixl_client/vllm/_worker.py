@@ -42,13 +42,21 @@ from .. import (
 from .._sync_loop import LoopThread
 from ._kv_layout import KvLayout
 from ._metadata import HixlConnectorMetadata, HixlHandshake, Load
-from ._params import DONE, HOLD, RemoteBlocks, Settings, request_ids_message, request_ids_of
+from ._params import (
+    DONE,
+    HOLD,
+    LOGGER_NAME,
+    RemoteBlocks,
+    Settings,
+    request_ids_message,
+    request_ids_of,
+)
 from ._stats import HixlConnectorStats
 
 if TYPE_CHECKING:
     from .. import Cache
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger(LOGGER_NAME)
 
 MODEL_ID = 0  # every instance's KV is one blocks cache under this model id
 CONTROL_TIMEOUT_MS = 10000
@@ -100,9 +108,10 @@ class HixlWorker:
         assert self._dd is not None
         self._handshake = HixlHandshake(self._dd.peer_address, self._cluster_id, fingerprint)
         logger.info("hixl: cluster %d registered %d KV regions of %d blocks x %d bytes "
-                    "(%.1f MiB) with %s; peers link to %s", self._cluster_id,
+                    "(%.1f MiB, at %s) with %s; peers link to %s", self._cluster_id,
                     len(layout.addresses), layout.num_blocks, layout.block_bytes,
-                    layout.nbytes / 2**20, self._settings.daemon, self._dd.peer_address)
+                    layout.nbytes / 2**20, " ".join(f"{a:#x}" for a in layout.addresses),
+                    self._settings.daemon, self._dd.peer_address)
 
     async def _register(self, layout: KvLayout) -> None:
         config = LLMConfig()
