@@ -57,6 +57,12 @@ RUN = {
         '"daemon_id"'),
 }
 SKIPPED = {
+    "# on each host: its daemon (README \"Running the daemon\"; here the embedded defaults)":
+        "a template with the reader's model and hosts, and vLLM installed "
+        "(tests/vllm/test_vllm_connector.py starts such servers: hixl_bench.vllm.pd.hixl_spec)",
+    "bash scripts/vllm_env.sh                                   # vLLM's CPU build, in "
+    "~/.cache/hixl": "minutes: tests/vllm/test_vllm_connector.py makes that environment and "
+                     "runs the servers these commands start (hixl_bench.vllm.pd.pd_setup)",
     ".venv/bin/hixlctl status                 # one screen: ids, listeners, counts, refusals":
         "needs a daemon at the default socket, and its last line stops it "
         "(tests/integration/test_hixlctl.py runs every command)",
