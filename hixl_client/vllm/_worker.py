@@ -79,6 +79,7 @@ class HixlWorker:
         self._handshake: HixlHandshake | None = None
         self._links: dict[int, asyncio.Task[None]] = {}   # on the loop only
         self._reader: asyncio.Task[None] | None = None
+        self._telling: set[asyncio.Task[None]] = set()    # notifications on their way
         self._notified: queue.SimpleQueue[NotifyDesc] = queue.SimpleQueue()
         # Decode side: pulls in flight, by request; blocks that failed to load.
         # A pull's future gives (bytes, seconds).
@@ -237,8 +238,11 @@ class HixlWorker:
             raise
         finally:
             # Done either way: a failed load is computed here, so the prefill
-            # side need not keep its blocks.
-            await self._tell(DONE, [remote])
+            # side need not keep its blocks. Sent on the side: the request's
+            # outcome does not wait for a prefill daemon that may be gone.
+            telling = asyncio.get_running_loop().create_task(self._tell(DONE, [remote]))
+            self._telling.add(telling)
+            telling.add_done_callback(self._telling.discard)
         assert self._cache is not None
         desc = self._cache.cache_desc
         return len(load.block_ids) * desc.num_tensors * desc.shape[1], seconds
@@ -297,6 +301,6 @@ class HixlWorker:
     async def _close(self, dd: LLMDataDist) -> None:
         if self._reader is not None:
             self._reader.cancel()
-        for task in self._links.values():
+        for task in (*self._links.values(), *self._telling):
             task.cancel()
         await dd.finalize()
