@@ -66,7 +66,7 @@ class HixlConnector(KVConnectorBase_V1):
         self._scheduler: HixlScheduler | None = None
         self._worker: HixlWorker | None = None
         if role == KVConnectorRole.SCHEDULER:
-            self._scheduler = HixlScheduler(vllm_config, self._engine_id, settings)
+            self._scheduler = HixlScheduler(self._engine_id, settings)
         else:
             rank = _tensor_parallel_rank()
             self._worker = HixlWorker(settings, cluster_id_of(self._engine_id, rank), rank)

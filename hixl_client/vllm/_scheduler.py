@@ -18,7 +18,6 @@ from ._metadata import HixlConnectorMetadata, HixlHandshake, Load
 from ._params import DO_REMOTE_DECODE, DO_REMOTE_PREFILL, LOGGER_NAME, RemoteBlocks, Settings
 
 if TYPE_CHECKING:
-    from vllm.config import VllmConfig
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.request import Request
@@ -29,10 +28,9 @@ logger = logging.getLogger(LOGGER_NAME)
 class HixlScheduler:
     """Scheduler-side state of one vLLM engine."""
 
-    def __init__(self, vllm_config: VllmConfig, engine_id: str, settings: Settings) -> None:
+    def __init__(self, engine_id: str, settings: Settings) -> None:
         self._engine_id = engine_id
         self._settings = settings
-        self._block_size = vllm_config.cache_config.block_size
         self._workers: dict[int, HixlHandshake] = {}   # by tp rank
         # Decode side.
         self._waiting: dict[str, RemoteBlocks] = {}    # queued, not yet allocated
