@@ -105,9 +105,7 @@ class HixlConnector(KVConnectorBase_V1):
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None,
                                                                 set[str] | None]:
         assert self._worker is not None
-        meta = self._connector_metadata
-        idle = isinstance(meta, HixlConnectorMetadata) and meta.idle
-        sending, recving = self._worker.finished(idle)
+        sending, recving = self._worker.finished()
         return sending or None, recving or None
 
     def get_block_ids_with_load_errors(self) -> set[int]:

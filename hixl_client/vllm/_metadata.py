@@ -45,5 +45,3 @@ class HixlConnectorMetadata(KVConnectorMetadata):
     # (lease renewal), and requests that ended without pulling (release now).
     waiting: list[RemoteBlocks] = field(default_factory=list)
     abandoned: list[RemoteBlocks] = field(default_factory=list)
-    # The step computes nothing: its requests wait on transfers or leases.
-    idle: bool = False

@@ -114,8 +114,7 @@ class HixlScheduler:
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> HixlConnectorMetadata:
         meta = HixlConnectorMetadata(loads=self._loads, holds=self._holds,
-                                     abandoned=self._abandoned,
-                                     idle=scheduler_output.total_num_scheduled_tokens == 0)
+                                     abandoned=self._abandoned)
         now = time.monotonic()
         if self._waiting and now - self._renewed_at >= self._settings.lease_s / 3:
             meta.waiting = list(self._waiting.values())

@@ -63,12 +63,6 @@ CONTROL_TIMEOUT_MS = 10000
 LINK_TIMEOUT_MS = 10000
 # Link and pull failures that a new link may mend (the far daemon restarted).
 RELINK_ON = frozenset({LLMStatusCode.LLM_NOT_YET_LINK, LLMStatusCode.LLM_LINK_FAILED})
-# vLLM steps again at once while requests wait on transfers or leases, so an
-# idle step's thread would spin (and the engine core with it) on the cores the
-# daemons need to move the bytes. An idle step waits up to this long instead,
-# waking the moment a pull ends or a notification arrives; a new request
-# waits at most this long for the engine's next step.
-IDLE_WAIT_S = 0.005
 
 
 class HixlWorker:
@@ -161,16 +155,10 @@ class HixlWorker:
         if meta.abandoned:
             self._submit(self._tell(DONE, meta.abandoned))
 
-    def finished(self, idle: bool = False) -> tuple[set[str], set[str]]:
-        """(requests whose held blocks may go, requests whose pull ended); an
-        ``idle`` step first waits briefly for news (IDLE_WAIT_S)."""
-        pulling = [future for _, future in self._loads.values() if not future.done()]
-        notified = self._take_notified(IDLE_WAIT_S if idle and self._held and not pulling
-                                       else 0.0)
-        if idle and pulling and not notified:
-            concurrent.futures.wait(pulling, IDLE_WAIT_S, concurrent.futures.FIRST_COMPLETED)
+    def finished(self) -> tuple[set[str], set[str]]:
+        """(requests whose held blocks may go, requests whose pull ended)."""
         now = time.monotonic()
-        self._read_notified(notified, now)
+        self._read_notified(now)
         sending = {r for r in self._held if r in self._done_early}
         for request_id in sending:
             del self._done_early[request_id]
@@ -201,19 +189,12 @@ class HixlWorker:
         taken, self._stats = self._stats, HixlConnectorStats()
         return taken
 
-    def _take_notified(self, wait_s: float) -> list[NotifyDesc]:
-        """The notifications the loop handed over, waiting up to ``wait_s`` for one."""
-        taken: list[NotifyDesc] = []
-        try:
-            if wait_s > 0:
-                taken.append(self._notified.get(timeout=wait_s))
-            while True:
-                taken.append(self._notified.get_nowait())
-        except queue.Empty:
-            return taken
-
-    def _read_notified(self, notified: list[NotifyDesc], now: float) -> None:
-        for notify in notified:
+    def _read_notified(self, now: float) -> None:
+        while True:
+            try:
+                notify = self._notified.get_nowait()
+            except queue.Empty:
+                return
             for request_id in request_ids_of(notify.notify_msg):
                 if notify.name == DONE:
                     self._done_early[request_id] = now + self._settings.lease_s
