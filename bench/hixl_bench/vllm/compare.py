@@ -49,22 +49,50 @@ BIG_MODEL = ("--layers", "12", "--hidden", "256", "--heads", "8", "--kv-heads", 
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of process ``pid`` so far (0 when it is gone)."""
+def cpu_seconds(pid: int, stat_path: str = "") -> float:
+    """User + system CPU time of process ``pid`` so far (0 when it is gone), or
+    of the thread whose ``/proc/PID/task/TID/stat`` is ``stat_path``."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        stat = Path(stat_path or f"/proc/{pid}/stat").read_text()
     except OSError:
         return 0.0
     fields = stat[stat.rfind(")") + 2:].split()
     return (int(fields[11]) + int(fields[12])) * _TICK_S
 
 
-def idle_cpu(processes: dict[str, int], seconds: float) -> dict[str, float]:
-    """Each named process's CPU use over ``seconds`` of idleness, in % of one core."""
-    before = {name: cpu_seconds(pid) for name, pid in processes.items()}
+def thread_seconds(pid: int) -> dict[str, float]:
+    """CPU time so far of process ``pid``'s threads, summed by thread name."""
+    by_name: dict[str, float] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return by_name
+    for tid in tids:
+        try:
+            name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+        except OSError:
+            continue
+        by_name[name] = by_name.get(name, 0.0) + cpu_seconds(
+            pid, f"/proc/{pid}/task/{tid}/stat")
+    return by_name
+
+
+def idle_cpu(processes: dict[str, int], seconds: float
+             ) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """Each named process's CPU use over ``seconds`` of idleness, in % of one
+    core, and for each process above 0.5 % its busiest thread names."""
+    before = {name: (cpu_seconds(pid), thread_seconds(pid)) for name, pid in processes.items()}
     time.sleep(seconds)
-    return {name: round(100 * (cpu_seconds(pid) - before[name]) / seconds, 2)
-            for name, pid in processes.items()}
+    totals, threads = {}, {}
+    for name, pid in processes.items():
+        totals[name] = round(100 * (cpu_seconds(pid) - before[name][0]) / seconds, 2)
+        if totals[name] > 0.5:
+            was = before[name][1]
+            used = {thread: 100 * (spent - was.get(thread, 0.0)) / seconds
+                    for thread, spent in thread_seconds(pid).items()}
+            threads[name] = {t: round(u, 2) for t, u in sorted(used.items(), key=lambda x: -x[1])
+                             if u > 0.05}
+    return totals, threads
 
 
 def _pct(values: Sequence[float], q: float) -> float:
@@ -113,7 +141,7 @@ def measure(connector: str, shape: str, python: str, model: Path, work: Path,
                      for side, server in (("P", p), ("D", d))
                      for pid, name, _ in group_members(server.pid)}
         processes.update({f"daemon {i}": daemon.pid for i, daemon in enumerate(daemons)})
-        idle = idle_cpu(processes, idle_s)
+        idle, idle_threads = idle_cpu(processes, idle_s)
     ttft = [r.decode.ttft_s or 0.0 for r in runs]
     whole = [r.decode.elapsed_s for r in runs]
     prefill = [r.prefill.elapsed_s for r in runs]
@@ -130,6 +158,7 @@ def measure(connector: str, shape: str, python: str, model: Path, work: Path,
         "p_request_p50_ms": round(statistics.median(prefill) * ms, 1),
         "p_request_p99_ms": round(_pct(prefill, 0.99) * ms, 1),
         "idle_cpu_pct": idle,
+        "idle_cpu_threads_pct": idle_threads,
         "idle_cpu_max_pct": max(idle.values()) if idle else 0.0,
     }
 
@@ -143,6 +172,9 @@ def _print(row: dict[str, Any]) -> None:
     print("  ".join(f"{c}={row[c]}" for c in COLUMNS), flush=True)
     print("    idle CPU %: " + ", ".join(f"{k} {v}" for k, v in row["idle_cpu_pct"].items()),
           flush=True)
+    for process, threads in row["idle_cpu_threads_pct"].items():
+        print(f"      {process} by thread: "
+              + ", ".join(f"{t} {u}" for t, u in threads.items()), flush=True)
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
