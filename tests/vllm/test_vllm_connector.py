@@ -21,7 +21,7 @@ import signal
 import sys
 import time
 import urllib.error
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,7 +99,7 @@ def kv_usage(server: VllmServer) -> float:
                if line.startswith("vllm:kv_cache_usage_perc{"))
 
 
-def wait_for(predicate, bound_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
+def wait_for(predicate: Callable[[], bool], bound_s: float, what: str) -> None:
     deadline = time.monotonic() + bound_s
     while not predicate():
         assert time.monotonic() < deadline, f"{what} within {bound_s} s"

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -54,8 +55,6 @@ BLOCK_TOKENS = 32
 
 def make_model(python: str, out: Path, *args: str, timeout_s: float = 600.0) -> None:
     """Write a model made in code (``tiny_model.py``, its flags in ``args``) into ``out``."""
-    import subprocess
-
     done = subprocess.run([python, str(TINY_MODEL), str(out), *args], capture_output=True,
                           text=True, timeout=timeout_s, check=False)
     if done.returncode != 0:
