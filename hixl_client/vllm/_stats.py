@@ -19,14 +19,6 @@ class HixlConnectorStats(KVConnectorStats):
 
     data: dict[str, Any] = field(default_factory=_empty)
 
-    @property
-    def leases_expired(self) -> int:
-        return int(self.data["leases_expired"])
-
-    @leases_expired.setter
-    def leases_expired(self, value: int) -> None:
-        self.data["leases_expired"] = value
-
     def record_transfer(self, nbytes: int, seconds: float) -> None:
         self.data["transfers"] += 1
         self.data["bytes"] += nbytes
@@ -34,6 +26,9 @@ class HixlConnectorStats(KVConnectorStats):
 
     def record_failure(self) -> None:
         self.data["failures"] += 1
+
+    def record_expired(self, leases: int) -> None:
+        self.data["leases_expired"] += leases
 
     def reset(self) -> None:
         self.data = _empty()

@@ -167,7 +167,7 @@ class HixlWorker:
             logger.warning("hixl: no decode instance took %d finished requests within their "
                            "lease (%g s); their blocks are freed: %s", len(expired),
                            self._settings.lease_s, sorted(expired)[:8])
-            self._stats.leases_expired += len(expired)
+            self._stats.record_expired(len(expired))
         sending |= expired
         for request_id in sending:
             del self._held[request_id]

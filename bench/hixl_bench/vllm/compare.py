@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import signal
 import statistics
 import sys
@@ -39,42 +38,13 @@ from hixl_service.testing import DaemonProcess
 from .api import complete, pd_complete
 from .nixl_check import nixl_missing, nixl_specs, seeded_prompts
 from .pd import hixl_spec, make_model
-from .procs import group_members
+from .procs import cpu_seconds, group_members, thread_seconds
 from .servers import VllmServer, ensure_vllm_python, start_servers
 
 __all__ = ["main"]
 
 BIG_MODEL = ("--layers", "12", "--hidden", "256", "--heads", "8", "--kv-heads", "8",
              "--head-dim", "128", "--intermediate", "512")
-_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int, stat_path: str = "") -> float:
-    """User + system CPU time of process ``pid`` so far (0 when it is gone), or
-    of the thread whose ``/proc/PID/task/TID/stat`` is ``stat_path``."""
-    try:
-        stat = Path(stat_path or f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return 0.0
-    fields = stat[stat.rfind(")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) * _TICK_S
-
-
-def thread_seconds(pid: int) -> dict[str, float]:
-    """CPU time so far of process ``pid``'s threads, summed by thread name."""
-    by_name: dict[str, float] = {}
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return by_name
-    for tid in tids:
-        try:
-            name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
-        except OSError:
-            continue
-        by_name[name] = by_name.get(name, 0.0) + cpu_seconds(
-            pid, f"/proc/{pid}/task/{tid}/stat")
-    return by_name
 
 
 def idle_cpu(processes: dict[str, int], seconds: float

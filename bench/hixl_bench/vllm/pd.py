@@ -41,8 +41,8 @@ from .api import complete, pd_complete, prompt_tokens_by_source
 from .nixl_check import TINY_MODEL, seeded_prompts
 from .servers import ServerSpec, VllmServer, ensure_vllm_python, start_servers
 
-__all__ = ["HIXL_CONFIG", "PdSetup", "daemon_pulled_bytes", "hixl_spec", "main", "make_model",
-           "pd_setup"]
+__all__ = ["HIXL_CONFIG", "PdSetup", "daemon_pulled_bytes", "daemon_status", "hixl_spec",
+           "main", "make_model", "pd_setup"]
 
 ROOT = Path(__file__).resolve().parents[3]
 HIXL_CONFIG = {"kv_connector": "HixlConnector", "kv_connector_module_path": "hixl_client.vllm",
@@ -72,15 +72,20 @@ def hixl_spec(python: str, model_dir: Path, log_path: Path, cpu: int, daemon: st
                       env={"PYTHONPATH": f"{ROOT}:{ROOT / 'native'}"})
 
 
+def daemon_status(daemon: DaemonProcess) -> admin_pb2.DaemonStatus:
+    """The daemon's Admin/GetStatus (from a thread that runs no event loop)."""
+    async def ask() -> admin_pb2.DaemonStatus:
+        async with grpc.aio.insecure_channel(daemon.client_target) as channel:
+            reply: admin_pb2.DaemonStatus = await admin_pb2_grpc.AdminStub(channel).GetStatus(
+                admin_pb2.GetStatusRequest(), timeout=10)
+            return reply
+    return asyncio.run(ask())
+
+
 def daemon_pulled_bytes(daemon: DaemonProcess) -> int:
     """Bytes the daemon's successful ``pull_blocks`` calls moved (Admin/GetStatus)."""
-    async def ask() -> int:
-        async with grpc.aio.insecure_channel(daemon.client_target) as channel:
-            status = await admin_pb2_grpc.AdminStub(channel).GetStatus(
-                admin_pb2.GetStatusRequest(), timeout=10)
-        return sum(t.bytes for t in status.transfers
-                   if t.op == "pull_blocks" and t.status == "LLM_SUCCESS")
-    return asyncio.run(ask())
+    return sum(t.bytes for t in daemon_status(daemon).transfers
+               if t.op == "pull_blocks" and t.status == "LLM_SUCCESS")
 
 
 @dataclass

@@ -31,12 +31,14 @@ from pathlib import Path
 
 __all__ = [
     "ThreadInfo",
+    "cpu_seconds",
     "end_group",
     "group_alive",
     "group_members",
     "group_threads",
     "isolate",
     "pollers",
+    "thread_seconds",
 ]
 
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
@@ -50,6 +52,30 @@ def _stat_fields(path: str) -> tuple[str, list[str]] | None:
         return None
     # the name in parentheses may hold spaces and parentheses: fields follow the last ')'
     return stat[stat.find("(") + 1:stat.rfind(")")], stat[stat.rfind(")") + 2:].split()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far (0 when it is gone)."""
+    parsed = _stat_fields(f"/proc/{pid}/stat")
+    if parsed is None or len(parsed[1]) < 13:
+        return 0.0
+    return (int(parsed[1][11]) + int(parsed[1][12])) * _TICK_S
+
+
+def thread_seconds(pid: int) -> dict[str, float]:
+    """CPU time so far of process ``pid``'s threads, summed by thread name."""
+    by_name: dict[str, float] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return by_name
+    for tid in tids:
+        parsed = _stat_fields(f"/proc/{pid}/task/{tid}/stat")
+        if parsed is None or len(parsed[1]) < 13:
+            continue
+        used = (int(parsed[1][11]) + int(parsed[1][12])) * _TICK_S
+        by_name[parsed[0]] = by_name.get(parsed[0], 0.0) + used
+    return by_name
 
 
 def group_members(pgid: int) -> list[tuple[int, str, int]]:
