@@ -14,7 +14,7 @@ from .keys import BlocksCacheKey, CacheKey, CacheKeyByIdAndIndex
 from .kv_cache import KvCache
 from .llm_datadist import LLMDataDist
 from .notify import NotifyDesc
-from .shareable import ShareableBuffer, alloc_shareable
+from .shareable import ShareableBuffer, adopt_shareable, alloc_shareable
 from .status import LLMException, LLMStatusCode, Status
 from .timing import TransferTiming, capture_timings
 from .transfer_config import TransferConfig, TransferWithCacheKeyConfig
@@ -64,6 +64,7 @@ __all__ = [
     "TransferConfig",
     "TransferTiming",
     "TransferWithCacheKeyConfig",
+    "adopt_shareable",
     "alloc_device_shareable",
     "alloc_shareable",
     "capture_timings",

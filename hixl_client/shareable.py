@@ -18,6 +18,7 @@ from __future__ import annotations
 import bisect
 import os
 import threading
+from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
 import hixl_native
@@ -41,10 +42,20 @@ class ShareableBuffer:
     def __init__(self, nbytes: int) -> None:
         if nbytes <= 0:
             raise ValueError(f"nbytes must be > 0, got {nbytes}")
+        self._open(nbytes, lambda fd: hixl_native.Mapping(fd, nbytes))
+
+    @classmethod
+    def _adopting(cls, address: int, nbytes: int) -> ShareableBuffer:
+        """The pages ``[address, address + nbytes)``, moved onto a memfd in place."""
+        buffer = cls.__new__(cls)
+        buffer._open(nbytes, lambda fd: hixl_native.AdoptedMapping(fd, address, nbytes))
+        return buffer
+
+    def _open(self, nbytes: int, map_fd: Callable[[int], hixl_native.Mapping]) -> None:
         self._fd = os.memfd_create("hixl-shareable", os.MFD_CLOEXEC)
         try:
             os.ftruncate(self._fd, nbytes)
-            self._mapping = hixl_native.Mapping(self._fd, nbytes)
+            self._mapping = map_fd(self._fd)
         except BaseException:
             os.close(self._fd)
             raise
@@ -103,6 +114,59 @@ class ShareableBuffer:
 def alloc_shareable(nbytes: int) -> ShareableBuffer:
     """Allocate ``nbytes`` of host memory that hixl daemons can map."""
     return ShareableBuffer(-(-nbytes // _ALIGN) * _ALIGN)
+
+
+def adopt_shareable(address: int, nbytes: int) -> ShareableBuffer:
+    """Make memory this process already allocated shareable, where it lies.
+
+    For memory an engine allocates itself (vLLM's KV cache, a torch tensor):
+    the whole pages holding ``[address, address + nbytes)`` move onto a memfd
+    at the same address, bytes kept, so every pointer into them stays valid
+    and caches registered there take the zero-copy path of ``alloc_shareable``
+    memory. The move copies the bytes once, a piece at a time.
+
+    The memory still belongs to its allocator, which frees it as before, after
+    the caches over it are unregistered and the buffer closed. Move it before
+    other threads use it: a write into those pages while they move may be lost.
+
+    Raises:
+        ValueError: ``nbytes`` is not positive.
+        LLMException: the pages are not this process's private anonymous memory
+            (a large allocation of malloc, torch or numpy, or an anonymous
+            mmap): a file, a stack or the brk heap, whose edge pages other
+            allocations share (``LLM_PARAM_INVALID``). Such memory can still be
+            registered as it is, on the slower engine-memory path.
+    """
+    if nbytes <= 0:
+        raise ValueError(f"nbytes must be > 0, got {nbytes}")
+    start = address - address % _ALIGN
+    end = -(-(address + nbytes) // _ALIGN) * _ALIGN
+    if not _private_anonymous(start, end):
+        raise LLMException(
+            f"cannot adopt {nbytes} bytes at {address:#x}: only private anonymous memory "
+            "(a large allocation, or an anonymous mmap) can move onto shared memory in "
+            "place; register it as it is, or allocate it with alloc_shareable",
+            status_code=LLMStatusCode.LLM_PARAM_INVALID)
+    return ShareableBuffer._adopting(start, end - start)
+
+
+def _private_anonymous(start: int, end: int) -> bool:
+    """Whether this process's mappings cover ``[start, end)`` with private,
+    writable anonymous memory that is not the brk heap or a stack."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            low, high = (int(bound, 16) for bound in fields[0].split("-"))
+            if high <= start:
+                continue
+            name = fields[5].strip() if len(fields) > 5 else ""
+            if (low > start or not fields[1].startswith("rw") or fields[1][3] != "p"
+                    or fields[4] != "0" or (name and not name.startswith("[anon"))):
+                return False
+            start = high
+            if start >= end:
+                return True
+    return False
 
 
 class _Addressed(Protocol):

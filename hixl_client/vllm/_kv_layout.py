@@ -14,12 +14,17 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import itertools
 import logging
 import mmap
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from hixl_native import NativeError
+
+from ..shareable import ShareableBuffer, adopt_shareable
+from ..status import LLMException
 from ._params import LOGGER_NAME
 
 if TYPE_CHECKING:
@@ -44,6 +49,26 @@ class KvLayout:
     @property
     def nbytes(self) -> int:
         return len(self.addresses) * self.num_blocks * self.block_bytes
+
+
+def share_in_place(layout: KvLayout) -> ShareableBuffer | None:
+    """Move the KV memory onto shared memory where it lies, so both daemons
+    move its bytes directly (the zero-copy path) rather than through bounce
+    buffers and cross-memory calls. None when the regions are not one span
+    (several allocations) or the memory cannot move; the engine-memory path
+    serves those.
+    """
+    span = layout.num_blocks * layout.block_bytes
+    starts = sorted(layout.addresses)
+    if any(b - a != span for a, b in itertools.pairwise(starts)):
+        logger.info("hixl: the KV regions are not one span; the daemon reaches them as "
+                    "engine memory")
+        return None
+    try:
+        return adopt_shareable(starts[0], span * len(starts))
+    except (LLMException, NativeError) as exc:
+        logger.info("hixl: the KV memory stays engine memory: %s", exc)
+        return None
 
 
 def prefault(layout: KvLayout) -> None:

@@ -40,7 +40,7 @@ from .. import (
     NotifyDesc,
 )
 from .._sync_loop import LoopThread
-from ._kv_layout import KvLayout, prefault
+from ._kv_layout import KvLayout, prefault, share_in_place
 from ._metadata import HixlConnectorMetadata, HixlHandshake, Load
 from ._params import (
     DONE,
@@ -54,7 +54,7 @@ from ._params import (
 from ._stats import HixlConnectorStats
 
 if TYPE_CHECKING:
-    from .. import Cache
+    from .. import Cache, ShareableBuffer
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -75,6 +75,7 @@ class HixlWorker:
         self._loop_thread = LoopThread("hixl-vllm")
         self._dd: LLMDataDist | None = None
         self._cache: Cache | None = None
+        self._shared: ShareableBuffer | None = None  # the KV memory, when shared in place
         self._layout: str = ""
         self._handshake: HixlHandshake | None = None
         self._links: dict[int, asyncio.Task[None]] = {}   # on the loop only
@@ -105,14 +106,17 @@ class HixlWorker:
                 process's memory: see README, "Your own memory").
         """
         self._layout = fingerprint
-        prefault(layout)
+        self._shared = share_in_place(layout)
+        if self._shared is None:
+            prefault(layout)
         self._submit(self._register(layout)).result()
         assert self._dd is not None
         self._handshake = HixlHandshake(self._dd.peer_address, self._cluster_id, fingerprint)
         logger.info("hixl: cluster %d registered %d KV regions of %d blocks x %d bytes "
-                    "(%.1f MiB, at %s) with %s; peers link to %s", self._cluster_id,
+                    "(%.1f MiB, at %s, %s) with %s; peers link to %s", self._cluster_id,
                     len(layout.addresses), layout.num_blocks, layout.block_bytes,
                     layout.nbytes / 2**20, " ".join(f"{a:#x}" for a in layout.addresses),
+                    "engine memory" if self._shared is None else "shared in place",
                     self._settings.daemon, self._dd.peer_address)
 
     async def _register(self, layout: KvLayout) -> None:
@@ -298,6 +302,8 @@ class HixlWorker:
         dd, self._dd = self._dd, None
         if dd is not None:
             self._submit(self._close(dd)).result(timeout=CONTROL_TIMEOUT_MS / 1000 + 5)
+        if self._shared is not None:
+            self._shared.close()  # the memory stays vLLM's; the daemon lets go of it
 
     async def _close(self, dd: LLMDataDist) -> None:
         if self._reader is not None:

@@ -45,6 +45,7 @@ cdef extern from "mapping.h" nogil:
 
     int hixl_mapping_create(int fd, uint64_t size, int populate, int owned_fd,
                             hixl_mapping **out)
+    int hixl_mapping_adopt(void *addr, uint64_t size, int fd, hixl_mapping **out)
     void hixl_mapping_ref(hixl_mapping *m)
     void hixl_mapping_unref(hixl_mapping *m)
     void hixl_mapping_pin(hixl_mapping *m)

@@ -64,6 +64,9 @@ class Mapping:
         tb: TracebackType | None,
     ) -> None: ...
 
+class AdoptedMapping(Mapping):
+    def __init__(self, fd: int, address: int, size: int) -> None: ...
+
 class SharedPool(Mapping):
     def __init__(self, name: str, size: int, page_shift: int, populate: bool = True) -> None: ...
     @property

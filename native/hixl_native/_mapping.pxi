@@ -124,6 +124,48 @@ cdef class Mapping:
         return f"<{type(self).__name__} {state}>"
 
 
+
+cdef class AdoptedMapping(Mapping):
+    """This process's own memory, moved onto an fd in place (``MAP_FIXED``).
+
+    The bytes of ``[address, address + size)`` are copied into ``fd`` and the
+    fd is mapped over them at the same address, so pointers into the range
+    (a tensor's, an allocator's) stay valid while another process that maps
+    ``fd`` shares the bytes. ``close()`` forgets the range and never unmaps
+    it: it still belongs to whoever allocated it.
+
+    Args:
+        fd: A memfd at least ``size`` long. The caller keeps ownership of it.
+        address: The range's first byte, page-aligned.
+        size: Its length, a whole number of pages.
+
+    Raises:
+        ValueError: an unaligned range, or a file shorter than ``size``.
+        NativeError: the copy or the mapping failed; the range keeps its
+            bytes, part of them on the fd.
+    """
+
+    def __init__(self, fd, address, size):
+        cdef hixl_mapping *m = NULL
+        cdef int rc, err, cfd
+        cdef uint64_t csize
+        cdef uintptr_t caddr
+        if self._m != NULL:
+            raise RuntimeError("AdoptedMapping is already initialized")
+        cfd = _int_in(fd, 0, 0x7FFFFFFF, "fd")
+        caddr = _int_in(address, 1, _U64_MAX, "address")
+        csize = _int_in(size, 1, 0x7FFFFFFFFFFFFFFF, "size")
+        with nogil:
+            rc = hixl_mapping_adopt(<void *>caddr, csize, cfd, &m)
+            err = errno
+        if rc == HIXL_E_INVAL:
+            raise ValueError(f"cannot move {size} bytes at {address:#x} onto fd {fd}: the "
+                             "range must be whole pages and the file at least that long")
+        if rc != HIXL_OK:
+            _raise(rc, f"cannot move {size} bytes at {address:#x} onto fd {fd}", err)
+        self._m = m
+        self._size = csize
+
 # The allocator methods SharedPool and ExtentAllocator share; `owner` names
 # the object in the exhaustion message.
 

@@ -43,6 +43,7 @@ from hixl_service.testing import DaemonProcess
 pytestmark = pytest.mark.timeout(1500)  # the first test waits for the install and start-up
 
 LEASE_S = 5
+MIB_512 = 512 * 2**20  # one region of the tiny model in vLLM's default KV space
 MAX_TOKENS = 16
 P_PARAMS = {"do_remote_decode": True}
 
@@ -123,6 +124,12 @@ def test_decode_equals_local_compute_and_skips_prefill(cluster: Cluster) -> None
     alone = [complete(d.port, p, MAX_TOKENS) for p in prompts]
     assert [r.decode.token_ids for r in pd] == [a.token_ids for a in alone]
     assert all(len(a.token_ids) == MAX_TOKENS for a in alone)
+    # Both daemons map vLLM's KV memory itself (moved onto a memfd in place),
+    # so neither stages the bytes through cross-memory calls.
+    for server, daemon in ((cluster.prefill, cluster.daemon_a), (d, cluster.daemon_b)):
+        regions, _ = kv_regions(server)
+        assert "shared in place" in Path(server.spec.log_path).read_text(errors="replace")
+        assert shared_bytes_mapped(daemon.pid) >= len(regions) * MIB_512
     # P got its blocks back from every request at once (D's "done"), not by lease.
     wait_for(lambda: kv_usage(cluster.prefill) == 0, LEASE_S - 1, "P freed its blocks")
     assert "within their lease" not in cluster.prefill.log_tail(2000)
@@ -154,9 +161,19 @@ def kv_regions(server: VllmServer) -> tuple[list[int], int]:
     """The KV regions HixlConnector logged at registration, and their block size."""
     text = Path(server.spec.log_path).read_text(errors="replace")
     found = re.search(r"registered \d+ KV regions of \d+ blocks x (\d+) bytes \([^,]+, at "
-                      r"([0-9a-fx ]+)\)", text)
+                      r"([0-9a-fx ]+),", text)
     assert found, "the connector logs where it registered the KV"
     return [int(a, 16) for a in found[2].split()], int(found[1])
+
+
+def shared_bytes_mapped(pid: int) -> int:
+    """Bytes of clients' shareable buffers a daemon maps (memfds named by hixl_client)."""
+    total = 0
+    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+        if "memfd:hixl-shareable" in line:
+            low, high = (int(bound, 16) for bound in line.split()[0].split("-"))
+            total += high - low
+    return total
 
 
 def test_one_daemon_placement_uses_its_local_copy(cluster: Cluster) -> None:

@@ -53,6 +53,66 @@ int hixl_mapping_create(int fd, uint64_t size, int populate, int owned_fd,
     return HIXL_OK;
 }
 
+/* Moved a piece at a time, so at most one piece is held twice. */
+#define ADOPT_PIECE ((uint64_t)64 << 20)
+
+static int write_all(int fd, const uint8_t *src, uint64_t len, uint64_t offset)
+{
+    while (len > 0) {
+        ssize_t n = pwrite(fd, src, (size_t)len, (off_t)offset);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return errno == ENOSPC || errno == ENOMEM ? HIXL_E_NOMEM : HIXL_E_IO;
+        }
+        src += n;
+        len -= (uint64_t)n;
+        offset += (uint64_t)n;
+    }
+    return HIXL_OK;
+}
+
+int hixl_mapping_adopt(void *addr, uint64_t size, int fd, hixl_mapping **out)
+{
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    struct stat st;
+    if (addr == NULL || size == 0 || size > (uint64_t)INT64_MAX
+            || (uintptr_t)addr % page != 0 || size % page != 0)
+        return HIXL_E_INVAL;
+    if (fstat(fd, &st) != 0)
+        return HIXL_E_IO;
+    if ((uint64_t)st.st_size < size)
+        return HIXL_E_INVAL;
+    hixl_mapping *m = calloc(1, sizeof(*m));
+    if (m == NULL)
+        return HIXL_E_NOMEM;
+    uint8_t *base = addr;
+    for (uint64_t offset = 0; offset < size; offset += ADOPT_PIECE) {
+        uint64_t len = size - offset < ADOPT_PIECE ? size - offset : ADOPT_PIECE;
+        int rc = write_all(fd, base + offset, len, offset);
+        /* MAP_POPULATE: the file's pages exist now; only the page tables fill. */
+        if (rc == HIXL_OK && mmap(base + offset, (size_t)len, PROT_READ | PROT_WRITE,
+                                  MAP_SHARED | MAP_FIXED | MAP_POPULATE, fd,
+                                  (off_t)offset) == MAP_FAILED)
+            rc = errno == ENOMEM ? HIXL_E_NOMEM : HIXL_E_IO;
+        if (rc != HIXL_OK) {
+            int err = errno;
+            free(m);
+            errno = err;
+            return rc;
+        }
+    }
+    m->addr = base;
+    m->size = size;
+    m->owned_fd = -1;
+    m->adopted = 1;
+    atomic_init(&m->refs, 1);
+    atomic_init(&m->pins, 0);
+    hixl_live_add(HIXL_LIVE_MAPPINGS, 1);
+    *out = m;
+    return HIXL_OK;
+}
+
 void hixl_mapping_ref(hixl_mapping *m)
 {
     atomic_fetch_add_explicit(&m->refs, 1, memory_order_relaxed);
@@ -61,7 +121,8 @@ void hixl_mapping_ref(hixl_mapping *m)
 static void release_memory(hixl_mapping *m)
 {
     if (m->addr != NULL) {
-        munmap(m->addr, (size_t)m->size);
+        if (!m->adopted)
+            munmap(m->addr, (size_t)m->size);
         m->addr = NULL;
         hixl_live_add(HIXL_LIVE_MAPPINGS, -1);
     }
