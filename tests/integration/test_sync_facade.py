@@ -54,6 +54,14 @@ PREFILL = PRELUDE + textwrap.dedent("""
         dd.cache_manager.deallocate_cache(cache)  # the key keeps it until it is pulled
     print("ready", flush=True)
     sys.stdin.readline()
+    # The decode client said "done" (a hixl extension): take it, bounded.
+    import time
+    notes, deadline = [], time.monotonic() + 10
+    while not notes and time.monotonic() < deadline:
+        notes = dd.get_notifies()
+        time.sleep(0.05)
+    print("notified", [(n.remote_cluster_id, n.name, n.notify_msg.decode()) for n in notes],
+          flush=True)
     dd.finalize()
     print("finalized", LLMDataDist.llm_engine_instance, flush=True)
 """)
@@ -139,6 +147,8 @@ DECODE = PRELUDE + textwrap.dedent("""
             return "use the async API" in str(err)
         return False
     assert asyncio.run(inside())
+    from hixl_client.sync import NotifyDesc
+    dd.send_notify(prefill, NotifyDesc("done", f"pulled {len(pulled)}"))
     status, per_cluster = dd.unlink_clusters([info], timeout=5000)
     assert status == LLMStatusCode.LLM_SUCCESS, per_cluster
     dd.finalize()
@@ -314,20 +324,23 @@ def run_script(script: str, *args: object, env: dict[str, str] | None = None
 
 
 @contextmanager
-def prefill_process(daemon: DaemonProcess, cluster_id: int, keys: int) -> Iterator[None]:
-    """A facade prefill client holding ``keys`` keyed caches until the block ends."""
+def prefill_process(daemon: DaemonProcess, cluster_id: int, keys: int) -> Iterator[list[str]]:
+    """A facade prefill client holding ``keys`` keyed caches until the block ends;
+    its output lines come in the yielded list when it has ended."""
     with subprocess.Popen([sys.executable, "-c", PREFILL, daemon.client_target,
                            str(cluster_id), str(keys)], stdin=subprocess.PIPE,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
         assert proc.stdin is not None and proc.stdout is not None
         try:
             assert proc.stdout.readline().strip() == "ready", proc.communicate(timeout=5)
-            yield
+            lines: list[str] = []
+            yield lines
             out, err = proc.communicate("\n", timeout=SCRIPT_TIMEOUT_S)
         finally:
             if proc.poll() is None:
                 proc.kill()
         assert proc.returncode == 0 and "finalized None" in out, out + err
+        lines += out.splitlines()
 
 
 def decode_env(daemon: DaemonProcess) -> dict[str, str]:
@@ -336,11 +349,13 @@ def decode_env(daemon: DaemonProcess) -> dict[str, str]:
 
 def test_prefill_to_decode_pull(prefill_daemon: DaemonProcess, decode_daemon: DaemonProcess,
                                 next_cluster_id: Callable[[], int]) -> None:
-    prefill = next_cluster_id()
-    with prefill_process(prefill_daemon, prefill, keys=1):
-        done = run_script(DECODE, prefill, prefill_daemon.peer_address, next_cluster_id(), 0, 0,
+    prefill, decode = next_cluster_id(), next_cluster_id()
+    with prefill_process(prefill_daemon, prefill, keys=1) as prefill_lines:
+        done = run_script(DECODE, prefill, prefill_daemon.peer_address, decode, 0, 0,
                           env=decode_env(decode_daemon))
     assert "pulled [0]" in done.stdout
+    # The facade's send_notify and get_notifies, across the two daemons.
+    assert f"notified [({decode}, 'done', 'pulled 1')]" in prefill_lines
 
 
 def test_pulls_from_several_threads(prefill_daemon: DaemonProcess,

