@@ -41,7 +41,8 @@ if TYPE_CHECKING:
 
     from hixl_client import LLMClusterInfo
 
-__all__ = ["READY_FIELDS", "DaemonProcess", "cluster_info", "package_roots", "start_daemon"]
+__all__ = ["READY_FIELDS", "DaemonProcess", "cluster_info", "package_roots", "start_daemon",
+           "unused_port"]
 
 # Field name -> type of the daemon's ready record.
 READY_FIELDS: Mapping[str, type] = {
@@ -429,6 +430,51 @@ def cluster_info(remote_cluster_id: int, peer_address: str) -> LLMClusterInfo:
     info.append_local_ip_info("127.0.0.1", 0)
     info.append_remote_ip_info(host, int(port))
     return info
+
+
+_EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
+_PORTS_BELOW_EPHEMERAL = 8192
+_handed_out: set[int] = set()
+_ports_lock = threading.Lock()
+
+
+def unused_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` for a server a test starts on a fixed port.
+
+    Ports come from just below the kernel's ephemeral range, which the kernel
+    never picks for a socket bound to port 0: the daemons and clients a test
+    starts meanwhile cannot take it between this call and the server's bind
+    (a port picked by binding port 0 and closing again could be). Each is free
+    when handed out and never handed out twice by this process; the start is
+    random, so concurrent test processes rarely meet.
+
+    Raises:
+        RuntimeError: no free port is left in that band.
+    """
+    import random
+    import socket
+
+    try:
+        with open(_EPHEMERAL_RANGE) as text:
+            first_ephemeral = int(text.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        first_ephemeral = 32768  # Linux's default
+    low = max(1024, first_ephemeral - _PORTS_BELOW_EPHEMERAL)
+    band = first_ephemeral - low
+    start = random.randrange(band)
+    with _ports_lock:
+        for step in range(band):
+            port = low + (start + step) % band
+            if port in _handed_out:
+                continue
+            with socket.socket() as probe:
+                try:
+                    probe.bind((host, port))
+                except OSError:
+                    continue
+            _handed_out.add(port)
+            return port
+    raise RuntimeError(f"no free port on {host} in {low}-{first_ephemeral - 1}")
 
 
 def _merge_overrides(overrides: Mapping[str, Any]) -> dict[str, dict[str, Any]]:

@@ -20,7 +20,6 @@ import contextlib
 import json
 import math
 import signal
-import socket
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,7 +38,7 @@ from hixl_client import (
     LLMRole,
     LLMStatusCode,
 )
-from hixl_service.testing import DaemonProcess, cluster_info
+from hixl_service.testing import DaemonProcess, cluster_info, unused_port
 from hixl_wire._proto.hixl.v1 import admin_pb2
 
 PROMPT_ID_BASE = 0x50_0000
@@ -98,12 +97,6 @@ class MeshShape:
 def pattern(prompt: int, block: int) -> np.ndarray:
     """The bytes prompt cluster ``prompt`` serves in slot 0 (the same after a restart)."""
     return np.random.default_rng(PROMPT_ID_BASE + prompt).integers(0, 256, block, dtype=np.uint8)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def cluster_options(pool_bytes: int, sync_kv_timeout_ms: int) -> dict[str, str]:
@@ -314,7 +307,7 @@ async def mesh(shape: MeshShape, *, streams: int = 4, pool_floor: int = _MIB,
     prompt_settings = daemon_settings(shape, streams, pool, shape.prompts, fast_links)
     decode_settings = daemon_settings(shape, streams, pool, shape.decoders, fast_links)
     with collect.hook_dir() as env:
-        prompt = DaemonProcess(env=env, server__peer_port=free_port(), **prompt_settings)
+        prompt = DaemonProcess(env=env, server__peer_port=unused_port(), **prompt_settings)
         decode = DaemonProcess(env=env, **decode_settings)
         made: Mesh | None = None
         try:

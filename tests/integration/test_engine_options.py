@@ -2,29 +2,21 @@
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
 from hixl_client import LLMConfig, LLMDataDist, LLMException, LLMRole, LLMStatusCode
-from hixl_service.testing import DaemonProcess
+from hixl_service.testing import DaemonProcess, unused_port
 
 from .conftest import daemon_status, options
 
 pytestmark = pytest.mark.asyncio
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def _connector_options() -> dict[str, str]:
     """What vLLM-Ascend's and MindIE's connectors set, beside the pool."""
     config = LLMConfig()
     config.device_id = 0
-    config.listen_ip_info = f"127.0.0.1:{_free_port()}"
+    config.listen_ip_info = f"127.0.0.1:{unused_port()}"
     config.local_comm_res = ""
     config.transfer_backend = "hixl"
     config.link_total_time = 30

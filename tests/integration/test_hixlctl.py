@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ from typing import Any
 import pytest
 
 from hixl_client import CacheDesc, CacheKeyByIdAndIndex, DataType, LLMDataDist, LLMRole
-from hixl_service.testing import DaemonProcess
+from hixl_service.testing import DaemonProcess, unused_port
 
 from .conftest import Pair, daemon_process, daemon_status, options
 
@@ -102,9 +101,7 @@ async def test_unreachable_daemon_exits_2(tmp_path: Any) -> None:
 
 async def test_doctor_measures_links_and_finds_an_unreachable_peer(pair: Pair) -> None:
     await _pull_by_id(pair)
-    with socket.socket() as probe:  # a port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        dead = f"127.0.0.1:{probe.getsockname()[1]}"
+    dead = f"127.0.0.1:{unused_port()}"  # a port nothing listens on
     done = await ahixlctl(pair.decoder_daemon, "-o", "json", "doctor",
                           "--peer", pair.prompt_daemon.peer_address, "--peer", dead)
     assert done.returncode == 1, done.stdout  # the unreachable peer fails

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -28,7 +27,7 @@ from hixl_client import (
     LLMRole,
     LLMStatusCode,
 )
-from hixl_service.testing import DaemonProcess, start_daemon
+from hixl_service.testing import DaemonProcess, start_daemon, unused_port
 from hixl_wire._proto.hixl.v1 import admin_pb2
 from tests.clusters import cluster_info
 
@@ -94,12 +93,6 @@ async def finalize_quietly(*clients: LLMDataDist) -> None:
     for client in clients:
         with contextlib.suppress(Exception):
             await client.finalize()
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 async def test_a_killed_linker_is_reaped_within_the_lease(
@@ -183,7 +176,7 @@ async def _matching(answer: Awaitable[LinkStatus | None],
 
 async def test_a_restarted_peer_is_linked_again_and_its_old_caches_are_gone(
         next_cluster_id: Callable[[], int]) -> None:
-    port = free_port()
+    port = unused_port()
     async with start_daemon(**FAST) as decode:
         first = await asyncio.to_thread(
             lambda: DaemonProcess(server__peer_port=port, **FAST).start())

@@ -35,7 +35,7 @@ from hixl_client import (
     LLMRole,
     LLMStatusCode,
 )
-from hixl_service.testing import DaemonProcess
+from hixl_service.testing import DaemonProcess, unused_port
 from hixl_service.testing_credentials import (
     CertificateAuthority,
     mtls_settings,
@@ -52,12 +52,6 @@ LARGEST = 2**64 - 1
 # 10.1.2.3:26000 packed into one integer, as engine connectors do.
 PACKED = 0x0A010203 << 32 | 26000
 SETTLE_S = 30.0  # bounded waits for what a daemon does after a client is gone
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
@@ -156,7 +150,7 @@ async def pull_by_id(prompt: LLMDataDist, decoder: LLMDataDist) -> None:
 
 async def test_link_to_listen_ip_info_moves_bytes_and_closes_with_the_cluster(
         prefill_daemon: DaemonProcess, decode_daemon: DaemonProcess) -> None:
-    port = free_port()
+    port = unused_port()
     address = f"127.0.0.1:{port}"
     prompt = LLMDataDist(LLMRole.PROMPT, LARGEST, daemon=prefill_daemon.client_target)
     decoder = LLMDataDist(LLMRole.DECODER, PACKED, daemon=decode_daemon.client_target)
@@ -205,7 +199,7 @@ async def test_link_to_listen_ip_info_moves_bytes_and_closes_with_the_cluster(
 
 async def test_a_link_inside_one_daemon_through_the_listener(
         prefill_daemon: DaemonProcess, next_cluster_id: Callable[[], int]) -> None:
-    address = f"127.0.0.1:{free_port()}"
+    address = f"127.0.0.1:{unused_port()}"
     prompt = LLMDataDist(LLMRole.PROMPT, next_cluster_id(), daemon=prefill_daemon.client_target)
     decoder = LLMDataDist(LLMRole.DECODER, next_cluster_id(),
                           daemon=prefill_daemon.client_target)
@@ -253,7 +247,7 @@ async def test_the_daemons_own_peer_address_is_shared(
 async def test_a_listener_serves_only_its_cluster(
         prefill_daemon: DaemonProcess, decode_daemon: DaemonProcess,
         next_cluster_id: Callable[[], int]) -> None:
-    address = f"127.0.0.1:{free_port()}"
+    address = f"127.0.0.1:{unused_port()}"
     prompt = LLMDataDist(LLMRole.PROMPT, next_cluster_id(), daemon=prefill_daemon.client_target)
     other = LLMDataDist(LLMRole.PROMPT, next_cluster_id(), daemon=prefill_daemon.client_target)
     decoder = LLMDataDist(LLMRole.DECODER, next_cluster_id(), daemon=decode_daemon.client_target)
@@ -320,7 +314,7 @@ async def test_bad_listen_ip_info_is_refused_at_init(
         listen_ip_info: str, message: str) -> None:
     dd = LLMDataDist(LLMRole.PROMPT, next_cluster_id(), daemon=prefill_daemon.client_target)
     with pytest.raises(LLMException, match=message) as raised:
-        await dd.init(listen_options(listen_ip_info.format(port=free_port())))
+        await dd.init(listen_options(listen_ip_info.format(port=unused_port())))
     assert raised.value.status_code == LLMStatusCode.LLM_PARAM_INVALID
     status = await daemon_status(prefill_daemon.client_target)
     assert all(c.cluster_id != dd.cluster_id for c in status.clusters)
@@ -346,7 +340,7 @@ CLIENT_SCRIPT = textwrap.dedent("""
 
 async def test_a_killed_client_closes_its_listener(
         prefill_daemon: DaemonProcess, next_cluster_id: Callable[[], int]) -> None:
-    port = free_port()
+    port = unused_port()
     cluster_id = next_cluster_id()
     with subprocess.Popen([sys.executable, "-c", CLIENT_SCRIPT, prefill_daemon.client_target,
                            str(cluster_id), f"127.0.0.1:{port}"], stdout=subprocess.PIPE,
@@ -364,7 +358,7 @@ async def test_a_killed_client_closes_its_listener(
 
 async def test_a_stopping_daemon_closes_the_listeners(
         next_cluster_id: Callable[[], int]) -> None:
-    port = free_port()
+    port = unused_port()
     with daemon_process() as daemon:
         dd = LLMDataDist(LLMRole.PROMPT, next_cluster_id(), daemon=daemon.client_target)
         await dd.init(listen_options(f"127.0.0.1:{port}"))
@@ -390,7 +384,7 @@ async def test_an_unauthenticated_listener_off_loopback_needs_insecure(
     host = non_loopback_address()
     if host is None:
         pytest.skip("this host has no address off loopback")
-    address = f"{host}:{free_port()}"
+    address = f"{host}:{unused_port()}"
     dd = LLMDataDist(LLMRole.PROMPT, next_cluster_id(), daemon=prefill_daemon.client_target)
     with pytest.raises(LLMException, match="security.insecure") as raised:
         await dd.init(listen_options(address))
@@ -437,7 +431,7 @@ def secured(request: pytest.FixtureRequest, ca: CertificateAuthority,
 async def test_token_and_mtls_through_the_listener(
         secured: tuple[DaemonProcess, ...], next_cluster_id: Callable[[], int]) -> None:
     owner, linker, stranger, plain = secured
-    address = f"127.0.0.1:{free_port()}"
+    address = f"127.0.0.1:{unused_port()}"
     prompt = LLMDataDist(LLMRole.PROMPT, next_cluster_id(), daemon=owner.client_target)
     await prompt.init(listen_options(address, remote_accessible=True))
     try:
@@ -476,7 +470,7 @@ async def test_allowed_peers_hold_at_the_listener(
     allowed = [{"identity": DECODE_ID, "clusters": [prompt_id], "write": False}]
     owner_settings = mtls_settings(ca.issue("listen-owner", spiffe=PREFILL_ID),
                                    allowed_peers=allowed)
-    address = f"127.0.0.1:{free_port()}"
+    address = f"127.0.0.1:{unused_port()}"
     with daemon_process(security=owner_settings) as owner, \
             daemon_process(security=mtls_settings(ca.issue("listen-reader", spiffe=DECODE_ID))
                            ) as reader, \
@@ -585,7 +579,7 @@ FACADE_DECODE = FACADE_PRELUDE + textwrap.dedent("""
 async def test_the_blocking_facade_links_to_listen_ip_info(
         prefill_daemon: DaemonProcess, decode_daemon: DaemonProcess,
         next_cluster_id: Callable[[], int]) -> None:
-    port = free_port()
+    port = unused_port()
     address = f"127.0.0.1:{port}"
     prefill_id, decode_id = next_cluster_id(), next_cluster_id()
     with subprocess.Popen([sys.executable, "-c", FACADE_PREFILL, prefill_daemon.client_target,

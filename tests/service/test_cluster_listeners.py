@@ -6,8 +6,6 @@ tests/integration/test_listen_ip_info.py.
 
 from __future__ import annotations
 
-import socket
-
 import grpc.aio
 import pytest
 
@@ -19,6 +17,7 @@ from hixl_service.cluster_listeners import (
     PeerListeners,
     parse_listen_ip_info,
 )
+from hixl_service.testing import unused_port
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -76,9 +75,7 @@ async def test_the_daemons_own_port_is_shared_not_opened() -> None:
 
 @pytest.mark.asyncio
 async def test_an_opened_listener_holds_its_port_until_closed() -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = unused_port()
     listeners = _listeners(DaemonPort("127.0.0.1", "127.0.0.1", 1))
     listener = await listeners.open(1, ListenAddress("127.0.0.1", port))
     assert not listener.shared

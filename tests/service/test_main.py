@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 import hixl_service
-from hixl_service import _systemd
+from hixl_service import _systemd, testing
 from hixl_service.__main__ import EXIT_CONFIG, EXIT_OK, configure_logging, main
 from hixl_service.config import LoggingConfig, load_config
 from hixl_service.testing import READY_FIELDS, DaemonProcess, _all_threads_stopped, start_daemon
@@ -478,6 +478,16 @@ def test_test_process_settings_do_not_leak(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv("NOTIFY_SOCKET", "@nobody-listens-here")
     with DaemonProcess() as daemon:
         assert daemon.stop() == 0
+
+
+def test_unused_ports_are_free_distinct_and_never_ephemeral() -> None:
+    """A daemon binding port 0 can never take a port handed out for a fixed bind."""
+    first_ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = [testing.unused_port() for _ in range(50)]
+    assert len(set(ports)) == len(ports)
+    assert all(1024 <= port < first_ephemeral for port in ports)
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", ports[0]))  # free when handed out
 
 
 def test_testing_module_imports_cheaply() -> None:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
-import socket
 import subprocess
 import threading
 import time
@@ -35,6 +34,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from hixl_bench.vllm import procs
+from hixl_service.testing import unused_port
 
 __all__ = [
     "ServerSpec",
@@ -175,32 +175,11 @@ class ServerSpec:
         return env
 
 
-_handed_out: set[int] = set()
-_ports_lock = threading.Lock()
-
-
 def free_ports(count: int) -> list[int]:
-    """``count`` distinct free loopback ports, none handed out before by this process.
-
-    All are held bound together, so they differ, then released for the
-    server to bind; the clash that can still follow is caught by the retry.
-    """
-    with _ports_lock:
-        held: list[socket.socket] = []
-        ports: list[int] = []
-        try:
-            while len(ports) < count:
-                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                held.append(sock)
-                sock.bind(("127.0.0.1", 0))
-                port = int(sock.getsockname()[1])
-                if port not in _handed_out:
-                    _handed_out.add(port)
-                    ports.append(port)
-        finally:
-            for sock in held:
-                sock.close()
-        return ports
+    """``count`` distinct free loopback ports, none handed out before by this
+    process, from below the kernel's ephemeral range (``unused_port``); a clash
+    with another program that can still follow is caught by the retry."""
+    return [unused_port() for _ in range(count)]
 
 
 class VllmServer:
