@@ -144,6 +144,24 @@ class LLMClusterInfo:
         """
         self._remote_ip_info_list.append(self._ip_info(ip, port))
 
+    @classmethod
+    def for_peer(cls, remote_cluster_id: int, peer_address: str) -> LLMClusterInfo:
+        """hixl extension: what ``link_clusters`` takes to reach cluster
+        ``remote_cluster_id`` at a daemon's ``"host:port"`` peer address (another
+        client's ``LLMDataDist.peer_address``, or a cluster's ``listen_ip_info``).
+
+        Raises:
+            ValueError: ``peer_address`` is not ``"host:port"``.
+        """
+        host, separator, port = peer_address.rpartition(":")
+        if not separator or not port.isdigit():
+            raise ValueError(f"peer_address must be 'host:port', got {peer_address!r}")
+        info = cls()
+        info.remote_cluster_id = remote_cluster_id
+        info.append_local_ip_info("127.0.0.1", 0)
+        info.append_remote_ip_info(host.strip("[]"), int(port))
+        return info
+
 
 def _optional_str(name: str, value: str | None) -> str | None:
     check_isinstance(name, value, str)

@@ -10,6 +10,7 @@ from typing import Any
 
 from hixl_client._validation import check_int64, check_isinstance, check_uint32, check_uint64
 from hixl_client.status import raise_if_false
+from hixl_wire.types import PLACEHOLDER_ID
 
 __all__ = [
     "PLACEHOLDER_ID",
@@ -19,8 +20,6 @@ __all__ = [
     "check_cache_key",
 ]
 
-PLACEHOLDER_ID = 2**64 - 1
-"""An id meaning "none": the default ``prefix_id``; as ``req_id``, a key that only holds a slot."""
 
 _CLUSTER_SPELLINGS = ("prompt_cluster_id", "cluster_id")
 

@@ -11,8 +11,6 @@ from __future__ import annotations
 import abc
 import enum
 import math
-import types
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +22,8 @@ from hixl_client._validation import (
     check_list_int64,
     check_uint32,
 )
-from hixl_client.status import LLMException, LLMStatusCode, QualifiedIntEnum, raise_if_false
+from hixl_client.status import LLMException, LLMStatusCode, raise_if_false
+from hixl_wire.types import DataType, LLMRole, Placement, bytes_per_element
 
 __all__ = [
     "CacheDesc",
@@ -42,58 +41,6 @@ __all__ = [
     "role_to_str",
     "validate_cpu_cache_args",
 ]
-
-
-class DataType(enum.Enum):
-    """Element types; the values are GE data-type ids."""
-
-    DT_FLOAT = 0
-    DT_FLOAT16 = 1
-    DT_BF16 = 27
-    DT_INT8 = 2
-    DT_INT16 = 6
-    DT_UINT16 = 7
-    DT_UINT8 = 4
-    DT_INT32 = 3
-    DT_INT64 = 9
-    DT_UINT32 = 8
-    DT_UINT64 = 10
-    DT_BOOL = 12
-    DT_DOUBLE = 11
-    DT_STRING = 13
-
-
-_BYTES_PER_ELEMENT: Mapping[DataType, int] = types.MappingProxyType(
-    {
-        DataType.DT_FLOAT: 4,
-        DataType.DT_FLOAT16: 2,
-        DataType.DT_BF16: 2,
-        DataType.DT_INT8: 1,
-        DataType.DT_INT16: 2,
-        DataType.DT_UINT16: 2,
-        DataType.DT_UINT8: 1,
-        DataType.DT_INT32: 4,
-        DataType.DT_INT64: 8,
-        DataType.DT_UINT32: 4,
-        DataType.DT_UINT64: 8,
-        DataType.DT_BOOL: 1,
-        DataType.DT_DOUBLE: 8,
-        # GE stores a string element as two uint64 words (pointer and length).
-        DataType.DT_STRING: 16,
-    }
-)
-
-
-def bytes_per_element(data_type: DataType) -> int:
-    """Return the size in bytes of one element of ``data_type``.
-
-    Args:
-        data_type: the element type.
-
-    Returns:
-        The element size (16 for ``DT_STRING``).
-    """
-    return _BYTES_PER_ELEMENT[data_type]
 
 
 _LAZY_NUMPY_NAMES = frozenset({"dtype_to_np_dtype", "valid_np_dtypes", "np_dtype_to_dtype"})
@@ -158,21 +105,6 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     _build_numpy_maps()
     return globals()[name]
-
-
-class Placement(QualifiedIntEnum):
-    """Where a cache's memory lives."""
-
-    HOST = 0
-    DEVICE = 1
-
-
-class LLMRole(QualifiedIntEnum):
-    """The role label of an LLMDataDist instance (only a label in cache-manager mode)."""
-
-    PROMPT = 1
-    DECODER = 2
-    MIX = 3
 
 
 def role_to_str(role: LLMRole) -> str:

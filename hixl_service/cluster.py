@@ -12,9 +12,9 @@ import secrets
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from hixl_client.status import LLMException, LLMStatusCode
-from hixl_client.types import LLMRole, Placement
+from hixl_wire.status import LLMException, LLMStatusCode
 from hixl_wire.status import param_invalid as _invalid
+from hixl_wire.types import LLMRole, Placement
 
 from .cluster_listeners import (
     OPT_LISTEN_IP_INFO,

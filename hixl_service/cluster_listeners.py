@@ -35,7 +35,7 @@ from typing import Protocol
 import grpc
 import grpc.aio
 
-from hixl_client.status import LLMException, LLMStatusCode
+from hixl_wire.status import LLMException, LLMStatusCode
 from hixl_wire.status import param_invalid as _invalid
 
 from .listeners import is_loopback

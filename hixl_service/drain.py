@@ -19,7 +19,7 @@ import logging
 
 import grpc
 
-from hixl_client.status import LLMStatusCode
+from hixl_wire.status import LLMStatusCode
 
 from .load import TransferLoad
 from .rpc_errors import CallRefused

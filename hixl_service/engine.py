@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 
 import hixl_native
 
-from hixl_client.status import LLMException, LLMStatusCode
-from hixl_client.types import LLMRole, Placement
+from hixl_wire.status import LLMException, LLMStatusCode
+from hixl_wire.types import LLMRole, Placement
 
 from .caches import Caches, NewCache
 from .cluster import Cluster, ClusterSettings

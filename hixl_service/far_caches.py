@@ -14,7 +14,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from hixl_client.status import LLMException, LLMStatusCode
+from hixl_wire.status import LLMException, LLMStatusCode
 
 from .links import FarCache
 from .notifies import Notification

@@ -33,7 +33,7 @@ import struct
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from hixl_client.status import LLMException
+from hixl_wire.status import LLMException
 
 from .memory.process import ClientProcess
 

@@ -22,7 +22,7 @@ from typing import Any
 import grpc
 import hixl_native
 
-from hixl_client.status import LLMException, LLMStatusCode
+from hixl_wire.status import LLMException, LLMStatusCode
 
 from .ascend.comms import CommSpec, RankInfo
 from .caches import Caches, peer_writable

@@ -33,7 +33,6 @@ from typing import Any, cast
 
 import grpc
 
-from hixl_client.status import LLMException, LLMStatusCode
 from hixl_wire.lane import (
     CLIENT_METHODS,
     HEADER,
@@ -49,6 +48,7 @@ from hixl_wire.lane import (
     call_error,
     call_error_of,
 )
+from hixl_wire.status import LLMException, LLMStatusCode
 
 from . import tracing
 from .calls import NO_CALL_INFO, CallInfo, LaneHandler, lane_handler

@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from hixl_client.status import LLMException, LLMStatusCode
 from hixl_wire._proto.hixl.v1 import client_pb2
+from hixl_wire.status import LLMException, LLMStatusCode
 from hixl_wire.status import param_invalid as _invalid
 
 from . import tracing

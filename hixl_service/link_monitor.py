@@ -24,7 +24,7 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from hixl_client.status import LLMException
+from hixl_wire.status import LLMException
 
 from .link_health import LinkState
 from .peer_api import HeartbeatAnswer, Lease

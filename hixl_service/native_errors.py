@@ -26,7 +26,7 @@ from typing import Literal
 import hixl_native
 from hixl_native._ascend import AscendError, AscendUnavailable
 
-from hixl_client.status import LLMException, LLMStatusCode
+from hixl_wire.status import LLMException, LLMStatusCode
 
 __all__ = ["ACL_CODES", "HCCL_CODES", "Library", "RegionRefused", "code_name", "copy_error",
            "link_error", "process_copy_error", "status_for", "to_llm_exception"]

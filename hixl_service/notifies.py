@@ -16,7 +16,7 @@ import asyncio
 import collections
 from dataclasses import dataclass
 
-from hixl_client.status import LLMException, LLMStatusCode
+from hixl_wire.status import LLMException, LLMStatusCode
 
 # Per receiving session: engines drain theirs every step, so a full inbox
 # means a client that stopped reading.

@@ -15,8 +15,8 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from hixl_client.status import LLMException, LLMStatusCode
 from hixl_wire.compat import timeout
+from hixl_wire.status import LLMException, LLMStatusCode
 
 from .cluster import Cluster
 from .far_caches import Daemon, DaemonCaches, PeerCaches

@@ -17,10 +17,9 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from hixl_client.status import LLMStatusCode
 from hixl_wire._proto.hixl.v1 import common_pb2, peer_pb2, peer_pb2_grpc
 from hixl_wire.lane import PEER_METHODS, Lane
-from hixl_wire.status import error_from_rpc
+from hixl_wire.status import LLMStatusCode, error_from_rpc
 
 from . import tracing
 from .ascend.comms import CommSpec, RankInfo

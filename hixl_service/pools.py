@@ -12,7 +12,7 @@ import itertools
 import logging
 import secrets
 
-from hixl_client.types import Placement
+from hixl_wire.types import Placement
 
 from .memory.base import MemoryBackend, Pool, PoolSpec
 from .memory.host import HostMemory

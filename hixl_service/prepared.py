@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hixl_client.status import LLMException
+from hixl_wire.status import LLMException
 
 from .cluster import Cluster
 from .links import FarCache, OutboundLink

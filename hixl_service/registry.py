@@ -25,8 +25,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from hixl_client.keys import PLACEHOLDER_ID
-from hixl_client.status import LLMException, LLMStatusCode
+from hixl_wire.status import LLMException, LLMStatusCode
+from hixl_wire.types import PLACEHOLDER_ID
 
 from .planning import Layout
 

@@ -20,7 +20,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
-from hixl_client.status import LLMException, LLMStatusCode
+from hixl_wire.status import LLMException, LLMStatusCode
 
 # A cluster gives out handles for this many shapes at most; later shapes get
 # none (their transfers take the full path), so a client naming ever new

@@ -19,7 +19,7 @@ from typing import Any, NoReturn, Protocol
 import grpc
 import grpc.aio
 
-from hixl_client.status import STATUS_TO_GRPC, LLMException, LLMStatusCode, status_metadata
+from hixl_wire.status import STATUS_TO_GRPC, LLMException, LLMStatusCode, status_metadata
 
 from .log_keys import keys
 

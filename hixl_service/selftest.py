@@ -18,8 +18,8 @@ from dataclasses import dataclass, replace
 
 import hixl_native
 
-from hixl_client.status import LLMException
-from hixl_client.types import Placement
+from hixl_wire.status import LLMException
+from hixl_wire.types import Placement
 
 from .engine import Engine
 from .links import OutboundLink

@@ -8,8 +8,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hixl_client.status import LLMException, LLMStatusCode
 from hixl_wire._proto.hixl.v1 import admin_pb2, admin_pb2_grpc
+from hixl_wire.status import LLMException, LLMStatusCode
 
 from .calls import CallInfo, unary
 from .engine import Engine

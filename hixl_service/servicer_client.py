@@ -10,11 +10,11 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from hixl_client.status import LLMException, LLMStatusCode
-from hixl_client.types import DataType, LLMRole, Placement, bytes_per_element
 from hixl_wire._proto.hixl.v1 import client_pb2, client_pb2_grpc, common_pb2
 from hixl_wire.lane import RepeatFrame
+from hixl_wire.status import LLMException, LLMStatusCode
 from hixl_wire.status import param_invalid as _invalid
+from hixl_wire.types import DataType, LLMRole, Placement, bytes_per_element
 
 from . import copies, tracing
 from .calls import CallInfo, GrpcContext, call_info_of, unary

@@ -12,8 +12,8 @@ link's token is answered as an unknown one).
 
 from __future__ import annotations
 
-from hixl_client.status import LLMException, LLMStatusCode
 from hixl_wire._proto.hixl.v1 import peer_pb2, peer_pb2_grpc
+from hixl_wire.status import LLMException, LLMStatusCode
 
 from .ascend.comms import CommSpec
 from .calls import CallInfo, GrpcContext, unary

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from hixl_client.status import LLMStatusCode
+from hixl_wire.status import LLMStatusCode
 
 from .cluster import Cluster
 from .drain import refusal

@@ -18,7 +18,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass, field
 
-from hixl_client.status import LLMStatusCode
+from hixl_wire.status import LLMStatusCode
 
 # Upper bounds (seconds) of the latency histograms: 10 us to 10 s.
 LATENCY_BOUNDS: tuple[float, ...] = (

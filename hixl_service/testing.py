@@ -39,10 +39,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-    from hixl_client import LLMClusterInfo
-
-__all__ = ["READY_FIELDS", "DaemonProcess", "cluster_info", "package_roots", "start_daemon",
-           "unused_port"]
+__all__ = ["READY_FIELDS", "DaemonProcess", "package_roots", "start_daemon", "unused_port"]
 
 # Field name -> type of the daemon's ready record.
 READY_FIELDS: Mapping[str, type] = {
@@ -416,20 +413,6 @@ async def start_daemon(
         yield daemon
     finally:
         await asyncio.shield(asyncio.to_thread(daemon.close))
-
-
-def cluster_info(remote_cluster_id: int, peer_address: str) -> LLMClusterInfo:
-    """What ``link_clusters`` takes to reach cluster ``remote_cluster_id`` of the daemon
-    whose peer address is ``peer_address`` (``DaemonProcess.peer_address``, or the
-    cluster's own ``listen_ip_info``), from a cluster on this host."""
-    from hixl_client import LLMClusterInfo
-
-    host, port = peer_address.rsplit(":", 1)
-    info = LLMClusterInfo()
-    info.remote_cluster_id = remote_cluster_id
-    info.append_local_ip_info("127.0.0.1", 0)
-    info.append_remote_ip_info(host, int(port))
-    return info
 
 
 _EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"

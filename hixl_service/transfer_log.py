@@ -11,7 +11,7 @@ import logging
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
-from hixl_client.status import LLMException
+from hixl_wire.status import LLMException
 
 from .interceptors import request_id
 from .link_health import link_id

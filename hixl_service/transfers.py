@@ -19,7 +19,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 
-from hixl_client.status import LLMException, LLMStatusCode
+from hixl_wire.status import LLMException, LLMStatusCode
 from hixl_wire.status import param_invalid as _invalid
 
 from .cluster import Cluster

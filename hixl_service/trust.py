@@ -40,7 +40,7 @@ from typing import Any
 import grpc
 import hixl_native
 
-from hixl_client.status import LLMException, LLMStatusCode
+from hixl_wire.status import LLMException, LLMStatusCode
 
 from .config import AllowedPeer, LimitsConfig, SecurityConfig
 from .listeners import StartRefused

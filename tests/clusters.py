@@ -1,12 +1,13 @@
-"""Engine options and link targets (``hixl_service.testing.cluster_info``) for the
+"""Engine options and link targets (``LLMClusterInfo.for_peer``) for the
 clusters end-to-end tests create."""
 
 from __future__ import annotations
 
 import json
 
-from hixl_client import LLMConfig
-from hixl_service.testing import cluster_info
+from hixl_client import LLMClusterInfo, LLMConfig
+
+cluster_info = LLMClusterInfo.for_peer
 
 __all__ = ["cluster_info", "cluster_options"]
 

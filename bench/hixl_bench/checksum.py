@@ -19,8 +19,15 @@ import hixl_native
 from hixl_bench.env import options
 from hixl_bench.model import CEILING, HIXL, KIB, MIB, Budget, Row, Timing, drive
 from hixl_bench.report import Progress
-from hixl_client import CacheDesc, CacheKeyByIdAndIndex, DataType, LLMDataDist, LLMRole
-from hixl_service.testing import cluster_info, start_daemon
+from hixl_client import (
+    CacheDesc,
+    CacheKeyByIdAndIndex,
+    DataType,
+    LLMClusterInfo,
+    LLMDataDist,
+    LLMRole,
+)
+from hixl_service.testing import start_daemon
 
 BLOCKS = (64 * KIB, 1 * MIB, 16 * MIB)
 OPS = ("pull", "push")
@@ -58,7 +65,8 @@ async def checksum_rows(streams: int, budget: Budget, progress: Progress) -> lis
         await initiator.init(options(_POOL, remote_access=True))
         await target.init(options(_POOL, remote_access=True))
         try:
-            await initiator.link_clusters([cluster_info(2, b.peer_address)], timeout=10000)
+            await initiator.link_clusters([LLMClusterInfo.for_peer(2, b.peer_address)],
+                                          timeout=10000)
             for op in OPS:
                 for block in BLOCKS:
                     rows += await _pair(initiator, target, op, block, budget, progress)

@@ -20,12 +20,13 @@ from hixl_client import (
     CacheDesc,
     CacheManager,
     DataType,
+    LLMClusterInfo,
     LLMConfig,
     LLMDataDist,
     LLMRole,
     LLMStatusCode,
 )
-from hixl_service.testing import DaemonProcess, cluster_info, start_daemon
+from hixl_service.testing import DaemonProcess, start_daemon
 
 INITIATOR, TCP_TARGET, LOCAL_TARGET = 2, 1, 3
 _SYNC_KV_TIMEOUT_MS = 60000
@@ -106,7 +107,7 @@ async def clusters(pair: Daemons, pool_bytes: int, paths: tuple[str, ...],
             cluster_id, daemon = where[path]
             targets[path] = LLMDataDist(LLMRole.PROMPT, cluster_id, daemon=daemon.client_target)
             await targets[path].init(options(pool_bytes, remote_access))
-        infos = [cluster_info(where[p][0], where[p][1].peer_address) for p in paths]
+        infos = [LLMClusterInfo.for_peer(where[p][0], where[p][1].peer_address) for p in paths]
         status, per_cluster = await initiator.link_clusters(infos, timeout=10000)
         if status != LLMStatusCode.LLM_SUCCESS:
             raise RuntimeError(f"link_clusters failed: {status} {per_cluster}")

@@ -32,13 +32,14 @@ from hixl_client import (
     Cache,
     CacheDesc,
     DataType,
+    LLMClusterInfo,
     LLMConfig,
     LLMDataDist,
     LLMException,
     LLMRole,
     LLMStatusCode,
 )
-from hixl_service.testing import DaemonProcess, cluster_info, unused_port
+from hixl_service.testing import DaemonProcess, unused_port
 from hixl_wire._proto.hixl.v1 import admin_pb2
 
 PROMPT_ID_BASE = 0x50_0000
@@ -223,7 +224,8 @@ class Mesh:
         peer = self.prompt_daemon.peer_address
 
         async def one(decoder: int) -> None:
-            infos = [cluster_info(self.prompt_id(p), peer) for p in self.linked_prompts(decoder)]
+            infos = [LLMClusterInfo.for_peer(self.prompt_id(p), peer)
+                     for p in self.linked_prompts(decoder)]
             if not infos:
                 return
             status, results = await self.decoders[decoder].link_clusters(infos, timeout_ms)

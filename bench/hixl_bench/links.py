@@ -42,7 +42,7 @@ from hixl_bench.procstat import (
     pool_figures,
     raise_nofile,
 )
-from hixl_client import CacheKeyByIdAndIndex, LLMException, LLMStatusCode
+from hixl_client import CacheKeyByIdAndIndex, LLMClusterInfo, LLMException, LLMStatusCode
 
 _UP_BOUND_S = 120.0
 _SETTLE_S = 1.0
@@ -161,12 +161,12 @@ async def sample_pulls(made: Mesh, count: int) -> list[str]:
 
 
 async def unlink_all(made: Mesh) -> None:
-    from hixl_service.testing import cluster_info
 
     peer = made.prompt_daemon.peer_address
 
     async def one(decoder: int) -> None:
-        infos = [cluster_info(made.prompt_id(p), peer) for p in made.linked_prompts(decoder)]
+        infos = [LLMClusterInfo.for_peer(made.prompt_id(p), peer)
+                 for p in made.linked_prompts(decoder)]
         if infos:
             status, _ = await made.decoders[decoder].unlink_clusters(infos, timeout=60_000)
             if status != LLMStatusCode.LLM_SUCCESS:

@@ -20,8 +20,15 @@ from typing import Any
 from hixl_bench.env import options
 from hixl_bench.model import HIXL, KIB, MIB, Budget, Row, drive
 from hixl_bench.report import Progress
-from hixl_client import CacheDesc, CacheKeyByIdAndIndex, DataType, LLMDataDist, LLMRole
-from hixl_service.testing import cluster_info, start_daemon
+from hixl_client import (
+    CacheDesc,
+    CacheKeyByIdAndIndex,
+    DataType,
+    LLMClusterInfo,
+    LLMDataDist,
+    LLMRole,
+)
+from hixl_service.testing import start_daemon
 from hixl_service.testing_credentials import (
     CertificateAuthority,
     mtls_settings,
@@ -51,12 +58,12 @@ async def _link_setup_ms(initiator: LLMDataDist, target: int, address: str) -> f
     took = []
     for _ in range(LINK_ROUNDS):
         start = time.perf_counter()
-        status, results = await initiator.link_clusters([cluster_info(target, address)],
+        status, results = await initiator.link_clusters([LLMClusterInfo.for_peer(target, address)],
                                                         timeout=10000)
         took.append((time.perf_counter() - start) * 1000)
         if results[0] != 0:
             raise RuntimeError(f"link_clusters failed: {status} {results}")
-        await initiator.unlink_clusters([cluster_info(target, address)], timeout=10000)
+        await initiator.unlink_clusters([LLMClusterInfo.for_peer(target, address)], timeout=10000)
     return statistics.median(took)
 
 
@@ -87,7 +94,7 @@ async def _mode_rows(mode: str, a_target: str, b_target: str, b_peer: str, budge
     await target.init(options(_POOL, remote_access=True))
     try:
         setup_ms = await _link_setup_ms(initiator, 2, b_peer)
-        await initiator.link_clusters([cluster_info(2, b_peer)], timeout=10000)
+        await initiator.link_clusters([LLMClusterInfo.for_peer(2, b_peer)], timeout=10000)
         for block in BLOCKS:
             desc = CacheDesc(1, [1, block], DataType.DT_UINT8)
             src = await target.cache_manager.allocate_cache(desc)

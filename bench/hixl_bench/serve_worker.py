@@ -39,8 +39,7 @@ from hixl_bench.serve import (
     side_tables,
     verify_pairs,
 )
-from hixl_client import alloc_shareable, sync
-from hixl_service.testing import cluster_info
+from hixl_client import LLMClusterInfo, alloc_shareable, sync
 
 _LINK_TIMEOUT_MS = 10000
 
@@ -111,7 +110,8 @@ class _Decode:
                 raise
         prefill = self.spec["prefill"]
         status, per_cluster = self.dd.link_clusters(
-            [cluster_info(prefill["cluster_id"], prefill["peer"])], timeout=_LINK_TIMEOUT_MS)
+            [LLMClusterInfo.for_peer(prefill["cluster_id"], prefill["peer"])],
+            timeout=_LINK_TIMEOUT_MS)
         if status != sync.LLMStatusCode.LLM_SUCCESS:
             raise RuntimeError(f"link_clusters failed: {status} {per_cluster}")
         return addrs

@@ -262,12 +262,8 @@ class HixlWorker:
 
     async def _link(self, cluster_id: int, peer_address: str) -> None:
         assert self._dd is not None
-        host, _, port = peer_address.rpartition(":")
-        info = LLMClusterInfo()
-        info.remote_cluster_id = cluster_id
-        info.append_local_ip_info("127.0.0.1", 0)
-        info.append_remote_ip_info(host.strip("[]"), int(port))
-        status, results = await self._dd.link_clusters([info], timeout=LINK_TIMEOUT_MS)
+        status, results = await self._dd.link_clusters(
+            [LLMClusterInfo.for_peer(cluster_id, peer_address)], timeout=LINK_TIMEOUT_MS)
         if status == LLMStatusCode.LLM_ALREADY_LINK:
             # A link that went down is replaced by link_clusters; one that is
             # up (made before a relink was asked for) serves as it is.

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import hixl_native
 
-from hixl_client.status import LLMException, LLMStatusCode
-from hixl_client.types import Placement
+from hixl_wire.status import LLMException, LLMStatusCode
+from hixl_wire.types import Placement
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import hixl_native
 
-from hixl_client.status import LLMException, LLMStatusCode
-from hixl_client.types import Placement
+from hixl_wire.status import LLMException, LLMStatusCode
+from hixl_wire.types import Placement
 
 from .base import Pool, PoolSpec
 

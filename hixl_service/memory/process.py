@@ -30,8 +30,8 @@ from pathlib import Path
 
 import hixl_native
 
-from hixl_client.status import LLMException, LLMStatusCode
-from hixl_client.types import Placement
+from hixl_wire.status import LLMException, LLMStatusCode
+from hixl_wire.types import Placement
 
 from .base import Memory
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from hixl_client.status import LLMException, LLMStatusCode
+from hixl_wire.status import LLMException, LLMStatusCode
 
 from .base import InboundSide, PlainInbound, Transport
 from .hccl import HcclInbound, HcclTransport

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import hixl_native
 import numpy as np
 
-from hixl_client.status import LLMException, LLMStatusCode
+from hixl_wire.status import LLMException, LLMStatusCode
 
 from ..native_errors import link_error
 from .base import Place, Prepared, TransportInfo

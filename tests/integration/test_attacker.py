@@ -234,7 +234,7 @@ async def test_data_connections_are_limited(next_cluster_id: Callable[[], int]) 
         await owner.init(options(pool_bytes=2**20))
         await source.init(options(pool_bytes=2**20))
         try:
-            from hixl_service.testing import cluster_info
+            from tests.clusters import cluster_info
 
             _, results = await source.link_clusters(
                 [cluster_info(owner.cluster_id, owner_daemon.peer_address)], timeout=5000)

@@ -7,7 +7,8 @@ import asyncio
 import pytest
 
 from hixl_client import LLMConfig, LLMDataDist, LLMRole, LLMStatusCode
-from hixl_service.testing import DaemonProcess, cluster_info
+from hixl_service.testing import DaemonProcess
+from tests.clusters import cluster_info
 
 from .conftest import options
 

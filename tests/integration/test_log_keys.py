@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 
 from hixl_client import CacheDesc, CacheKey, DataType, LLMDataDist, LLMException, LLMRole
-from hixl_service.testing import cluster_info
+from tests.clusters import cluster_info
 
 from .conftest import daemon_process, options
 
