@@ -7,7 +7,7 @@ rather than falling back to host memory. DEVICE pools are then ``aclrtMalloc``
 memory (2 MiB aligned, huge pages) carved by an offset-only extent allocator
 and exported to each attached client with ACL IPC, and registered for
 one-sided HCCL transfers (``onesided.OneSidedMemory``) where CANN has the API;
-HOST pools and host buffers are page-locked with ``aclrtHostRegister``
+HOST pools and host buffers are page-locked with ``aclrtHostRegisterV2``
 (`pin_host`). Copies that touch device memory are ``aclrtMemcpyAsync``
 batches on a fresh stream, synchronized with a bound, in the daemon's copy
 executor, and every range of them must be 64-byte aligned.
@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import platform
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -288,19 +289,27 @@ class AscendBackend:
         self.one_sided.release(memory)
 
     def pin_host(self, mapping: hixl_native.Mapping) -> _ascend.PinnedHost | None:
-        """Page-lock host memory for ACL copies (``aclrtHostRegister``; blocking).
+        """Page-lock host memory for ACL copies (``aclrtHostRegisterV2`` with
+        ``ACL_HOST_REG_PINNED``; blocking).
 
-        Returns None where CANN lacks aclrtHostRegister, or refuses it (logged):
-        the memory then stays unlocked, which CANN 8.5 and later copy
-        synchronously and earlier releases may mishandle on training products.
+        Returns None where CANN lacks aclrtHostRegisterV2 (``aclrtHostRegister``
+        maps memory without locking it, so it is not used), or refuses it
+        (logged): the memory then stays unlocked, which CANN copies
+        synchronously.
+
+        Raises:
+            LLMException: LLM_FEATURE_NOT_ENABLED on a kernel up to 5.10, where
+                CANN mishandles registered memory not from aclrtMallocHost
+                ("aclrtHostRegisterV2"), which hixl's memfd mappings are not.
         """
+        check_host_kernel(platform.release())
         if not _ascend.host_register_supported():
             return None
         device = self._devices[self.device_ids[0]].device
         try:
             return _ascend.PinnedHost(device, mapping)
         except (AscendError, ValueError) as exc:
-            logger.warning("host memory of %d bytes stays unlocked (aclrtHostRegister "
+            logger.warning("host memory of %d bytes stays unlocked (aclrtHostRegisterV2 "
                            "refused it): %s", mapping.size, exc)
             return None
 
@@ -320,6 +329,31 @@ class AscendBackend:
         device = side.device
         _check_aligned(dst, src, triples)
         return _CopyJob(device, _operand(device, dst), _operand(device, src), triples, timeout_ms)
+
+
+def check_host_kernel(release: str) -> None:
+    """Refuse host memory for ACL on kernels up to 5.10.
+
+    CANN's "aclrtHostRegisterV2" page: on those kernels, memory not from
+    aclrtMallocHost "causes an anomaly" (it is not refused); hixl's HOST pools
+    and host buffers are memfd mappings shared with clients, so they cannot
+    come from aclrtMallocHost.
+
+    Raises:
+        LLMException: LLM_FEATURE_NOT_ENABLED, naming the kernel.
+    """
+    parts = release.split(".")
+    try:
+        version = (int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0))
+    except (IndexError, ValueError):
+        return  # not a Linux release string: nothing known to refuse
+    if version <= (5, 10):
+        raise LLMException(
+            f"host memory on the hccl backend needs a kernel above 5.10 (this host runs "
+            f"{release}): CANN mishandles registered host memory not from aclrtMallocHost "
+            f"there, and hixl's HOST pools and host buffers are shared mappings; use DEVICE "
+            f"caches only on this host, or upgrade its kernel",
+            status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
 
 
 def _check_aligned(dst: Memory, src: Memory, triples: Ranges) -> None:

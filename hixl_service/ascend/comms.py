@@ -140,8 +140,10 @@ def rank_table(rank0: RankInfo, rank1: RankInfo) -> str:
     server once.
     """
     def device(info: RankInfo, rank: int) -> dict[str, str]:
-        return {"device_id": str(info.device_id), "device_ip": info.device_ip,
-                "rank_id": str(rank)}
+        entry = {"device_id": str(info.device_id), "rank_id": str(rank)}
+        if info.device_ip:  # an unknown one is left out, never written as ""
+            entry["device_ip"] = info.device_ip
+        return entry
 
     if rank0.host_ip == rank1.host_ip:
         servers = [{"server_id": rank0.host_ip,
@@ -176,6 +178,9 @@ class CommSpec:
             raise ValueError(f"an HCCL buffer of {self.buffer_mb} MB")
         if len(self.name) >= 128 or not self.name.isascii():
             raise ValueError(f"not a communicator name: {self.name!r}")
+        if self.rank_table and not self.name:
+            # hcomm op_base.cc, HcclCommInitClusterInfoMemConfig: HCCL_E_PARA
+            raise ValueError("a rank-table communicator needs a name")
 
     @property
     def device_bytes(self) -> int:

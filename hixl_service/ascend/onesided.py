@@ -13,9 +13,14 @@ read and write with ``HcclBatchGet`` / ``HcclBatchPut``. So:
   and the link is then prepared; the `Binding` records what was bound, so
   that a transfer touching memory registered later knows that the link must
   be prepared again;
-* releasing memory unbinds it from every communicator still holding it,
-  then deregisters it (HCCL refuses to deregister memory still bound);
-  destroying a communicator unbinds what it holds (`OneSidedMemory.unbind`).
+* releasing memory first tears down every communicator it is bound to
+  (`Binding.teardown`: the channel's own destroy, which unbinds and then
+  destroys the communicator), then deregisters it. Unbinding alone would
+  not do: ``HcclCommUnbindMem`` only drops a record, and the peer keeps its
+  mapping of the memory until the communicator is destroyed (hcomm
+  ``hccl_one_sided_service.cc``: DeInit -> DisableMemAccess); HCCL refuses
+  to deregister memory still bound and to destroy a communicator with
+  memory bound, so the order is unbind, destroy, deregister, free.
 
 Registration failing (a CANN without the one-sided API, or one refusing the
 memory) is not an error: that memory then moves over the two-sided path. A
@@ -40,11 +45,13 @@ HCCL_E_NOT_SUPPORT = 5
 
 
 class Binding:
-    """The registered memories bound to one communicator."""
+    """The registered memories bound to one communicator, and how to tear that
+    communicator down (set by its owner; blocking, idempotent)."""
 
     def __init__(self, comm: _ascend.HcclComm) -> None:
         self.comm = comm
         self.bound: dict[_ascend.DeviceMemory, _ascend.GlobalMemory] = {}
+        self.teardown: Callable[[], None] | None = None
 
     def covers(self, memory: _ascend.DeviceMemory) -> bool:
         """Whether ``memory`` was bound before the communicator was prepared."""
@@ -79,16 +86,19 @@ class OneSidedMemory:
             self._registered[memory] = (registered, cluster_id)
 
     def release(self, memory: _ascend.DeviceMemory) -> None:
-        """Unbind ``memory`` from every communicator and deregister it; it may then be freed."""
+        """Tear down every communicator ``memory`` is bound to, then deregister it; it
+        may then be freed (blocking)."""
         with self._lock:
             found = self._registered.pop(memory, None)
             if found is None:
                 return
-            registered = found[0]
-            for binding in self._bindings:
-                if binding.bound.pop(memory, None) is not None:
-                    _quietly(_ascend.hccl_unbind, binding.comm, registered)
-            _quietly(registered.release)
+            holding = [b for b in self._bindings if memory in b.bound]
+        for binding in holding:
+            if binding.teardown is not None:
+                binding.teardown()  # unbinds what it holds, destroys the communicator
+            else:  # nobody owns the communicator: leave it unbound at least
+                self.unbind(binding)
+        _quietly(found[0].release)
 
     def bind(self, comm: _ascend.HcclComm, cluster_id: int) -> Binding:
         """Bind every registered memory of ``cluster_id`` on the communicator's device.

@@ -44,6 +44,11 @@ MIB = 1 << 20
 ANSWER_S = 120.0
 TIMEOUT_PROBE_MS = 500
 TEARDOWN_WAIT_MS = 2000
+# A first transfer slower than this stalled on link set-up: HCCL builds a
+# communicator's links in its first operation and waits for the peer's
+# (HCCL_CONNECT_TIMEOUT, 120 s by default); paired, it takes seconds at most.
+FIRST_TRANSFER_BOUND_S = 20.0
+HCCL_E_PARA = 1
 
 
 def data(n: int, seed: int) -> bytes:
@@ -120,6 +125,7 @@ class Rank:
         if self.stream.pending:
             try:
                 self.stream.abort()
+                time.sleep(0.1)  # as the daemon: aicpu may still unfold aborted tasks
             except _ascend.AclError:
                 pass  # absent on this CANN: the bounded wait decides
         self._unbind()
@@ -365,6 +371,32 @@ def move_one_sided(me: Rank, put: bool, ranges: list[tuple[int, int]], far: tupl
     return time.monotonic() - start
 
 
+def first_transfer(me: Rank, worker: Worker) -> str:
+    """The communicator's first operation, paired on both ranks as the daemon's
+    warm-up is: it sets up the links, so it shows how long that takes."""
+    took = move(me, worker, True, [(0, 4096)], 30_000)
+    _expect(took < FIRST_TRANSFER_BOUND_S,
+            f"the first transfer took {took:.1f} s (a stall on link set-up)")
+    return f"{took:.2f} s for the first 4 KiB (links set up inside it)"
+
+
+def release_while_bound(me: Rank) -> str:
+    """What hixl's release order relies on: HCCL refuses to deregister memory, and
+    to destroy a communicator, while memory is bound to it (HCCL_E_PARA)."""
+    assert me.comm is not None and me.registered is not None and me.bound
+    refused = []
+    for what, call in (("deregister", me.registered.release), ("destroy", me.comm.destroy)):
+        try:
+            call()
+        except _ascend.HcclError as exc:
+            _expect(exc.code == HCCL_E_PARA, f"{what} while bound: {exc}")
+            refused.append(what)
+            continue
+        raise AssertionError(f"HCCL let {what} through while memory was bound")
+    _expect(not me.comm.closed and not me.registered.closed, "HCCL dropped them anyway")
+    return f"HCCL refused {' and '.join(refused)} while bound (HCCL_E_PARA)"
+
+
 def throughput_one_sided(me: Rank, far: tuple[int, int], ranges: list[tuple[int, int]]) -> str:
     total = sum(size for _, size in ranges)
     rates = []
@@ -405,6 +437,7 @@ def pair_checks(report: Report, runtime: _ascend.AscendRuntime, me: Rank, worker
             runtime, me, worker, mode, args.buffer_mb, name, host_ip)):
         return
     block = args.block_kib * 1024
+    report.check(f"first transfer {label}", lambda: first_transfer(me, worker))
     report.check(f"one range {label}", lambda: exact(me, worker, [(0, MIB)], 11))
     report.check(f"many ranges {label}", lambda: exact(
         me, worker, spread(min(args.blocks, args.size_mb * MIB // (2 * block)), block), 21))
@@ -426,6 +459,7 @@ def pair_checks(report: Report, runtime: _ascend.AscendRuntime, me: Rank, worker
                          lambda: throughput_one_sided(me, far[0], [(0, args.size_mb * MIB)]))
             report.check(f"one-sided throughput {args.blocks} x {args.block_kib} KiB {label}",
                          lambda: throughput_one_sided(me, far[0], small))
+            report.check(f"release while bound {label}", lambda: release_while_bound(me))
     report.check(f"receive timeout {label}", lambda: receive_timeout(me, worker))
     if me.comm is not None:
         me.leave()
@@ -463,7 +497,8 @@ def run(args: argparse.Namespace) -> int:
         rt = runtime_box[0]
         optional = ("sync_timeout", "ipc", "batch_send_recv", "recent_error_message",
                     "bare_tgid", "error_string", "stream_abort", "rank_table",
-                    "root_info_config", "physical_device_id", "one_sided", "host_register")
+                    "root_info_config", "physical_device_id", "one_sided", "host_register",
+                    "host_pin")
         missing = [f for f in optional if f not in rt.features]
         return (f"{rt.paths[0]}, {rt.paths[1]}; optional entry points found: "
                 f"{', '.join(sorted(rt.features))}; missing: {', '.join(missing) or 'none'}")

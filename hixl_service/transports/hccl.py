@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -87,6 +88,20 @@ TWO_SIDED = "two-sided"
 # passed by then).
 TEARDOWN_WAIT_MS = 2000
 ACL_API_NOT_SUPPORT = 200001  # an optional entry point this CANN lacks
+# After aclrtStreamAbort of work in flight, HIXL waits this long before it
+# unbinds and destroys (hixl comm_channel.cc): the abort cannot stop tasks
+# that aicpu is already unfolding.
+ABORT_SETTLE_S = 0.1
+# The warm-up batch every new communicator runs on both sides (`_Channel.build`):
+# HCCL builds a communicator's peer links inside its first send/receive host
+# call, which blocks until the peer makes its own (hcomm
+# hccl_communicator_host.cc, ExecOp -> AllocAlgResource; transport_manager.cc,
+# WaitLinksEstablishCompleted). Paired here, at link set-up, no transfer's
+# host call waits on the other daemon's later one.
+WARMUP_BYTES = 4096
+# How long the linked side's warm-up may take (the linking side's is bounded
+# by its link timeout).
+WARMUP_TIMEOUT_MS = 30_000
 
 
 class _Channel:
@@ -102,15 +117,24 @@ class _Channel:
         # One-sided: the memory bound before the communicator was prepared.
         self.binding: Binding | None = None
         self._memory: OneSidedMemory | None = None
+        # destroy runs from the link's side and from a release of bound memory
+        self._teardown = threading.Lock()
+
+    @property
+    def closed(self) -> bool:
+        """Whether the communicator was destroyed (the link then builds a new one)."""
+        return self.comm.closed
 
     @classmethod
     def build(cls, device: _ascend.Device, spec: CommSpec, rank: int,
-              settings: CommSettings) -> _Channel:
-        """Join the communicator (blocks until both ranks joined or HCCL gives up).
+              settings: CommSettings, timeout_ms: int = WARMUP_TIMEOUT_MS) -> _Channel:
+        """Join the communicator and set up its links (blocks until both ranks did,
+        or HCCL gives up).
 
         The one place a link's communicator is made: its HCCL buffers are
         counted against the device's budget first, then the communicator is
-        created from the rank table or the root info, then the link's stream.
+        created from the rank table or the root info, then the link's stream,
+        then both ranks run a paired warm-up batch (`WARMUP_BYTES`).
         """
         settings.reserve(device.id, spec.device_bytes)
         try:
@@ -124,11 +148,28 @@ class _Channel:
             settings.release(device.id, spec.device_bytes)
             raise
         try:
-            return cls(comm, device.create_stream(), spec.device_bytes, settings)
+            channel = cls(comm, device.create_stream(), spec.device_bytes, settings)
         except BaseException:
             comm.destroy()
             settings.release(device.id, spec.device_bytes)
             raise
+        try:
+            channel.warm_up(timeout_ms)
+        except BaseException:
+            channel.destroy()
+            raise
+        return channel
+
+    def warm_up(self, timeout_ms: int) -> None:
+        """Send and receive `WARMUP_BYTES` in one batch, as the peer does at once: the
+        first send/receive of a communicator is what builds its links."""
+        peer = ACCEPTOR_RANK if self.comm.rank == INITIATOR_RANK else INITIATOR_RANK
+        item = _ascend.SendRecvItem
+        with self.comm.device.malloc(2 * WARMUP_BYTES) as scratch:
+            self.comm.batch_send_recv([item.send(scratch, 0, WARMUP_BYTES, peer),
+                                       item.recv(scratch, WARMUP_BYTES, WARMUP_BYTES, peer)],
+                                      self.stream)
+            self.stream.synchronize(timeout_ms)
 
     def prepare_one_sided(self, memory: OneSidedMemory, cluster_id: int,
                           timeout_ms: int) -> None:
@@ -138,6 +179,7 @@ class _Channel:
         one calls it right after the build, on both sides of the link.
         """
         self.binding = memory.bind(self.comm, cluster_id)
+        self.binding.teardown = self.destroy
         self._memory = memory
         _ascend.hccl_prepare(self.comm, max(1, -(-timeout_ms // 1000)))
 
@@ -169,11 +211,16 @@ class _Channel:
         destroy the communicator, then the stream. `Stream.destroy` never
         destroys a stream whose work did not end within its bound: it abandons it
         ("aclrtDestroyStream", aclcppdevg_03_0070, waits for unfinished tasks)."""
+        with self._teardown:
+            self._destroy()
+
+    def _destroy(self) -> None:
         if self.comm.closed:
             return
         if self.stream.pending:
             try:
                 self.stream.abort()
+                time.sleep(ABORT_SETTLE_S)  # see ABORT_SETTLE_S (a worker thread)
             except AscendError as exc:
                 if exc.code != ACL_API_NOT_SUPPORT:  # absent: the bounded wait below decides
                     logger.info("aborting an HCCL channel's stream: %s", to_llm_exception(exc))
@@ -275,7 +322,13 @@ class _Side:
     def alive(self) -> bool:
         """Whether a communicator is up (else the linking side builds one on its next
         transfer)."""
-        return self._channel is not None
+        return self._live() is not None
+
+    def _live(self) -> _Channel | None:
+        """The channel, unless there is none or it was torn down (a release of memory
+        bound to it does that from outside the link)."""
+        channel = self._channel
+        return channel if channel is not None and not channel.closed else None
 
     async def _drop(self) -> None:
         channel, self._channel = self._channel, None
@@ -343,7 +396,8 @@ class HcclLink(_Side):
             raise LLMException(f"cannot open the HCCL link: {error}",
                                status_code=LLMStatusCode.LLM_LINK_FAILED) from exc
         local: asyncio.Future[_Channel] = asyncio.ensure_future(asyncio.to_thread(
-            _Channel.build, self._device, spec, INITIATOR_RANK, self._settings))
+            _Channel.build, self._device, spec, INITIATOR_RANK, self._settings,
+            _remaining_ms(deadline)))
         remote = asyncio.ensure_future(self._peer.hccl_connect(
             self._token, spec, max(0.001, deadline - time.monotonic())))
         done, _ = await asyncio.wait((local, remote),
@@ -359,7 +413,10 @@ class HcclLink(_Side):
         if failure is None:
             self._channel = local.result()
             self._regions.clear()
-            if self.one_sided_here and remote.result() and not self._one_sided_failed:
+            # HCCL's one-sided bookkeeping (op_base.cc's one-sided communicator
+            # table) covers rank-table communicators only, as HIXL uses them.
+            if (self.one_sided_here and remote.result() and not self._one_sided_failed
+                    and spec.rank_table):
                 await self._prepare(deadline)
             return
         remote.cancel()
@@ -413,7 +470,7 @@ class HcclLink(_Side):
         async with self._lock:
             if self.closed:
                 raise LLMException("the link was closed", status_code=LLMStatusCode.LLM_LINK_FAILED)
-            if self._channel is None:
+            if self._live() is None:
                 await self._connect(deadline)
             if await self._one_sided(sending, local, ranges, region_id, deadline):
                 return
@@ -429,7 +486,7 @@ class HcclLink(_Side):
         unbound_key = (id(local.device), region_id)
         far: FarRegion | None = None
         for attempt in range(2):
-            channel = self._channel
+            channel = self._live()
             if channel is None or channel.binding is None or unbound_key in self._unbound:
                 return False
             far = await self._far_region(region_id, deadline)
@@ -477,7 +534,7 @@ class HcclLink(_Side):
                          deadline: float) -> None:
         ranges = remote_pairs.astype("<u8", copy=False).tobytes()
         for attempt in range(2):
-            if self._channel is None:
+            if self._live() is None:
                 await self._connect(deadline)
             try:
                 await self._peer.hccl_post(self._token, not sending, region_id, ranges,
@@ -550,7 +607,7 @@ class HcclInbound(_Side):
         """Bind this cluster's memory to the communicator and prepare it, as the
         linking side does at the same time (blocks until both are ready)."""
         async with self._lock:
-            channel = self._channel
+            channel = self._live()
             if channel is None or self.closed:
                 raise LLMException(NO_COMMUNICATOR, status_code=LLMStatusCode.LLM_LINK_FAILED)
             if self._memory is None or not self._memory.enabled:
@@ -565,7 +622,7 @@ class HcclInbound(_Side):
 
     def bound(self, memory: Memory) -> bool:
         """Whether ``memory`` was bound when the current communicator was prepared."""
-        channel = self._channel
+        channel = self._live()
         return (channel is not None and channel.binding is not None
                 and memory.device is not None and channel.binding.covers(memory.device))
 
@@ -584,7 +641,7 @@ class HcclInbound(_Side):
         timeout_s = timeout_ms / 1000.0
         deadline = time.monotonic() + timeout_s + min(INBOUND_GRACE_S, timeout_s / 2)
         async with self._lock:
-            channel = self._channel
+            channel = self._live()
             if channel is None or self.closed:
                 _settle(posted, LLMException(NO_COMMUNICATOR,
                                              status_code=LLMStatusCode.LLM_LINK_FAILED))

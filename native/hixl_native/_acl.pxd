@@ -98,6 +98,7 @@ cdef extern from "acl_shim.h" nogil:
         HIXL_ACL_HAS_RANK_TABLE
         HIXL_ACL_HAS_ROOT_CONFIG
         HIXL_ACL_HAS_PHY_ID
+        HIXL_ACL_HAS_HOST_PIN
         HIXL_HCCL_COMM_NAME_MAX
 
     ctypedef struct hixl_comm_options:
@@ -137,5 +138,5 @@ cdef extern from "acl_shim.h" nogil:
     int hixl_hccl_one_sided(int32_t dev, hccl_comm_t comm, int put, uint32_t peer,
                             HcclOneSideOpDesc *desc, size_t n, aclrtStream stream,
                             size_t *queued)
-    int hixl_acl_host_register(int32_t dev, void *ptr, uint64_t size, void **dev_ptr)
+    int hixl_acl_host_register(int32_t dev, void *ptr, uint64_t size)
     int hixl_acl_host_unregister(int32_t dev, void *ptr)

@@ -84,6 +84,7 @@ _FEATURES = (
     (HIXL_ACL_HAS_RANK_TABLE, "rank_table"),
     (HIXL_ACL_HAS_ROOT_CONFIG, "root_info_config"),
     (HIXL_ACL_HAS_PHY_ID, "physical_device_id"),
+    (HIXL_ACL_HAS_HOST_PIN, "host_pin"),
 )
 
 include "_ascend_errors.pxi"

@@ -47,7 +47,8 @@ cdef class HcclComm:
         rank: This rank, in [0, nranks).
         buffer_mb: HCCL buffer of the communicator in MB (``hcclBufferSize``
             of ``HcclCommInitRootInfoConfig`` where present, else
-            ``HCCL_BUFFSIZE`` applies); 0: HCCL's default of 200.
+            ``HCCL_BUFFSIZE`` applies); 0 leaves it unset, so that
+            ``HCCL_BUFFSIZE`` (else HCCL's 200) applies.
         name: Communicator name (unique in the process); "" lets HCCL pick one.
 
     Communicators are created one at a time per process (the shim's lock), so
@@ -274,12 +275,15 @@ cdef class HcclComm:
 
     def destroy(self):
         """Destroy the communicator (``HcclCommDestroy``); idempotent. Queued
-        operations of it fail."""
+        operations of it fail. Refused with memory still bound to it (HCCL_E_PARA,
+        hcomm HcclOneSidedService::DeInit), it stays open: unbind, then again."""
         if self._closed:
             return
         cdef int rc
         with nogil:
             rc = hixl_hccl_comm_destroy(self._dev._id, self._c)
+        if rc == 1:  # HCCL_E_PARA: HCCL kept the communicator
+            _check(rc)
         self._closed = True
         self._dev._release()
         _live[_LIVE_COMM] -= 1

@@ -13,7 +13,7 @@ MAX_DESC_NUM = HIXL_HCCL_MAX_DESC_NUM
 """Descriptors per HcclBatchGet / HcclBatchPut call that HCCL accepts."""
 
 HOST_REGISTER_ALIGNMENT = 4096
-"""aclrtHostRegister: "the host memory address must be 4K page aligned"."""
+"""aclrtHostRegisterV2: "the host memory address must be 4K page aligned"."""
 
 
 def one_sided_supported():
@@ -22,8 +22,10 @@ def one_sided_supported():
 
 
 def host_register_supported():
-    """Whether the loaded CANN has aclrtHostRegister and aclrtHostUnregister."""
-    return bool(hixl_acl_features() & HIXL_ACL_HAS_HOST_REGISTER)
+    """Whether the loaded CANN can page-lock host memory: it has aclrtHostRegisterV2
+    (whose ACL_HOST_REG_PINNED pins; aclrtHostRegister only maps, so hixl does not
+    use it) and aclrtHostUnregister."""
+    return bool(hixl_acl_features() & HIXL_ACL_HAS_HOST_PIN)
 
 
 cdef class GlobalMemory:
@@ -227,11 +229,12 @@ cdef size_t _one_sided(HcclComm comm, bint put, DeviceMemory local, object tripl
 
 cdef class PinnedHost:
     """Host memory of another object (a `hixl_native.Mapping`) page-locked for
-    the device with ``aclrtHostRegister``.
+    the device with ``aclrtHostRegisterV2(ACL_HOST_REG_PINNED | ACL_HOST_REG_MAPPED)``.
 
     ACL copies of page-locked memory stay asynchronous (CANN 8.5 and later
     copy other host memory synchronously; earlier releases warn of
-    unpredictable errors on training products). The object holds a buffer
+    unpredictable errors on training products). ``aclrtHostRegister`` with
+    ``ACL_HOST_REGISTER_MAPPED`` would map the memory without locking it. The object holds a buffer
     export of ``owner`` until `close`, so the owner cannot unmap it while
     it is registered.
 
@@ -242,7 +245,7 @@ cdef class PinnedHost:
 
     Raises:
         ValueError: The buffer is not 4 KiB aligned or is empty.
-        AclError: CANN refused it (200001 where aclrtHostRegister is absent).
+        AclError: CANN refused it (200001 where aclrtHostRegisterV2 is absent).
     """
 
     def __cinit__(self, *args, **kwargs):
@@ -253,7 +256,6 @@ cdef class PinnedHost:
         if self._dev is not None:
             raise RuntimeError("PinnedHost is already initialized")
         PyObject_GetBuffer(owner, &self._view, PyBUF_WRITABLE)
-        cdef void *dev_ptr = NULL
         cdef int rc
         cdef char *ptr = <char *>self._view.buf
         cdef uint64_t size = self._view.len
@@ -264,7 +266,7 @@ cdef class PinnedHost:
                              f"non-empty and {HOST_REGISTER_ALIGNMENT}-byte aligned to be "
                              f"registered")
         with nogil:
-            rc = hixl_acl_host_register(device._id, ptr, size, &dev_ptr)
+            rc = hixl_acl_host_register(device._id, ptr, size)
         if rc:
             PyBuffer_Release(&self._view)
             _check(rc)

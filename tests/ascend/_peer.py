@@ -31,6 +31,10 @@ from __future__ import annotations
 
 import sys
 
+# HCCL sets a communicator's links up in its first send/receive host call,
+# which waits for the peer's own first call: `Rank1.link_up` pairs them.
+WARM_BYTES = 64
+
 
 def pattern(n: int, seed: int = 0) -> bytes:
     """Deterministic test bytes (period 256, so built from one period)."""
@@ -120,6 +124,10 @@ def serve_rank1(lib_dir: str, how: str, blob_hex: str) -> None:
                 pairs = np.frombuffer(bytes.fromhex(args[1]), "<u8").reshape(-1, 2).copy()
                 queue = comm.send_ranges if args[0] == "send" else comm.recv_ranges
                 queue(buf, pairs, 0, stream)
+            elif cmd == "warm":  # the first operation of a communicator: rank 0 pairs it
+                comm.batch_send_recv([item.send(buf, 0, WARM_BYTES, 0),
+                                      item.recv(buf, WARM_BYTES, WARM_BYTES, 0)], stream)
+                stream.synchronize(timeout_ms=10_000)
             elif cmd == "read":
                 off, n = map(int, args)
                 answer = buf.read(off, n).hex()

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from tests.ascend.conftest import child_env
 
@@ -48,6 +49,22 @@ class Rank1:
 
     def wait_ready(self) -> None:
         assert self._line() == "ready"
+
+    def link_up(self, comm: Any, stream: Any) -> None:
+        """Run a communicator's first operation on both ranks at once: HCCL builds
+        the links inside it and blocks until the peer makes its own (the double
+        does the same), so rank 0's first call must not wait for rank 1's answer."""
+        from hixl_native import _ascend
+
+        from tests.ascend._peer import WARM_BYTES
+
+        self.tell("warm")
+        item = _ascend.SendRecvItem
+        with comm.device.malloc(2 * WARM_BYTES) as scratch:
+            comm.batch_send_recv([item.send(scratch, 0, WARM_BYTES, 1),
+                                  item.recv(scratch, WARM_BYTES, WARM_BYTES, 1)], stream)
+            stream.synchronize(timeout_ms=10_000)
+        assert self.answer() == "ok"
 
     def ask(self, command: str) -> str:
         """Send one command and return its answer."""

@@ -131,6 +131,7 @@ def test_receive_without_a_send_tears_down(runtime: ascend.AscendRuntime,
         comm = ascend.HcclComm(device, root, 2, 0)
         peer.wait_ready()
         stream = device.create_stream()
+        peer.link_up(comm, stream)
         comm.recv(buf, 0, 4096, 1, stream)
         with pytest.raises(ascend.AclError) as caught:
             stream.synchronize(timeout_ms=200)
@@ -328,6 +329,7 @@ def test_rank_table_communicator_byte_exact(runtime: ascend.AscendRuntime,
         comm = ascend.comm_from_rank_table(device, table, 0, buffer_mb=1, name="rank1-test")
         with comm:
             peer.wait_ready()
+            peer.link_up(comm, stream)
             assert (comm.rank, comm.nranks) == (0, 2)
             buf.write(0, pattern(n, 4))
             comm.send(buf, 0, n, 1, stream)
@@ -342,15 +344,18 @@ def test_rank_table_argument_rules(runtime: ascend.AscendRuntime) -> None:
     table = json.loads(two_rank_table())
     del table["status"]
     with pytest.raises(ascend.HcclError) as caught:  # the double checks CANN's format
-        ascend.comm_from_rank_table(device, json.dumps(table), 0, buffer_mb=1)
+        ascend.comm_from_rank_table(device, json.dumps(table), 0, buffer_mb=1, name="t")
     assert caught.value.code == 1 and caught.value.api == "HcclCommInitClusterInfoMemConfig"
     three = rank_table(RankInfo("127.0.0.1", 0, ""), RankInfo("10.0.0.2", 1, ""))
     crowd = json.loads(three)
     crowd["server_list"][1]["device"].append({"device_id": "2", "device_ip": "",
                                               "rank_id": "2"})
     with pytest.raises(ascend.HcclError) as caught:
-        ascend.comm_from_rank_table(device, json.dumps(crowd), 0, buffer_mb=1)
+        ascend.comm_from_rank_table(device, json.dumps(crowd), 0, buffer_mb=1, name="crowd")
     assert caught.value.code == 5  # the double builds two ranks only
+    with pytest.raises(ascend.HcclError, match="hcclCommName") as caught:
+        ascend.comm_from_rank_table(device, three, 0, buffer_mb=1)  # no name: op_base.cc
+    assert caught.value.code == 1
     with pytest.raises(ValueError):  # rank_id 2 is not in a two-rank table
         ascend.comm_from_rank_table(device, three, 2)
     with pytest.raises(ValueError):

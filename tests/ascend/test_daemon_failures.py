@@ -275,17 +275,18 @@ LINK_ERROR = "ACL error 507056 (ACL_ERROR_RT_LINK_ERROR)"
 @pytest.mark.parametrize(("fault", "seen_by_decoder", "seen_by_prompt"), [
     # Two-sided (the prompt daemon's CANN refuses the one-sided API, so the link
     # falls back): the prompt side's batch fails on its stream: the decoder's half sees the peer go
-    ("exec:HcclBatchSendRecv=fail:507056:1", "ACL_ERROR_RT_SUSPECT_REMOTE_ERROR", LINK_ERROR),
+    ("exec:HcclBatchSendRecv=fail:507056:1:1", "ACL_ERROR_RT_SUSPECT_REMOTE_ERROR", LINK_ERROR),
     # half the bytes move, then the link is cut
-    ("exec:HcclBatchSendRecv=sever:507056:1", "ACL_ERROR_RT_SUSPECT_REMOTE_ERROR", LINK_ERROR),
+    ("exec:HcclBatchSendRecv=sever:507056:1:1", "ACL_ERROR_RT_SUSPECT_REMOTE_ERROR", LINK_ERROR),
     # HCCL refuses to queue the prompt side's batch: the decoder hears it in the reply
-    ("HcclBatchSendRecv=fail:19:1", "HCCL error 19 (HCCL_E_NETWORK)", "HCCL_E_NETWORK"),
+    ("HcclBatchSendRecv=fail:19:1:1", "HCCL error 19 (HCCL_E_NETWORK)", "HCCL_E_NETWORK"),
 ], ids=["stream-fail", "sever", "queue-fail"])
 async def test_hccl_error_mid_transfer_fails_the_pull_and_the_link_recovers(
         runtime: AscendRuntime, double_dir: Path, decode: DaemonProcess, fault: str,
         seen_by_decoder: str, seen_by_prompt: str,
         next_cluster_id: Callable[[], int]) -> None:
-    # The prompt daemon's first batch (its sends of the pull) fails.
+    # The prompt daemon's first batch of a transfer (its sends of the pull) fails; the
+    # skip of 1 lets the link's warm-up batch (its first operation) through.
     with hccl_daemon(double_dir, faults=fault, one_sided=False) as faulty:
         async with linked(faulty, decode, next_cluster_id) as (prompt, decoder):
             key, data = await source(prompt, 3)
@@ -353,7 +354,7 @@ async def test_peer_that_never_posts_times_out_then_the_link_recovers(
         runtime: AscendRuntime, double_dir: Path, decode: DaemonProcess,
         next_cluster_id: Callable[[], int]) -> None:
     # Two-sided: the prompt daemon's first batch never runs (until its communicator goes).
-    with hccl_daemon(double_dir, faults="exec:HcclBatchSendRecv=hang:0:1",
+    with hccl_daemon(double_dir, faults="exec:HcclBatchSendRecv=hang:0:1:1",
                      one_sided=False) as stuck:
         async with linked(stuck, decode, next_cluster_id) as (prompt, decoder):
             key, data = await source(prompt, 5)

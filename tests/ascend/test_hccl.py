@@ -41,6 +41,8 @@ def comm_pair(runtime: ascend.AscendRuntime,
         c0 = ascend.HcclComm(d0, root, 2, 0)
         try:
             peer.wait_ready()
+            with d0.create_stream() as stream:
+                peer.link_up(c0, stream)
             yield c0, peer
         finally:
             c0.destroy()

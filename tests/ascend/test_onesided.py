@@ -30,6 +30,7 @@ HCCL_E_PARA = 1
 ACL_ERROR_RT_PARAM_INVALID = 107000
 
 
+
 Pair = tuple["ascend.HcclComm", Rank1]
 
 
@@ -202,8 +203,12 @@ def test_more_than_256_descriptors_in_one_call_are_refused(double_dir: Path,
     assert lib.HcclBatchGet(not_a_comm, 1, descs, 0, not_a_stream) == 0  # nothing to do
 
 
-def test_unbound_or_unprepared_memory_is_refused(runtime: ascend.AscendRuntime, pair: Pair,
-                                                 stream: ascend.Stream) -> None:
+def test_one_sided_lifecycle_follows_hccl(runtime: ascend.AscendRuntime, pair: Pair,
+                                          stream: ascend.Stream) -> None:
+    """The double's one-sided rules, each from hcomm's source (hccl_double_onesided.c):
+    ranges are met when the task runs, not when queued; binding after preparing and a
+    second prepare succeed; one registration per range; bound memory can neither be
+    deregistered nor have its communicator destroyed."""
     c0, peer = pair
     s0 = stream
     d0 = runtime.set_device(0)
@@ -215,24 +220,25 @@ def test_unbound_or_unprepared_memory_is_refused(runtime: ascend.AscendRuntime, 
             ascend.hccl_bind(c0, g0)
             assert peer.ask("register") == "ok"
             assert peer.ask("bind") == "ok"
-            with pytest.raises(ascend.HcclError) as not_prepared:
-                ascend.hccl_batch_get(c0, b0, one, address, size, 1, s0)
-            assert not_prepared.value.code == HCCL_E_PARA
+            ascend.hccl_batch_get(c0, b0, one, address, size, 1, s0)  # queued: not prepared
+            with pytest.raises(ascend.AclError, match="507000"):  # the device task failed
+                s0.synchronize(timeout_ms=10_000)
             with pytest.raises(ascend.HcclError):  # bound twice
                 ascend.hccl_bind(c0, g0)
-            assert peer.ask("bind") == f"error {HCCL_E_PARA}"  # there too
             prepare_both(c0, peer)
+            ascend.hccl_prepare(c0, 10)  # again: a prepared communicator succeeds at once
             late = ascend.GlobalMemory(stray)
-            with pytest.raises(ascend.HcclError):  # the peer would never see it
-                ascend.hccl_bind(c0, late)
+            ascend.hccl_bind(c0, late)  # succeeds; the peer never learns of it
+            ascend.hccl_unbind(c0, late)
             late.release()
-            with pytest.raises(ascend.HcclError) as unbound_local:
-                ascend.hccl_batch_get(c0, stray, one, address, size, 1, s0)
-            assert unbound_local.value.code == HCCL_E_PARA
             with pytest.raises(ascend.HcclError) as deregistered_bound:
                 g0.release()  # still bound to c0
             assert deregistered_bound.value.code == HCCL_E_PARA
             assert peer.ask("deregister") == f"error {HCCL_E_PARA}"  # still bound there too
+            outside = np.array([[size, 0, 64]], dtype=np.uint64)
+            ascend.hccl_batch_get(c0, b0, outside, address, size + 64, 1, s0)
+            with pytest.raises(ascend.AclError, match="507000"):  # outside what the peer bound
+                s0.synchronize(timeout_ms=10_000)
             ascend.hccl_batch_get(c0, b0, one, address, size, 1, s0)
             s0.synchronize(timeout_ms=10_000)
         finally:
@@ -243,6 +249,50 @@ def test_unbound_or_unprepared_memory_is_refused(runtime: ascend.AscendRuntime, 
             g0.release()
             peer.ask("unbind")
             peer.ask("deregister")
+
+
+def test_registering_a_range_again_answers_its_handle(device: ascend.Device,
+                                                      double_dir: Path) -> None:
+    """GlobalMemRegMgr::CheckOverlapAndInsert: the very range again gets the record it
+    has (no count: one deregistration ends it); an overlapping one is refused."""
+    class HcclMem(ctypes.Structure):
+        _fields_ = [("type", ctypes.c_int), ("addr", ctypes.c_void_p), ("size", ctypes.c_uint64)]
+
+    acl = ctypes.CDLL(str(double_dir / "libascendcl.so"))
+    hccl = ctypes.CDLL(str(double_dir / "libhccl.so"))
+    hccl.HcclRegisterGlobalMem.argtypes = [ctypes.POINTER(HcclMem),
+                                           ctypes.POINTER(ctypes.c_void_p)]
+    hccl.HcclDeregisterGlobalMem.argtypes = [ctypes.c_void_p]
+    with device.malloc(MIB) as buf:
+        assert acl.aclrtSetDevice(0) == 0
+        try:
+            first, again, part = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+            whole = HcclMem(0, buf.address, MIB)
+            assert hccl.HcclRegisterGlobalMem(ctypes.byref(whole), ctypes.byref(first)) == 0
+            assert hccl.HcclRegisterGlobalMem(ctypes.byref(whole), ctypes.byref(again)) == 0
+            assert first.value == again.value
+            half = HcclMem(0, buf.address + 4096, 4096)
+            assert hccl.HcclRegisterGlobalMem(ctypes.byref(half),
+                                              ctypes.byref(part)) == HCCL_E_PARA
+            assert hccl.HcclDeregisterGlobalMem(first) == 0
+            assert hccl.HcclDeregisterGlobalMem(again) == HCCL_E_PARA  # gone already
+        finally:
+            assert acl.aclrtResetDevice(0) == 0
+
+
+def test_a_communicator_with_memory_bound_is_not_destroyed(
+        runtime: ascend.AscendRuntime, double_dir: Path) -> None:
+    """HcclOneSidedService::DeInit refuses while memory is bound: unbind first."""
+    d0 = runtime.set_device(0)
+    with comm_pair(runtime, double_dir) as (c0, _peer), d0.malloc(MIB) as b0:
+        g0 = ascend.GlobalMemory(b0)
+        ascend.hccl_bind(c0, g0)
+        with pytest.raises(ascend.HcclError) as refused:
+            c0.destroy()
+        assert refused.value.code == HCCL_E_PARA and "still bound" in str(refused.value)
+        assert not c0.closed  # HCCL kept it: unbind, then destroy
+        ascend.hccl_unbind(c0, g0)
+        g0.release()
 
 
 def test_two_items_to_one_rank_in_one_batch_are_refused(
@@ -284,18 +334,23 @@ def test_send_ranges_put_one_range_per_call(runtime: ascend.AscendRuntime, pair:
 # ---- page-locked host memory -------------------------------------------------------
 
 
-def test_async_copies_need_pinned_aligned_host_memory(device: ascend.Device) -> None:
-    """CANN 8.0 aclrtMemcpyAsync: 64-byte aligned addresses, host memory from
-    aclrtMallocHost (or registered); the double refuses the rest."""
+def test_async_copies_of_unpinned_host_memory_are_synchronous(
+        device: ascend.Device, double_dir: Path) -> None:
+    """CANN copies host memory that is not page-locked synchronously rather than
+    refusing it; only aclrtHostRegisterV2 PINNED (what PinnedHost uses) locks it."""
+    from tests.cann_double import DoubleControl
+
+    ctl = DoubleControl(double_dir)
     mapping = hixl_native.SharedPool("pin-test", MIB, 12, False)
     with device.malloc(MIB) as buf, device.create_stream() as stream:
         region = ascend.HostRegion(device, mapping, mapping.address, MIB)
         try:
             triples = np.array([[0, 0, 4096]], dtype=np.uint64)
-            with pytest.raises(ascend.AclError) as unpinned:
-                stream.memcpy_ranges(buf, region, triples)
-            assert unpinned.value.code == ACL_ERROR_RT_PARAM_INVALID
-            assert "page-locked" in str(unpinned.value)
+            before = ctl.sync_copies()
+            memoryview(mapping)[:4096] = pattern(4096, 2)
+            stream.memcpy_ranges(buf, region, triples)
+            stream.synchronize(timeout_ms=10_000)
+            assert ctl.sync_copies() == before + 1 and buf.read(0, 4096) == pattern(4096, 2)
             with ascend.PinnedHost(device, mapping) as pinned:
                 assert pinned.size == mapping.size
                 with pytest.raises(ascend.AclError, match="64-byte aligned"):
@@ -304,7 +359,37 @@ def test_async_copies_need_pinned_aligned_host_memory(device: ascend.Device) -> 
                 stream.memcpy_ranges(buf, region, triples)
                 stream.synchronize(timeout_ms=10_000)
                 assert buf.read(0, 4096) == pattern(4096, 3)
+                assert ctl.sync_copies() == before + 1  # pinned: queued, not waited for
         finally:
+            region.close()
+
+
+def test_host_register_v1_maps_without_pinning(device: ascend.Device,
+                                               double_dir: Path) -> None:
+    """aclrtHostRegister(ACL_HOST_REGISTER_MAPPED) does not page-lock: a copy of such
+    memory is still synchronous (the double's rule; what hixl used before issue 30)."""
+    from tests.cann_double import DoubleControl
+
+    acl = ctypes.CDLL(str(double_dir / "libascendcl.so"))
+    acl.aclrtHostRegister.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int,
+                                      ctypes.POINTER(ctypes.c_void_p)]
+    acl.aclrtHostUnregister.argtypes = [ctypes.c_void_p]
+    acl.aclrtSetDevice.argtypes = [ctypes.c_int32]
+    ctl = DoubleControl(double_dir)
+    mapping = hixl_native.SharedPool("pin-test-v1", MIB, 12, False)
+    with device.malloc(MIB) as buf, device.create_stream() as stream:
+        region = ascend.HostRegion(device, mapping, mapping.address, MIB)
+        dev_ptr = ctypes.c_void_p()
+        assert acl.aclrtSetDevice(0) == 0
+        assert acl.aclrtHostRegister(mapping.address, MIB, 0, ctypes.byref(dev_ptr)) == 0
+        try:
+            before = ctl.sync_copies()
+            stream.memcpy_ranges(buf, region, np.array([[0, 0, 4096]], dtype=np.uint64))
+            stream.synchronize(timeout_ms=10_000)
+            assert ctl.sync_copies() == before + 1
+        finally:
+            assert acl.aclrtHostUnregister(mapping.address) == 0
+            assert acl.aclrtResetDevice(0) == 0
             region.close()
 
 
@@ -335,9 +420,15 @@ def test_the_registry_binds_a_clusters_memory_and_unbinds_it_when_freed(
         assert binding.covers(mine) and not binding.covers(theirs)
         with pytest.raises(BufferError):
             mine.close()  # registered memory cannot be freed
-        registry.release(mine)  # unbound from c0, then deregistered: freeable
-        assert not binding.covers(mine)
-        registry.unbind(binding)
+        torn_down: list[bool] = []
+
+        def teardown() -> None:  # what a channel's destroy does: unbind, destroy
+            torn_down.append(True)
+            registry.unbind(binding)
+
+        binding.teardown = teardown
+        registry.release(mine)  # its communicator torn down first, then deregistered
+        assert torn_down and not binding.covers(mine)
         registry.release(theirs)
     disabled = OneSidedMemory(enabled=False)
     with d0.malloc(MIB) as plain:

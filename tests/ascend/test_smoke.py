@@ -13,10 +13,10 @@ import pytest
 from tests.ascend.conftest import child_env
 
 SMALL = ["--buffer-mb", "1", "--size-mb", "8", "--blocks", "100", "--block-kib", "16"]
-CHECKS = ("communicator", "one range", "many ranges", "throughput 8 MiB",
+CHECKS = ("communicator", "first transfer", "one range", "many ranges", "throughput 8 MiB",
           "throughput 100 x 16 KiB", "one-sided prepare", "one-sided one range",
           "one-sided many ranges", "one-sided throughput 8 MiB",
-          "one-sided throughput 100 x 16 KiB", "receive timeout")
+          "one-sided throughput 100 x 16 KiB", "release while bound", "receive timeout")
 
 
 def smoke(double_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:

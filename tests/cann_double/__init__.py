@@ -19,8 +19,8 @@ What is simulated:
   (``ACL_ERROR_RT_MEMORY_ALLOCATION``). ``aclrtMemcpy`` checks that the kind
   matches the addresses (device ranges must lie in device memory).
   ``aclrtMemcpyAsync`` refuses ``ACL_MEMCPY_HOST_TO_HOST`` with 207000
-  (``ACL_ERROR_RT_FEATURE_NOT_SUPPORT``), as CANN does, and host memory that
-  is not page-locked (below).
+  (``ACL_ERROR_RT_FEATURE_NOT_SUPPORT``), as CANN does, and copies host
+  memory that is not page-locked synchronously (below).
 * IPC: keys ``cann-double:<pid>:<n>``; the exporter serves the memfd over an
   abstract unix socket, so another process maps the same bytes. The pid
   whitelist of ``aclrtIpcMemSetImportPid`` is checked (207006 otherwise).
@@ -31,7 +31,10 @@ What is simulated:
 * HCCL: two ranks per communicator over abstract unix sockets (see
   ``hccl_double.c``); a send completes when the receiver has the bytes. A
   rank that never joins fails ``HcclCommInitRootInfo`` with ``HCCL_E_TIMEOUT``
-  after ``HIXL_DOUBLE_CONNECT_TIMEOUT_MS`` (default 120000). A peer lost in
+  after ``HIXL_DOUBLE_CONNECT_TIMEOUT_MS`` (else ``HCCL_CONNECT_TIMEOUT``
+  seconds, else 120 s). Links are set up lazily, as HCCL does: the first
+  Send, Recv or BatchSendRecv host call on a communicator blocks until the
+  peer makes its own first call (``HCCL_E_TIMEOUT`` after the same bound). A peer lost in
   mid-transfer fails the stream with 507057 (``ACL_ERROR_RT_SUSPECT_REMOTE_ERROR``).
 * One-sided HCCL (``hccl_double_onesided.c``; left out by ``build(...,
   one_sided=False)``, a libhccl.so without those symbols): registration,
@@ -40,13 +43,19 @@ What is simulated:
   stream tasks copying to or from the peer's memory, the peer doing nothing.
   ``HIXL_DOUBLE_ONE_SIDED=0`` makes every one-sided entry point answer
   ``HCCL_E_NOT_SUPPORT`` (a product whose HCCL exports the API without it).
-* CANN's documented rules, refused with the code CANN uses (each cites its
-  page in the C source): two sends (or receives) for one rank in one
+* CANN's rules, with the codes CANN uses (each cites its page or source file
+  in the C source): two sends (or receives) for one rank in one
   ``HcclBatchSendRecv``; ``aclrtMemcpyAsync`` of addresses not 64-byte aligned
-  or of host memory neither from ``aclrtMallocHost`` nor ``aclrtHostRegister``
-  (107000); more than 256 descriptors per one-sided call, one-sided transfers
-  before ``HcclCommPrepare`` or of memory not bound, binding after preparing,
-  deregistering bound memory (``HCCL_E_PARA``).
+  (107000), and of host memory that is not page-locked, which is copied
+  synchronously (`DoubleControl.sync_copies` counts those): only
+  ``aclrtMallocHost`` and ``aclrtHostRegisterV2`` with ``ACL_HOST_REG_PINNED``
+  lock, ``aclrtHostRegister`` only maps; more than 256 descriptors per
+  one-sided call or a wrong remote rank (``HCCL_E_PARA`` when queued), while
+  the ranges of a one-sided call are checked when its task runs (the stream
+  fails); binding after preparing and preparing twice succeed (the peer
+  never sees memory bound late); registering a range again answers the same
+  handle; deregistering bound memory and destroying a communicator with
+  memory bound are ``HCCL_E_PARA``; unbinding leaves the peer's mapping.
 
 Fault injection, by `DoubleControl` (ctypes) or the environment variable
 ``HIXL_DOUBLE_FAULTS="point=action[:arg[:count[:skip]]];..."`` (read once, for
@@ -95,6 +104,7 @@ class DoubleControl:
         self._lib.hixl_double_configure.argtypes = [ctypes.c_int, ctypes.c_uint64]
         self._lib.hixl_double_live.argtypes = [ctypes.c_int]
         self._lib.hixl_double_live.restype = ctypes.c_long
+        self._lib.hixl_double_sync_copies.restype = ctypes.c_long
 
     def inject(self, point: str, action: int, arg: int = 0, count: int = 1, skip: int = 0) -> None:
         """Arm ``point`` with ``action`` (see the module docstring); count 0 disarms."""
@@ -128,6 +138,11 @@ class DoubleControl:
     def reset(self) -> None:
         """Disarm every fault and release hung calls."""
         self._lib.hixl_double_reset()
+
+    def sync_copies(self) -> int:
+        """``aclrtMemcpyAsync`` calls copied synchronously (their host memory was not
+        page-locked), since the library was loaded."""
+        return int(self._lib.hixl_double_sync_copies())
 
     def live(self) -> dict[str, int]:
         """Objects the double holds: device/host allocations, imports, streams, comms."""

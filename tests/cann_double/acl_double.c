@@ -567,7 +567,7 @@ DBL_EXPORT aclError aclrtMemcpyAsync(void *dst, size_t destMax, const void *src,
         return hixl_double_fail(ACL_ERROR_RT_FEATURE_NOT_SUPPORT,
                                 "aclrtMemcpyAsync: ACL_MEMCPY_HOST_TO_HOST is not supported");
     rc = hixl_double_check_async_copy("aclrtMemcpyAsync", dst, src, count);
-    if (rc)
+    if (rc && rc != COPY_SYNCHRONOUS)
         return rc;
     copy_task *t = malloc(sizeof *t);
     if (!t)
@@ -575,6 +575,12 @@ DBL_EXPORT aclError aclrtMemcpyAsync(void *dst, size_t destMax, const void *src,
     t->dst = dst;
     t->src = src;
     t->n = count;
-    return hixl_double_stream_submit(stream, "exec:aclrtMemcpyAsync", run_copy, free, t);
+    int queued = hixl_double_stream_submit(stream, "exec:aclrtMemcpyAsync", run_copy, free, t);
+    if (queued || rc != COPY_SYNCHRONOUS)
+        return queued;
+    /* Host memory that is not page-locked is copied before the call returns
+     * (acl_double_pinned.c): the caller's thread waits for the stream. */
+    hixl_double_count_sync_copy();
+    return hixl_double_stream_drain(stream);
 }
 

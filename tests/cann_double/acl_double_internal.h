@@ -58,8 +58,13 @@ void unlink_mem_locked(dbl_mem *m);
 void *map_aligned(int fd, size_t len, void **map_base, size_t *map_len);
 size_t page_round(uint64_t n);
 void release_mem(dbl_mem *m);
-/* aclrtMemcpyAsync's operand rules (acl_double_pinned.c): 0 or the error. */
+/* aclrtMemcpyAsync's operand rules (acl_double_pinned.c): 0, COPY_SYNCHRONOUS
+ * (a host operand is not page-locked) or the error. */
+#define COPY_SYNCHRONOUS 1
 int hixl_double_check_async_copy(const char *api, const void *dst, const void *src, size_t count);
+/* Waits for every task queued on the stream (acl_double_stream.c); 0 or its error. */
+int hixl_double_stream_drain(aclrtStream stream);
+void hixl_double_count_sync_copy(void);
 
 #define CALL_PROLOGUE(name)                                                          \
     do {                                                                             \

@@ -1,24 +1,25 @@
 /*
- * TEST DOUBLE of CANN's ACL runtime: page-locked host memory and the rules
+ * TEST DOUBLE of CANN's ACL runtime: host memory registration and the rules
  * of asynchronous copies (part of libascendcl.so, see build.py).
  *
- * aclrtHostRegister / aclrtHostUnregister keep a table of registered host
- * ranges (the double maps nothing: the "device address" is the host
- * address). aclrtMemcpyAsync refuses, before queueing, what CANN documents
- * as not allowed or unpredictable, so that hixl's tests fail where hixl
- * would rely on it:
+ * Registration keeps a table of registered host ranges (the double maps
+ * nothing: the "device address" is the host address), each remembering
+ * whether it was page-locked. What the runtime does, and where it says so:
  *
- * - both addresses must be 64-byte aligned: CANN 8.0 aclrtMemcpyAsync page
- *   (aclcppdevg_03_0106, restrictions for all models: "The source address
- *   and destination address passed to this call must be 64-byte aligned");
- * - host memory must be page-locked (aclrtMallocHost or aclrtHostRegister):
- *   the same page warns that host memory not from aclrtMallocHost gives
- *   "unpredictable errors" on training and inference products, and CANN 8.5
- *   and later copy unlocked memory synchronously, so an "asynchronous" copy
- *   of it would block the caller.
- *
- * Both refusals return ACL_ERROR_RT_PARAM_INVALID (107000) and say which
- * rule was broken.
+ * - aclrtHostRegister(ptr, size, ACL_HOST_REGISTER_MAPPED, &devPtr) maps
+ *   host memory for the device and does not page-lock it; only
+ *   aclrtHostRegisterV2 with ACL_HOST_REG_PINNED (0x10000000) does, alone or
+ *   with ACL_HOST_REG_MAPPED (0x2) (runtime API docs "aclrtHostRegisterV2"
+ *   and the guide's "recommended APIs and typical scenarios"; HostRegisterV2
+ *   in the runtime's api_impl.cc). Both want a 4 KiB aligned address; a
+ *   range overlapping a registered one is refused.
+ * - aclrtMemcpyAsync: both addresses 64-byte aligned (CANN 8.0
+ *   aclrtMemcpyAsync page, aclcppdevg_03_0106: "must be 64-byte aligned"),
+ *   else 107000. Host memory that is not page-locked (neither
+ *   aclrtMallocHost nor a PINNED registration) is accepted and copied
+ *   synchronously: the call returns once the copy is done (CANN 8.5 and
+ *   later; the same page). `hixl_double_sync_copies` counts such copies, so
+ *   tests can tell an asynchronous copy from a synchronous one.
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -30,14 +31,18 @@
 
 #define COPY_ALIGNMENT 64u
 #define REGISTER_ALIGNMENT 4096u
+#define ACL_HOST_REG_MAPPED 0x2u
+#define ACL_HOST_REG_PINNED 0x10000000u
 
 typedef struct host_reg {
     struct host_reg *next;
     const uint8_t *base;
     uint64_t size;
+    int pinned;
 } host_reg;
 
 static host_reg *g_regs; /* under g_lock */
+static long g_sync_copies;
 
 static host_reg *find_reg_locked(const void *p, uint64_t n, int want_base)
 {
@@ -59,9 +64,37 @@ static int overlaps_reg_locked(const uint8_t *p, uint64_t n)
     return 0;
 }
 
+static aclError register_host(const char *api, void *ptr, uint64_t size, int pinned)
+{
+    if ((uintptr_t)ptr % REGISTER_ALIGNMENT)
+        return hixl_double_fail(ACL_ERROR_INVALID_PARAM, "%s: %p is not 4K page aligned", api,
+                                ptr);
+    if (hixl_double_is_device_range(ptr, 1))
+        return hixl_double_fail(ACL_ERROR_INVALID_PARAM, "%s: %p is device memory", api, ptr);
+    host_reg *r = calloc(1, sizeof *r);
+    if (!r)
+        return hixl_double_fail(ACL_ERROR_RT_MEMORY_ALLOCATION, "%s: out of memory", api);
+    pthread_mutex_lock(&g_lock);
+    if (overlaps_reg_locked(ptr, size)) {
+        pthread_mutex_unlock(&g_lock);
+        free(r);
+        return hixl_double_fail(ACL_ERROR_RT_PARAM_INVALID,
+                                "%s: [%p, +%llu) overlaps a registered range", api, ptr,
+                                (unsigned long long)size);
+    }
+    r->base = ptr;
+    r->size = size;
+    r->pinned = pinned;
+    r->next = g_regs;
+    g_regs = r;
+    pthread_mutex_unlock(&g_lock);
+    hixl_double_count(DBL_LIVE_HOST_REGS, 1);
+    return ACL_SUCCESS;
+}
+
 /* aclrtHostRegister (CANN 8.2+, runtime API reference aclcppdevg_03_1804):
- * ptr must be 4 KiB page aligned; ACL_HOST_REGISTER_MAPPED (0) is the one
- * type; devPtr receives the device-visible address. */
+ * ACL_HOST_REGISTER_MAPPED (0) is the one type; devPtr receives the
+ * device-visible address. The memory is mapped, not page-locked. */
 DBL_EXPORT aclError aclrtHostRegister(void *ptr, uint64_t size, int type, void **devPtr)
 {
     CALL_PROLOGUE("aclrtHostRegister");
@@ -72,31 +105,35 @@ DBL_EXPORT aclError aclrtHostRegister(void *ptr, uint64_t size, int type, void *
     if (type != 0)
         return hixl_double_fail(ACL_ERROR_INVALID_PARAM,
                                 "aclrtHostRegister: type %d (only ACL_HOST_REGISTER_MAPPED)", type);
-    if ((uintptr_t)ptr % REGISTER_ALIGNMENT)
+    aclError rc = register_host("aclrtHostRegister", ptr, size, 0);
+    if (!rc)
+        *devPtr = ptr;
+    return rc;
+}
+
+/* aclrtHostRegisterV2(ptr, size, flag) (runtime API docs "aclrtHostRegisterV2"):
+ * flag is ACL_HOST_REG_MAPPED, ACL_HOST_REG_PINNED or both; PINNED page-locks. */
+DBL_EXPORT aclError aclrtHostRegisterV2(void *ptr, uint64_t size, uint32_t flag)
+{
+    CALL_PROLOGUE("aclrtHostRegisterV2");
+    NEED_CONTEXT("aclrtHostRegisterV2");
+    if (!ptr || size == 0)
         return hixl_double_fail(ACL_ERROR_INVALID_PARAM,
-                                "aclrtHostRegister: %p is not 4K page aligned", ptr);
-    if (hixl_double_is_device_range(ptr, 1))
-        return hixl_double_fail(ACL_ERROR_INVALID_PARAM,
-                                "aclrtHostRegister: %p is device memory", ptr);
-    host_reg *r = calloc(1, sizeof *r);
-    if (!r)
-        return hixl_double_fail(ACL_ERROR_RT_MEMORY_ALLOCATION, "aclrtHostRegister: out of memory");
-    pthread_mutex_lock(&g_lock);
-    if (overlaps_reg_locked(ptr, size)) {
-        pthread_mutex_unlock(&g_lock);
-        free(r);
-        return hixl_double_fail(ACL_ERROR_RT_PARAM_INVALID,
-                                "aclrtHostRegister: [%p, +%llu) overlaps a registered range", ptr,
-                                (unsigned long long)size);
-    }
-    r->base = ptr;
-    r->size = size;
-    r->next = g_regs;
-    g_regs = r;
-    pthread_mutex_unlock(&g_lock);
-    hixl_double_count(DBL_LIVE_HOST_REGS, 1);
-    *devPtr = ptr;
-    return ACL_SUCCESS;
+                                "aclrtHostRegisterV2: NULL pointer or size 0");
+    if (!flag || (flag & ~(ACL_HOST_REG_MAPPED | ACL_HOST_REG_PINNED)))
+        return hixl_double_fail(ACL_ERROR_INVALID_PARAM, "aclrtHostRegisterV2: flag %#x", flag);
+    return register_host("aclrtHostRegisterV2", ptr, size, (flag & ACL_HOST_REG_PINNED) != 0);
+}
+
+void hixl_double_count_sync_copy(void)
+{
+    __atomic_add_fetch(&g_sync_copies, 1, __ATOMIC_SEQ_CST);
+}
+
+/* For tests: copies aclrtMemcpyAsync made synchronously (unpinned host memory). */
+DBL_EXPORT long hixl_double_sync_copies(void)
+{
+    return __atomic_load_n(&g_sync_copies, __ATOMIC_SEQ_CST);
 }
 
 DBL_EXPORT aclError aclrtHostUnregister(void *ptr)
@@ -126,7 +163,8 @@ DBL_EXPORT int hixl_double_is_pinned_host(const void *ptr, uint64_t n)
 {
     pthread_mutex_lock(&g_lock);
     dbl_mem *m = find_mem_locked(ptr, n, 0);
-    int ok = (m && m->kind == MEM_HOST) || find_reg_locked(ptr, n, 0) != NULL;
+    host_reg *r = find_reg_locked(ptr, n, 0);
+    int ok = (m && m->kind == MEM_HOST) || (r && r->pinned);
     pthread_mutex_unlock(&g_lock);
     return ok;
 }
@@ -144,9 +182,7 @@ int hixl_double_check_async_copy(const char *api, const void *dst, const void *s
         if (hixl_double_is_device_range(ends[i], count))
             continue;
         if (!hixl_double_is_pinned_host(ends[i], count))
-            return hixl_double_fail(ACL_ERROR_RT_PARAM_INVALID,
-                                    "%s: host %s %p (+%zu) is not page-locked (aclrtMallocHost or "
-                                    "aclrtHostRegister)", api, i ? "src" : "dst", ends[i], count);
+            return COPY_SYNCHRONOUS;
     }
     return 0;
 }

@@ -232,6 +232,13 @@ static aclError sync_stream(const char *api, aclrtStream stream, int32_t timeout
     return ACL_SUCCESS;
 }
 
+/* Waits until every task queued on the stream so far has run (for copies the
+ * runtime performs synchronously; acl_double_pinned.c). */
+int hixl_double_stream_drain(aclrtStream stream)
+{
+    return sync_stream("aclrtMemcpyAsync", stream, -1);
+}
+
 DBL_EXPORT aclError aclrtSynchronizeStream(aclrtStream stream)
 {
     CALL_PROLOGUE("aclrtSynchronizeStream");

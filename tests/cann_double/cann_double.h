@@ -121,7 +121,7 @@ DBL_EXPORT int hixl_double_stream_submit(aclrtStream stream, const char *exec_po
  * base, size and a dup of its memfd (the caller closes it). 0, or -1. */
 DBL_EXPORT int hixl_double_device_fd(const void *ptr, uint64_t n, uint8_t **base, uint64_t *size,
                                      int *fd);
-/* 1 if [ptr, ptr + n) is page-locked host memory: aclrtMallocHost or aclrtHostRegister. */
+/* 1 if [ptr, ptr + n) is page-locked host memory: aclrtMallocHost or aclrtHostRegisterV2 PINNED. */
 DBL_EXPORT int hixl_double_is_pinned_host(const void *ptr, uint64_t n);
 
 /* ---- small helpers shared by both libraries (static: each library has its own copy) ---- */

@@ -248,6 +248,21 @@ static int connect_root(const root_blob *b, uint32_t rank, uint32_t dir, uint64_
     }
 }
 
+/* How long HCCL waits for a peer: HCCL_CONNECT_TIMEOUT seconds (CANN
+ * environment variable reference; 120 s by default). Tests shorten it with
+ * HIXL_DOUBLE_CONNECT_TIMEOUT_MS, which wins when both are set. */
+uint64_t dbl_connect_deadline(void)
+{
+    const char *ms = getenv("HIXL_DOUBLE_CONNECT_TIMEOUT_MS");
+    const char *s = getenv("HCCL_CONNECT_TIMEOUT");
+    uint64_t wait = 120000u;
+    if (ms && *ms)
+        wait = strtoull(ms, NULL, 0);
+    else if (s && *s)
+        wait = strtoull(s, NULL, 0) * 1000u;
+    return dbl_now_ms() + wait;
+}
+
 static HcclResult rendezvous(const char *api, const root_blob *bp, uint32_t rank,
                              const char *name, HcclComm *comm);
 static HcclResult rendezvous_locked(const char *api, const root_blob *bp, uint32_t rank,
@@ -323,8 +338,7 @@ static HcclResult rendezvous_locked(const char *api, const root_blob *bp, uint32
 {
     root_blob b = *bp;
     int rc;
-    const char *env = getenv("HIXL_DOUBLE_CONNECT_TIMEOUT_MS");
-    uint64_t deadline = dbl_now_ms() + (env && *env ? strtoull(env, NULL, 0) : 120000u);
+    uint64_t deadline = dbl_connect_deadline();
 
     int fds[2] = {-1, -1}; /* [0] out, [1] in */
     uint32_t peer = 0, peer2 = 0;
@@ -397,12 +411,27 @@ void comm_unref(dbl_comm *c)
     free(c);
 }
 
+__attribute__((weak)) int dbl_one_sided_bound(dbl_comm *c)
+{
+    (void)c;
+    return 0;
+}
+
 DBL_EXPORT HcclResult HcclCommDestroy(HcclComm comm)
 {
     int rc = hixl_double_fault_call("HcclCommDestroy");
     if (rc)
         return rc;
-    dbl_comm *c = NULL;
+    dbl_comm *c = comm_ref(comm);
+    /* HcclOneSidedService::DeInit (hcomm hccl_one_sided_service.cc) refuses
+     * to tear down a communicator that still has memory bound to it. */
+    int bound = c ? dbl_one_sided_bound(c) : 0;
+    if (c)
+        comm_unref(c);
+    if (bound)
+        return hixl_double_fail(HCCL_E_PARA, "%s: %d memories are still bound to the "
+                                "communicator; unbind them first", "HcclCommDestroy", bound);
+    c = NULL;
     pthread_mutex_lock(&g_hlock);
     for (dbl_comm **pp = &g_comms; *pp; pp = &(*pp)->next) {
         if (*pp == comm) {
@@ -635,8 +664,66 @@ static int check_buffer(const char *api, const dbl_comm *c, void *buf, uint64_t 
     return 0;
 }
 
+#define LINK_MARK 0x4b4e494c /* "LINK": the first message each way on a communicator */
+
+/* Reads exactly n bytes of in_fd before the deadline, unless the
+ * communicator is destroyed meanwhile: 0, 1 destroyed, 2 timeout, -1 EOF. */
+static int read_link(dbl_comm *c, void *buf, size_t n, uint64_t deadline)
+{
+    size_t done = 0;
+    while (done < n) {
+        ssize_t k = recv(c->in_fd, (char *)buf + done, n - done, 0);
+        if (k > 0) {
+            done += (size_t)k;
+            continue;
+        }
+        if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+            return -1;
+        int w = dbl_wait_fd(c->in_fd, POLLIN, &c->abort_fd, 1, deadline);
+        if (w)
+            return w;
+    }
+    return 0;
+}
+
+/* Lazy link set-up, as HCCL does it: the first Send, Recv or BatchSendRecv
+ * host call on a communicator builds its links to the peer inside the call
+ * and returns only once the peer made its own first call, or fails after
+ * HCCL_CONNECT_TIMEOUT (hcomm hccl_communicator_host.cc: ExecOp ->
+ * AllocAlgResource / IncreAllocLink; transport_manager.cc:
+ * WaitLinksEstablishCompleted). Later calls only queue their task. */
+static int ensure_linked(const char *api, dbl_comm *c)
+{
+    pthread_mutex_lock(&c->mu);
+    if (c->linked) {
+        pthread_mutex_unlock(&c->mu);
+        return 0;
+    }
+    uint64_t deadline = dbl_connect_deadline();
+    wire_hdr mine = {WIRE_MAGIC, LINK_MARK, 0}, theirs;
+    int r = xfer_exact(c->out_fd, &mine, sizeof mine, 1, deadline);
+    if (!r)
+        r = read_link(c, &theirs, sizeof theirs, deadline);
+    if (!r && (theirs.magic != WIRE_MAGIC || theirs.status != LINK_MARK))
+        r = -1;
+    c->linked = !r;
+    pthread_mutex_unlock(&c->mu);
+    if (r == 2)
+        return hixl_double_fail(HCCL_E_TIMEOUT, "%s: the peer made no matching call within "
+                                "HCCL_CONNECT_TIMEOUT (the first operation of a communicator "
+                                "sets up its links and waits for the peer)", api);
+    if (r)
+        return hfail(HCCL_E_TCP_CONNECT, "%s: setting up the links to the peer failed", api);
+    return 0;
+}
+
 static int submit_p2p(const char *api, const char *point, p2p_op *o, aclrtStream stream)
 {
+    int rc = ensure_linked(api, o->c);
+    if (rc) {
+        op_release(o);
+        return rc;
+    }
     if (hixl_double_stream_submit(stream, point, run_p2p, op_release, o))
         return hfail(15 /* HCCL_E_RUNTIME */, "%s: cannot enqueue on the stream", api);
     return HCCL_SUCCESS;
@@ -778,9 +865,18 @@ static int check_config(const char *api, const void *config, char *name, uint32_
         return hfail(HCCL_E_PTR, "%s: config is NULL", api);
     if (cfg->magic != CONFIG_MAGIC || cfg->version < 1 || cfg->size < CONFIG_V1_SIZE)
         return hfail(HCCL_E_PARA, "%s: config was not initialized by HcclCommConfigInit", api);
-    if (cfg->buffer_mb < 1)
+    /* HcclCommConfigInit leaves fields at 0xFFFFFFFF, "unset": the environment
+     * (HCCL_BUFFSIZE, HCCL_DETERMINISTIC) or HCCL's defaults apply then. */
+    if (cfg->buffer_mb == 0xFFFFFFFFu) {
+        const char *env = getenv("HCCL_BUFFSIZE");
+        *buffer_mb = env && *env ? (uint32_t)strtoul(env, NULL, 10) : 200u;
+    } else if (cfg->buffer_mb < 1) {
         return hfail(HCCL_E_PARA, "%s: hcclBufferSize must be at least 1 (MB)", api);
-    *buffer_mb = cfg->buffer_mb;
+    } else {
+        *buffer_mb = cfg->buffer_mb;
+    }
+    if (cfg->deterministic != 0xFFFFFFFFu && cfg->deterministic > 1)
+        return hfail(HCCL_E_PARA, "%s: hcclDeterministic must be 0, 1 or unset", api);
     if (cfg->version >= 2 && cfg->size >= sizeof *cfg) {
         memcpy(name, cfg->name, sizeof cfg->name);
         name[sizeof cfg->name - 1] = '\0';
@@ -870,6 +966,10 @@ DBL_EXPORT HcclResult HcclCommInitClusterInfoMemConfig(const char *rankTable, ui
     uint32_t buffer_mb = 0;
     if ((rc = check_config(api, config, name, &buffer_mb)))
         return rc;
+    /* hcomm op_base.cc, HcclCommInitClusterInfoMemConfig: "hcclCommName is error" */
+    if (!name[0])
+        return hixl_double_fail(HCCL_E_PARA, "%s: the config names no communicator "
+                                "(hcclCommName is empty)", api);
     static const char *const needed[] = {"\"version\"", "\"server_count\"", "\"server_list\"",
                                          "\"device_id\"", "\"status\""};
     for (size_t i = 0; i < sizeof needed / sizeof needed[0]; i++)

@@ -23,28 +23,43 @@
  *
  * - HcclRegisterGlobalMem: mem and memHandle non-NULL (HCCL_E_PTR); type
  *   DEVICE or HOST, size > 0, a DEVICE range at most 64 GiB
- *   (ONE_SIDE_DEVICE_MEM_MAX_SIZE), HCCL_E_PARA otherwise; "the registration
- *   checks for duplicates": an overlapping range is refused (HCCL_E_PARA).
- *   The double registers device memory only (HOST: HCCL_E_NOT_SUPPORT).
+ *   (ONE_SIDE_DEVICE_MEM_MAX_SIZE), HCCL_E_PARA otherwise. Registering the
+ *   very range again answers the handle it already has (one record, no
+ *   count: one deregistration ends it); a range overlapping another of the
+ *   same memory type and device is refused (HCCL_E_PARA): global_mem_manager.cc
+ *   (GlobalMemRegMgr::CheckOverlapAndInsert; records are ordered by type and
+ *   device first, global_mem_record.h). The double registers device memory
+ *   only (HOST: HCCL_E_NOT_SUPPORT).
  * - HcclDeregisterGlobalMem: a valid handle (HcclMemHandleParamCheck,
- *   HCCL_E_PARA); "checks whether the memory is still in use": refused while
- *   bound to a communicator (HCCL_E_PARA).
+ *   HCCL_E_PARA); refused while bound to a communicator (HCCL_E_PARA,
+ *   GlobalMemRegMgr::DeReg: "please unbind from all bound comm first").
  * - HcclCommBindMem / HcclCommUnbindMem: comm non-NULL, a valid handle
- *   (HCCL_E_PARA); the double also refuses binding twice and unbinding what
- *   is not bound, and binding after HcclCommPrepare (the peer learns bound
- *   memory when it prepares: HIXL registers all memory before Connect).
+ *   (HCCL_E_PARA); binding twice and unbinding what is not bound are
+ *   refused. Binding only records the memory (HcclOneSidedService::BindMem):
+ *   the peer learns of it when the communicator is prepared
+ *   (PrepareFullMesh -> RegisterBoundMems, ExchangeMemDescFullMesh), so a
+ *   binding after HcclCommPrepare succeeds and the peer never sees it.
+ *   Unbinding only drops the record too: the peer keeps its mapping of the
+ *   memory until its own communicator is destroyed (DeInit ->
+ *   DisableMemAccess, hccl_one_sided_service.cc).
+ * - HcclCommDestroy (hccl_double.c) with memory still bound fails with
+ *   HCCL_E_PARA (HcclOneSidedService::DeInit: "There are memories still
+ *   bound to this comm").
  * - HcclCommPrepare: comm and config non-NULL (HCCL_E_PTR); timeout >= -1
  *   (seconds; 0: HCCL_CONNECT_TIMEOUT), else HCCL_E_PARA; blocks until the
- *   peer prepared too, HCCL_E_TIMEOUT otherwise. Once per communicator here.
- * - HcclBatchGet / HcclBatchPut: comm, desc and stream non-NULL
- *   (HCCL_E_PTR); descNum 0 succeeds doing nothing; descNum above 256
- *   (MAX_DESC_NUM: "the count of HcclOneSideOpDesc exceeds specification")
- *   and a remoteRank that is not another rank of the communicator are
- *   HCCL_E_PARA; each descriptor has non-NULL addresses and a valid data
- *   type. The double adds what HCCL can only fail at execution: the
- *   communicator must be prepared, the local range must lie in memory bound
- *   to it, and the remote range in memory the peer had bound when it
- *   prepared (HCCL_E_PARA).
+ *   peer prepared too, HCCL_E_TIMEOUT otherwise. A second prepare succeeds
+ *   and does nothing (HcclOneSidedService::Prepare: "has prepared").
+ * - HcclBatchGet / HcclBatchPut: what the host call checks
+ *   (one_sided_service_adapt.cc, HcclBatchParaCheck): comm, desc and stream
+ *   non-NULL (HCCL_E_PTR); descNum 0 succeeds doing nothing; descNum above
+ *   256 (MAX_DESC_NUM) and a remoteRank that is not another rank of the
+ *   communicator are HCCL_E_PARA. The ranges themselves are only met when
+ *   the task runs on the device, so the double checks them in the stream
+ *   task and fails the stream (the next synchronize answers
+ *   ACL_ERROR_RT_INTERNAL_ERROR): the communicator must be prepared, each
+ *   descriptor needs non-NULL addresses and a valid data type, the local
+ *   range must lie in memory bound to it, and the remote range in memory
+ *   the peer had bound when it prepared.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -68,6 +83,7 @@ typedef struct gmem {
     struct gmem *next;
     uint8_t *addr;
     uint64_t size;
+    int type, device; /* overlaps count within one memory type and device */
     uint8_t *alloc_base; /* the allocation's start: the memfd's offset 0 */
     int fd;
     int binds;
@@ -139,6 +155,14 @@ void dbl_one_sided_free(dbl_comm *c)
     c->one_sided = NULL;
 }
 
+int dbl_one_sided_bound(dbl_comm *c)
+{
+    pthread_mutex_lock(&g_olock);
+    int n = c->one_sided ? c->one_sided->nbound : 0;
+    pthread_mutex_unlock(&g_olock);
+    return n;
+}
+
 DBL_EXPORT HcclResult HcclRegisterGlobalMem(const void *mem_arg, void **memHandle)
 {
     const char *api = "HcclRegisterGlobalMem";
@@ -170,8 +194,19 @@ DBL_EXPORT HcclResult HcclRegisterGlobalMem(const void *mem_arg, void **memHandl
     }
     g->addr = mem->addr;
     g->size = mem->size;
+    g->type = mem->type;
+    g->device = hixl_double_current_device();
     pthread_mutex_lock(&g_olock);
     for (gmem *o = g_gmems; o; o = o->next) {
+        if (o->type != g->type || o->device != g->device)
+            continue;
+        if (o->addr == g->addr && o->size == g->size) { /* the same record: its handle */
+            pthread_mutex_unlock(&g_olock);
+            close(g->fd);
+            free(g);
+            *memHandle = o;
+            return HCCL_SUCCESS;
+        }
         if (g->addr < o->addr + o->size && o->addr < g->addr + g->size) {
             pthread_mutex_unlock(&g_olock);
             close(g->fd);
@@ -237,8 +272,6 @@ static HcclResult bind_op(const char *api, HcclComm comm, void *memHandle, int b
         why = "%s: not a registered memory handle";
     else if (binding && at >= 0)
         why = "%s: the memory is already bound to this communicator";
-    else if (binding && s->prepared)
-        why = "%s: the communicator is prepared; the peer would not see this memory";
     else if (binding && s->nbound == MAX_BOUND)
         why = "%s: the double binds at most 64 memories per communicator";
     else if (!binding && at < 0)
@@ -375,17 +408,19 @@ DBL_EXPORT HcclResult HcclCommPrepare(HcclComm comm, const void *prepareConfig, 
     dbl_one_sided *s = state_of_locked(c);
     int again = s && s->prepared;
     if (s)
-        s->prepared = 1; /* no more binding from here on */
+        s->prepared = 1; /* what is bound from here on stays unknown to the peer */
     pthread_mutex_unlock(&g_olock);
-    if (!s || again) {
+    if (!s) {
         comm_unref(c);
-        return hfail(s ? HCCL_E_PARA : HCCL_E_MEMORY,
-                     s ? "%s: the double prepares a communicator once" : "%s: out of memory", api);
+        return hfail(HCCL_E_MEMORY, "%s: out of memory", api);
     }
-    const char *env = getenv("HIXL_DOUBLE_CONNECT_TIMEOUT_MS");
-    uint64_t ms = timeout > 0 ? (uint64_t)timeout * 1000u
-                              : (env && *env ? strtoull(env, NULL, 0) : 120000u);
-    uint64_t deadline = timeout == -1 ? 0 : dbl_now_ms() + ms;
+    if (again) { /* HcclOneSidedService::Prepare: a prepared communicator succeeds at once */
+        comm_unref(c);
+        return HCCL_SUCCESS;
+    }
+    uint64_t deadline = timeout == -1 ? 0
+                        : timeout > 0 ? dbl_now_ms() + (uint64_t)timeout * 1000u
+                                      : dbl_connect_deadline();
     rc = send_table(c, s, deadline);
     if (!rc)
         rc = recv_table(c, s, deadline);
@@ -397,13 +432,17 @@ DBL_EXPORT HcclResult HcclCommPrepare(HcclComm comm, const void *prepareConfig, 
 }
 
 typedef struct {
+    void *localAddr;
+    void *remoteAddr;
+    uint64_t count;
+    HcclDataType dataType;
+} one_side_desc; /* HcclOneSideOpDesc */
+
+typedef struct {
     dbl_comm *c;
     int put;
     uint32_t n;
-    struct {
-        uint8_t *local, *remote;
-        uint64_t bytes;
-    } ops[];
+    one_side_desc desc[]; /* copied at queue time, checked when the task runs */
 } one_sided_op;
 
 static void op_free(void *ctx)
@@ -411,25 +450,6 @@ static void op_free(void *ctx)
     one_sided_op *o = ctx;
     comm_unref(o->c);
     free(o);
-}
-
-static int run_one_sided(void *ctx, int abort_fd, dbl_fault fault)
-{
-    one_sided_op *o = ctx;
-    if (fault.action == DBL_FAULT_HANG) {
-        int aborts[2] = {abort_fd, o->c->abort_fd};
-        dbl_wait_fd(-1, 0, aborts, 2, 0);
-        return ACL_ERROR_RT_STREAM_ABORT;
-    }
-    if (fault.action == DBL_FAULT_SEVER)
-        return fault.arg;
-    for (uint32_t i = 0; i < o->n; i++) {
-        if (o->put)
-            memcpy(o->ops[i].remote, o->ops[i].local, o->ops[i].bytes);
-        else
-            memcpy(o->ops[i].local, o->ops[i].remote, o->ops[i].bytes);
-    }
-    return 0;
 }
 
 /* The peer's mapping of [addr, addr + n) in its process, or NULL. */
@@ -455,12 +475,55 @@ static int local_bound_locked(const dbl_one_sided *s, const void *addr, uint64_t
     return 0;
 }
 
-typedef struct {
-    void *localAddr;
-    void *remoteAddr;
-    uint64_t count;
-    HcclDataType dataType;
-} one_side_desc; /* HcclOneSideOpDesc */
+/* Resolves descriptor i to (local, remote-mapping, bytes), or says why not. */
+static const char *resolve_locked(const one_sided_op *o, uint32_t i, uint8_t **remote,
+                                  uint64_t *bytes)
+{
+    const dbl_one_sided *s = o->c->one_sided;
+    const one_side_desc *d = &o->desc[i];
+    uint64_t size = dtype_size(d->dataType);
+    if (!s || !s->prepared)
+        return "the communicator was not prepared (HcclCommPrepare)";
+    if (!d->localAddr || !d->remoteAddr)
+        return "a descriptor has a NULL address";
+    if (!size || d->count > UINT64_MAX / size)
+        return "a descriptor has a bad data type or count";
+    *bytes = d->count * size;
+    if (!local_bound_locked(s, d->localAddr, *bytes))
+        return "a local range is not in memory bound to the communicator";
+    *remote = peer_range_locked(s, d->remoteAddr, *bytes);
+    if (!*remote)
+        return "a remote range is not in memory the peer bound before preparing";
+    return NULL;
+}
+
+static int run_one_sided(void *ctx, int abort_fd, dbl_fault fault)
+{
+    one_sided_op *o = ctx;
+    if (fault.action == DBL_FAULT_HANG) {
+        int aborts[2] = {abort_fd, o->c->abort_fd};
+        dbl_wait_fd(-1, 0, aborts, 2, 0);
+        return ACL_ERROR_RT_STREAM_ABORT;
+    }
+    if (fault.action == DBL_FAULT_SEVER)
+        return fault.arg;
+    const char *why = NULL;
+    pthread_mutex_lock(&g_olock);
+    for (uint32_t i = 0; !why && i < o->n; i++) {
+        uint8_t *remote = NULL, *local = o->desc[i].localAddr;
+        uint64_t bytes = 0;
+        why = resolve_locked(o, i, &remote, &bytes);
+        if (!why && o->put)
+            memcpy(remote, local, bytes);
+        else if (!why)
+            memcpy(local, remote, bytes);
+    }
+    pthread_mutex_unlock(&g_olock);
+    if (why)
+        return hixl_double_fail(ACL_ERROR_RT_INTERNAL_ERROR, "%s task: %s",
+                                o->put ? "HcclBatchPut" : "HcclBatchGet", why);
+    return 0;
+}
 
 static HcclResult batch(const char *api, const char *point, int put, HcclComm comm,
                         uint32_t remoteRank, one_side_desc *desc, uint32_t descNum,
@@ -481,47 +544,18 @@ static HcclResult batch(const char *api, const char *point, int put, HcclComm co
     dbl_comm *c = comm_ref(comm);
     if (!c)
         return hfail(HCCL_E_PARA, "%s: unknown communicator", api);
-    one_sided_op *o = calloc(1, sizeof *o + descNum * sizeof o->ops[0]);
-    const char *why = o ? NULL : "%s: out of memory";
-    int code = o ? HCCL_E_PARA : HCCL_E_MEMORY;
-    if (!why && (remoteRank >= 2 || remoteRank == c->rank))
-        why = "%s: remoteRank must be the other rank of the communicator";
-    pthread_mutex_lock(&g_olock);
-    dbl_one_sided *s = c->one_sided;
-    if (!why && (!s || !s->prepared))
-        why = "%s: the communicator was not prepared (HcclCommPrepare)";
-    for (uint32_t i = 0; !why && i < descNum; i++) {
-        one_side_desc *d = &desc[i];
-        uint64_t size = dtype_size(d->dataType);
-        if (!d->localAddr || !d->remoteAddr) {
-            why = "%s: a descriptor has a NULL address";
-            break;
-        }
-        if (!size || d->count > UINT64_MAX / size) {
-            why = "%s: a descriptor has a bad data type or count";
-            break;
-        }
-        uint64_t bytes = d->count * size;
-        uint8_t *remote = peer_range_locked(s, d->remoteAddr, bytes);
-        if (!local_bound_locked(s, d->localAddr, bytes)) {
-            why = "%s: a local range is not in memory bound to the communicator";
-            break;
-        }
-        if (!remote) {
-            why = "%s: a remote range is not in memory the peer bound before preparing";
-            break;
-        }
-        o->ops[o->n].local = d->localAddr;
-        o->ops[o->n].remote = remote;
-        o->ops[o->n].bytes = bytes;
-        o->n++;
-    }
-    pthread_mutex_unlock(&g_olock);
-    if (why) {
-        free(o);
+    if (remoteRank >= 2 || remoteRank == c->rank) {
         comm_unref(c);
-        return hfail(code, why, api);
+        return hfail(HCCL_E_PARA, "%s: remoteRank must be the other rank of the communicator",
+                     api);
     }
+    one_sided_op *o = calloc(1, sizeof *o + descNum * sizeof o->desc[0]);
+    if (!o) {
+        comm_unref(c);
+        return hfail(HCCL_E_MEMORY, "%s: out of memory", api);
+    }
+    memcpy(o->desc, desc, descNum * sizeof o->desc[0]);
+    o->n = descNum;
     o->c = c;
     o->put = put;
     if (hixl_double_stream_submit(stream, point, run_one_sided, op_free, o))

@@ -58,6 +58,7 @@ typedef struct {
     hixl_HcclBatchGet_fn HcclBatchGet;
     hixl_aclrtHostRegister_fn aclrtHostRegister;
     hixl_aclrtHostUnregister_fn aclrtHostUnregister;
+    hixl_aclrtHostRegisterV2_fn aclrtHostRegisterV2;
 } cann_table;
 
 /* One entry point: where its pointer goes, which library holds it, whether
@@ -118,6 +119,7 @@ static const symbol_spec SYMBOLS[] = {
     SYM(HcclBatchGet, HIXL_LIB_HCCL, HIXL_ACL_HAS_ONE_SIDED),
     SYM(aclrtHostRegister, HIXL_LIB_ACL, HIXL_ACL_HAS_HOST_REGISTER),
     SYM(aclrtHostUnregister, HIXL_LIB_ACL, HIXL_ACL_HAS_HOST_REGISTER),
+    SYM(aclrtHostRegisterV2, HIXL_LIB_ACL, HIXL_ACL_HAS_HOST_PIN),
 };
 #define NSYMBOLS (sizeof SYMBOLS / sizeof SYMBOLS[0])
 #define ALL_IPC_SYMBOLS 4
@@ -628,16 +630,19 @@ int hixl_acl_physical_id(int32_t dev, int32_t *phy)
     ACL_RET("aclrtGetPhyDevIdByLogicDevId", g.aclrtGetPhyDevIdByLogicDevId(dev, phy));
 }
 
-/* What CANN's HcclCommInitConfig would write for a version-2 configuration,
- * then hixl's settings. */
+/* What CANN's HcclCommConfigInit would write for a version-2 configuration,
+ * then hixl's settings. HcclCommConfigInit leaves every field "unset"
+ * (0xFFFFFFFF), which makes HCCL take HCCL_BUFFSIZE and HCCL_DETERMINISTIC
+ * from the environment; a value written here would override them, so only
+ * what hixl was configured with is written. */
 static void comm_config(const hixl_comm_options *opt, HcclCommConfig *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
     cfg->size = sizeof *cfg;
     cfg->magicWord = HIXL_HCCL_CONFIG_MAGIC;
     cfg->version = HIXL_HCCL_CONFIG_VERSION;
-    cfg->hcclBufferSize = opt && opt->buffer_mb ? opt->buffer_mb : 200; /* HCCL's default */
-    cfg->hcclDeterministic = 0;
+    cfg->hcclBufferSize = opt && opt->buffer_mb ? opt->buffer_mb : HIXL_HCCL_CONFIG_UNSET;
+    cfg->hcclDeterministic = HIXL_HCCL_CONFIG_UNSET;
     if (opt)
         snprintf(cfg->hcclCommName, sizeof cfg->hcclCommName, "%s", opt->name);
 }
@@ -736,16 +741,20 @@ int hixl_hccl_one_sided(int32_t dev, HcclComm comm, int put, uint32_t peer,
     return 0;
 }
 
-int hixl_acl_host_register(int32_t dev, void *ptr, uint64_t size, void **dev_ptr)
+int hixl_acl_host_register(int32_t dev, void *ptr, uint64_t size)
 {
     BIND(dev);
-    NEED_FEATURE(HIXL_ACL_HAS_HOST_REGISTER, HIXL_LIB_ACL, "aclrtHostRegister");
-    ACL_RET("aclrtHostRegister", g.aclrtHostRegister(ptr, size, ACL_HOST_REGISTER_MAPPED, dev_ptr));
+    /* aclrtHostUnregister ends either registration; both must be there */
+    if (!(g_features & HIXL_ACL_HAS_HOST_PIN) || !g.aclrtHostUnregister)
+        return absent(HIXL_LIB_ACL, "aclrtHostRegisterV2");
+    ACL_RET("aclrtHostRegisterV2",
+            g.aclrtHostRegisterV2(ptr, size, HIXL_ACL_HOST_REG_PINNED | HIXL_ACL_HOST_REG_MAPPED));
 }
 
 int hixl_acl_host_unregister(int32_t dev, void *ptr)
 {
     BIND(dev);
-    NEED_FEATURE(HIXL_ACL_HAS_HOST_REGISTER, HIXL_LIB_ACL, "aclrtHostUnregister");
+    if (!g.aclrtHostUnregister)
+        return absent(HIXL_LIB_ACL, "aclrtHostUnregister");
     ACL_RET("aclrtHostUnregister", g.aclrtHostUnregister(ptr));
 }

@@ -243,6 +243,12 @@ typedef HcclResult (*hixl_HcclBatchGet_fn)(HcclComm comm, uint32_t remoteRank,
                                            aclrtStream stream);
 typedef aclError (*hixl_aclrtHostRegister_fn)(void *ptr, uint64_t size, int type, void **devPtr);
 typedef aclError (*hixl_aclrtHostUnregister_fn)(void *ptr);
+/* aclrtHostRegisterV2 (runtime API docs "aclrtHostRegisterV2"): flag is
+ * ACL_HOST_REG_MAPPED and/or ACL_HOST_REG_PINNED; only PINNED page-locks the
+ * memory. aclrtHostRegister(MAPPED) maps it for the device and does not. */
+typedef aclError (*hixl_aclrtHostRegisterV2_fn)(void *ptr, uint64_t size, uint32_t flag);
+#define HIXL_ACL_HOST_REG_MAPPED 0x2u
+#define HIXL_ACL_HOST_REG_PINNED 0x10000000u
 
 enum {
     HIXL_ACL_HAS_ONE_SIDED = 1 << 6,     /* HcclRegisterGlobalMem ... HcclBatchGet (all seven) */
@@ -263,7 +269,10 @@ int hixl_hccl_prepare(int32_t dev, HcclComm comm, int32_t timeout_s);
  * `*queued` says how many descriptors were queued before it. */
 int hixl_hccl_one_sided(int32_t dev, HcclComm comm, int put, uint32_t peer,
                         HcclOneSideOpDesc *desc, size_t n, aclrtStream stream, size_t *queued);
-int hixl_acl_host_register(int32_t dev, void *ptr, uint64_t size, void **dev_ptr);
+/* Page-locks host memory with aclrtHostRegisterV2(PINNED | MAPPED)
+ * (HIXL_ACL_HAS_HOST_PIN); absent, answers as an absent entry point: the
+ * memory then stays unpinned and CANN copies it synchronously. */
+int hixl_acl_host_register(int32_t dev, void *ptr, uint64_t size);
 int hixl_acl_host_unregister(int32_t dev, void *ptr);
 /* ==== end of the one-sided section ==== */
 
@@ -297,6 +306,7 @@ typedef void *aclrtContext;
 #define HIXL_HCCL_COMM_NAME_MAX 128 /* COMM_NAME_MAX_LENGTH */
 #define HIXL_HCCL_CONFIG_MAGIC 0xf0f0f0f0u
 #define HIXL_HCCL_CONFIG_VERSION 2u
+#define HIXL_HCCL_CONFIG_UNSET 0xFFFFFFFFu /* HcclCommConfigInit's "not configured" */
 typedef struct {
     size_t size;
     uint32_t magicWord;
@@ -331,14 +341,15 @@ enum {
     HIXL_ACL_HAS_RANK_TABLE = 1 << 17,   /* HcclCommInitClusterInfoMemConfig */
     HIXL_ACL_HAS_ROOT_CONFIG = 1 << 18,  /* HcclCommInitRootInfoConfig */
     HIXL_ACL_HAS_PHY_ID = 1 << 19,       /* aclrtGetPhyDevIdByLogicDevId */
+    HIXL_ACL_HAS_HOST_PIN = 1 << 20,     /* aclrtHostRegisterV2 (and aclrtHostUnregister) */
 };
 
 #define HIXL_ACL_MAX_DEVICES 64
 #define HIXL_ACL_ERROR_INVALID_DEVICEID 107001 /* ACL_ERROR_RT_INVALID_DEVICEID */
 #define HIXL_ACL_ERROR_CONTEXT_NULL 107002     /* ACL_ERROR_RT_CONTEXT_NULL */
 
-/* What a new communicator is configured with: buffer_mb 0 means HCCL's
- * documented default, 200 MB; name "" lets HCCL choose one. */
+/* What a new communicator is configured with: buffer_mb 0 leaves it unset
+ * (HCCL_BUFFSIZE, else HCCL's 200 MB, applies); name "" lets HCCL choose one. */
 typedef struct {
     uint32_t buffer_mb;
     char name[HIXL_HCCL_COMM_NAME_MAX];
