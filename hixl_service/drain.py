@@ -10,12 +10,18 @@ for the transfer calls under way (``load.TransferLoad``: pulls, pushes,
 copies and LayerReady calls, on the lane and over gRPC) and the layer-wise
 tasks still open to end, and only then ends the sessions, which closes their
 links with the peers told.
+
+A handler of new work says so with :func:`refuses_while_draining`, the one
+place the servicers' refusal is written.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+from collections.abc import Awaitable, Callable
+from typing import NoReturn, Protocol, TypeVar
 
 import grpc
 
@@ -28,6 +34,10 @@ logger = logging.getLogger(__name__)
 
 # How often the drain looks whether the work in flight has ended.
 _POLL_S = 0.02
+
+Request = TypeVar("Request")
+Call = TypeVar("Call")
+Reply = TypeVar("Reply")
 
 
 class Drain:
@@ -75,3 +85,42 @@ def refusal(what: str) -> CallRefused:
     return CallRefused(f"the hixl daemon is stopping (draining): it takes no new {what}; "
                        f"use another daemon, or this one once it was restarted",
                        LLMStatusCode.LLM_FAILED, grpc.StatusCode.UNAVAILABLE)
+
+
+class Draining(Protocol):
+    """A servicer whose handlers refuse new work while the daemon drains."""
+
+    @property
+    def drain(self) -> Drain: ...
+
+
+ServicerT = TypeVar("ServicerT", bound=Draining)
+Handler = Callable[[ServicerT, Request, Call], Awaitable[Reply]]
+
+
+def refuses_while_draining(what: str) -> Callable[[Handler[ServicerT, Request, Call, Reply]],
+                                                  Handler[ServicerT, Request, Call, Reply]]:
+    """Make a servicer's handler of new work of kind ``what`` ("transfers", "links",
+    ...) answer :func:`refusal` while the daemon drains, before it runs at all.
+
+    The handler stays what it was for ``calls.unary`` and the lanes (a function of
+    the servicer, the request and the call, returning an awaitable): the wrapper
+    is a plain function that hands back the handler's own coroutine, so a call
+    that goes on costs one plain call, as ``Drain.refuse_new`` did, and no extra
+    coroutine. A refused call raises when awaited, as the handler would have.
+    """
+    def decorate(handler: Handler[ServicerT, Request, Call, Reply]
+                 ) -> Handler[ServicerT, Request, Call, Reply]:
+        @functools.wraps(handler)
+        def refusing(servicer: ServicerT, request: Request, call: Call) -> Awaitable[Reply]:
+            if servicer.drain.draining:
+                return _refused(what)
+            return handler(servicer, request, call)
+
+        return refusing
+
+    return decorate
+
+
+async def _refused(what: str) -> NoReturn:
+    raise refusal(what)

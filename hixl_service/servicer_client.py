@@ -19,6 +19,7 @@ from hixl_wire.types import DataType, LLMRole, Placement, bytes_per_element
 from . import copies, tracing
 from .calls import CallInfo, GrpcContext, call_info_of, unary
 from .cluster import Cluster
+from .drain import Drain, refuses_while_draining
 from .engine import Engine, NewCache, Session
 from .layerwise import LayerwiseTask
 from .link_views import inbound_health, outbound_health
@@ -110,6 +111,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
     def __init__(self, engine: Engine, version: str, fd_socket: str,
                  lane_socket: str = "", peer_address: str = "") -> None:
         self._engine = engine
+        self.drain: Drain = engine.drain  # read by refuses_while_draining
         self._peer_address = peer_address
         self._stats = engine.deps.stats
         self._version = version
@@ -176,9 +178,9 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
             await asyncio.shield(cleanup)
 
     @unary
+    @refuses_while_draining("clusters")
     async def Init(self, request: client_pb2.InitRequest,
                    context: CallInfo) -> client_pb2.InitReply:
-        self._engine.drain.refuse_new("clusters")
         session = self._session(context)
         cluster = await self._engine.init_cluster(session, request.cluster_id,
                                                   LLMRole(request.role), dict(request.options))
@@ -278,9 +280,9 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         return client_pb2.LinkClustersReply(status=overall, results=results)
 
     @unary
+    @refuses_while_draining("links")
     async def LinkClusters(self, request: client_pb2.LinkClustersRequest,
                            context: CallInfo) -> client_pb2.LinkClustersReply:
-        self._engine.drain.refuse_new("links")
         return await self._link_all(request, context, unlink=False)
 
     @unary
@@ -390,9 +392,9 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         return bool(asked == client_pb2.CHECKSUM_ON)
 
     @unary
+    @refuses_while_draining("transfers")
     async def PullCache(self, request: client_pb2.PullCacheRequest,
                         context: CallInfo) -> client_pb2.PullCacheReply:
-        self._engine.drain.refuse_new("transfers")
         started = time.perf_counter()
         cluster = self._engine.cluster_of(self._session(context))
         spec = self._pull_spec(request, False)
@@ -402,6 +404,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
                                          **_timing(self._stats, "pull_cache", started, outcome))
 
     @unary
+    @refuses_while_draining("transfers")
     async def RepeatPull(self, request: RepeatFrame,
                          context: CallInfo) -> client_pb2.PullCacheReply:
         """A PullCache of a shape pulled before, by handle (transfer lane only)."""
@@ -410,7 +413,6 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
 
     async def _again(self, request: RepeatFrame, context: CallInfo, push: bool) -> Any:
         """RepeatPull and RepeatPush: the reply of the PullCache or PushCache they repeat."""
-        self._engine.drain.refuse_new("transfers")
         started = time.perf_counter()
         cluster = self._engine.cluster_of(self._session(context))
         repeat = cluster.repeats.get(request.handle, push=push)
@@ -423,7 +425,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         """RepeatPull or RepeatPush answered in the transfer lane's frame callback
         (``lane_server.AtOnce``): the reply when the transfer ended there, an
         awaitable of it while bytes move, or None: the call runs as usual."""
-        if self._engine.drain.draining:
+        if self.drain.draining:
             return None  # the call itself answers with the refusal
         started = time.perf_counter()
         try:
@@ -447,9 +449,9 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         return _repeat_reply(self._stats, repeat, started, await outcome)
 
     @unary
+    @refuses_while_draining("transfers")
     async def PullBlocks(self, request: client_pb2.PullCacheRequest,
                          context: CallInfo) -> client_pb2.PullCacheReply:
-        self._engine.drain.refuse_new("transfers")
         started = time.perf_counter()
         cluster = self._engine.cluster_of(self._session(context))
         spec = self._pull_spec(request, True)
@@ -460,7 +462,6 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
 
     async def _push(self, request: client_pb2.PushRequest, context: CallInfo,
                     blocks: bool) -> client_pb2.PushReply:
-        self._engine.drain.refuse_new("transfers")
         started = time.perf_counter()
         cluster = self._engine.cluster_of(self._session(context))
         dst = ref_from_proto(request.dst)
@@ -484,11 +485,13 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
                                               started, outcome))
 
     @unary
+    @refuses_while_draining("transfers")
     async def PushCache(self, request: client_pb2.PushRequest,
                         context: CallInfo) -> client_pb2.PushReply:
         return await self._push(request, context, blocks=False)
 
     @unary
+    @refuses_while_draining("transfers")
     async def RepeatPush(self, request: RepeatFrame,
                          context: CallInfo) -> client_pb2.PushReply:
         """A PushCache of a shape pushed before, by handle (transfer lane only)."""
@@ -496,14 +499,15 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         return reply
 
     @unary
+    @refuses_while_draining("transfers")
     async def PushBlocks(self, request: client_pb2.PushRequest,
                          context: CallInfo) -> client_pb2.PushReply:
         return await self._push(request, context, blocks=True)
 
     @unary
+    @refuses_while_draining("transfers")
     async def CopyCache(self, request: client_pb2.CopyCacheRequest,
                         context: CallInfo) -> client_pb2.CopyReply:
-        self._engine.drain.refuse_new("transfers")
         cluster = self._engine.cluster_of(self._session(context))
         if request.size < -1 or request.size == 0:
             raise _invalid(f"size must be -1 or > 0, got {request.size}")
@@ -514,9 +518,9 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         return client_pb2.CopyReply(bytes=moved)
 
     @unary
+    @refuses_while_draining("transfers")
     async def CopyBlocks(self, request: client_pb2.CopyBlocksRequest,
                          context: CallInfo) -> client_pb2.CopyReply:
-        self._engine.drain.refuse_new("transfers")
         cluster = self._engine.cluster_of(self._session(context))
         moved = await copies.copy_blocks(self._engine, cluster, request.cache_id,
                                          block_list(request.src_blocks),
@@ -525,9 +529,9 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         return client_pb2.CopyReply(bytes=moved)
 
     @unary
+    @refuses_while_draining("transfers")
     async def SwapBlocks(self, request: client_pb2.SwapBlocksRequest,
                          context: CallInfo) -> client_pb2.CopyReply:
-        self._engine.drain.refuse_new("transfers")
         cluster = self._engine.cluster_of(self._session(context))
         moved = await copies.swap_blocks(self._engine, cluster, _operand(request.src),
                                          _operand(request.dst), block_list(request.src_blocks),
@@ -549,7 +553,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
                               context: GrpcContext) -> None:
         lane_key: tuple[str, str] | None = None
         task: LayerwiseTask | None = None
-        drain = self._engine.drain
+        drain = self.drain
         try:
             session = self._session(call_info_of(context))
             cluster = self._engine.cluster_of(session)
