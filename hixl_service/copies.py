@@ -68,7 +68,7 @@ async def copy_cache(engine: Engine, cluster: Cluster, dst_id: int, src_id: int,
         raise _invalid("copy_cache does not take blocks caches; use copy_blocks")
     ranges = plan_slot_copy(src.layout, src_batch, dst.layout, dst_batch,
                             offset, size)
-    await engine.deps.copier.copy(dst.memory, src.memory, ranges)
+    await engine.kit.copier.copy(dst.memory, src.memory, ranges)
     return total_bytes(ranges)
 
 
@@ -80,7 +80,7 @@ async def copy_blocks(engine: Engine, cluster: Cluster, cache_id: int,
     layout = entry.layout
     pairs = TensorRun(0, 0, entry.num_tensors)
     ranges = plan_blocks(layout, layout, pairs, src_blocks, dst_blocks)
-    await engine.deps.copier.copy(entry.memory, entry.memory, ranges)
+    await engine.kit.copier.copy(entry.memory, entry.memory, ranges)
     return total_bytes(ranges)
 
 
@@ -98,5 +98,5 @@ async def swap_blocks(engine: Engine, cluster: Cluster, src_operand: Operand,
                        f"{dst.layout.num_tensors}")
     pairs = TensorRun(0, 0, src.layout.num_tensors)
     ranges = plan_blocks(src.layout, dst.layout, pairs, src_blocks, dst_blocks)
-    await engine.deps.copier.copy(dst.memory, src.memory, ranges)
+    await engine.kit.copier.copy(dst.memory, src.memory, ranges)
     return total_bytes(ranges)

@@ -31,8 +31,6 @@ from hixl_wire.types import LLMRole, Placement
 from .caches import Caches, NewCache
 from .cluster import Cluster, ClusterSettings
 from .cluster_listeners import ListenerFactory, NoListeners
-from .completions import CompletionDispatcher
-from .copier import Copier
 from .drain import Drain
 from .inbound import DaemonFacts, InboundLinks, LeaseSettings, PeerLaneInfo
 from .link_monitor import LinkMonitor
@@ -66,9 +64,9 @@ class EngineDeps:
     data_server: hixl_native.DataServer
     data_host: str
     peer_factory: Callable[[str], PeerApi]
-    copier: Copier
-    dispatcher: CompletionDispatcher
-    streams_per_link: int = 4
+    # The backend's copier and the completions' dispatcher, and what links are
+    # built from (``backends.open_backend``).
+    kit: TransportKit
     connect_timeout_s: float = 3.0
     started: float = field(default_factory=time.monotonic)
     backend: str = "host"  # pool.backend: "host" or "hccl"
@@ -104,8 +102,7 @@ class Engine:
         self._initializing: set[int] = set()
         self.sessions = Sessions()
         self.drain = Drain(deps.load)
-        self.kit = TransportKit(deps.copier, deps.dispatcher, deps.ascend,
-                                deps.streams_per_link, deps.connect_timeout_s)
+        self.kit = deps.kit
         self.regions = Regions(deps.data_server)
         self.caches = Caches(self.clusters, self.regions, deps.ascend, deps.cross_memory,
                              deps.bounce_buffers, deps.bounce_buffer_bytes)
@@ -279,8 +276,8 @@ class Engine:
             await self.detach(session)
         await self.outbound.close_all()
         await self.inbound.close()
-        self.deps.copier.close()  # its threads post to the dispatcher's queue: first
-        self.deps.dispatcher.close()
+        self.kit.copier.close()  # its threads post to the dispatcher's queue: first
+        self.kit.dispatcher.close()
 
 
 __all__ = ["Engine", "EngineDeps", "NewCache", "Session"]

@@ -1,24 +1,32 @@
-"""The process shell: listeners, health, reflection, signals, drain.
+"""The process shell: build, serve, drain; listeners, signals, readiness.
 
-Two grpc.aio servers share one event loop: the client server (unix socket,
-optionally TCP) carries the Client and Admin services, the peer server (TCP)
-carries the Peer service only, so that nothing of sessions or clients
-reaches peers (a cluster whose options name listen_ip_info gets a Peer
-server of its own there, built the same way: ``cluster_listeners``). Both
-carry health (each answering for its own services only) and reflection (v1
-and v1alpha), so ``grpcurl`` works on every listener; with
-``security.mode = "mtls"`` every TCP listener requires client certificates
-(``trust``), and listeners are checked before they start (``listeners``).
-Readiness (ready file, sd_notify) is announced only once everything listens.
-SIGTERM, SIGINT and ``Admin/Drain`` begin the drain (``drain``): new
-sessions, links and transfers are refused, the transfers and layer-wise tasks
-in flight get ``server.grace_period_s`` to end, then the sessions end (their
-links closed, peers told) and the pools are freed; the process exits 0. Every
-way out of :meth:`Daemon.run` removes the sockets it created; a refused start
-creates none. Under systemd a task on the loop sends watchdog pings and
-``STATUS=`` lines; SIGHUP reloads what can be reloaded (``reload``).
+:meth:`Daemon.run` refuses a start that cannot work before anything exists
+(``listeners.check_start``), then runs three steps, each its own method:
+
+* build (``_start``): the backend ``pool.backend`` names (``backends``: pools,
+  copier, transport kit), the data server and the engine, then every
+  listener bound one after the other, so a busy port refuses the start; a
+  start that fails part way undoes what it had done.
+* serve (``_serve``): readiness (health, ready file, sd_notify) is
+  announced only once everything listens; then it waits for a stop.
+* drain (``_drain``): SIGTERM, SIGINT and ``Admin/Drain`` begin it
+  (``drain``): new sessions, links and transfers are refused, the transfers
+  and layer-wise tasks in flight get ``server.grace_period_s`` to end, then
+  the sessions end (their links closed, peers told) and the pools are
+  freed; the process exits 0.
+
+Two kinds of grpc.aio servers share the event loop (``grpc_servers``): the
+client server (unix socket, optionally TCP) carries the Client and Admin
+services, the peer server (TCP) the Peer service only, so that nothing of
+sessions or clients reaches peers (a cluster whose options name
+listen_ip_info gets a Peer server of its own there: ``cluster_listeners``).
+Both carry health and reflection, so ``grpcurl`` works on every listener;
+with ``security.mode = "mtls"`` every TCP listener requires client
+certificates (``trust``). Every way out of :meth:`Daemon.run` removes the
+sockets it created; a refused start creates none. Under systemd a task on
+the loop sends watchdog pings and ``STATUS=`` lines; SIGHUP reloads what can
+be reloaded (``reload``).
 """
-
 from __future__ import annotations
 
 import asyncio
@@ -29,41 +37,26 @@ import os
 import secrets
 import signal
 from collections.abc import Coroutine
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
 import grpc.aio
 import hixl_native
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from hixl_wire._proto.hixl.v1 import (
-    admin_pb2,
-    admin_pb2_grpc,
-    client_pb2,
-    client_pb2_grpc,
-    peer_pb2,
-    peer_pb2_grpc,
-)
 from hixl_wire.defaults import default_runtime_dir
-from hixl_wire.lane import CLIENT_METHODS
 
 from . import __version__, _systemd, tracing
-from .ascend.backend import AscendBackend
-from .ascend.comms import host_address
-from .ascend.pools import AscendMemory
+from .backends import Backend, open_backend
 from .cluster_listeners import DaemonPort, PeerListeners
 from .completions import CompletionDispatcher
 from .config import ConfigError, DaemonConfig, load_config
-from .copier import Copier
 from .engine import Engine, EngineDeps
 from .fd_server import FdServer
+from .grpc_servers import Health, add_port, client_server, peer_server
 from .inbound import LeaseSettings
-from .interceptors import (
-    LoadInterceptor,
-    RequestIdInterceptor,
-    generic_only,
-    install_log_record_factory,
-)
+from .interceptors import install_log_record_factory
 from .lane_server import LaneServer
 from .listeners import (
     StartRefused,
@@ -75,14 +68,10 @@ from .listeners import (
     unlink_all,
 )
 from .load import TransferLoad
-from .memory.host import HostMemory
-from .memory.process import cross_memory_policy
 from .metrics import MetricsServer, check_metrics_exposure
 from .outbound import LinkerSettings
 from .peer_api import PeerApi
 from .peer_client import PeerClient
-from .pools import PoolManager
-from .reflection import enable_reflection
 from .reload import ReloadPlan, apply_reload, plan_reload
 from .servicer_admin import AdminFacts, AdminServicer, summary
 from .servicer_client import ClientServicer
@@ -91,75 +80,33 @@ from .trust import Trust
 
 logger = logging.getLogger(__name__)
 
-SERVICE_NAMES = {
-    "client": (client_pb2.DESCRIPTOR.services_by_name["Client"].full_name,),
-    "peer": (peer_pb2.DESCRIPTOR.services_by_name["Peer"].full_name,),
-}
-ADMIN_NAME = admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name
-# gRPC turns SO_REUSEPORT on by default: a second daemon could then bind a
-# port already served, and a port-0 bind could even be handed one, so peers
-# would be split between two daemons at random.
-SERVER_OPTIONS = (("grpc.so_reuseport", 0),)
 
+@dataclass
+class _Running:
+    """What a started daemon serves with, and its drain stops."""
 
-class _Health:
-    """The health servicers, one per gRPC server: each answers for the services its
-    own server serves (and "", the server as a whole), NOT_FOUND for the others."""
+    engine: Engine
+    health: Health
+    fd_server: FdServer
+    client_servicer: ClientServicer
+    client_server: grpc.aio.Server
+    peer_server: grpc.aio.Server
+    lanes: list[LaneServer]  # the transfer lane and the peer lane, those that run
+    metrics: MetricsServer | None
+    client_target: str
+    peer_address: str
 
-    def __init__(self) -> None:
-        self._servicers: dict[tuple[str, ...], health.aio.HealthServicer] = {}
-
-    def servicer(self, services: tuple[str, ...]) -> health.aio.HealthServicer:
-        return self._servicers.setdefault(services, health.aio.HealthServicer())
-
-    async def serving(self) -> None:
-        for services, servicer in self._servicers.items():
-            for name in ("", *services):
-                await servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-
-    async def enter_graceful_shutdown(self) -> None:
-        for servicer in self._servicers.values():
-            await servicer.enter_graceful_shutdown()
-
-
-def _add_common(server: grpc.aio.Server, healths: _Health, services: tuple[str, ...]) -> None:
-    health_pb2_grpc.add_HealthServicer_to_server(healths.servicer(services),
-                                                 generic_only(server))
-    enable_reflection(server, (*services, health.SERVICE_NAME))
-
-
-def _peer_server(cfg: DaemonConfig, servicer: PeerServicer,
-                 health_servicer: _Health) -> grpc.aio.Server:
-    """A server of the Peer service, no port yet: the daemon's peer port and every
-    cluster's own listener (``cluster_listeners``) are built here, so they cannot
-    differ in what they serve."""
-    server = grpc.aio.server(interceptors=[RequestIdInterceptor(),
-                                           *_tracing_interceptors("hixl.peer")],
-                             options=SERVER_OPTIONS,
-                             maximum_concurrent_rpcs=cfg.server.max_concurrent_rpcs)
-    peer_pb2_grpc.add_PeerServicer_to_server(servicer, generic_only(server))
-    _add_common(server, health_servicer, SERVICE_NAMES["peer"])
-    return server
-
-
-def _add_port(server: grpc.aio.Server, address: str, what: str,
-              credentials: grpc.ServerCredentials | None) -> int:
-    """Bind ``address`` now (gRPC binds when the port is added), or refuse the start."""
-    try:
-        if credentials is not None:
-            port = server.add_secure_port(address, credentials)
-        else:
-            port = server.add_insecure_port(address)
-    except RuntimeError as exc:
-        raise refuse_busy_port(what, address, exc) from None
-    if port == 0 and not address.startswith("unix:"):
-        raise refuse_busy_port(what, address, RuntimeError("bind failed"))
-    return port
-
-
-def _tracing_interceptors(prefix: str) -> list[grpc.aio.ServerInterceptor]:
-    """The span-making interceptor while tracing is on; none otherwise (no cost)."""
-    return [tracing.TracingInterceptor(prefix)] if tracing.ENABLED else []
+    def ready_record(self) -> dict[str, object]:
+        """What the ready file says (``server.ready_file``)."""
+        record: dict[str, object] = {
+            "pid": os.getpid(), "client_target": self.client_target,
+            "peer_address": self.peer_address,
+            "data_address": f"{self.engine.deps.data_host}:"
+                            f"{self.engine.deps.data_server.port}",
+            "daemon_id": self.engine.daemon_id}
+        if self.metrics is not None:
+            record["metrics_address"] = self.metrics.address
+        return record
 
 
 def _write_ready_file(path: Path, record: dict[str, object]) -> None:
@@ -275,202 +222,266 @@ class Daemon:
 
     async def _run(self, cfg: DaemonConfig, loop: asyncio.AbstractEventLoop,
                    created: list[Path]) -> None:
-        trust = self.trust
-        ascend: AscendBackend | None = None
-        if cfg.pool.backend == "hccl":
-            # Raises BackendUnavailable (the process exits 2): never a silent fallback.
-            ascend = await asyncio.to_thread(AscendBackend.open, cfg.ascend,
-                                             host_address(self.advertise_host))
-        # A start that fails part way releases what it had taken (sockets,
-        # listeners, the data server) before the error ends the process.
+        running = await self._start(cfg, loop, created)
+        await self._serve(cfg, running, created)
+        await self._drain(cfg, loop, running)
+
+    # -- build: every part, then every listener ----------------------------------
+
+    async def _start(self, cfg: DaemonConfig, loop: asyncio.AbstractEventLoop,
+                     created: list[Path]) -> _Running:
+        """Build the engine and start every listener. A start that fails part way
+        releases what it had taken (sockets, listeners, the data server, the copy
+        threads) before the error ends the process."""
         unwind = contextlib.AsyncExitStack()
         try:
-            # branch metrics: off by default; one tracing configuration per process
-            tracing.configure(cfg.tracing, self.daemon_id)
-            data_address = f"{cfg.server.peer_host}:{cfg.server.data_port}"
-            links = cfg.links
-            hixl_native.set_tcp_liveness(links.tcp_keepalive_idle_s,
-                                         links.tcp_keepalive_interval_s,
-                                         links.tcp_keepalive_count,
-                                         int(links.tcp_user_timeout_s * 1000))
-            hixl_native.set_link_threads(cfg.transfer.data_threads)
-            try:
-                data_server = await asyncio.to_thread(
-                    hixl_native.DataServer, cfg.server.peer_host, cfg.server.data_port,
-                    cfg.limits.max_data_connections, cfg.transfer.data_threads)
-            except hixl_native.NativeError as exc:
-                raise refuse_busy_port("the data plane", data_address, exc) from None
-            unwind.callback(data_server.close)
-            pools = PoolManager(HostMemory(int(cfg.pool.max_bytes), cfg.pool.populate,
-                                           ascend.pin_host if ascend is not None else None),
-                                AscendMemory(ascend) if ascend is not None else None)
-            load = TransferLoad()
-            # xmem: engine-allocated client memory, as far as the kernel allows it.
-            cross_memory = cross_memory_policy()
-            if ascend is None:
-                logger.info("engine-allocated client memory: %s", cross_memory.summary())
-            dispatcher = CompletionDispatcher(loop, load)
-            self.engine = engine = Engine(EngineDeps(
-                daemon_id=self.daemon_id, version=__version__, pools=pools,
-                data_server=data_server, data_host=self.advertise_host,
-                peer_factory=self._peer,
-                copier=Copier(cfg.transfer.copy_threads, dispatcher, ascend),
-                dispatcher=dispatcher, load=load,
-                streams_per_link=cfg.transfer.streams_per_link,
-                connect_timeout_s=cfg.transfer.connect_timeout_s,
-                backend=cfg.pool.backend, ascend=ascend, trust=trust,
-                cross_memory=cross_memory,
-                bounce_buffers=cfg.transfer.bounce_buffers,
-                bounce_buffer_bytes=int(cfg.transfer.bounce_buffer_bytes),
-                checksum=cfg.transfer.checksum,
-                linker=LinkerSettings(cfg.links.heartbeat_interval_s,
-                                      cfg.links.heartbeat_timeout_s, cfg.links.down_after_s),
-                leases=LeaseSettings(cfg.links.lease_s, cfg.links.down_after_s,
-                                     min(cfg.links.down_after_s, cfg.links.lease_s / 3
-                                         + cfg.links.heartbeat_timeout_s))))
-            unwind.callback(dispatcher.close)
-            unwind.callback(engine.deps.copier.close)  # its threads post to the dispatcher
-            health_servicer = _Health()
-            install_log_record_factory()
-            credentials = trust.server_credentials()
-            peer_servicer = PeerServicer(engine)
-            peer_server = _peer_server(cfg, peer_servicer, health_servicer)
-            peer_port = _add_port(peer_server, f"{cfg.server.peer_host}:{cfg.server.peer_port}",
-                                  "the peer service", credentials)
-            peer_address = f"{self.advertise_host}:{peer_port}"
-            engine.listeners = PeerListeners(
-                lambda cluster_id: _peer_server(cfg, PeerServicer(engine, cluster_id),
-                                                health_servicer),
-                credentials, trust.mode, cfg.security.insecure,
-                DaemonPort(cfg.server.peer_host, self.advertise_host, peer_port))
-            fd_server = FdServer(self.fd_path, pools.take_fd, engine.caches.add_user_buffer,
-                                 engine.caches.bind_process, engine.caches.drop_user_buffer)
-            created.append(self.fd_path)
-            with socket_umask():
-                await fd_server.start()
-            unwind.push_async_callback(fd_server.close)
-            peer_lane: LaneServer | None = None
-            # The peer lane has no credentials of its own: with authenticated
-            # peers its calls go over the (mTLS) gRPC channel instead.
-            if cfg.server.peer_lane and trust.mode == "none":
-                peer_lane = LaneServer.for_peers(peer_servicer, engine.deps.peer_lane)
-                lane_address = f"{cfg.server.peer_host}:{cfg.server.peer_lane_port}"
-                try:
-                    engine.deps.peer_lane.port = await peer_lane.start_tcp(
-                        cfg.server.peer_host, cfg.server.peer_lane_port)
-                except OSError as exc:
-                    raise refuse_busy_port("the peer lane", lane_address, exc) from None
-                unwind.push_async_callback(peer_lane.stop, 0)
-
-            transfers = [f"/{SERVICE_NAMES['client'][0]}/{name}" for name in CLIENT_METHODS]
-            client_server = grpc.aio.server(
-                interceptors=[LoadInterceptor(load, transfers), RequestIdInterceptor(),
-                              *_tracing_interceptors("hixl.daemon")],
-                options=SERVER_OPTIONS,
-                maximum_concurrent_rpcs=cfg.server.max_concurrent_rpcs)
-            lane_socket = str(self.lane_path) if cfg.server.transfer_lane else ""
-            client_servicer = ClientServicer(engine, __version__, str(self.fd_path), lane_socket,
-                                            peer_address)
-            lane_server: LaneServer | None = None
-            if lane_socket:
-                lane_server = LaneServer.for_clients(engine, client_servicer)
-                created.append(self.lane_path)
-                await lane_server.start_unix(self.lane_path)
-                unwind.push_async_callback(lane_server.stop, 0)
-            client_pb2_grpc.add_ClientServicer_to_server(client_servicer,
-                                                         generic_only(client_server))
-            # branch metrics: /metrics, bound here so that a busy port refuses the start
-            metrics: MetricsServer | None = None
-            if cfg.metrics.listen is not None:
-                metrics = MetricsServer.start(cfg.metrics, engine, loop, __version__)
-                unwind.callback(metrics.close)
-            admin_facts = AdminFacts(cfg.pool.backend, peer_address,
-                                     metrics.address if metrics is not None else "",
-                                     lane_socket)
-            admin_pb2_grpc.add_AdminServicer_to_server(
-                AdminServicer(engine, cfg.pool.backend, peer_address, admin_facts, self.stop,
-                              cfg.server.grace_period_s),
-                generic_only(client_server))
-            _add_common(client_server, health_servicer, (*SERVICE_NAMES["client"], ADMIN_NAME))
-            client_target = ""
-            if self.socket_path is not None:
-                clear_stale_socket(self.socket_path)  # checked at the start; gone since?
-                created.append(self.socket_path)
-                with socket_umask():  # 0660 from the start, never chmod'ed once it listens
-                    _add_port(client_server, f"unix:{self.socket_path}", "clients", None)
-                client_target = f"unix:{self.socket_path}"
-            if cfg.server.client_tcp:
-                port = _add_port(client_server, cfg.server.client_tcp, "clients over TCP",
-                                 credentials)
-                host = cfg.server.client_tcp.rsplit(':', 1)[0]
-                client_target = client_target or f"{host}:{port}"
-
-            await peer_server.start()
-            unwind.push_async_callback(peer_server.stop, 0)
-            await client_server.start()
+            engine = await self._build_engine(cfg, loop, unwind)
+            return await self._listen(cfg, engine, loop, created, unwind)
         except BaseException:
             await unwind.aclose()
             await asyncio.to_thread(tracing.shutdown)
             raise
-        await health_servicer.serving()
-        record = {"pid": os.getpid(), "client_target": client_target,
-                  "peer_address": peer_address,
-                  "data_address": f"{self.advertise_host}:{data_server.port}",
-                  "daemon_id": self.daemon_id}
-        if metrics is not None:
-            record["metrics_address"] = metrics.address
+
+    async def _build_engine(self, cfg: DaemonConfig, loop: asyncio.AbstractEventLoop,
+                            unwind: contextlib.AsyncExitStack) -> Engine:
+        load = TransferLoad()
+        dispatcher = CompletionDispatcher(loop, load)
+        unwind.callback(dispatcher.close)
+        # First, before anything listens: BackendUnavailable ends the process
+        # with exit 2, never a silent fallback.
+        backend = await open_backend(cfg, dispatcher, self.advertise_host)
+        unwind.callback(backend.copier.close)  # its threads post to the dispatcher
+        # branch metrics: off by default; one tracing configuration per process
+        tracing.configure(cfg.tracing, self.daemon_id)
+        data_server = await _start_data_server(cfg)
+        unwind.callback(data_server.close)
+        self.engine = Engine(self._engine_deps(cfg, backend, data_server, load))
+        return self.engine
+
+    def _engine_deps(self, cfg: DaemonConfig, backend: Backend,
+                     data_server: hixl_native.DataServer, load: TransferLoad) -> EngineDeps:
+        links, transfer = cfg.links, cfg.transfer
+        return EngineDeps(
+            daemon_id=self.daemon_id, version=__version__, pools=backend.pools,
+            data_server=data_server, data_host=self.advertise_host,
+            peer_factory=self._peer, kit=backend.kit, load=load,
+            connect_timeout_s=transfer.connect_timeout_s,
+            backend=backend.name, ascend=backend.ascend, trust=self.trust,
+            cross_memory=backend.cross_memory,
+            bounce_buffers=transfer.bounce_buffers,
+            bounce_buffer_bytes=int(transfer.bounce_buffer_bytes),
+            checksum=transfer.checksum,
+            linker=LinkerSettings(links.heartbeat_interval_s, links.heartbeat_timeout_s,
+                                  links.down_after_s),
+            leases=LeaseSettings(links.lease_s, links.down_after_s,
+                                 min(links.down_after_s,
+                                     links.lease_s / 3 + links.heartbeat_timeout_s)))
+
+    async def _listen(self, cfg: DaemonConfig, engine: Engine,
+                      loop: asyncio.AbstractEventLoop, created: list[Path],
+                      unwind: contextlib.AsyncExitStack) -> _Running:
+        """Bind every listener, one after the other (a busy port refuses the start),
+        then start the gRPC servers."""
+        health = Health()
+        install_log_record_factory()
+        credentials = self.trust.server_credentials()
+        peer_servicer = PeerServicer(engine)
+        peer_server, peer_address = self._peer_listeners(cfg, engine, peer_servicer, health,
+                                                         credentials)
+        fd_server = await self._start_fd_server(engine, created, unwind)
+        lanes = [await self._start_peer_lane(cfg, engine, peer_servicer, unwind)]
+        lane_socket = str(self.lane_path) if cfg.server.transfer_lane else ""
+        client_servicer = ClientServicer(engine, __version__, str(self.fd_path), lane_socket,
+                                        peer_address)
+        if lane_socket:
+            lanes.append(await self._start_transfer_lane(engine, client_servicer, created,
+                                                         unwind))
+        # branch metrics: /metrics, bound here so that a busy port refuses the start
+        metrics: MetricsServer | None = None
+        if cfg.metrics.listen is not None:
+            metrics = MetricsServer.start(cfg.metrics, engine, loop, __version__)
+            unwind.callback(metrics.close)
+        facts = AdminFacts(cfg.pool.backend, peer_address,
+                           metrics.address if metrics is not None else "", lane_socket)
+        client_server = self._client_server(cfg, engine, client_servicer, facts, health)
+        client_target = self._bind_clients(cfg, client_server, credentials, created)
+        await peer_server.start()
+        unwind.push_async_callback(peer_server.stop, 0)
+        await client_server.start()
+        return _Running(engine, health, fd_server, client_servicer, client_server, peer_server,
+                        [lane for lane in lanes if lane is not None], metrics, client_target,
+                        peer_address)
+
+    def _peer_listeners(self, cfg: DaemonConfig, engine: Engine, servicer: PeerServicer,
+                        health: Health, credentials: grpc.ServerCredentials | None
+                        ) -> tuple[grpc.aio.Server, str]:
+        """The daemon's peer server, its port bound, and its address for peers; the
+        clusters' own listeners are built the same way (``cluster_listeners``)."""
+        server_cfg = cfg.server
+        rpcs = server_cfg.max_concurrent_rpcs
+        server = peer_server(rpcs, servicer, health)
+        port = add_port(server, f"{server_cfg.peer_host}:{server_cfg.peer_port}",
+                        "the peer service", credentials)
+        engine.listeners = PeerListeners(
+            lambda cluster_id: peer_server(rpcs, PeerServicer(engine, cluster_id), health),
+            credentials, self.trust.mode, cfg.security.insecure,
+            DaemonPort(server_cfg.peer_host, self.advertise_host, port))
+        return server, f"{self.advertise_host}:{port}"
+
+    async def _start_fd_server(self, engine: Engine, created: list[Path],
+                               unwind: contextlib.AsyncExitStack) -> FdServer:
+        caches = engine.caches
+        fd_server = FdServer(self.fd_path, engine.pools.take_fd, caches.add_user_buffer,
+                             caches.bind_process, caches.drop_user_buffer)
+        created.append(self.fd_path)
+        with socket_umask():
+            await fd_server.start()
+        unwind.push_async_callback(fd_server.close)
+        return fd_server
+
+    async def _start_peer_lane(self, cfg: DaemonConfig, engine: Engine,
+                               servicer: PeerServicer,
+                               unwind: contextlib.AsyncExitStack) -> LaneServer | None:
+        """The peer lane, where ``server.peer_lane`` asks for it; None otherwise."""
+        # The peer lane has no credentials of its own: with authenticated
+        # peers its calls go over the (mTLS) gRPC channel instead.
+        if not cfg.server.peer_lane or self.trust.mode != "none":
+            return None
+        host, port = cfg.server.peer_host, cfg.server.peer_lane_port
+        info = engine.deps.peer_lane
+        lane = LaneServer.for_peers(servicer, info)
+        try:
+            info.port = await lane.start_tcp(host, port)
+        except OSError as exc:
+            raise refuse_busy_port("the peer lane", f"{host}:{port}", exc) from None
+        unwind.push_async_callback(lane.stop, 0)
+        return lane
+
+    async def _start_transfer_lane(self, engine: Engine, servicer: ClientServicer,
+                                   created: list[Path],
+                                   unwind: contextlib.AsyncExitStack) -> LaneServer:
+        lane = LaneServer.for_clients(engine, servicer)
+        created.append(self.lane_path)
+        await lane.start_unix(self.lane_path)
+        unwind.push_async_callback(lane.stop, 0)
+        return lane
+
+    def _client_server(self, cfg: DaemonConfig, engine: Engine, servicer: ClientServicer,
+                       facts: AdminFacts, health: Health) -> grpc.aio.Server:
+        admin = AdminServicer(engine, cfg.pool.backend, facts.peer_address, facts, self.stop,
+                              cfg.server.grace_period_s)
+        return client_server(cfg.server.max_concurrent_rpcs, engine.deps.load, servicer,
+                             admin, health)
+
+    def _bind_clients(self, cfg: DaemonConfig, server: grpc.aio.Server,
+                      credentials: grpc.ServerCredentials | None, created: list[Path]) -> str:
+        """Bind the client socket and ``server.client_tcp``; the target clients use."""
+        target = ""
+        if self.socket_path is not None:
+            clear_stale_socket(self.socket_path)  # checked at the start; gone since?
+            created.append(self.socket_path)
+            with socket_umask():  # 0660 from the start, never chmod'ed once it listens
+                add_port(server, f"unix:{self.socket_path}", "clients", None)
+            target = f"unix:{self.socket_path}"
+        if cfg.server.client_tcp:
+            port = add_port(server, cfg.server.client_tcp, "clients over TCP", credentials)
+            host = cfg.server.client_tcp.rsplit(':', 1)[0]
+            target = target or f"{host}:{port}"
+        return target
+
+    # -- serve: announce readiness, wait for the stop ------------------------------
+
+    async def _serve(self, cfg: DaemonConfig, running: _Running, created: list[Path]) -> None:
+        await running.health.serving()
+        record = running.ready_record()
         if cfg.server.ready_file is not None:
             _write_ready_file(cfg.server.ready_file, record)
             created.append(cfg.server.ready_file)
         _systemd.notify("READY=1\nSTATUS=serving")
+        metrics = running.metrics
         logger.info("hixl-serviced %s ready: clients %s, peers %s, data %s%s", __version__,
-                    client_target, peer_address, record["data_address"],
+                    running.client_target, running.peer_address, record["data_address"],
                     f", metrics http://{metrics.address}/metrics" if metrics else "")
-        self.peer_address = peer_address
+        self.peer_address = running.peer_address
+        engine = running.engine
         engine.monitor.start()
         self.ready.set()
         self._in_background(_systemd.keep_alive(lambda: summary(engine),
                                                 _systemd.watchdog_interval()))
         if self._reload_when_ready:
             self._in_background(self.reload())
-
         await self._stop.wait()
         for task in self._background:
             task.cancel()
 
-        # The drain (drain.py): refuse new work, let what runs end, then stop.
+    # -- drain: refuse new work, let what runs end, then stop (drain.py) -----------
+
+    async def _drain(self, cfg: DaemonConfig, loop: asyncio.AbstractEventLoop,
+                     running: _Running) -> None:
         grace = cfg.server.grace_period_s
         deadline = loop.time() + grace
+        engine = running.engine
         engine.begin_drain()
         _systemd.notify("STOPPING=1\nSTATUS=draining")
         logger.info("draining: refusing new sessions, links and transfers; %s in flight get "
                     "up to %g s to end", engine.drain.in_flight(), grace)
-        await health_servicer.enter_graceful_shutdown()
+        await running.health.enter_graceful_shutdown()
         if not await engine.drain.wait_idle(grace):
             logger.warning("grace_period_s (%g s) is over with %s still running: they are "
                            "cancelled", grace, engine.drain.in_flight())
-        # Linking daemons hear of the stop from their heartbeats' answers, so
-        # their links go down at once, with the reason, instead of timing out.
-        told_bound = min(max(0.0, deadline - loop.time()),
-                         engine.inbound.leases.lease_s / 3 + 1.0)
-        if not await engine.inbound.wait_told_of_stop(told_bound):
-            logger.warning("%d linking daemons did not heartbeat within %.1f s of the drain: "
-                           "their links end when their leases do",
-                           engine.inbound.untold_of_stop(), told_bound)
-        client_servicer.stop_sessions()  # their links close, the peers told
-        left = max(0.0, deadline - loop.time())
-        lanes = [lane.stop(left) for lane in (lane_server, peer_lane) if lane is not None]
-        await asyncio.gather(client_server.stop(left), peer_server.stop(left), *lanes)
-        await client_servicer.wait_cleanups()
+        await _tell_linkers(engine, max(0.0, deadline - loop.time()))
+        running.client_servicer.stop_sessions()  # their links close, the peers told
+        await self._close(running, max(0.0, deadline - loop.time()))
+        logger.info("stopped")
+
+    async def _close(self, running: _Running, left_s: float) -> None:
+        """Stop the listeners within ``left_s`` (what is left of the grace period), then
+        free the engine and everything native."""
+        await asyncio.gather(running.client_server.stop(left_s),
+                             running.peer_server.stop(left_s),
+                             *(lane.stop(left_s) for lane in running.lanes))
+        await running.client_servicer.wait_cleanups()
+        engine = running.engine
         await engine.close()
-        await fd_server.close()
+        await running.fd_server.close()
         for peer in self._peers.values():
             await peer.close()
-        await asyncio.to_thread(data_server.close)
-        if metrics is not None:
-            await asyncio.to_thread(metrics.close)
+        await asyncio.to_thread(engine.deps.data_server.close)
+        if running.metrics is not None:
+            await asyncio.to_thread(running.metrics.close)
         await asyncio.to_thread(tracing.shutdown)
-        logger.info("stopped")
+
+
+async def _start_data_server(cfg: DaemonConfig) -> hixl_native.DataServer:
+    """The native data plane's settings, and its server bound (a busy port refuses
+    the start)."""
+    links, server = cfg.links, cfg.server
+    hixl_native.set_tcp_liveness(links.tcp_keepalive_idle_s, links.tcp_keepalive_interval_s,
+                                 links.tcp_keepalive_count,
+                                 int(links.tcp_user_timeout_s * 1000))
+    hixl_native.set_link_threads(cfg.transfer.data_threads)
+    try:
+        return await asyncio.to_thread(
+            hixl_native.DataServer, server.peer_host, server.data_port,
+            cfg.limits.max_data_connections, cfg.transfer.data_threads)
+    except hixl_native.NativeError as exc:
+        raise refuse_busy_port("the data plane", f"{server.peer_host}:{server.data_port}",
+                               exc) from None
+
+
+async def _tell_linkers(engine: Engine, bound_s: float) -> None:
+    """Wait, at most ``bound_s`` and a third of a lease plus a second, until every
+    linking daemon heard of the stop.
+
+    Linking daemons hear of it from their heartbeats' answers, so their links
+    go down at once, with the reason, instead of timing out.
+    """
+    inbound = engine.inbound
+    told_bound = min(bound_s, inbound.leases.lease_s / 3 + 1.0)
+    if not await inbound.wait_told_of_stop(told_bound):
+        logger.warning("%d linking daemons did not heartbeat within %.1f s of the drain: "
+                       "their links end when their leases do",
+                       inbound.untold_of_stop(), told_bound)
 
 
 __all__ = ["Daemon", "StartRefused", "run_daemon"]
