@@ -229,7 +229,10 @@ class PeerClient:
     async def hccl_rank_info(self, token: int, timeout_s: float) -> RankInfo:
         reply = await self._call(self._stub.HcclRankInfo,
                                  peer_pb2.HcclRankInfoRequest(link_token=token), timeout_s)
-        return RankInfo(reply.host_ip, reply.device_id, reply.device_ip)
+        if not reply.super_pod:
+            return RankInfo(reply.host_ip, reply.device_id, reply.device_ip, reply.soc_name)
+        return RankInfo(reply.host_ip, reply.device_id, reply.device_ip, reply.soc_name,
+                        reply.super_device_id, reply.super_pod_id)
 
     async def hccl_post(self, token: int, send: bool, region_id: int, ranges: bytes,
                         timeout_ms: int, timeout_s: float) -> None:

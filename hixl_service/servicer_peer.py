@@ -154,8 +154,11 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                            context: CallInfo) -> peer_pb2.HcclRank:
         token = self._token(request.link_token)
         info = await self._engine.inbound.hccl_rank_info_for_peer(token)
+        super_pod = info.super_device_id is not None and info.super_pod_id is not None
         return peer_pb2.HcclRank(host_ip=info.host_ip, device_id=info.device_id,
-                                 device_ip=info.device_ip)
+                                 device_ip=info.device_ip, soc_name=info.soc,
+                                 super_pod=super_pod, super_device_id=info.super_device_id or 0,
+                                 super_pod_id=info.super_pod_id or 0)
 
     @unary
     async def HcclPost(self, request: peer_pb2.HcclPostRequest,

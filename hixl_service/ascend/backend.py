@@ -91,6 +91,7 @@ class AscendBackend:
         self._host_ip = host_ip
         self._device_ips = dict(config.device_ips) if config is not None else {}
         self._hccn = comms.hccn_addresses()
+        self._soc: str | None = None  # read once, on first use
         self.comm_settings = CommSettings(
             mode=config.comm_init if config is not None else "root_info",
             buffer_mb=config.hccl_buffer_mb if config is not None else 200,
@@ -176,7 +177,23 @@ class AscendBackend:
         device = self.device(device_id)
         physical = _ascend.physical_device_id(device)
         ip = self._device_ips.get(device_id) or self._hccn.get(physical, "")
-        return RankInfo(self._host_ip, physical, ip)
+        soc = self.soc
+        super_device_id = super_pod_id = None
+        if soc.startswith(comms.A3_SOC_PREFIX):
+            # HIXL's rank_table_generator_v2.cc reads both with the logical id
+            try:
+                super_device_id, super_pod_id = _ascend.super_pod_ids(device)
+            except AscendError as exc:
+                logger.warning("device %d (%s): no super-pod ids, its rank tables stay at "
+                               "version 1.0: %s", device_id, soc, to_llm_exception(exc))
+        return RankInfo(self._host_ip, physical, ip, soc, super_device_id, super_pod_id)
+
+    @property
+    def soc(self) -> str:
+        """The SoC's name (``aclrtGetSocName``), "" where CANN cannot tell."""
+        if self._soc is None:
+            self._soc = _ascend.soc_name() or ""
+        return self._soc
 
     def reserve_device_bytes(self, device_id: int, nbytes: int) -> None:
         """Count a communicator's buffers against the device's budget.

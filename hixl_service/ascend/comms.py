@@ -116,6 +116,15 @@ def hccn_addresses(path: Path = HCCN_CONF) -> dict[int, str]:
     return found
 
 
+# Atlas A3 SoCs, whose rank tables are version 1.2 with super-pod fields
+# (hixl rank_table_generator.cc, kV2Version; hcomm topoinfo_detect.cc and
+# topoinfo_ranktableConcise.cc read super_device_id and super_pod_list).
+A3_SOC_PREFIX = "Ascend910_93"
+# Atlas A2 SoCs (hixl hixl_utils.cc, kSocV2): across hosts HCCL reaches the
+# peer through the device NICs (RoCE), so each rank needs its device_ip.
+A2_SOC_PREFIX = "Ascend910B"
+
+
 @dataclass(frozen=True)
 class RankInfo:
     """One rank of a link as a rank table names it."""
@@ -123,6 +132,16 @@ class RankInfo:
     host_ip: str    # server_id: the host HCCL's sockets use
     device_id: int  # the physical device id
     device_ip: str  # the device NIC's address; "" where none is known
+    soc: str = ""   # aclrtGetSocName; "" where unknown
+    # A3 only (aclrtGetDeviceInfo): the device's id in its super pod, and the pod's
+    super_device_id: int | None = None
+    super_pod_id: int | None = None
+
+    @property
+    def super_pod(self) -> bool:
+        """Whether this rank is on an A3 product with its super-pod ids known."""
+        return (self.soc.startswith(A3_SOC_PREFIX) and self.super_device_id is not None
+                and self.super_pod_id is not None)
 
     def check(self) -> None:
         """Raises ValueError for a description a rank table cannot hold."""
@@ -131,28 +150,63 @@ class RankInfo:
             ipaddress.ip_address(self.device_ip)
         if not 0 <= self.device_id < 1 << 16:
             raise ValueError(f"device id {self.device_id} out of range")
+        for name in ("super_device_id", "super_pod_id"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value < 1 << 32:
+                raise ValueError(f"{name} {value} out of range")
 
 
 def rank_table(rank0: RankInfo, rank1: RankInfo) -> str:
     """The JSON rank table of a two-rank communicator (rank_id 0 and 1).
 
     Ranks on one host share a ``server_list`` entry; HCCL's format lists each
-    server once.
+    server once. When both ranks are on A3 products (Ascend910_93xx) the table
+    is version 1.2, as HIXL writes it (rank_table_generator_v2.cc): each device
+    has its ``super_device_id`` and ``super_pod_list`` names each super pod's
+    servers; otherwise it is version 1.0 (HIXL takes the lower version of the
+    two ranks').
+
+    Raises:
+        ValueError: an A2 (Ascend910B) link between two hosts where a rank's
+            device NIC address is unknown: HCCL could not reach it.
     """
+    same_host = rank0.host_ip == rank1.host_ip
+    if not same_host:
+        for rank, info in ((0, rank0), (1, rank1)):
+            if info.soc.startswith(A2_SOC_PREFIX) and not info.device_ip:
+                raise ValueError(
+                    f"rank {rank} ({info.soc}, host {info.host_ip}, device {info.device_id}) "
+                    f"has no known device NIC address, which HCCL needs between two hosts on "
+                    f"Atlas A2: set ascend.device_ips or the host's /etc/hccn.conf")
+    v12 = rank0.super_pod and rank1.super_pod
+
     def device(info: RankInfo, rank: int) -> dict[str, str]:
         entry = {"device_id": str(info.device_id), "rank_id": str(rank)}
         if info.device_ip:  # an unknown one is left out, never written as ""
             entry["device_ip"] = info.device_ip
+        if v12:
+            entry["super_device_id"] = str(info.super_device_id)
         return entry
 
-    if rank0.host_ip == rank1.host_ip:
+    if same_host:
         servers = [{"server_id": rank0.host_ip,
                     "device": [device(rank0, 0), device(rank1, 1)]}]
     else:
         servers = [{"server_id": rank0.host_ip, "device": [device(rank0, 0)]},
                    {"server_id": rank1.host_ip, "device": [device(rank1, 1)]}]
-    return json.dumps({"version": "1.0", "server_count": str(len(servers)),
-                       "server_list": servers, "status": "completed"}, separators=(",", ":"))
+    table: dict[str, object] = {"version": "1.2" if v12 else "1.0",
+                                "server_count": str(len(servers)), "server_list": servers}
+    if v12:
+        pods: dict[str, list[str]] = {}
+        for info in (rank0, rank1):
+            hosts = pods.setdefault(str(info.super_pod_id), [])
+            if info.host_ip not in hosts:
+                hosts.append(info.host_ip)
+        table["super_pod_list"] = [
+            {"super_pod_id": pod, "server_list": [{"server_id": h} for h in hosts]}
+            for pod, hosts in sorted(pods.items())]
+    table["status"] = "completed"
+    return json.dumps(table, separators=(",", ":"))
 
 
 @dataclass(frozen=True)

@@ -375,7 +375,11 @@ class HcclLink(_Side):
             except ValueError as exc:
                 raise LLMException(f"the peer's HCCL rank is unusable: {exc}",
                                    status_code=LLMStatusCode.LLM_LINK_FAILED) from None
-            return CommSpec(rank_table=rank_table(mine, far), buffer_mb=buffer_mb, name=name)
+            try:
+                table = rank_table(mine, far)
+            except ValueError as exc:  # refused before HCCL would wait for it in vain
+                raise LLMException(str(exc), status_code=LLMStatusCode.LLM_LINK_FAILED) from None
+            return CommSpec(rank_table=table, buffer_mb=buffer_mb, name=name)
         try:
             root_info = await asyncio.to_thread(self._device.hccl_root_info)
         except AscendError as exc:

@@ -2,7 +2,7 @@
 # Cython layer touches is declared; everything here is callable without the
 # GIL.
 
-from libc.stdint cimport int32_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 
 
 cdef extern from "acl_shim.h" nogil:
@@ -99,7 +99,11 @@ cdef extern from "acl_shim.h" nogil:
         HIXL_ACL_HAS_ROOT_CONFIG
         HIXL_ACL_HAS_PHY_ID
         HIXL_ACL_HAS_HOST_PIN
+        HIXL_ACL_HAS_SOC_INFO
         HIXL_HCCL_COMM_NAME_MAX
+        HIXL_ACL_DEV_ATTR_SUPER_POD_DEVICE_ID
+        HIXL_ACL_DEV_ATTR_SUPER_POD_ID
+        HIXL_ACL_SOC_NAME_MAX
 
     ctypedef struct hixl_comm_options:
         uint32_t buffer_mb
@@ -107,6 +111,8 @@ cdef extern from "acl_shim.h" nogil:
 
     int hixl_acl_stream_abort(int32_t dev, aclrtStream stream)
     int hixl_acl_physical_id(int32_t dev, int32_t *phy)
+    int hixl_acl_soc_name(char *out, size_t len)
+    int hixl_acl_device_info(int32_t dev, int32_t attr, int64_t *value)
     int hixl_hccl_comm_init_config(int32_t dev, uint32_t nranks, const HcclRootInfo *root,
                                    uint32_t rank, const hixl_comm_options *opt,
                                    hccl_comm_t *out)

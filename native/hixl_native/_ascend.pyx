@@ -27,7 +27,7 @@ from cpython.buffer cimport (
     PyBuffer_Release,
     PyObject_GetBuffer,
 )
-from libc.stdint cimport int32_t, uint32_t, uint64_t, uintptr_t
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy as c_memcpy
 
@@ -85,6 +85,7 @@ _FEATURES = (
     (HIXL_ACL_HAS_ROOT_CONFIG, "root_info_config"),
     (HIXL_ACL_HAS_PHY_ID, "physical_device_id"),
     (HIXL_ACL_HAS_HOST_PIN, "host_pin"),
+    (HIXL_ACL_HAS_SOC_INFO, "soc_info"),
 )
 
 include "_ascend_errors.pxi"

@@ -92,6 +92,41 @@ def physical_device_id(Device device not None):
     return phy
 
 
+def soc_name():
+    """The SoC's version name (``aclrtGetSocName``, e.g. ``Ascend910B1`` or
+    ``Ascend910_9391``); None where CANN lacks the entry point or answers NULL."""
+    if not hixl_acl_features() & HIXL_ACL_HAS_SOC_INFO:
+        return None
+    cdef char buf[HIXL_ACL_SOC_NAME_MAX]
+    cdef int rc
+    with nogil:
+        rc = hixl_acl_soc_name(buf, sizeof(buf))
+    _check(rc)
+    name = buf.decode("utf-8", "replace")
+    return name or None
+
+
+def super_pod_ids(Device device not None):
+    """``(super_device_id, super_pod_id)`` of a device on an Atlas A3 product
+    (``aclrtGetDeviceInfo`` with ``ACL_DEV_ATTR_SUPER_POD_DEVIDE_ID`` and
+    ``ACL_DEV_ATTR_SUPER_POD_ID``, as HIXL's rank_table_generator_v2.cc reads
+    them).
+
+    Raises:
+        AclError: CANN lacks the entry point (200001) or the product has no
+            super pod.
+    """
+    device._check_open()
+    cdef int64_t sdid = -1, pod = -1
+    cdef int rc
+    with nogil:
+        rc = hixl_acl_device_info(device._id, HIXL_ACL_DEV_ATTR_SUPER_POD_DEVICE_ID, &sdid)
+        if rc == 0:
+            rc = hixl_acl_device_info(device._id, HIXL_ACL_DEV_ATTR_SUPER_POD_ID, &pod)
+    _check(rc)
+    return sdid, pod
+
+
 def comm_inits():
     """Communicators whose creation started in this process (all of them
     serialised by the shim's lock)."""

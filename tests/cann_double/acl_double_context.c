@@ -224,3 +224,52 @@ void *hixl_double_current_context(void)
 {
     return t_context;
 }
+
+/* "aclrtGetSocName" (CANN runtime API reference): the SoC's version name, or
+ * NULL where it cannot be read. HIXL reads it to choose its rank-table
+ * version (hixl rank_table_generator.cc: Ascend910_93xx names write 1.2)
+ * and its SoC class (hixl hixl_utils.cc: Ascend910B* is A2). The double's
+ * SoC is HIXL_DOUBLE_SOC (read on every call, so that a test can switch
+ * it), Ascend910B1 by default. */
+DBL_EXPORT const char *aclrtGetSocName(void)
+{
+    if (!hixl_double_initialized())
+        return NULL;
+    const char *soc = getenv("HIXL_DOUBLE_SOC");
+    return soc && *soc ? soc : "Ascend910B1";
+}
+
+#define DBL_DEV_ATTR_SUPER_POD_DEVICE_ID 403 /* ACL_DEV_ATTR_SUPER_POD_DEVIDE_ID */
+#define DBL_DEV_ATTR_SUPER_POD_ID 405        /* ACL_DEV_ATTR_SUPER_POD_ID */
+
+/* "aclrtGetDeviceInfo" / "aclrtDevAttr" (CANN runtime API reference;
+ * acl_rt.h: 403 super pod device id, 405 super pod id): the super-pod
+ * attributes exist on Atlas A3 products only (Ascend910_93xx, whose rank
+ * tables HIXL's rank_table_generator_v2.cc and hcomm's
+ * topoinfo_ranktableConcise.cc fill with them); other SoCs answer
+ * ACL_ERROR_RT_FEATURE_NOT_SUPPORT. On an A3 double a device's super device
+ * id is HIXL_DOUBLE_SUPER_DEVICE_BASE (default 0) plus its id, and every
+ * device lies in super pod HIXL_DOUBLE_SUPER_POD_ID (default 0). */
+DBL_EXPORT aclError aclrtGetDeviceInfo(uint32_t deviceId, int32_t attr, int64_t *value)
+{
+    CALL_PROLOGUE("aclrtGetDeviceInfo");
+    if (!value)
+        return hixl_double_fail(ACL_ERROR_INVALID_PARAM, "aclrtGetDeviceInfo: %s", "NULL value");
+    if (deviceId > INT32_MAX || !valid_device((int32_t)deviceId))
+        return hixl_double_fail(ACL_ERROR_RT_INVALID_DEVICEID,
+                                "aclrtGetDeviceInfo: bad device %d", (int)deviceId);
+    const char *soc = aclrtGetSocName();
+    int a3 = soc && strncmp(soc, "Ascend910_93", 12) == 0;
+    if (attr == DBL_DEV_ATTR_SUPER_POD_DEVICE_ID || attr == DBL_DEV_ATTR_SUPER_POD_ID) {
+        if (!a3)
+            return hixl_double_fail(ACL_ERROR_RT_FEATURE_NOT_SUPPORT,
+                                    "aclrtGetDeviceInfo: %s has no super pod", soc);
+        const char *env = getenv(attr == DBL_DEV_ATTR_SUPER_POD_ID ? "HIXL_DOUBLE_SUPER_POD_ID"
+                                                                   : "HIXL_DOUBLE_SUPER_DEVICE_BASE");
+        int64_t base = env && *env ? strtoll(env, NULL, 0) : 0;
+        *value = attr == DBL_DEV_ATTR_SUPER_POD_ID ? base : base + (int64_t)deviceId;
+        return ACL_SUCCESS;
+    }
+    return hixl_double_fail(ACL_ERROR_INVALID_PARAM, "aclrtGetDeviceInfo: attribute %d is not "
+                            "modelled by the double", (int)attr);
+}

@@ -975,6 +975,24 @@ DBL_EXPORT HcclResult HcclCommInitClusterInfoMemConfig(const char *rankTable, ui
     for (size_t i = 0; i < sizeof needed / sizeof needed[0]; i++)
         if (!strstr(rankTable, needed[i]))
             return hixl_double_fail(HCCL_E_PARA, "%s: the rank table lacks %s", api, needed[i]);
+    /* Version 1.2 (Atlas A3): hcomm topoinfo_ranktableConcise.cc reads each
+     * device's super_device_id (GetSingleSuperDeviceId) and the
+     * super_pod_list (GetSuperPodList); a table lacking them is refused. */
+    const char *ver = strstr(rankTable, "\"version\"");
+    if (ver)
+        ver += strlen("\"version\"");
+    while (ver && (*ver == ' ' || *ver == ':' || *ver == '\t'))
+        ver++;
+    if (ver && strncmp(ver, "\"1.2\"", 5) == 0) {
+        int devices = 0, super_ids = 0;
+        for (const char *p = rankTable; (p = strstr(p, "\"device_id\"")); p++)
+            devices++;
+        for (const char *p = rankTable; (p = strstr(p, "\"super_device_id\"")); p++)
+            super_ids++;
+        if (super_ids != devices || !strstr(rankTable, "\"super_pod_list\""))
+            return hixl_double_fail(HCCL_E_PARA, "%s: a version 1.2 rank table needs every "
+                                    "device's super_device_id and a super_pod_list", api);
+    }
     uint32_t ranks[8];
     int n = table_ranks(rankTable, ranks, 8);
     if (n != 2)

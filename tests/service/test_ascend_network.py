@@ -74,18 +74,67 @@ def test_start_checks_the_host() -> None:
 
 
 def test_rank_tables() -> None:
+    """Version 1.0 off A3; an unknown device_ip is left out (issue 30), never written as ""."""
     same_host = json.loads(rank_table(RankInfo("10.0.0.1", 0, "192.168.1.10"),
                                       RankInfo("10.0.0.1", 3, "")))
     assert same_host == {
         "version": "1.0", "server_count": "1", "status": "completed",
         "server_list": [{"server_id": "10.0.0.1", "device": [
             {"device_id": "0", "device_ip": "192.168.1.10", "rank_id": "0"},
-            {"device_id": "3", "device_ip": "", "rank_id": "1"}]}]}
+            {"device_id": "3", "rank_id": "1"}]}]}
     two_hosts = json.loads(rank_table(RankInfo("10.0.0.1", 0, ""), RankInfo("10.0.0.2", 0, "")))
     assert two_hosts["server_count"] == "2"
     assert [s["device"][0]["rank_id"] for s in two_hosts["server_list"]] == ["0", "1"]
     with pytest.raises(ValueError):
         RankInfo("host", 0, "").check()
+    with pytest.raises(ValueError, match="super_device_id"):
+        RankInfo("10.0.0.1", 0, "", A3, -1, 0).check()
+
+
+A3 = "Ascend910_9391"
+
+
+def test_a3_rank_tables_are_version_1_2() -> None:
+    """hixl rank_table_generator_v2.cc / hcomm topoinfo_ranktableConcise.cc: on
+    Ascend910_93xx each device has its super_device_id, and super_pod_list names
+    each pod's servers."""
+    table = json.loads(rank_table(RankInfo("10.0.0.1", 0, "192.168.1.10", A3, 8, 1),
+                                  RankInfo("10.0.0.2", 2, "", A3, 26, 1)))
+    assert table == {
+        "version": "1.2", "server_count": "2", "status": "completed",
+        "server_list": [
+            {"server_id": "10.0.0.1", "device": [
+                {"device_id": "0", "device_ip": "192.168.1.10", "rank_id": "0",
+                 "super_device_id": "8"}]},
+            {"server_id": "10.0.0.2", "device": [
+                {"device_id": "2", "rank_id": "1", "super_device_id": "26"}]}],
+        "super_pod_list": [{"super_pod_id": "1", "server_list": [
+            {"server_id": "10.0.0.1"}, {"server_id": "10.0.0.2"}]}]}
+    one_host = json.loads(rank_table(RankInfo("10.0.0.1", 0, "", A3, 0, 0),
+                                     RankInfo("10.0.0.1", 1, "", A3, 1, 0)))
+    assert one_host["super_pod_list"] == [{"super_pod_id": "0",
+                                           "server_list": [{"server_id": "10.0.0.1"}]}]
+
+
+def test_a3_with_anything_else_is_version_1_0() -> None:
+    """HIXL takes the lower version of the two ranks' (rank_table_generator.cc)."""
+    for other in (RankInfo("10.0.0.1", 1, "", "Ascend910B2"),
+                  RankInfo("10.0.0.1", 1, "", A3)):  # A3 without its super-pod ids
+        table = json.loads(rank_table(RankInfo("10.0.0.1", 0, "", A3, 0, 0), other))
+        assert table["version"] == "1.0" and "super_pod_list" not in table
+        assert all("super_device_id" not in d for d in table["server_list"][0]["device"])
+
+
+def test_910b_across_hosts_needs_device_ips() -> None:
+    """Atlas A2 reaches another host through the device NICs: refused at once, not
+    after HCCL_CONNECT_TIMEOUT."""
+    with pytest.raises(ValueError, match="device NIC address"):
+        rank_table(RankInfo("10.0.0.1", 0, "192.168.1.10", "Ascend910B1"),
+                   RankInfo("10.0.0.2", 0, "", "Ascend910B1"))
+    rank_table(RankInfo("10.0.0.1", 0, "", "Ascend910B1"),
+               RankInfo("10.0.0.1", 1, "", "Ascend910B1"))  # one host: HCCS
+    rank_table(RankInfo("10.0.0.1", 0, "192.168.1.10", "Ascend910B1"),
+               RankInfo("10.0.0.2", 0, "192.168.1.11", "Ascend910B1"))
 
 
 def test_comm_specs_a_peer_may_send() -> None:

@@ -46,6 +46,8 @@ typedef struct {
     hixl_aclrtGetCurrentContext_fn aclrtGetCurrentContext;
     hixl_aclrtStreamAbort_fn aclrtStreamAbort;
     hixl_aclrtGetPhyDevIdByLogicDevId_fn aclrtGetPhyDevIdByLogicDevId;
+    hixl_aclrtGetSocName_fn aclrtGetSocName;
+    hixl_aclrtGetDeviceInfo_fn aclrtGetDeviceInfo;
     hixl_HcclCommInitClusterInfoMemConfig_fn HcclCommInitClusterInfoMemConfig;
     hixl_HcclCommInitRootInfoConfig_fn HcclCommInitRootInfoConfig;
     /* one-sided HCCL and pinned host memory */
@@ -107,6 +109,8 @@ static const symbol_spec SYMBOLS[] = {
     SYM(aclrtGetCurrentContext, HIXL_LIB_ACL, 0),
     SYM(aclrtStreamAbort, HIXL_LIB_ACL, HIXL_ACL_HAS_STREAM_ABORT),
     SYM(aclrtGetPhyDevIdByLogicDevId, HIXL_LIB_ACL, HIXL_ACL_HAS_PHY_ID),
+    SYM(aclrtGetSocName, HIXL_LIB_ACL, HIXL_ACL_HAS_SOC_INFO),
+    SYM(aclrtGetDeviceInfo, HIXL_LIB_ACL, HIXL_ACL_HAS_SOC_INFO),
     SYM(HcclCommInitClusterInfoMemConfig, HIXL_LIB_HCCL, HIXL_ACL_HAS_RANK_TABLE),
     SYM(HcclCommInitRootInfoConfig, HIXL_LIB_HCCL, HIXL_ACL_HAS_ROOT_CONFIG),
     /* one-sided HCCL and pinned host memory */
@@ -628,6 +632,26 @@ int hixl_acl_physical_id(int32_t dev, int32_t *phy)
         return 0;
     }
     ACL_RET("aclrtGetPhyDevIdByLogicDevId", g.aclrtGetPhyDevIdByLogicDevId(dev, phy));
+}
+
+int hixl_acl_soc_name(char *out, size_t len)
+{
+    NEED_LOADED("aclrtGetSocName");
+    NEED_FEATURE(HIXL_ACL_HAS_SOC_INFO, HIXL_LIB_ACL, "aclrtGetSocName");
+    const char *name = g.aclrtGetSocName();
+    snprintf(out, len, "%s", name ? name : "");
+    return 0;
+}
+
+/* aclrtGetDeviceInfo takes the logical device id and needs no context
+ * (HIXL calls it with the logical id, rank_table_generator_v2.cc). */
+int hixl_acl_device_info(int32_t dev, int32_t attr, int64_t *value)
+{
+    NEED_LOADED("aclrtGetDeviceInfo");
+    NEED_FEATURE(HIXL_ACL_HAS_SOC_INFO, HIXL_LIB_ACL, "aclrtGetDeviceInfo");
+    if (dev < 0)
+        return acl_fail(HIXL_ACL_ERROR_INVALID_DEVICEID, "aclrtGetDeviceInfo");
+    ACL_RET("aclrtGetDeviceInfo", g.aclrtGetDeviceInfo((uint32_t)dev, attr, value));
 }
 
 /* What CANN's HcclCommConfigInit would write for a version-2 configuration,

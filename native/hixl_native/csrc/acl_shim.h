@@ -323,6 +323,15 @@ typedef aclError (*hixl_aclrtSetCurrentContext_fn)(aclrtContext context);
 typedef aclError (*hixl_aclrtGetCurrentContext_fn)(aclrtContext *context);
 typedef aclError (*hixl_aclrtStreamAbort_fn)(aclrtStream stream);
 typedef aclError (*hixl_aclrtGetPhyDevIdByLogicDevId_fn)(int32_t logicDevId, int32_t *phyDevId);
+/* "aclrtGetSocName": the SoC's version name (NULL when unknown);
+ * "aclrtGetDeviceInfo": one int64 attribute of a device (aclrtDevAttr is a
+ * C enum, passed as int32_t). HIXL reads both for A3 rank tables
+ * (rank_table_generator.cc, rank_table_generator_v2.cc). */
+typedef const char *(*hixl_aclrtGetSocName_fn)(void);
+typedef aclError (*hixl_aclrtGetDeviceInfo_fn)(uint32_t deviceId, int32_t attr, int64_t *value);
+#define HIXL_ACL_DEV_ATTR_SUPER_POD_DEVICE_ID 403 /* ACL_DEV_ATTR_SUPER_POD_DEVIDE_ID, acl_rt.h */
+#define HIXL_ACL_DEV_ATTR_SUPER_POD_ID 405        /* ACL_DEV_ATTR_SUPER_POD_ID, acl_rt.h */
+#define HIXL_ACL_SOC_NAME_MAX 64
 /* rankTable is the rank table's JSON text itself, not a file path (HCCL's
  * op_base.h; HIXL's channel_msg_handler.cc passes the text). */
 typedef HcclResult (*hixl_HcclCommInitClusterInfoMemConfig_fn)(const char *rankTable, uint32_t rank,
@@ -342,6 +351,7 @@ enum {
     HIXL_ACL_HAS_ROOT_CONFIG = 1 << 18,  /* HcclCommInitRootInfoConfig */
     HIXL_ACL_HAS_PHY_ID = 1 << 19,       /* aclrtGetPhyDevIdByLogicDevId */
     HIXL_ACL_HAS_HOST_PIN = 1 << 20,     /* aclrtHostRegisterV2 (and aclrtHostUnregister) */
+    HIXL_ACL_HAS_SOC_INFO = 1 << 21,     /* aclrtGetSocName, aclrtGetDeviceInfo */
 };
 
 #define HIXL_ACL_MAX_DEVICES 64
@@ -361,6 +371,11 @@ int hixl_acl_stream_abort(int32_t dev, aclrtStream stream);
 /* The physical id of a logical device (what a rank table's device_id
  * holds); the logical id itself where the entry point is absent. */
 int hixl_acl_physical_id(int32_t dev, int32_t *phy);
+/* The SoC's name into `out` (HIXL_ACL_HAS_SOC_INFO; "" where CANN answers
+ * NULL). */
+int hixl_acl_soc_name(char *out, size_t len);
+/* One device attribute (aclrtGetDeviceInfo; HIXL_ACL_HAS_SOC_INFO). */
+int hixl_acl_device_info(int32_t dev, int32_t attr, int64_t *value);
 /* HcclCommInitRootInfoConfig where present, else HcclCommInitRootInfo
  * (the buffer size then comes from HCCL_BUFFSIZE). */
 int hixl_hccl_comm_init_config(int32_t dev, uint32_t nranks, const HcclRootInfo *root,

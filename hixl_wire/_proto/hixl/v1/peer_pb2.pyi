@@ -228,14 +228,66 @@ class HcclRankInfoRequest(_message.Message):
     def __init__(self, link_token: _Optional[int] = ...) -> None: ...
 
 class HcclRank(_message.Message):
-    __slots__ = ("host_ip", "device_id", "device_ip")
+    __slots__ = ("host_ip", "device_id", "device_ip", "soc_name", "super_pod", "super_device_id", "super_pod_id")
     HOST_IP_FIELD_NUMBER: _ClassVar[int]
     DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
     DEVICE_IP_FIELD_NUMBER: _ClassVar[int]
+    SOC_NAME_FIELD_NUMBER: _ClassVar[int]
+    SUPER_POD_FIELD_NUMBER: _ClassVar[int]
+    SUPER_DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    SUPER_POD_ID_FIELD_NUMBER: _ClassVar[int]
     host_ip: str
     device_id: int
     device_ip: str
-    def __init__(self, host_ip: _Optional[str] = ..., device_id: _Optional[int] = ..., device_ip: _Optional[str] = ...) -> None: ...
+    soc_name: str
+    super_pod: bool
+    super_device_id: int
+    super_pod_id: int
+    def __init__(self, host_ip: _Optional[str] = ..., device_id: _Optional[int] = ..., device_ip: _Optional[str] = ..., soc_name: _Optional[str] = ..., super_pod: _Optional[bool] = ..., super_device_id: _Optional[int] = ..., super_pod_id: _Optional[int] = ...) -> None: ...
+
+class HcclReserveRequest(_message.Message):
+    __slots__ = ("link_token", "comm_name", "hold_ms", "tie_break")
+    LINK_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    COMM_NAME_FIELD_NUMBER: _ClassVar[int]
+    HOLD_MS_FIELD_NUMBER: _ClassVar[int]
+    TIE_BREAK_FIELD_NUMBER: _ClassVar[int]
+    link_token: int
+    comm_name: str
+    hold_ms: int
+    tie_break: int
+    def __init__(self, link_token: _Optional[int] = ..., comm_name: _Optional[str] = ..., hold_ms: _Optional[int] = ..., tie_break: _Optional[int] = ...) -> None: ...
+
+class HcclReserveReply(_message.Message):
+    __slots__ = ("granted", "tie_break")
+    GRANTED_FIELD_NUMBER: _ClassVar[int]
+    TIE_BREAK_FIELD_NUMBER: _ClassVar[int]
+    granted: bool
+    tie_break: int
+    def __init__(self, granted: _Optional[bool] = ..., tie_break: _Optional[int] = ...) -> None: ...
+
+class HcclTeardownRequest(_message.Message):
+    __slots__ = ("link_token", "comm_name", "step", "wait_ms")
+    class Step(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        STEP_WATCH: _ClassVar[HcclTeardownRequest.Step]
+        STEP_DESTROYED: _ClassVar[HcclTeardownRequest.Step]
+    STEP_WATCH: HcclTeardownRequest.Step
+    STEP_DESTROYED: HcclTeardownRequest.Step
+    LINK_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    COMM_NAME_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    link_token: int
+    comm_name: str
+    step: HcclTeardownRequest.Step
+    wait_ms: int
+    def __init__(self, link_token: _Optional[int] = ..., comm_name: _Optional[str] = ..., step: _Optional[_Union[HcclTeardownRequest.Step, str]] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+
+class HcclTeardownReply(_message.Message):
+    __slots__ = ("destroy",)
+    DESTROY_FIELD_NUMBER: _ClassVar[int]
+    destroy: bool
+    def __init__(self, destroy: _Optional[bool] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("daemon_id", "link_tokens")

@@ -99,6 +99,16 @@ class PeerStub:
                 request_serializer=hixl_dot_v1_dot_peer__pb2.NotifyRequest.SerializeToString,
                 response_deserializer=hixl_dot_v1_dot_peer__pb2.NotifyReply.FromString,
                 _registered_method=True)
+        self.HcclReserve = channel.unary_unary(
+                '/hixl.v1.Peer/HcclReserve',
+                request_serializer=hixl_dot_v1_dot_peer__pb2.HcclReserveRequest.SerializeToString,
+                response_deserializer=hixl_dot_v1_dot_peer__pb2.HcclReserveReply.FromString,
+                _registered_method=True)
+        self.HcclTeardown = channel.unary_unary(
+                '/hixl.v1.Peer/HcclTeardown',
+                request_serializer=hixl_dot_v1_dot_peer__pb2.HcclTeardownRequest.SerializeToString,
+                response_deserializer=hixl_dot_v1_dot_peer__pb2.HcclTeardownReply.FromString,
+                _registered_method=True)
 
 
 class PeerServicer:
@@ -211,6 +221,28 @@ class PeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def HcclReserve(self, request, context):
+        """hccl backend (issue 30): holds this daemon's communicator creation for
+        the caller's next HcclConnect, or answers at once that it is busy (with
+        this daemon's tie-break id: the lower id keeps its own creation and asks
+        again, the higher one gives its up), so that two daemons linking to each
+        other at once never both wait inside HCCL's blocking creation.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def HcclTeardown(self, request, context):
+        """hccl backend, one-sided links (issue 30): the linking daemon's watch on
+        its communicator. STEP_WATCH answers when this daemon is about to free
+        memory bound to the link's communicator (destroy: the caller must destroy
+        its half first, since its mapping of that memory lives until then), or
+        after wait_ms; STEP_DESTROYED tells this daemon that the caller did.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -278,6 +310,16 @@ def add_PeerServicer_to_server(servicer, server):
                     servicer.Notify,
                     request_deserializer=hixl_dot_v1_dot_peer__pb2.NotifyRequest.FromString,
                     response_serializer=hixl_dot_v1_dot_peer__pb2.NotifyReply.SerializeToString,
+            ),
+            'HcclReserve': grpc.unary_unary_rpc_method_handler(
+                    servicer.HcclReserve,
+                    request_deserializer=hixl_dot_v1_dot_peer__pb2.HcclReserveRequest.FromString,
+                    response_serializer=hixl_dot_v1_dot_peer__pb2.HcclReserveReply.SerializeToString,
+            ),
+            'HcclTeardown': grpc.unary_unary_rpc_method_handler(
+                    servicer.HcclTeardown,
+                    request_deserializer=hixl_dot_v1_dot_peer__pb2.HcclTeardownRequest.FromString,
+                    response_serializer=hixl_dot_v1_dot_peer__pb2.HcclTeardownReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -631,6 +673,60 @@ class Peer:
             '/hixl.v1.Peer/Notify',
             hixl_dot_v1_dot_peer__pb2.NotifyRequest.SerializeToString,
             hixl_dot_v1_dot_peer__pb2.NotifyReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HcclReserve(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hixl.v1.Peer/HcclReserve',
+            hixl_dot_v1_dot_peer__pb2.HcclReserveRequest.SerializeToString,
+            hixl_dot_v1_dot_peer__pb2.HcclReserveReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HcclTeardown(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hixl.v1.Peer/HcclTeardown',
+            hixl_dot_v1_dot_peer__pb2.HcclTeardownRequest.SerializeToString,
+            hixl_dot_v1_dot_peer__pb2.HcclTeardownReply.FromString,
             options,
             channel_credentials,
             insecure,
