@@ -21,6 +21,7 @@ import asyncio
 import concurrent.futures
 import logging
 import time
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
@@ -84,18 +85,21 @@ class DaemonCollector(Collector):
 
     def families(self) -> list[Metric]:
         """Every family but hixl_up; call on the event loop's thread."""
-        engine = self._engine
-        deps = engine.deps
-        stats = deps.stats
-        out: list[Metric] = []
+        return [*self._daemon(), *self._transfers(), *self._calls(), *self._sessions(),
+                *self._clusters(), *self._links(), *self._pools()]
 
+    def _daemon(self) -> Iterable[Metric]:
+        deps = self._engine.deps
         info = GaugeMetricFamily("hixl_daemon_info", "The daemon's version and backend",
                                  labels=["version", "backend"])
         info.add_metric([self._version, deps.backend], 1)
-        out.append(info)
-        out.append(GaugeMetricFamily("hixl_uptime_seconds", "Seconds since the daemon started",
-                                     value=time.monotonic() - deps.started))
+        return [info, GaugeMetricFamily("hixl_uptime_seconds",
+                                        "Seconds since the daemon started",
+                                        value=time.monotonic() - deps.started)]
 
+    def _transfers(self) -> Iterable[Metric]:
+        """Transfer calls by op, transport and status: counts, bytes, durations."""
+        stats = self._engine.deps.stats
         transfers = CounterMetricFamily(
             "hixl_transfers", "Transfer calls answered, by op, transport and LLM status",
             labels=["op", "transport", "status"])
@@ -115,8 +119,12 @@ class DaemonCollector(Collector):
                     duration.add_metric([op, transport, phase], hist.cumulative(), hist.sum)
         for (op, transport, status), count in sorted(stats.failed.items()):
             transfers.add_metric([op, transport, status], count)
-        out += [transfers, moved, duration]
+        return [transfers, moved, duration]
 
+    def _calls(self) -> Iterable[Metric]:
+        """Checksum mismatches, the calls in flight, and the refusals."""
+        deps = self._engine.deps
+        stats = deps.stats
         mismatches = CounterMetricFamily(
             "hixl_checksum_mismatches",
             "Transfers whose bytes did not match their CRC-32C ([transfer] checksum): "
@@ -124,62 +132,59 @@ class DaemonCollector(Collector):
             "that it refused so (target)", labels=["side"])
         mismatches.add_metric(["initiator"], stats.checksum_mismatches)
         mismatches.add_metric(["target"], deps.data_server.checksum_mismatches)
-        out.append(mismatches)
-        out.append(GaugeMetricFamily("hixl_transfers_in_flight",
-                                     "Transfer calls accepted and not yet answered",
-                                     value=deps.load.running))
         refusals = CounterMetricFamily("hixl_refusals", "Calls refused, by reason",
                                        labels=["reason"])
         for reason, count in sorted(stats.refused.items()):
             refusals.add_metric([reason], count)
-        out.append(refusals)
+        return [mismatches,
+                GaugeMetricFamily("hixl_transfers_in_flight",
+                                  "Transfer calls accepted and not yet answered",
+                                  value=deps.load.running),
+                refusals]
 
+    def _sessions(self) -> Iterable[Metric]:
+        engine = self._engine
         sessions = engine.sessions.values()
-        out.append(GaugeMetricFamily("hixl_sessions", "Attached client sessions",
-                                     value=len(sessions)))
         lane_calls = CounterMetricFamily("hixl_lane_calls", "Calls the lanes accepted",
                                          labels=["lane"])
         lane_calls.add_metric(["transfer"], engine.sessions.retired_lane_calls
                               + sum(session.lane_calls for session in sessions))
-        lane_calls.add_metric(["peer"], deps.peer_lane.calls)
-        out.append(lane_calls)
+        lane_calls.add_metric(["peer"], engine.deps.peer_lane.calls)
+        return [GaugeMetricFamily("hixl_sessions", "Attached client sessions",
+                                  value=len(sessions)),
+                lane_calls]
 
-        clusters = list(engine.clusters.values())
-        out.append(GaugeMetricFamily("hixl_clusters", "Initialized clusters",
-                                     value=len(clusters)))
-        out.append(GaugeMetricFamily("hixl_caches", "Caches of all clusters",
-                                     value=sum(len(c.registry) for c in clusters)))
-        out.append(GaugeMetricFamily("hixl_cache_keys", "Cache keys of all clusters",
-                                     value=sum(c.registry.key_count for c in clusters)))
-        out.append(GaugeMetricFamily(  # a gauge: it drops when a cluster ends
-            "hixl_repeated_transfers", "Transfers by repeat handle of the clusters alive",
-            value=sum(c.repeats.repeated for c in clusters)))
+    def _clusters(self) -> Iterable[Metric]:
+        clusters = list(self._engine.clusters.values())
+        return [
+            GaugeMetricFamily("hixl_clusters", "Initialized clusters", value=len(clusters)),
+            GaugeMetricFamily("hixl_caches", "Caches of all clusters",
+                              value=sum(len(c.registry) for c in clusters)),
+            GaugeMetricFamily("hixl_cache_keys", "Cache keys of all clusters",
+                              value=sum(c.registry.key_count for c in clusters)),
+            GaugeMetricFamily(  # a gauge: it drops when a cluster ends
+                "hixl_repeated_transfers", "Transfers by repeat handle of the clusters alive",
+                value=sum(c.repeats.repeated for c in clusters))]
 
-        links: dict[tuple[str, str, str], int] = {}
-        for cluster in clusters:
+    def _links(self) -> Iterable[Metric]:
+        """Links now, by direction, transport and state; and their transitions."""
+        engine = self._engine
+        links: Counter[tuple[str, str, str]] = Counter()
+        for cluster in engine.clusters.values():
             for link in cluster.links.values():
-                transport_info = link.info()
-                key = ("outbound", transport_info.name,
-                       link.health.state.value)
-                links[key] = links.get(key, 0) + 1
+                links["outbound", link.info().name, link.health.state.value] += 1
         for inbound in engine.inbound.all():
-            key = ("inbound", inbound.side.name,
-                   inbound.health.state.value)
-            links[key] = links.get(key, 0) + 1
+            links["inbound", inbound.side.name, inbound.health.state.value] += 1
         link_gauge = GaugeMetricFamily("hixl_links", "Links, by direction, transport and state",
                                        labels=["direction", "transport", "state"])
         for key, count in sorted(links.items()):
             link_gauge.add_metric(list(key), count)
-        out.append(link_gauge)
         transitions = CounterMetricFamily("hixl_link_transitions",
                                           "Links that entered a state, by direction",
                                           labels=["direction", "state"])
-        for (direction, state), count in sorted(stats.link_transitions.items()):
+        for (direction, state), count in sorted(engine.deps.stats.link_transitions.items()):
             transitions.add_metric([direction, state], count)
-        out.append(transitions)
-
-        out += self._pools()
-        return out
+        return [link_gauge, transitions]
 
     def _pools(self) -> Iterable[Metric]:
         pools = self._engine.pools
