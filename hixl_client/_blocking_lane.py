@@ -16,7 +16,8 @@ bound is the kernel's (``SO_RCVTIMEO``, ``SO_SNDTIMEO``) on a blocking
 socket, not a Python socket timeout: with one, each send and receive is a
 ``poll`` and then the call, two releases of the GIL where one does, and with
 several threads calling at once each release is a hand-off the thread may
-wait for. Control calls still go through the loop thread.
+wait for. Control calls, and the transfers of a thread without a lane or too
+large for one frame, still go through the loop thread (:class:`LoopCarrier`).
 """
 
 from __future__ import annotations
@@ -27,21 +28,26 @@ import struct
 import threading
 import time
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hixl_wire.lane import (
     CLIENT_METHODS,
     KIND_HELLO,
+    KIND_TRACE,
     MAX_BODY,
-    REPLY_OK,
-    FrameReader,
-    error_from_reply,
+    LaneEnd,
     frame_of,
     reply_of,
 )
 
+from . import _tracing
+from ._sync_loop import run
 from ._transport import LANE_GRACE_S
 from .status import LLMException, LLMStatusCode
+
+if TYPE_CHECKING:
+    from ._carrier import BlockingCarrier
+    from ._transport import DaemonConnection
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +55,10 @@ HELLO_TIMEOUT_S = 10.0
 _READ_BYTES = 256 * 1024
 
 
-class BlockingLane:
-    """One lane connection for one thread: a call is a write and a blocking read.
+class BlockingLane(LaneEnd):
+    """One lane connection for one thread, a
+    :class:`~hixl_client._carrier.BlockingCarrier`: a call is a write and a
+    blocking read. HELLO and failing as every lane end (``LaneEnd``).
 
     Args:
         path: the daemon's transfer-lane socket.
@@ -59,52 +67,47 @@ class BlockingLane:
     """
 
     def __init__(self, path: str, session_id: str, what: str) -> None:
-        self._what = what
-        self._reader = FrameReader()
+        super().__init__(what, LLMStatusCode.LLM_FAILED)
         self._next_id = 0
         self._bound_s = 0.0  # the kernel's bound on each send and receive now
-        self._sock: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        with self._greeting():
             self._sock.settimeout(HELLO_TIMEOUT_S)
             self._sock.connect(path)
             self._sock.settimeout(None)  # blocking from now on, bounded by _bound
-            self._exchange(KIND_HELLO, session_id.encode(), HELLO_TIMEOUT_S, lambda body: body)
-        except BaseException:
-            self.close()
-            raise
+            self._greeted(*self._exchange(KIND_HELLO, session_id.encode(), HELLO_TIMEOUT_S))
 
-    @property
-    def is_open(self) -> bool:
-        return self._sock is not None
-
-    def call(self, method: str, request: Any, timeout_s: float) -> Any:
+    def call(self, method: str, request: Any, timeout_s: float, *, trace: bytes = b"") -> Any:
         """Run ``method`` with ``request`` under the deadline ``timeout_s`` (the
         frame carries it to the daemon), waiting LANE_GRACE_S longer at most;
         raises LLMException as a lane call does."""
         lane_method = CLIENT_METHODS[method]
-        return self._exchange(lane_method.kind, lane_method.write_request(request), timeout_s,
-                              lane_method.read_reply)
+        kind, body = self._exchange(lane_method.kind, lane_method.write_request(request),
+                                    timeout_s, trace)
+        return reply_of(kind, body, lane_method.read_reply, self._what)
 
-    def _exchange(self, kind: int, body: bytes, timeout_s: float, read_reply: Any) -> Any:
+    def _exchange(self, kind: int, body: bytes, timeout_s: float,
+                  trace: bytes = b"") -> tuple[int, bytes]:
+        """Send one frame and wait for its reply frame's kind and body."""
+        if self._closed_because is not None:
+            raise self._refusal()
         sock = self._sock
-        if sock is None:
-            raise LLMException(f"{self._what}: the lane was closed",
-                               status_code=LLMStatusCode.LLM_FAILED)
         self._next_id = call_id = (self._next_id + 1) & 0xFFFFFFFF
         wait_s = timeout_s + LANE_GRACE_S
+        frame = frame_of(call_id, kind, timeout_s, 0, body)
+        if trace:  # one write: the daemon reads the context with its call
+            frame = frame_of(call_id, KIND_TRACE, 0, 0, trace) + frame
         try:
             self._bound(sock, wait_s)
             give_up = time.monotonic() + wait_s
-            sock.sendall(frame_of(call_id, kind, timeout_s, 0, body))
+            sock.sendall(frame)
             while True:
-                data = sock.recv(_READ_BYTES)
-                if not data:
-                    raise self._lost("the daemon closed the lane", LLMStatusCode.LLM_FAILED)
-                for frame_id, reply_kind, _, _, reply_body in self._reader.feed(data):
+                frames = self._received(sock.recv(_READ_BYTES))
+                if frames is None:  # closed, by the daemon or another thread, or malformed
+                    raise self._refusal()
+                for frame_id, reply_kind, _, _, reply_body in frames:
                     if frame_id == call_id:
-                        if kind == KIND_HELLO and reply_kind != REPLY_OK:
-                            raise error_from_reply(reply_body, self._what)
-                        return reply_of(reply_kind, reply_body, read_reply, self._what)
+                        return reply_kind, reply_body
                 # A part of the reply: the rest within what is left of the bound.
                 left_s = give_up - time.monotonic()
                 if left_s <= 0:
@@ -114,10 +117,8 @@ class BlockingLane:
             # The reply may still come: the connection is of no further use.
             raise self._lost(f"no answer from the daemon within {wait_s:.1f} s",
                              LLMStatusCode.LLM_TIMEOUT) from None
-        except ValueError as exc:  # a malformed frame (FrameReader)
-            raise self._lost(f"malformed reply: {exc}", LLMStatusCode.LLM_FAILED) from None
         except OSError as exc:
-            raise self._lost(f"the lane failed: {exc}", LLMStatusCode.LLM_FAILED) from None
+            raise self._lost(f"the lane failed: {exc}") from None
 
     def _bound(self, sock: socket.socket, seconds: float) -> None:
         """Bound each send and receive on ``sock`` by ``seconds`` (set only when it
@@ -129,24 +130,45 @@ class BlockingLane:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, bound)
             self._bound_s = seconds
 
-    def _lost(self, reason: str, status: LLMStatusCode) -> LLMException:
-        self.close()
-        return LLMException(f"{self._what}: {reason}", status_code=status)
-
-    def close(self) -> None:
-        """Close the connection (any thread: a thread waiting on it gets an error)."""
-        sock, self._sock = self._sock, None
-        if sock is None:
-            return
+    def _release(self, reason: str) -> None:
+        # Any thread: one waiting in recv on this connection gets an error.
         try:
-            sock.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked in recv
+            self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
-        sock.close()
+        self._sock.close()
+
+
+class LoopCarrier:
+    """The :class:`~hixl_client._carrier.BlockingCarrier` of a thread without a
+    lane of its own: the session's async carrier of the call
+    (``DaemonConnection.transfer_carrier``), run on the facade's loop thread.
+
+    Args:
+        connection: the async client's connection.
+    """
+
+    def __init__(self, connection: DaemonConnection) -> None:
+        self._connection = connection
+
+    @property
+    def is_open(self) -> bool:
+        return True  # the async carriers it runs report their own failures
+
+    def call(self, method: str, request: Any, timeout_s: float, *, trace: bytes = b"") -> Any:
+        return run(self._carry, method, request, timeout_s, trace)
+
+    async def _carry(self, method: str, request: Any, timeout_s: float, trace: bytes) -> Any:
+        return await self._connection.transfer_carrier(request).begin(method, request,
+                                                                      timeout_s, trace=trace)
+
+    def close(self) -> None:
+        """Nothing to close: the carriers it runs are the async client's."""
 
 
 class ThreadLanes:
-    """The blocking lane of each calling thread, for one session.
+    """The blocking carrier of each calling thread, for one session: the
+    thread's own lane connection, else the loop thread's carriers.
 
     A thread's lane lives as long as the thread (a ``threading.local``) or
     until :meth:`close`, which the facade calls at finalize.
@@ -156,26 +178,33 @@ class ThreadLanes:
             session and the lane socket (its attributes are plain values).
     """
 
-    def __init__(self, connection: Any) -> None:
+    def __init__(self, connection: DaemonConnection) -> None:
         self._connection = connection
+        self._through_loop = LoopCarrier(connection)
         self._local = threading.local()
         self._all: weakref.WeakSet[BlockingLane] = weakref.WeakSet()
         self._lock = threading.Lock()
         self._closed = False
 
-    def lane(self) -> BlockingLane | None:
+    def carrier(self, request: Any) -> BlockingCarrier:
+        """The carrier of a transfer call with ``request`` from this thread: its
+        lane, or the loop thread when the request is too large for one frame or
+        the thread has no lane (see :meth:`lane`)."""
+        lane = self.lane() if request.ByteSize() <= MAX_BODY else None
+        return self._through_loop if lane is None else lane
+
+    def lane(self) -> BlockingCarrier | None:
         """This thread's lane, connected on first use; None when the session has
         no transfer lane (or it was lost): the call then goes through the loop,
         which reports why."""
         connection = self._connection
-        lane: BlockingLane | None = getattr(self._local, "lane", None)
+        lane: BlockingCarrier | None = getattr(self._local, "carrier", None)
         if lane is not None and lane.is_open and connection.has_lane:
             return lane
         if self._closed or not connection.has_lane or getattr(self._local, "refused", False):
             return None
         try:
-            lane = BlockingLane(connection.lane_socket, connection.session_id,
-                                f"hixl daemon at {connection.target}")
+            made = BlockingLane(connection.lane_socket, connection.session_id, connection.what)
         except (OSError, LLMException) as exc:
             # The loop thread's lane still works: this thread uses it from now on.
             self._local.refused = True
@@ -185,16 +214,11 @@ class ThreadLanes:
             return None
         with self._lock:
             if self._closed:
-                lane.close()
+                made.close()
                 return None
-            self._all.add(lane)
-        self._local.lane = lane
+            self._all.add(made)
+        self._local.carrier = lane = _tracing.traced_blocking(made)
         return lane
-
-    @staticmethod
-    def fits(request: Any) -> bool:
-        """Whether ``request`` fits one lane frame (larger ones go over gRPC)."""
-        return bool(request.ByteSize() <= MAX_BODY)
 
     def close(self) -> None:
         """Close every thread's lane; later calls go through the loop."""

@@ -65,7 +65,7 @@ class CommOps:
             if current is not None and current != listen:
                 raise LLMException("the hixl backend cannot change the listen address",
                                    status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
-        await connection.call(connection.stub.SwitchRole,
+        await connection.call("SwitchRole",
                               client_pb2.SwitchRoleRequest(role=int(role)))
         self._role = role
 

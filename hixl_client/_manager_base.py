@@ -71,11 +71,6 @@ class ManagerBase:
             options.get("llm.EnableRemoteCacheAccessible") == "1")
         self._sync_timeout_s = int(options.get("llm.SyncKvCacheWaitTime", "1000")) / 1000.0
 
-    @property
-    def connection(self) -> DaemonConnection:
-        """The session's connection to the local daemon."""
-        return self._connection
-
     def _check_is_inited(self) -> None:
         if not self._initialized:
             raise LLMException("the LLMDataDist that created this cache manager was finalized",
@@ -101,7 +96,7 @@ class ManagerBase:
                                    status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
             key = await asyncio.to_thread(buffer.export_for, self._daemon_tgid)
             reply = await self._connection.call(
-                self._connection.stub.ImportDeviceBuffer,
+                "ImportDeviceBuffer",
                 client_pb2.ImportDeviceBufferRequest(ipc_key=key, size=buffer.size,
                                                      device_id=buffer.device_id))
             known = buffer._imported[self._upload_token] = (self._fd_socket, reply.buffer_id)

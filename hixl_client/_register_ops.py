@@ -87,7 +87,7 @@ class RegisterOps(ManagerBase):
         self._check_is_inited()
         check_isinstance("cache_id", cache_id, int, allow_none=False)
         check_int64("cache_id", cache_id)
-        await self._connection.call(self._connection.stub.UnregisterCache,
+        await self._connection.call("UnregisterCache",
                                     client_pb2.UnregisterCacheRequest(cache_id=cache_id))
 
     async def _register(self, desc: CacheDesc, addrs: list[int], keys: list[CacheKey],
@@ -126,7 +126,7 @@ class RegisterOps(ManagerBase):
             pool_id=pool.pool_id if pool is not None else 0)
         if blocks_key is not None:
             request.blocks_key.model_id = blocks_key.model_id
-        reply = await self._connection.call(self._connection.stub.RegisterCache, request)
+        reply = await self._connection.call("RegisterCache", request)
         cache = Cache(reply.cache_id, desc, list(addrs), self, is_registered=True,
                       is_blocks_cache=blocks)
         if isinstance(buffer, DeviceShareableBuffer):

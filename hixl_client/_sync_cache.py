@@ -4,9 +4,12 @@ Each method runs the async `hixl_client.CacheManager` coroutine of the same
 name on the facade's loop thread and returns its result; the async layer does
 all validation. Block transfers, the calls engines make per request, run on
 the calling thread instead: the async layer checks them and builds the
-request there, and the thread's own lane connection carries it
-(``_blocking_lane``). A method the async CacheManager of this release lacks raises
-``LLMException(LLM_FEATURE_NOT_ENABLED)``.
+request there, and the thread's blocking carrier takes it (its own lane
+connection, ``_blocking_lane``). A method the async CacheManager of this
+release lacks raises ``LLMException(LLM_FEATURE_NOT_ENABLED)``.
+
+Every method has its async twin's parameters (``tests/client/test_sync_parity.py``
+checks it), so LLM-DataDist's signatures plus hixl's keyword-only ``checksum=``.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from .cache import Cache
 from .status import LLMStatusCode
 
 if TYPE_CHECKING:
+    from .cache_manager import CacheManager as _AsyncCacheManager
     from .keys import BlocksCacheKey, CacheKey, CacheKeyByIdAndIndex
     from .transfer_config import TransferConfig, TransferWithCacheKeyConfig
     from .types import CacheDesc, LayerSynchronizer, MemInfo
@@ -101,7 +105,7 @@ class CacheManager:
         cache_manager: the async cache manager to drive.
     """
 
-    def __init__(self, cache_manager: Any) -> None:
+    def __init__(self, cache_manager: _AsyncCacheManager) -> None:
         self._async = cache_manager
         self._lanes_made = threading.Lock()
         self._lanes: ThreadLanes | None = None  # made by the first block transfer
@@ -110,20 +114,15 @@ class CacheManager:
         return call_method(self._async, _OWNER, name, *args, **kwargs)
 
     def _transfer_here(self, operation: str, request: Any) -> None:
-        """Send a checked transfer from this thread, on its lane; through the
-        loop thread when there is none (no transfer lane, or the request is too
-        large for one frame)."""
+        """Send a checked transfer from this thread, on its blocking carrier
+        (``ThreadLanes.carrier``: its lane, else the loop thread)."""
         if self._lanes is None:
             with self._lanes_made:
                 if self._lanes is None:
-                    self._lanes = ThreadLanes(self._async.connection)
-        lane = self._lanes.lane() if ThreadLanes.fits(request) else None
-        if lane is None:
-            self._call("_call_transfer", operation, request)
-        else:
-            self._async.call_transfer_here(operation, request, lane)
+                    self._lanes = ThreadLanes(self._async._connection)
+        self._async._call_transfer_blocking(self._lanes.carrier(request), operation, request)
 
-    def close_lanes(self) -> None:
+    def _close_lanes(self) -> None:
         """Close the calling threads' lanes (at finalize)."""
         with self._lanes_made:
             if self._lanes is not None:
@@ -210,7 +209,8 @@ class CacheManager:
         self._call("swap_blocks", src_cache, dst_cache, src_to_dst)
 
     def pull_cache(self, cache_key: CacheKey | CacheKeyByIdAndIndex, cache: Cache,
-                   batch_index: int = 0, size: int = -1, **kwargs: Any) -> None:
+                   batch_index: int = 0, size: int = -1, *, checksum: bool | None = None,
+                   **kwargs: Any) -> None:
         """Copy a remote cache slot into batch slot ``batch_index`` of ``cache``.
 
         Args:
@@ -218,13 +218,18 @@ class CacheManager:
             cache: the local continuous destination cache.
             batch_index: the destination slot.
             size: bytes per tensor, -1 for the whole slot.
+            checksum: hixl's extension: the bytes carry a CRC-32C over a TCP link
+                (``LLM_LINK_FAILED`` if they arrive changed); None: the daemon's
+                ``[transfer] checksum``.
             **kwargs: ``src_layer_range``, ``dst_layer_range``, ``tensor_num_per_layer``.
         """
-        self._call("pull_cache", cache_key, cache, batch_index, size, **kwargs)
+        self._call("pull_cache", cache_key, cache, batch_index, size, checksum=checksum,
+                   **kwargs)
 
     def pull_blocks(self, src_cache_key: CacheKey | CacheKeyByIdAndIndex | BlocksCacheKey,
                     dst_cache: Cache, src_blocks: tuple[int, ...] | list[int] | None = (),
-                    dst_blocks: tuple[int, ...] | list[int] = (), **kwargs: Any) -> None:
+                    dst_blocks: tuple[int, ...] | list[int] = (), *,
+                    checksum: bool | None = None, **kwargs: Any) -> None:
         """Copy remote blocks (or a remote cache slot) into blocks of ``dst_cache``.
 
         Args:
@@ -232,31 +237,34 @@ class CacheManager:
             dst_cache: the local blocks cache.
             src_blocks: remote block indices (empty for a cache slot source).
             dst_blocks: local block indices, pairwise with ``src_blocks``.
+            checksum: as for `pull_cache`.
             **kwargs: ``src_layer_range``, ``dst_layer_range``, ``tensor_num_per_layer``.
         """
         ensure_not_in_loop()
-        request = self._async.pull_blocks_request(src_cache_key, dst_cache, src_blocks,
-                                                  dst_blocks, **kwargs)
+        request = self._async._pull_blocks_request(src_cache_key, dst_cache, src_blocks,
+                                                   dst_blocks, checksum=checksum, **kwargs)
         self._transfer_here("pull_blocks", request)
 
     def push_cache(self, dst_cache_key: CacheKeyByIdAndIndex, src_cache: Cache,
                    src_batch_index: int = 0, src_layer_range: range | None = None,
                    dst_layer_range: range | None = None, size: int = -1,
-                   tensor_num_per_layer: int = 2) -> None:
-        """Write a local cache slot into a remote cache (remote-cache-accessible mode)."""
+                   tensor_num_per_layer: int = 2, *, checksum: bool | None = None) -> None:
+        """Write a local cache slot into a remote cache (remote-cache-accessible mode);
+        ``checksum``: as for `pull_cache`."""
         self._call("push_cache", dst_cache_key, src_cache, src_batch_index, src_layer_range,
-                   dst_layer_range, size, tensor_num_per_layer)
+                   dst_layer_range, size, tensor_num_per_layer, checksum=checksum)
 
     def push_blocks(self, dst_cache_key: BlocksCacheKey, src_cache: Cache,
                     src_blocks: tuple[int, ...] | list[int] = (),
                     dst_blocks: tuple[int, ...] | list[int] = (),
                     src_layer_range: range | None = None, dst_layer_range: range | None = None,
-                    tensor_num_per_layer: int = 2) -> None:
-        """Write local blocks into a remote blocks cache (remote-cache-accessible mode)."""
+                    tensor_num_per_layer: int = 2, *, checksum: bool | None = None) -> None:
+        """Write local blocks into a remote blocks cache (remote-cache-accessible mode);
+        ``checksum``: as for `pull_cache`."""
         ensure_not_in_loop()
-        request = self._async.push_blocks_request(dst_cache_key, src_cache, src_blocks,
-                                                  dst_blocks, src_layer_range, dst_layer_range,
-                                                  tensor_num_per_layer)
+        request = self._async._push_blocks_request(dst_cache_key, src_cache, src_blocks,
+                                                   dst_blocks, src_layer_range, dst_layer_range,
+                                                   tensor_num_per_layer, checksum=checksum)
         if request is not None:
             self._transfer_here("push_blocks", request)
 

@@ -26,14 +26,10 @@ from typing import Any
 
 from hixl_wire.lane import (
     DEADLINE_GRACE_S,
-    KIND_HELLO,
-    REPLY_OK,
     CallBook,
-    FrameReader,
+    LaneEnd,
     Methods,
     Posted,
-    answer_read,
-    error_from_reply,
     frame_of,
     reply_of,
 )
@@ -58,20 +54,19 @@ class ThreadCall:
     failure: LLMException | None = None  # set by the thread when it could not be
 
 
-class ThreadLane:
-    """One lane connection: frames written by a worker thread, replies read by the loop."""
+class ThreadLane(LaneEnd):
+    """One lane connection: frames written by a worker thread, replies read by
+    the loop; HELLO, reading and failing as every lane end (``LaneEnd``)."""
 
     def __init__(self, sock: socket.socket, methods: Methods, what: str,
                  grace_s: float = DEADLINE_GRACE_S) -> None:
+        super().__init__(what, LLMStatusCode.LLM_FAILED)
         self._sock = sock
         self._fd = sock.fileno()
         self._methods = methods
-        self._what = what
         self._loop = asyncio.get_running_loop()
         self._calls = CallBook(what, LLMStatusCode.LLM_FAILED, grace_s)
-        self._reader = FrameReader()
         self._writing = threading.Lock()
-        self._closing = False
         self._loop.add_reader(self._fd, self._readable)
 
     @classmethod
@@ -88,29 +83,23 @@ class ThreadLane:
         except BaseException:
             sock.close()
             raise
-        try:
+        with lane._greeting():
             posted = lane._calls.open()
             await asyncio.wait_for(
-                loop.sock_sendall(sock, frame_of(posted.call_id, KIND_HELLO, timeout_s, 0, hello)),
+                loop.sock_sendall(sock, lane._hello_frame(posted.call_id, hello, timeout_s)),
                 timeout_s)
             lane._calls.sent(posted.call_id, timeout_s)
-            kind, body = await posted.future
-            if kind != REPLY_OK:
-                raise error_from_reply(body, what)
+            lane._greeted(*await posted.future)
             # From here on only the worker thread writes, blocking but bounded;
             # the descriptor stays non-blocking for the loop's reads.
             sock.settimeout(SEND_TIMEOUT_S)
-        except BaseException:
-            lane.close()
-            raise
         return lane
 
-    @property
-    def is_open(self) -> bool:
-        return self._calls.closed_because is None
-
     def open_call(self, method: str, request: Any, timeout_s: float) -> ThreadCall:
-        """Open a call of ``method`` for the thread to send (event loop only)."""
+        """Open a call of ``method`` for the thread to send (event loop only);
+        raises LLMException when the lane failed."""
+        if self._closed_because is not None:
+            raise self._refusal()
         lane_method = self._methods[method]
         posted = self._calls.open()
         frame = frame_of(posted.call_id, lane_method.kind, timeout_s, 0,
@@ -124,9 +113,8 @@ class ThreadLane:
         failed, since part of the frame may be out.
         """
         with self._writing:
-            if self._closing:
-                call.failure = LLMException(f"{self._what}: the lane was closed",
-                                            status_code=LLMStatusCode.LLM_FAILED)
+            if self._closed_because is not None:
+                call.failure = self._refusal()
                 return
             try:
                 self._sock.sendall(call.frame)
@@ -175,18 +163,12 @@ class ThreadLane:
         except OSError as exc:
             self._fail(f"reading the lane failed: {exc}")
             return
-        if not data:
-            self._fail("the daemon closed the lane")
-            return
-        malformed = answer_read(self._reader, self._calls, data)
-        if malformed is not None:
-            self._fail(malformed)
+        frames = self._received(data)
+        if frames:
+            self._calls.answer(frames)
 
-    def _fail(self, reason: str) -> None:
+    def _release(self, reason: str) -> None:
         self._calls.fail(reason)
-        if self._closing:
-            return
-        self._closing = True
         self._loop.remove_reader(self._fd)
         try:
             # A thread blocked in sendall returns at once, so the lock below is
@@ -196,7 +178,3 @@ class ThreadLane:
             pass
         with self._writing:
             self._sock.close()
-
-    def close(self) -> None:
-        self._fail("the lane was closed")
-

@@ -6,15 +6,19 @@ the application's tracer provider (``opentelemetry.trace``'s global one,
 which the application configures), and its W3C ``traceparent`` travels to
 the daemon: as gRPC metadata, or in a TRACE frame before the call's frame on
 the transfer lane. The daemon continues the trace, and so does the peer
-daemon it calls (``hixl_service.tracing``). Off, the transfer path pays one
-module-level flag test per call.
+daemon it calls (``hixl_service.tracing``). Tracing is a wrapper around a
+carrier (``_carrier``), put on when the session opens its carriers: off, a
+call pays nothing for it.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Awaitable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._carrier import BlockingCarrier, Carrier
 
 TRACING_ENV = "HIXL_TRACING"
 TRACEPARENT = "traceparent"
@@ -39,32 +43,85 @@ def start(name: str) -> tuple[Any, bytes]:
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
     span = trace.get_tracer("hixl_client").start_span(name, kind=trace.SpanKind.CLIENT)
-    carrier: dict[str, str] = {}
-    TraceContextTextMapPropagator().inject(carrier, trace.set_span_in_context(span))
-    return span, carrier.get(TRACEPARENT, "").encode()
+    headers: dict[str, str] = {}
+    TraceContextTextMapPropagator().inject(headers, trace.set_span_in_context(span))
+    return span, headers.get(TRACEPARENT, "").encode()
 
 
 async def finish(span: Any, reply: Awaitable[Any]) -> Any:
     """Await ``reply`` and end ``span``, recording a failure on it."""
-    from opentelemetry.trace import Status, StatusCode
-
     try:
         return await reply
     except BaseException as exc:
-        span.record_exception(exc)
-        span.set_status(Status(StatusCode.ERROR, str(exc)))
+        _failed(span, exc)
         raise
     finally:
         span.end()
 
 
-def traced(name: str, begin: Any) -> Coroutine[Any, Any, Any]:
-    """``begin(traceparent)`` (which sends the call and returns its reply's
-    awaitable) inside a client span ``hixl.<name>``."""
-    span, traceparent = start(f"hixl.{name}")
-    try:
-        reply = begin(traceparent)
-    except BaseException:
-        span.end()
-        raise
-    return finish(span, reply)
+def _failed(span: Any, exc: BaseException) -> None:
+    from opentelemetry.trace import Status, StatusCode
+
+    span.record_exception(exc)
+    span.set_status(Status(StatusCode.ERROR, str(exc)))
+
+
+class TracedCarrier:
+    """A :class:`~hixl_client._carrier.Carrier` whose every call is a client
+    span ``hixl.<method>``, its traceparent carried to the daemon."""
+
+    def __init__(self, carrier: Carrier) -> None:
+        self._carrier = carrier
+
+    @property
+    def is_open(self) -> bool:
+        return self._carrier.is_open
+
+    def begin(self, method: str, request: Any, timeout_s: float, *,
+              trace: bytes = b"") -> Coroutine[Any, Any, Any]:
+        span, traceparent = start(f"hixl.{method}")
+        try:
+            reply = self._carrier.begin(method, request, timeout_s, trace=traceparent)
+        except BaseException:
+            span.end()
+            raise
+        return finish(span, reply)
+
+    def close(self) -> None:
+        self._carrier.close()
+
+
+class TracedBlockingCarrier:
+    """A :class:`~hixl_client._carrier.BlockingCarrier` whose every call is a
+    client span, as :class:`TracedCarrier`."""
+
+    def __init__(self, carrier: BlockingCarrier) -> None:
+        self._carrier = carrier
+
+    @property
+    def is_open(self) -> bool:
+        return self._carrier.is_open
+
+    def call(self, method: str, request: Any, timeout_s: float, *,
+             trace: bytes = b"") -> Any:
+        span, traceparent = start(f"hixl.{method}")
+        try:
+            return self._carrier.call(method, request, timeout_s, trace=traceparent)
+        except BaseException as exc:
+            _failed(span, exc)
+            raise
+        finally:
+            span.end()
+
+    def close(self) -> None:
+        self._carrier.close()
+
+
+def traced(carrier: Carrier) -> Carrier:
+    """``carrier`` in client spans when tracing is on, else ``carrier`` itself."""
+    return TracedCarrier(carrier) if ENABLED else carrier
+
+
+def traced_blocking(carrier: BlockingCarrier) -> BlockingCarrier:
+    """``carrier`` in client spans when tracing is on, else ``carrier`` itself."""
+    return TracedBlockingCarrier(carrier) if ENABLED else carrier

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hixl_wire._proto.hixl.v1 import client_pb2
 from hixl_wire.lane import RepeatFrame
 
-from . import _tracing, timing
+from . import timing
 from ._layerwise import CacheTask, build_start, drive
 from ._manager_base import PULL_KWARGS, ManagerBase, ref_to_proto
 from ._transport import CALL_MARGIN_S
@@ -27,6 +27,9 @@ from .keys import BlocksCacheKey, CacheKey, CacheKeyByIdAndIndex, check_cache_ke
 from .status import LLMStatusCode, raise_if_false
 from .transfer_config import TransferConfig, TransferWithCacheKeyConfig
 from .types import LayerSynchronizer, Placement
+
+if TYPE_CHECKING:
+    from ._carrier import BlockingCarrier
 
 # The daemon method behind each transfer of the CacheManager.
 _RPC_OF = {"pull_cache": "PullCache", "pull_blocks": "PullBlocks", "push_cache": "PushCache",
@@ -141,16 +144,18 @@ class TransferOps(ManagerBase):
         started = time.perf_counter()
         # The daemon bounds the transfer by sync_kv_timeout; the connection adds
         # the margin that bounds a daemon which stopped answering.
-        reply = await self._connection.transfer(_RPC_OF[operation], request,
-                                                timeout=self._sync_timeout_s)
+        reply = await self._connection.begin_transfer(_RPC_OF[operation], request,
+                                                      self._sync_timeout_s)
         timing.record(operation, time.perf_counter() - started, reply)
         return reply
 
-    def call_transfer_here(self, operation: str, request: Any, lane: Any) -> None:
-        """Run a transfer built by a ``*_request`` method on ``lane``, a
-        `_blocking_lane.BlockingLane` of the calling thread (the blocking facade)."""
+    def _call_transfer_blocking(self, carrier: BlockingCarrier, operation: str,
+                                request: Any) -> None:
+        """:meth:`_call_transfer` on a blocking carrier, for the blocking facade:
+        the request is built by :meth:`_pull_blocks_request` or
+        :meth:`_push_blocks_request` on the calling thread."""
         started = time.perf_counter()
-        reply = lane.call(_RPC_OF[operation], request, self._sync_timeout_s + CALL_MARGIN_S)
+        reply = carrier.call(_RPC_OF[operation], request, self._sync_timeout_s + CALL_MARGIN_S)
         timing.record(operation, time.perf_counter() - started, reply)
 
     async def _repeated(self, operation: str, shape: TransferShape, src_batch: int,
@@ -163,12 +168,9 @@ class TransferOps(ManagerBase):
         if not handle or lane is None or not self._connection.has_lane:
             return False
         started = time.perf_counter()
-        method = "RepeatPull" if operation == "pull_cache" else "RepeatPush"
-        frame, timeout_s = RepeatFrame(handle, src_batch, dst_batch), \
-            self._sync_timeout_s + CALL_MARGIN_S
-        reply = await (_tracing.traced(method, lambda trace: lane.begin(
-            method, frame, timeout_s, trace=trace)) if _tracing.ENABLED
-            else lane.call(method, frame, timeout_s))
+        reply = await lane.begin("RepeatPull" if operation == "pull_cache" else "RepeatPush",
+                                 RepeatFrame(handle, src_batch, dst_batch),
+                                 self._sync_timeout_s + CALL_MARGIN_S)
         timing.record(operation, time.perf_counter() - started, reply)
         return True
 
@@ -252,16 +254,16 @@ class TransferOps(ManagerBase):
             LLMException: a broken block rule (``LLM_PARAM_INVALID``) or a failed
                 transfer, as for `pull_cache`.
         """
-        await self._call_transfer("pull_blocks", self.pull_blocks_request(
+        await self._call_transfer("pull_blocks", self._pull_blocks_request(
             src_cache_key, dst_cache, src_blocks, dst_blocks, checksum=checksum, **kwargs))
 
-    def pull_blocks_request(
+    def _pull_blocks_request(
             self, src_cache_key: CacheKey | CacheKeyByIdAndIndex | BlocksCacheKey,
             dst_cache: Cache, src_blocks: Sequence[int] | None = (),
             dst_blocks: Sequence[int] = (), *, checksum: bool | None = None,
             **kwargs: Any) -> client_pb2.PullCacheRequest:
-        """`pull_blocks`' checks, and the request it sends: for a caller that
-        sends it itself (the blocking facade, from its calling thread)."""
+        """`pull_blocks`' checks, and the request it sends: also for the blocking
+        facade, which sends it from its calling thread (:meth:`_call_transfer_blocking`)."""
         self._check_is_inited()
         if type(src_cache_key) is not BlocksCacheKey:  # allowed in every mode
             self._check_source_key("src_cache_key", src_cache_key, blocks_ok=True)
@@ -352,20 +354,20 @@ class TransferOps(ManagerBase):
             LLMException: not in remote-cache-accessible mode, a broken rule
                 (``LLM_PARAM_INVALID``) or a failed transfer.
         """
-        request = self.push_blocks_request(dst_cache_key, src_cache, src_blocks, dst_blocks,
-                                           src_layer_range, dst_layer_range,
-                                           tensor_num_per_layer, checksum=checksum)
+        request = self._push_blocks_request(dst_cache_key, src_cache, src_blocks, dst_blocks,
+                                            src_layer_range, dst_layer_range,
+                                            tensor_num_per_layer, checksum=checksum)
         if request is not None:
             await self._call_transfer("push_blocks", request)
 
-    def push_blocks_request(self, dst_cache_key: BlocksCacheKey, src_cache: Cache,
-                            src_blocks: Sequence[int] = (), dst_blocks: Sequence[int] = (),
-                            src_layer_range: range | None = None,
-                            dst_layer_range: range | None = None,
-                            tensor_num_per_layer: int = 2, *,
-                            checksum: bool | None = None) -> client_pb2.PushRequest | None:
+    def _push_blocks_request(self, dst_cache_key: BlocksCacheKey, src_cache: Cache,
+                             src_blocks: Sequence[int] = (), dst_blocks: Sequence[int] = (),
+                             src_layer_range: range | None = None,
+                             dst_layer_range: range | None = None,
+                             tensor_num_per_layer: int = 2, *,
+                             checksum: bool | None = None) -> client_pb2.PushRequest | None:
         """`push_blocks`' checks, and the request it sends (None: no whole layer
-        to push), for a caller that sends it itself, as `pull_blocks_request`."""
+        to push), also for the blocking facade, as :meth:`_pull_blocks_request`."""
         self._check_is_inited()
         self._check_push_mode()
         check_isinstance("dst_cache_key", dst_cache_key, BlocksCacheKey, allow_none=False)

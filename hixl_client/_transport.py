@@ -1,9 +1,11 @@
 """The only module that touches gRPC stubs on the client side.
 
-It opens the channel to the local daemon, keeps the session's Attach stream,
+It opens the channel to the local daemon, keeps the session's Attach stream
+and opens the session's carriers (``_carrier``): :class:`GrpcCarrier`, which
 adds the session metadata to every call and turns ``AioRpcError`` into
-``LLMException`` with the daemon's exact LLMStatusCode. Transfer calls go
-over the daemon's transfer lane (``hixl_wire.lane``) when it offers one.
+``LLMException`` with the daemon's exact LLMStatusCode, and the daemon's
+transfer lane (``hixl_wire.lane.Lane``) when it offers one. Control calls go
+over gRPC; transfer calls go over the lane when it is open, else over gRPC.
 """
 
 from __future__ import annotations
@@ -12,8 +14,8 @@ import asyncio
 import logging
 import os
 import sys
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, TypeVar
+from collections.abc import Coroutine
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -24,6 +26,7 @@ from hixl_wire.lane import CLIENT_METHODS, MAX_BODY, Lane
 from hixl_wire.status import error_from_rpc
 
 from . import _tracing
+from ._carrier import Carrier
 from ._defaults import transfer_lane_enabled
 from ._thread_lane import ThreadLane
 from .notify import NotifyDesc, NotifyInbox
@@ -54,7 +57,52 @@ CONTROL_TIMEOUT_OPTION = "hixl.ControlCallTimeout"
 # Idle thread lanes kept for the next layer-wise tasks (one per task in flight).
 IDLE_THREAD_LANES = 4
 
-Reply = TypeVar("Reply")
+
+class GrpcCarrier:
+    """The :class:`~hixl_client._carrier.Carrier` over the session's gRPC channel.
+
+    Every call carries the session's metadata (and its traceparent when
+    traced); ``AioRpcError`` becomes LLMException. Once the session ended
+    (:attr:`lost`) every call fails at once.
+
+    Args:
+        stub: the channel's Client stub.
+        session_id: the session the calls belong to.
+        what: names the daemon in error messages.
+    """
+
+    def __init__(self, stub: client_pb2_grpc.ClientStub, session_id: str, what: str) -> None:
+        self._stub = stub
+        self._methods: dict[str, Any] = {}
+        # Built once: grpc.aio copies call metadata, so one object serves every call.
+        self._metadata = grpc.aio.Metadata((SESSION_METADATA_KEY, session_id))
+        self._what = what
+        self.lost: str | None = None  # why the session ended
+
+    @property
+    def is_open(self) -> bool:
+        return self.lost is None
+
+    def begin(self, method: str, request: Any, timeout_s: float, *,
+              trace: bytes = b"") -> Coroutine[Any, Any, Any]:
+        stub_method = self._methods.get(method)
+        if stub_method is None:
+            stub_method = self._methods[method] = getattr(self._stub, method)
+        return self._call(stub_method, request, timeout_s, trace)
+
+    async def _call(self, method: Any, request: Any, timeout_s: float, trace: bytes) -> Any:
+        if self.lost is not None:
+            raise LLMException(f"{self._what}: {self.lost}", status_code=LLMStatusCode.LLM_FAILED)
+        metadata = self._metadata if not trace else grpc.aio.Metadata(
+            *self._metadata, (_tracing.TRACEPARENT, trace.decode()))
+        try:
+            return await method(request, timeout=timeout_s, metadata=metadata)
+        except grpc.aio.AioRpcError as err:
+            raise error_from_rpc(err, self._what) from None
+
+    def close(self) -> None:
+        if self.lost is None:
+            self.lost = "the session was closed"
 
 
 class DaemonConnection:
@@ -67,36 +115,41 @@ class DaemonConnection:
         # The timeout of calls that have none of their own (see CONTROL_TIMEOUT_S).
         self.control_timeout_s = control_timeout_s
         self._use_lane = transfer_lane_enabled() if transfer_lane is None else transfer_lane
-        self.lane: Lane | None = None
+        # The session's carriers (None until open): control calls go over _grpc;
+        # transfer calls over the lane when it is open, else over _grpc_transfers
+        # (_grpc, traced when tracing is on, as the lane is).
+        self._grpc: GrpcCarrier | None = None
+        self._grpc_transfers: Carrier | None = None
+        self.lane: Carrier | None = None
         self._idle_thread_lanes: list[ThreadLane] = []
         self._client_name = client_name or os.path.basename(sys.argv[0] or "python")
         self._channel: grpc.aio.Channel | None = None
         self._stub: client_pb2_grpc.ClientStub | None = None
-        self._methods: dict[str, Any] = {}
         self._attach: Any = None
         self._watch: asyncio.Task[None] | None = None
         self.session_id = ""
-        # Built once: grpc.aio copies call metadata, so one object serves every call.
-        self._metadata = grpc.aio.Metadata()
         self.daemon_id = ""
         self.fd_socket = ""
         self.lane_socket = ""
         self.peer_address = ""
-        self.lost: str | None = None
         # What linked clusters sent this session (SessionEvent.notify).
         self.notifies = NotifyInbox()
 
     @property
     def stub(self) -> client_pb2_grpc.ClientStub:
+        """The channel's stub, for the streaming calls (unary calls: :meth:`call`)."""
         assert self._stub is not None, "not connected"
         return self._stub
 
-    def method(self, name: str) -> Any:
-        """The stub's callable for RPC ``name``, looked up once."""
-        found = self._methods.get(name)
-        if found is None:
-            found = self._methods[name] = getattr(self.stub, name)
-        return found
+    @property
+    def what(self) -> str:
+        """Names the daemon in error messages."""
+        return f"hixl daemon at {self.target}"
+
+    @property
+    def lost(self) -> str | None:
+        """Why the session ended (None while it lasts)."""
+        return None if self._grpc is None else self._grpc.lost
 
     async def open(self) -> None:
         """Connect and attach; the session lives until close() or process exit."""
@@ -110,18 +163,19 @@ class DaemonConnection:
             event = await asyncio.wait_for(self._attach.read(), attach_s)
         except grpc.aio.AioRpcError as err:
             await self.close()
-            raise error_from_rpc(err, f"hixl daemon at {self.target}") from None
+            raise error_from_rpc(err, self.what) from None
         except asyncio.TimeoutError:
             await self.close()
-            raise LLMException(f"hixl daemon at {self.target} did not answer within "
+            raise LLMException(f"{self.what} did not answer within "
                                f"{attach_s:g} s",
                                status_code=LLMStatusCode.LLM_TIMEOUT) from None
         if event is grpc.aio.EOF or not event.HasField("attached"):
             await self.close()
-            raise LLMException(f"hixl daemon at {self.target} refused the session",
+            raise LLMException(f"{self.what} refused the session",
                                status_code=LLMStatusCode.LLM_FAILED)
         self.session_id = event.attached.session_id
-        self._metadata = grpc.aio.Metadata((SESSION_METADATA_KEY, self.session_id))
+        self._grpc = GrpcCarrier(self._stub, self.session_id, self.what)
+        self._grpc_transfers = _tracing.traced(self._grpc)
         self.daemon_id = event.attached.daemon_id
         self.fd_socket = event.attached.fd_socket
         self.lane_socket = event.attached.lane_socket
@@ -134,11 +188,10 @@ class DaemonConnection:
         # Without the lane every call still works over gRPC, only slower: say
         # so in the log rather than failing the session.
         try:
-            self.lane = await Lane.connect_unix(path, CLIENT_METHODS,
-                                                f"hixl daemon at {self.target}",
-                                                self.control_timeout_s,
-                                                hello=self.session_id.encode(),
-                                                grace_s=LANE_GRACE_S)
+            self.lane = _tracing.traced(await Lane.connect_unix(path, CLIENT_METHODS, self.what,
+                                                        self.control_timeout_s,
+                                                        hello=self.session_id.encode(),
+                                                        grace_s=LANE_GRACE_S))
         except (OSError, asyncio.TimeoutError, LLMException) as exc:
             logger.warning("hixl daemon at %s: transfer lane %s unavailable, transfers use "
                            "gRPC: %s", self.target, path, exc or type(exc).__name__)
@@ -146,37 +199,35 @@ class DaemonConnection:
     async def _watch_session(self, attach: Any) -> None:
         # The stream carries the notifications linked clusters send; it ends
         # when the daemon goes away, which makes every later call fail clearly.
+        assert self._grpc is not None
         try:
             while (event := await attach.read()) is not grpc.aio.EOF:
                 if event.HasField("notify"):
                     notify = event.notify
                     await self.notifies.put(NotifyDesc(notify.name, notify.message,
                                                        notify.src_cluster_id))
-            self.lost = "the daemon closed the session"
+            self._grpc.lost = "the daemon closed the session"
         except grpc.aio.AioRpcError as err:
             if err.code() != grpc.StatusCode.CANCELLED:
-                self.lost = f"the session ended: {err.code().name}"
+                self._grpc.lost = f"the session ended: {err.code().name}"
 
-    async def call(self, method: Callable[..., Awaitable[Reply]], request: Any,
-                   timeout: float | None = None) -> Reply:
-        """Run one unary call in the session, mapping failures to LLMException.
+    def call(self, name: str, request: Any,
+             timeout: float | None = None) -> Coroutine[Any, Any, Any]:
+        """Run the unary control call ``name`` (the daemon's method) over gRPC;
+        failures raise LLMException.
 
         ``timeout``: the call's own timeout in seconds (None: the control
         timeout); the call ends CALL_MARGIN_S after it at the latest."""
-        if self.lost is not None:
-            raise LLMException(f"hixl daemon at {self.target}: {self.lost}",
-                               status_code=LLMStatusCode.LLM_FAILED)
+        assert self._grpc is not None, "not connected"
         timeout_s = self.control_timeout_s if timeout is None else timeout
-        try:
-            return await method(request, timeout=timeout_s + CALL_MARGIN_S,
-                                metadata=self._metadata)
-        except grpc.aio.AioRpcError as err:
-            raise error_from_rpc(err, f"hixl daemon at {self.target}") from None
+        return self._grpc.begin(name, request, timeout_s + CALL_MARGIN_S)
 
     @property
     def has_lane(self) -> bool:
         """Transfer calls go over the transfer lane (open, and the session alive)."""
-        return self.lane is not None and self.lane.is_open and self.lost is None
+        lane, grpc_carrier = self.lane, self._grpc
+        return (lane is not None and lane.is_open and grpc_carrier is not None
+                and grpc_carrier.lost is None)
 
     async def transfer(self, name: str, request: Any, timeout: float | None = None) -> Any:
         """Run transfer call ``name`` on the lane when it is open, else over gRPC;
@@ -187,31 +238,17 @@ class DaemonConnection:
                        timeout: float | None = None) -> Coroutine[Any, Any, Any]:
         """:meth:`transfer` as a coroutine to await later; on the lane the call
         is already sent when this returns (see :meth:`Lane.begin`)."""
-        if _tracing.ENABLED:
-            return _tracing.traced(name, lambda trace: self._begin(name, request, timeout, trace))
-        if self.lane is not None and self.has_lane and request.ByteSize() <= MAX_BODY:
-            timeout_s = self.control_timeout_s if timeout is None else timeout
-            return self.lane.begin(name, request, timeout_s + CALL_MARGIN_S)
-        return self.call(self.method(name), request, timeout)
+        timeout_s = self.control_timeout_s if timeout is None else timeout
+        return self.transfer_carrier(request).begin(name, request, timeout_s + CALL_MARGIN_S)
 
-    def _begin(self, name: str, request: Any, timeout: float | None,
-               trace: bytes) -> Coroutine[Any, Any, Any]:
-        """:meth:`begin_transfer` carrying a traceparent (tracing on), with the same bound."""
-        bound_s = (self.control_timeout_s if timeout is None else timeout) + CALL_MARGIN_S
-        if self.lane is not None and self.has_lane and request.ByteSize() <= MAX_BODY:
-            return self.lane.begin(name, request, bound_s, trace=trace)
-        return self._call_traced(self.method(name), request, bound_s, trace)
-
-    async def _call_traced(self, method: Callable[..., Awaitable[Reply]], request: Any,
-                           timeout: float, trace: bytes) -> Reply:
-        if self.lost is not None:
-            raise LLMException(f"hixl daemon at {self.target}: {self.lost}",
-                               status_code=LLMStatusCode.LLM_FAILED)
-        metadata = grpc.aio.Metadata(*self._metadata, (_tracing.TRACEPARENT, trace.decode()))
-        try:
-            return await method(request, timeout=timeout, metadata=metadata)
-        except grpc.aio.AioRpcError as err:
-            raise error_from_rpc(err, f"hixl daemon at {self.target}") from None
+    def transfer_carrier(self, request: Any) -> Carrier:
+        """The carrier of a transfer call with ``request``: the lane when it is
+        open and the request fits one frame, else gRPC."""
+        lane = self.lane
+        if lane is not None and self.has_lane and request.ByteSize() <= MAX_BODY:
+            return lane
+        assert self._grpc_transfers is not None, "not connected"
+        return self._grpc_transfers
 
     async def take_thread_lane(self) -> ThreadLane | None:
         """A lane connection of the session for one worker thread to write
@@ -224,8 +261,7 @@ class DaemonConnection:
         if not self.has_lane:
             return None
         try:
-            return await ThreadLane.connect_unix(self.lane_socket, CLIENT_METHODS,
-                                                 f"hixl daemon at {self.target}",
+            return await ThreadLane.connect_unix(self.lane_socket, CLIENT_METHODS, self.what,
                                                  self.control_timeout_s,
                                                  self.session_id.encode(), LANE_GRACE_S)
         except (OSError, asyncio.TimeoutError, LLMException) as exc:
@@ -258,7 +294,9 @@ class DaemonConnection:
             except asyncio.CancelledError:
                 pass
             self._watch = None
-        self._methods.clear()
+        if self._grpc is not None:
+            self._grpc.close()
         if self._channel is not None:
             await self._channel.close()
             self._channel = None
+

@@ -67,7 +67,7 @@ class CacheManager(TransferOps, CopyOps, RegisterOps):
             has_blocks_key=blocks_key is not None)
         if blocks_key is not None:
             request.blocks_key.model_id = blocks_key.model_id
-        reply = await self._connection.call(self._connection.stub.AllocateCache, request)
+        reply = await self._connection.call("AllocateCache", request)
         pool = self._pools[reply.pool_id]
         offsets = list(reply.tensor_offsets)
         cache = Cache(reply.cache_id, cache_desc, [pool.address(o) for o in offsets], self,
@@ -109,8 +109,8 @@ class CacheManager(TransferOps, CopyOps, RegisterOps):
         raise_if_false(cache.is_blocks_cache, "deallocate_blocks_cache only supports blocks "
                        "cache, please use deallocate_cache.")
         await self._connection.call(
-            self._connection.stub.DeallocateCache,
-            client_pb2.DeallocateCacheRequest(cache_id=cache.cache_id, blocks=True))
+            "DeallocateCache", client_pb2.DeallocateCacheRequest(cache_id=cache.cache_id,
+                                                                 blocks=True))
         cache._invalidate()
 
     async def deallocate_cache(self, cache: Cache) -> None:
@@ -124,7 +124,7 @@ class CacheManager(TransferOps, CopyOps, RegisterOps):
         check_isinstance("cache", cache, Cache, allow_none=False)
         raise_if_false(not cache.is_blocks_cache, "deallocate_cache does not support blocks "
                        "cache, please use deallocate_blocks_cache.")
-        await self._connection.call(self._connection.stub.DeallocateCache,
+        await self._connection.call("DeallocateCache",
                                     client_pb2.DeallocateCacheRequest(cache_id=cache.cache_id))
         cache._invalidate()
 
@@ -136,5 +136,5 @@ class CacheManager(TransferOps, CopyOps, RegisterOps):
         """
         self._check_is_inited()
         check_isinstance("cache_key", cache_key, CacheKey, allow_none=False)
-        await self._connection.call(self._connection.stub.RemoveCacheKey,
+        await self._connection.call("RemoveCacheKey",
                                     client_pb2.RemoveCacheKeyRequest(key=key_to_proto(cache_key)))

@@ -214,17 +214,17 @@ class LLMDataDist(CommOps, NotifyOps):
                                       control_timeout_s=control_s)
         await connection.open()
         try:
-            reply = await connection.call(connection.stub.Init, client_pb2.InitRequest(
+            reply = await connection.call("Init", client_pb2.InitRequest(
                 cluster_id=self._cluster_id, role=int(self._role), options=normalized),
                 init_timeout_s(normalized, control_s))
 
             async def share(tgid: int) -> client_pb2.ShareDevicePoolsReply:
                 reply: client_pb2.ShareDevicePoolsReply = await connection.call(
-                    connection.stub.ShareDevicePools, client_pb2.ShareDevicePoolsRequest(tgid=tgid))
+                    "ShareDevicePools", client_pb2.ShareDevicePoolsRequest(tgid=tgid))
                 return reply
 
             self._pools = await map_pools(reply, share)
-            await connection.call(connection.stub.ReportMappings, client_pb2.ReportMappingsRequest(
+            await connection.call("ReportMappings", client_pb2.ReportMappingsRequest(
                 pools=[client_pb2.PoolAddress(pool_id=p.pool_id, address=p.base)
                        for p in self._pools.values()]))
         except BaseException:
@@ -257,7 +257,7 @@ class LLMDataDist(CommOps, NotifyOps):
         # Imports of device pools end before the daemon frees the pools.
         self._close_pools()
         try:
-            await connection.call(connection.stub.Finalize, client_pb2.FinalizeRequest())
+            await connection.call("Finalize", client_pb2.FinalizeRequest())
         except LLMException as exc:
             logger.warning("finalizing cluster %d: %s; the session ends anyway", self._cluster_id,
                            exc)
@@ -301,7 +301,7 @@ class LLMDataDist(CommOps, NotifyOps):
                 remote_port=port))
             results.append(None)
         if targets:
-            method = connection.stub.UnlinkClusters if unlink else connection.stub.LinkClusters
+            method = "UnlinkClusters" if unlink else "LinkClusters"
             request_cls: Any = (client_pb2.UnlinkClustersRequest if unlink
                                 else client_pb2.LinkClustersRequest)
             reply = await connection.call(
@@ -382,7 +382,7 @@ class LLMDataDist(CommOps, NotifyOps):
         connection = self._require_init()
         check_int32("timeout", timeout)
         raise_if_false(timeout > 0, "timeout should be > 0, but got {0}.", timeout)
-        reply = await connection.call(connection.stub.QueryLinkStates,
+        reply = await connection.call("QueryLinkStates",
                                       client_pb2.QueryLinkStatesRequest(),
                                       timeout=timeout / 1000.0)
         return [LinkStatus(remote_cluster_id=link.remote_cluster_id, direction=link.direction,

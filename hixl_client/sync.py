@@ -206,7 +206,7 @@ class LLMDataDist:
                 run(self._async.finalize)
             finally:
                 if self._manager is not None:
-                    self._manager[1].close_lanes()
+                    self._manager[1]._close_lanes()
                 if LLMDataDist.llm_engine_instance is self:
                     LLMDataDist.llm_engine_instance = None
 

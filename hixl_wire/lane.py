@@ -11,9 +11,12 @@ socket, :data:`CLIENT_METHODS`) and the peer lane between daemons (TCP,
 :data:`PEER_METHODS`). This module holds what both ends share: the framing,
 the method tables, the lane's own bodies (:class:`RepeatFrame`, and the
 ``CallError`` of a failed call: :func:`call_error_of` writes it,
-:func:`error_from_call` reads it) and the calling end, :class:`Lane`, which
-the client uses towards its daemon and a daemon towards its peers;
-``hixl_service.lane_server`` is the answering end.
+:func:`error_from_call` reads it), :class:`LaneEnd`, what every calling end
+shares whatever does its I/O (the HELLO that binds a connection, reading
+replies, failing once), and :class:`Lane`, the calling end on the event loop,
+which the client uses towards its daemon and a daemon towards its peers (the
+client's thread-written and blocking ends are ``hixl_client._thread_lane``
+and ``_blocking_lane``); ``hixl_service.lane_server`` is the answering end.
 
 Calls are multiplexed by call id; replies come back in completion order. A
 call that is cancelled or outlives its timeout sends CANCEL, so the far side
@@ -23,8 +26,9 @@ stops its handler as a gRPC deadline would.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import struct
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple, cast
 
@@ -209,7 +213,8 @@ class Posted(NamedTuple):
 
 class CallBook:
     """The calls of one lane connection awaiting replies, by call id, and the
-    bound on waiting for a far side that stopped answering.
+    bound on waiting for a far side that stopped answering. Whether the
+    connection may take calls is its :class:`LaneEnd`'s to say.
 
     Runs on the event loop thread only.
     """
@@ -224,13 +229,9 @@ class CallBook:
         self._give_up_at: dict[int, float] = {}
         self._watchdog: asyncio.TimerHandle | None = None
         self._next_id = 0
-        self.closed_because: str | None = None
 
     def open(self) -> Posted:
         """A new call id and the future its reply settles; not yet bounded (see sent)."""
-        if self.closed_because is not None:
-            raise LLMException(f"{self.what}: {self.closed_because}",
-                               status_code=self.lost_status)
         call_id = self._next_id
         self._next_id = (call_id + 1) % _CALL_IDS
         future: asyncio.Future[tuple[int, bytes]] = asyncio.get_running_loop().create_future()
@@ -276,8 +277,6 @@ class CallBook:
 
     def fail(self, reason: str) -> None:
         """The connection is gone: fail every call in flight with ``reason``."""
-        if self.closed_because is None:
-            self.closed_because = reason
         if self._watchdog is not None:
             self._watchdog.cancel()
             self._watchdog = None
@@ -289,17 +288,6 @@ class CallBook:
                                                   status_code=self.lost_status))
 
 
-def answer_read(reader: FrameReader, calls: CallBook, data: bytes) -> str | None:
-    """Settle the calls that the reply frames ``data`` completes answer; the reason
-    to close the connection when it holds a malformed frame, else None."""
-    try:
-        frames = reader.feed(data)
-    except ValueError as exc:
-        return f"the daemon sent a malformed frame: {exc}"
-    calls.answer(frames)
-    return None
-
-
 def reply_of(kind: int, body: bytes, read_reply: Callable[[bytes], Any], what: str) -> Any:
     """A reply frame's message, or its error raised as LLMException."""
     if kind != REPLY_OK:
@@ -307,18 +295,108 @@ def reply_of(kind: int, body: bytes, read_reply: Callable[[bytes], Any], what: s
     return read_reply(body)
 
 
-class Lane(asyncio.Protocol):
+# Why a lane closed, when no failure says more.
+LANE_CLOSED = "the lane was closed"
+FAR_END_CLOSED = "the daemon closed the lane"
+
+
+class LaneEnd:
+    """What every calling end of a lane connection shares, whatever does its
+    I/O (:class:`Lane` on the event loop, the client's ``ThreadLane`` written
+    by a worker thread and ``BlockingLane`` driven by a calling thread): the
+    HELLO that binds a connection, reading reply frames, and failing.
+
+    An end fails once: the first reason is kept (:attr:`closed_because`), the
+    connection is released (:meth:`_release`, which also fails the calls in
+    flight), and every later call is refused with that reason.
+    """
+
+    def __init__(self, what: str, lost_status: LLMStatusCode) -> None:
+        self._what = what  # "hixl daemon at ...", for messages
+        self._lost_status = lost_status  # of calls the lost connection fails
+        self._reader = FrameReader()
+        self._closed_because: str | None = None
+
+    @property
+    def closed_because(self) -> str | None:
+        """Why the lane closed (None while open)."""
+        return self._closed_because
+
+    @property
+    def is_open(self) -> bool:
+        return self._closed_because is None
+
+    def close(self) -> None:
+        """Close the connection: calls in flight fail, later ones are refused."""
+        self._fail(LANE_CLOSED)
+
+    def _fail(self, reason: str) -> None:
+        if self._closed_because is None:
+            self._closed_because = reason
+            self._release(reason)
+
+    def _release(self, reason: str) -> None:
+        """Close the connection and fail the calls in flight with ``reason``;
+        runs once, from :meth:`_fail`."""
+        raise NotImplementedError
+
+    def _refusal(self) -> LLMException:
+        """The error of a call on the lane once it failed."""
+        return LLMException(f"{self._what}: {self._closed_because or LANE_CLOSED}",
+                            status_code=self._lost_status)
+
+    def _lost(self, reason: str, status: LLMStatusCode | None = None) -> LLMException:
+        """Fail the lane for ``reason`` and return the error of the call it ended."""
+        self._fail(reason)
+        return LLMException(f"{self._what}: {reason}", status_code=status or self._lost_status)
+
+    @contextlib.contextmanager
+    def _greeting(self) -> Iterator[None]:
+        """Around opening a connection and its HELLO: any failure closes it."""
+        try:
+            yield
+        except BaseException:
+            self.close()
+            raise
+
+    @staticmethod
+    def _hello_frame(call_id: int, hello: bytes, timeout_s: float) -> bytes:
+        """The HELLO frame: the connection's first, binding it (to a session: its id)."""
+        return frame_of(call_id, KIND_HELLO, timeout_s, 0, hello)
+
+    def _greeted(self, kind: int, body: bytes) -> None:
+        """Raise the far side's refusal of the HELLO, given its reply frame's kind and body."""
+        if kind != REPLY_OK:
+            raise error_from_reply(body, self._what)
+
+    def _received(self, data: bytes) -> list[Frame] | None:
+        """The reply frames ``data`` completes; None when the lane failed on it:
+        ``data`` is empty (the far side closed) or holds a malformed frame."""
+        if not data:
+            self._fail(FAR_END_CLOSED)
+            return None
+        try:
+            return self._reader.feed(data)
+        except ValueError as exc:
+            self._fail(f"the daemon sent a malformed frame: {exc}")
+            return None
+
+
+class Lane(LaneEnd, asyncio.Protocol):
     """The calling end of one lane connection to a daemon (a client's to its
-    daemon, a daemon's to a peer); open with :meth:`connect_unix` or
-    :meth:`connect_tcp`."""
+    daemon, a daemon's to a peer), on the event loop; open with
+    :meth:`connect_unix` or :meth:`connect_tcp`.
+
+    The client's async carrier of transfer calls (``hixl_client._carrier``):
+    :meth:`begin` sends a call at once and gives its reply's coroutine.
+    """
 
     def __init__(self, methods: Methods, what: str,
                  lost_status: LLMStatusCode = LLMStatusCode.LLM_FAILED,
                  grace_s: float = DEADLINE_GRACE_S) -> None:
+        super().__init__(what, lost_status)
         self._methods = methods
-        self._what = what  # "hixl daemon at ...", for messages
         self._transport: asyncio.Transport | None = None
-        self._reader = FrameReader()
         self._calls = CallBook(what, lost_status, grace_s)
 
     @classmethod
@@ -346,25 +424,14 @@ class Lane(asyncio.Protocol):
         return await lane._greet(hello, timeout_s)
 
     async def _greet(self, hello: bytes | None, timeout_s: float) -> Lane:
-        if hello is None:
-            return self
-        try:
-            kind, body = await self._exchange(KIND_HELLO, hello, timeout_s)
-            if kind != REPLY_OK:
-                raise error_from_reply(body, self._what)
-        except BaseException:
-            self.close()
-            raise
+        if hello is not None:
+            with self._greeting():
+                self._greeted(*await self._wait(self._post(KIND_HELLO, hello, timeout_s, 0)))
         return self
 
     @property
-    def closed_because(self) -> str | None:
-        """Why the lane closed (None while open)."""
-        return self._calls.closed_because
-
-    @property
     def is_open(self) -> bool:
-        return self.closed_because is None and self._transport is not None
+        return self._closed_because is None and self._transport is not None
 
     async def call(self, method: str, request: Any, timeout_s: float, tag: int = 0,
                    trace: bytes = b"") -> Any:
@@ -394,17 +461,12 @@ class Lane(asyncio.Protocol):
         kind, body = await self._wait(posted)
         return reply_of(kind, body, read_reply, self._what)
 
-    async def _exchange(self, kind: int, body: bytes, timeout_s: float,
-                        tag: int = 0) -> tuple[int, bytes]:
-        return await self._wait(self._post(kind, body, timeout_s, tag))
-
     def _post(self, kind: int, body: bytes, timeout_s: float, tag: int,
               trace: bytes = b"") -> Posted:
         transport = self._transport
-        if transport is None:
-            raise LLMException(f"{self._what}: {self.closed_because or 'the lane is closed'}",
-                               status_code=self._calls.lost_status)
-        posted = self._calls.open()  # raises once the lane failed
+        if transport is None or self._closed_because is not None:
+            raise self._refusal()
+        posted = self._calls.open()
         frame = frame_of(posted.call_id, kind, timeout_s, tag, body)
         if trace:  # one write: the far side reads the context with its call
             frame = frame_of(posted.call_id, KIND_TRACE, 0, 0, trace) + frame
@@ -421,6 +483,11 @@ class Lane(asyncio.Protocol):
                 # Cancelled or expired before the answer: stop the far handler too.
                 self._transport.write(HEADER.pack(0, call_id, KIND_CANCEL, 0, 0))
 
+    def _release(self, reason: str) -> None:
+        self._calls.fail(reason)
+        if self._transport is not None:
+            self._transport.close()
+
     # asyncio.Protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -428,21 +495,13 @@ class Lane(asyncio.Protocol):
         self._transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
-        malformed = answer_read(self._reader, self._calls, data)
-        if malformed is not None:
-            self._fail(malformed)
+        frames = self._received(data)
+        if frames:
+            self._calls.answer(frames)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._fail("the daemon closed the lane")
+        self._fail(FAR_END_CLOSED)
         self._transport = None
-
-    def _fail(self, reason: str) -> None:
-        self._calls.fail(reason)
-        if self._transport is not None:
-            self._transport.close()
-
-    def close(self) -> None:
-        self._fail("the lane was closed")
 
 
 def frame_of(call_id: int, kind: int, timeout_s: float, tag: int, body: bytes) -> bytes:

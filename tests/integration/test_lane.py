@@ -296,7 +296,7 @@ async def test_a_stopped_daemon_fails_lane_calls_by_their_bound(
             with pytest.raises(LLMException) as info:
                 # wait_for: a broken watchdog fails this test instead of hanging it
                 await asyncio.wait_for(
-                    connection.lane.call("PullCache", request, timeout_s=0.2), 10)
+                    connection.lane.begin("PullCache", request, 0.2), 10)
             elapsed = time.monotonic() - started
         finally:
             decode.resume()

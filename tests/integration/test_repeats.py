@@ -355,7 +355,7 @@ async def test_a_pull_handle_is_not_a_push_handle(linked: Pair) -> None:
     (handle,) = decoder.cache_manager._repeat_handles.values()
     assert decoder._connection is not None and decoder._connection.lane is not None
     with pytest.raises(LLMException) as crossed:
-        await decoder._connection.lane.call("RepeatPush", RepeatFrame(handle, 0, 0), 5.0)
+        await decoder._connection.lane.begin("RepeatPush", RepeatFrame(handle, 0, 0), 5.0)
     assert crossed.value.status_code == LLMStatusCode.LLM_PARAM_INVALID
 
 
