@@ -87,7 +87,7 @@ DECODE = PRELUDE + textwrap.dedent(f"""
         count = rng.randrange(1, len(own_blocks))
         src_blocks = rng.sample(range(BLOCKS), count)
         dst_blocks = rng.sample(own_blocks, count)  # threads land in blocks of their own
-        cm.pull_blocks(key, dst, src_blocks, dst_blocks,
+        cm.pull_blocks(key, dst, src_blocks, dst_blocks, checksum=rng.choice([None, True]),
                        src_layer_range=layers, dst_layer_range=layers)
         for tensor in range(layers.start * 2, layers.stop * 2):
             for s, d in zip(src_blocks, dst_blocks):
@@ -99,7 +99,7 @@ DECODE = PRELUDE + textwrap.dedent(f"""
         for tensor in range(DESC.num_tensors):
             for block in blocks:
                 dst.numpy(tensor)[block] = (pattern(tensor, block) + 100) % 251
-        cm.push_blocks(key, dst, blocks, blocks)
+        cm.push_blocks(key, dst, blocks, blocks, checksum=True)
         return blocks
 
     errors, pushed = [], []
@@ -130,6 +130,12 @@ DECODE = PRELUDE + textwrap.dedent(f"""
         assert err.status_code == LLMStatusCode.LLM_PARAM_INVALID, err
     else:
         raise AssertionError("a block out of range was pulled")
+    try:  # checksum= is checked as the async client checks it, before any call
+        cm.pull_blocks(key, dst, [0], [0], checksum="yes")
+    except TypeError as err:
+        assert "checksum" in str(err), err
+    else:
+        raise AssertionError("checksum='yes' was taken")
     print("done", json.dumps(sorted(set(pushed))), flush=True)
     sys.stdin.readline()  # the test reads the daemon's counts meanwhile
     lanes = list(cm._lanes._all)
