@@ -36,6 +36,27 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 
+def _attention_kernel(vllm_config: VllmConfig) -> str:
+    """The kernel whose layout vLLM's CPU attention keeps inside each block.
+
+    Its ISA-specific kernels (vec, vec16, AMX, NEON...) each order a block's
+    bytes their own way (vllm/v1/attention/backends/cpu_attn.py chooses one
+    by CPU, dtype, block size and head size), so blocks move only between
+    instances that chose the same kernel: an AMX host and one without AMX
+    must not trade blocks. "" where the backend is not vLLM's CPU one.
+    """
+    try:
+        from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+    except ImportError:
+        return ""
+    model, cache = vllm_config.model_config, vllm_config.cache_config
+    try:
+        return str(_get_attn_isa(model.dtype, cache.block_size, model.get_head_size(),
+                                 cache.cache_dtype))
+    except (NotImplementedError, TypeError):
+        return ""
+
+
 def _tensor_parallel_rank() -> int:
     from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 
@@ -80,7 +101,7 @@ class HixlConnector(KVConnectorBase_V1):
         fingerprint = layout_fingerprint(
             str(getattr(model, "architecture", "")),
             layout.dtype, self._vllm_config.cache_config.block_size,
-            len(layout.addresses), layout.block_bytes)
+            len(layout.addresses), layout.block_bytes, _attention_kernel(self._vllm_config))
         self._worker.register(layout, fingerprint)
 
     def get_handshake_metadata(self) -> KVConnectorHandshakeMetadata | None:

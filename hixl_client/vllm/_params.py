@@ -118,10 +118,11 @@ class RemoteBlocks:
 
 
 def layout_fingerprint(model: str, dtype: str, block_size: int, regions: int,
-                       block_bytes: int) -> str:
+                       block_bytes: int, kernel: str) -> str:
     """A short name for a KV layout: two instances may move blocks only when
-    theirs are equal (same model, dtype, block size and tensor layout)."""
-    text = json.dumps([model, dtype, block_size, regions, block_bytes])
+    theirs are equal (same model, dtype, block size, tensor layout and the
+    attention kernel that orders each block's bytes)."""
+    text = json.dumps([model, dtype, block_size, regions, block_bytes, kernel])
     return f"{regions}x{block_bytes}B-" + hashlib.blake2b(text.encode(), digest_size=6).hexdigest()
 
 
