@@ -144,31 +144,54 @@ def get_status(target: str, timeout_s: float) -> admin_pb2.DaemonStatus:
     return reply
 
 
-def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog=_PROG, description="Inspect and operate the local hixl daemon.",
-        epilog=f"The daemon is ${DAEMON_ENV}, else the default client socket "
-               f"({default_socket_path()}), unless --daemon or --config says otherwise.")
-    parser.add_argument("--daemon", metavar="TARGET",
+_EXAMPLES = """examples:
+  hixlctl status                              the daemon at $HIXL_DAEMON or the default socket
+  hixlctl links -o json                       options go before or after the command
+  hixlctl --config /etc/hixl/hixl.toml doctor --peer 10.0.0.5:26000
+  hixlctl drain --daemon unix:/run/hixl/hixl.sock --timeout 30
+"""
+
+
+def _common_options(after_command: bool) -> argparse.ArgumentParser:
+    """The options hixlctl takes before or after its command, as kubectl and
+    etcdctl do. After the command their defaults are SUPPRESS, so a value
+    given before the command is not reset by the command's own parser."""
+    def default(value: object) -> object:
+        return argparse.SUPPRESS if after_command else value
+
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--daemon", metavar="TARGET", default=default(None),
                         help="gRPC target of the daemon's client listener (unix:PATH or "
                              "host:port)")
-    parser.add_argument("--config", type=Path, metavar="PATH",
+    common.add_argument("--config", type=Path, metavar="PATH", default=default(None),
                         help="the daemon's TOML configuration (its client socket, and what "
                              "doctor checks)")
-    parser.add_argument("-o", "--output", choices=("table", "json"), default="table",
-                        help="table (default) or json")
-    parser.add_argument("--timeout", type=float, default=10.0, metavar="S",
+    common.add_argument("-o", "--output", choices=("table", "json"),
+                        default=default("table"), help="table (default) or json")
+    common.add_argument("--timeout", type=float, default=default(10.0), metavar="S",
                         help="seconds to wait for the daemon (default 10)")
+    return common
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    after = [_common_options(after_command=True)]
+    parser = argparse.ArgumentParser(
+        prog=_PROG, description="Inspect and operate the local hixl daemon.",
+        parents=[_common_options(after_command=False)],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=f"The daemon is ${DAEMON_ENV}, else the default client socket "
+               f"({default_socket_path()}), unless --daemon or --config says otherwise.\n\n"
+               + _EXAMPLES)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    commands.add_parser("status", help="a summary of the daemon")
+    commands.add_parser("status", parents=after, help="a summary of the daemon")
     for listing in _LISTS:
-        commands.add_parser(listing, help=f"the daemon's {listing}")
-    commands.add_parser("drain", help="stop taking work, end sessions and stop, as SIGTERM "
-                                      "does")
+        commands.add_parser(listing, parents=after, help=f"the daemon's {listing}")
+    commands.add_parser("drain", parents=after,
+                        help="stop taking work, end sessions and stop, as SIGTERM does")
     doctor = commands.add_parser(
-        "doctor", help="check configuration, listeners, socket permissions, limits, peers "
-                       "and links")
+        "doctor", parents=after, help="check configuration, listeners, socket permissions, "
+                                      "limits, peers and links")
     doctor.add_argument("--peer", action="append", default=[], metavar="HOST:PORT",
                         help="also check that this peer daemon's peer port answers "
                              "(repeatable)")
