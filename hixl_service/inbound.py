@@ -375,6 +375,22 @@ class InboundLinks:
         inbound = self._links.get(token)
         await hccl_side(inbound.side if inbound is not None else None).prepare(timeout_ms)
 
+    def hccl_reserve_for_peer(self, token: int, name: str, hold_ms: int) -> tuple[bool, int]:
+        """Peer side of an HCCL link's build: reserve this daemon's communicator creation."""
+        inbound = self._links.get(token)
+        return hccl_side(inbound.side if inbound is not None else None).reserve(name, hold_ms)
+
+    async def hccl_teardown_for_peer(self, token: int, name: str, destroyed: bool,
+                                     wait_ms: int) -> bool:
+        """Peer side of a one-sided HCCL link: the linking daemon's watch on its
+        communicator (True: destroy it now), or its word that it did."""
+        inbound = self._links.get(token)
+        side = hccl_side(inbound.side if inbound is not None else None)
+        if destroyed:
+            side.destroyed(name)
+            return False
+        return await side.watch(name, wait_ms)
+
     def hccl_region_for_peer(self, token: int, region_id: int) -> FarRegion:
         """Peer side of a one-sided HCCL transfer: where a device region lies, and whether
         the link may reach it (its memory was bound when the link was prepared)."""

@@ -153,3 +153,15 @@ class PeerApi(Protocol):
     async def hccl_region(self, token: int, region_id: int, timeout_s: float) -> FarRegion:
         """Where a device region of the far cluster lies, for one-sided transfers."""
         ...
+
+    async def hccl_reserve(self, token: int, name: str, hold_ms: int, tie_break: int,
+                           timeout_s: float) -> tuple[bool, int]:
+        """Reserve the far daemon's communicator creation for ``name``: whether it was
+        granted, and the far daemon's tie-break id (ascend/gate.py)."""
+        ...
+
+    async def hccl_teardown(self, token: int, name: str, destroyed: bool, wait_ms: int,
+                            timeout_s: float) -> bool:
+        """Watch the far half of one-sided communicator ``name`` (True: destroy this
+        half now), or (``destroyed``) say that this half is gone."""
+        ...

@@ -249,6 +249,22 @@ class PeerClient:
         reply = await self._laned("HcclRegion", request, timeout_s)
         return FarRegion(reply.address, reply.size, reply.writable, reply.bound)
 
+    async def hccl_reserve(self, token: int, name: str, hold_ms: int, tie_break: int,
+                           timeout_s: float) -> tuple[bool, int]:
+        request = peer_pb2.HcclReserveRequest(link_token=token, comm_name=name,
+                                              hold_ms=hold_ms, tie_break=tie_break)
+        reply = await self._call(self._stub.HcclReserve, request, timeout_s)
+        return bool(reply.granted), int(reply.tie_break)
+
+    async def hccl_teardown(self, token: int, name: str, destroyed: bool, wait_ms: int,
+                            timeout_s: float) -> bool:
+        step = (peer_pb2.HcclTeardownRequest.STEP_DESTROYED if destroyed
+                else peer_pb2.HcclTeardownRequest.STEP_WATCH)
+        request = peer_pb2.HcclTeardownRequest(link_token=token, comm_name=name, step=step,
+                                               wait_ms=wait_ms)
+        reply = await self._call(self._stub.HcclTeardown, request, timeout_s)
+        return bool(reply.destroy)
+
     async def close(self) -> None:
         if self._lane is not None:
             self._lane.close()

@@ -22,6 +22,17 @@ from .peer_client import key_from_proto, ref_from_proto
 from .rpc_errors import CallRefused, abort_with, handler_error
 from .trust import HelloFacts
 
+# A linking daemon's watch on an HCCL communicator (HcclTeardown) waits at most this.
+MAX_TEARDOWN_WAIT_MS = 10_000
+
+
+def _comm_name(name: str) -> str:
+    """An HCCL communicator name a peer may send (HCCL's limit: 128 bytes)."""
+    if not name or len(name) >= 128 or not name.isascii():
+        raise LLMException(f"not a communicator name: {name[:140]!r}",
+                           status_code=LLMStatusCode.LLM_PARAM_INVALID)
+    return name
+
 
 class PeerServicer(peer_pb2_grpc.PeerServicer):
     """Handlers of the Peer service."""
@@ -176,6 +187,24 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         await self._engine.inbound.hccl_prepare_for_peer(token,
                                                          max(1, request.timeout_ms))
         return peer_pb2.HcclPrepareReply()
+
+    @unary
+    async def HcclReserve(self, request: peer_pb2.HcclReserveRequest,
+                          context: CallInfo) -> peer_pb2.HcclReserveReply:
+        token = self._token(request.link_token)
+        granted, tie_break = self._engine.inbound.hccl_reserve_for_peer(
+            token, _comm_name(request.comm_name), request.hold_ms)
+        return peer_pb2.HcclReserveReply(granted=granted, tie_break=tie_break)
+
+    @unary
+    async def HcclTeardown(self, request: peer_pb2.HcclTeardownRequest,
+                           context: CallInfo) -> peer_pb2.HcclTeardownReply:
+        token = self._token(request.link_token)
+        destroyed = request.step == peer_pb2.HcclTeardownRequest.STEP_DESTROYED
+        wait_ms = min(request.wait_ms, MAX_TEARDOWN_WAIT_MS)
+        destroy = await self._engine.inbound.hccl_teardown_for_peer(
+            token, _comm_name(request.comm_name), destroyed, wait_ms)
+        return peer_pb2.HcclTeardownReply(destroy=destroy)
 
     @unary
     async def HcclRegion(self, request: peer_pb2.HcclRegionRequest,

@@ -21,9 +21,11 @@ import json
 import os
 import socket
 from collections.abc import Callable, MutableMapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from .gate import CreationGate
 
 if TYPE_CHECKING:
     from ..config import AscendConfig
@@ -252,3 +254,5 @@ class CommSettings:
     describe: Callable[[int], RankInfo]      # this daemon's rank on a (logical) device
     reserve: Callable[[int, int], None]      # (device, bytes): count, or raise LLMException
     release: Callable[[int, int], None]      # (device, bytes)
+    # one communicator creation at a time in the daemon (issue 30, defect 6)
+    gate: CreationGate = field(default_factory=CreationGate)

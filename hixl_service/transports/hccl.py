@@ -45,9 +45,12 @@ reported as a timeout).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -99,6 +102,23 @@ ABORT_SETTLE_S = 0.1
 # WaitLinksEstablishCompleted). Paired here, at link set-up, no transfer's
 # host call waits on the other daemon's later one.
 WARMUP_BYTES = 4096
+# Asking the far daemon to reserve its communicator creation (ascend/gate.py):
+# the lower tie-break id asks again after RESERVE_RETRY_S keeping its own gate;
+# the higher one gives its gate up for RESERVE_BACKOFF_S first.
+RESERVE_RETRY_S = 0.02
+RESERVE_BACKOFF_S = 0.1
+# A linked side that was not asked to reserve waits this long for its gate.
+JOIN_GATE_WAIT_S = 30.0
+# One-sided links: the linking side's watch (Peer.HcclTeardown) on its
+# communicator. Each watch call is answered after WATCH_WAIT_MS at the latest;
+# one that fails (no answer within WATCH_WAIT_MS + WATCH_GRACE_S) makes the
+# linking side destroy its half at once, since the other daemon could no
+# longer ask it to. So a linked daemon freeing bound memory waits at most
+# REVOKE_WAIT_S (longer than both together) for the linking side's word:
+# past it, that side has destroyed its half or is gone.
+WATCH_WAIT_MS = 2000
+WATCH_GRACE_S = 1.0
+REVOKE_WAIT_S = 5.0
 # How long the linked side's warm-up may take (the linking side's is bounded
 # by its link timeout).
 WARMUP_TIMEOUT_MS = 30_000
@@ -119,6 +139,10 @@ class _Channel:
         self._memory: OneSidedMemory | None = None
         # destroy runs from the link's side and from a release of bound memory
         self._teardown = threading.Lock()
+        self.name = ""  # the communicator's name (both sides build it from one CommSpec)
+        # The linked side: before memory bound here is freed, the linking side must
+        # destroy its half (blocking, bounded; HcclInbound sets it).
+        self.release_peer: Callable[[], None] | None = None
 
     @property
     def closed(self) -> bool:
@@ -153,6 +177,7 @@ class _Channel:
             comm.destroy()
             settings.release(device.id, spec.device_bytes)
             raise
+        channel.name = spec.name
         try:
             channel.warm_up(timeout_ms)
         except BaseException:
@@ -179,9 +204,19 @@ class _Channel:
         one calls it right after the build, on both sides of the link.
         """
         self.binding = memory.bind(self.comm, cluster_id)
-        self.binding.teardown = self.destroy
+        self.binding.teardown = self._release_bound
         self._memory = memory
         _ascend.hccl_prepare(self.comm, max(1, -(-timeout_ms // 1000)))
+
+    def _release_bound(self) -> None:
+        """Memory bound to this communicator is about to be freed (blocking): the
+        peer's half goes first (its mapping of the memory lives until its
+        HcclCommDestroy, hcomm hccl_one_sided_service.cc: DeInit ->
+        DisableMemAccess), then this one."""
+        ask = self.release_peer
+        if ask is not None and not self.comm.closed:
+            ask()
+        self.destroy()
 
     def run_one_sided(self, put: bool, local: Memory, ranges: np.ndarray[Any, Any],
                       far: FarRegion, timeout_ms: int) -> None:
@@ -255,6 +290,13 @@ def _settle(posted: asyncio.Future[None], error: LLMException | None = None) -> 
         posted.set_result(None)
     else:
         posted.set_exception(error)
+
+
+async def _pause(seconds: float, deadline: float) -> None:
+    if time.monotonic() + seconds >= deadline:
+        raise LLMException("the far daemon kept creating other HCCL communicators until the "
+                           "link's deadline", status_code=LLMStatusCode.LLM_LINK_FAILED)
+    await asyncio.sleep(seconds)
 
 
 def _remaining_ms(deadline: float) -> int:
@@ -359,6 +401,10 @@ class HcclLink(_Side):
         self._unbound: set[tuple[int, int]] = set()
         self._one_sided_failed = False
         self._builds = 0
+        # the watch on the current one-sided communicator (Peer.HcclTeardown)
+        self._watcher: asyncio.Task[None] | None = None
+        self._watched: _Channel | None = None
+        self._watch_destroying = False
 
     async def _spec(self, deadline: float) -> CommSpec:
         """What both ranks build the next communicator from."""
@@ -399,9 +445,13 @@ class HcclLink(_Side):
             error = _fail(exc, "describing this side's HCCL rank")
             raise LLMException(f"cannot open the HCCL link: {error}",
                                status_code=LLMStatusCode.LLM_LINK_FAILED) from exc
+        owner = f"link:{spec.name}"
+        await self._reserve(spec.name, owner, deadline)
         local: asyncio.Future[_Channel] = asyncio.ensure_future(asyncio.to_thread(
             _Channel.build, self._device, spec, INITIATOR_RANK, self._settings,
             _remaining_ms(deadline)))
+        # held until the build ends, also when it is given up on below
+        local.add_done_callback(lambda _: self._settings.gate.release(owner))
         remote = asyncio.ensure_future(self._peer.hccl_connect(
             self._token, spec, max(0.001, deadline - time.monotonic())))
         done, _ = await asyncio.wait((local, remote),
@@ -422,6 +472,7 @@ class HcclLink(_Side):
             if (self.one_sided_here and remote.result() and not self._one_sided_failed
                     and spec.rank_table):
                 await self._prepare(deadline)
+            self._start_watch()
             return
         remote.cancel()
         if local in done:
@@ -432,6 +483,81 @@ class HcclLink(_Side):
         error = _fail(failure, "building the HCCL communicator")
         raise LLMException(f"cannot open the HCCL link: {error}",
                            status_code=LLMStatusCode.LLM_LINK_FAILED) from failure
+
+    async def _drop(self) -> None:
+        channel = self._channel
+        await self._stop_watch()
+        await super()._drop()
+        if channel is not None and channel.binding is not None:
+            await self._tell_destroyed(channel)
+
+    def _start_watch(self) -> None:
+        """Watch the far half of a one-sided communicator (its daemon asks this side
+        to destroy its half before it frees memory bound to it)."""
+        channel = self._channel
+        if channel is None or channel.binding is None or channel.closed:
+            return
+        if self._watched is channel and self._watcher is not None:
+            return
+        self._watched = channel
+        self._watch_destroying = False
+        self._watcher = asyncio.ensure_future(self._watch(channel))
+
+    async def _stop_watch(self) -> None:
+        watcher, self._watcher, self._watched = self._watcher, None, None
+        if watcher is None or watcher.done():
+            return
+        if not self._watch_destroying:  # a destroy under way ends by itself (bounded)
+            watcher.cancel()
+        await asyncio.wait((watcher,))
+
+    async def _watch(self, channel: _Channel) -> None:
+        while not channel.closed and not self.closed:
+            try:
+                destroy = await self._peer.hccl_teardown(
+                    self._token, channel.name, False, WATCH_WAIT_MS,
+                    WATCH_WAIT_MS / 1000.0 + WATCH_GRACE_S)
+            except LLMException as exc:
+                # It can no longer ask: destroy this half now (see REVOKE_WAIT_S).
+                logger.warning("lost the far daemon's watch on HCCL communicator %s (%s); "
+                               "destroying this side of it", channel.name, exc)
+                destroy = True
+            if destroy:
+                self._watch_destroying = True
+                await asyncio.to_thread(channel.destroy)
+                await self._tell_destroyed(channel)
+                return
+
+    async def _tell_destroyed(self, channel: _Channel) -> None:
+        """Tell the far daemon that this half of a one-sided communicator is gone
+        (best effort: it stops waiting after REVOKE_WAIT_S anyway)."""
+        try:
+            await self._peer.hccl_teardown(self._token, channel.name, True, 0, WATCH_GRACE_S)
+        except LLMException as exc:
+            logger.info("telling the far daemon that HCCL communicator %s is destroyed: %s",
+                        channel.name, exc)
+
+    async def _reserve(self, name: str, owner: str, deadline: float) -> None:
+        """Hold this daemon's creation gate and the far daemon's for communicator
+        ``name`` (ascend/gate.py: the lower tie-break id creates first)."""
+        gate = self._settings.gate
+        while True:
+            await gate.hold(owner, deadline)
+            try:
+                while True:
+                    granted, theirs = await self._peer.hccl_reserve(
+                        self._token, name, _remaining_ms(deadline), gate.tie_break,
+                        max(0.001, deadline - time.monotonic()))
+                    if granted:
+                        return
+                    if gate.tie_break >= theirs:
+                        break  # the far daemon creates first: give ours up
+                    await _pause(RESERVE_RETRY_S, deadline)
+            except BaseException:
+                gate.release(owner)
+                raise
+            gate.release(owner)
+            await _pause(RESERVE_BACKOFF_S, deadline)
 
     async def _prepare(self, deadline: float) -> None:
         """Bind and prepare both sides for one-sided transfers; on failure, go two-sided."""
@@ -577,6 +703,10 @@ class HcclInbound(_Side):
                  memory: OneSidedMemory | None = None, cluster_id: int = 0) -> None:
         super().__init__(device, settings, memory, cluster_id)
         self._batches: set[asyncio.Task[None]] = set()
+        # By communicator name: the linking side was asked to destroy its half /
+        # said that it did (Peer.HcclTeardown).
+        self._asks: dict[str, asyncio.Future[None]] = {}
+        self._gone: dict[str, asyncio.Future[None]] = {}
 
     async def rank_info(self) -> RankInfo:
         """This side's rank, for the linking daemon's rank table."""
@@ -596,16 +726,96 @@ class HcclInbound(_Side):
             raise LLMException(str(exc), status_code=LLMStatusCode.LLM_PARAM_INVALID) from None
         async with self._lock:
             await self._drop()
+            gate, owner = self._settings.gate, f"join:{spec.name}"
+            if not gate.claim(owner):  # not reserved (HcclReserve): wait for the gate
+                await gate.hold(owner, time.monotonic() + JOIN_GATE_WAIT_S)
+            build = asyncio.ensure_future(asyncio.to_thread(_Channel.build, self._device, spec,
+                                                            ACCEPTOR_RANK, self._settings))
+            build.add_done_callback(lambda _: gate.release(owner))  # when the build ends
             try:
-                channel = await asyncio.to_thread(_Channel.build, self._device, spec,
-                                                  ACCEPTOR_RANK, self._settings)
+                channel = await asyncio.shield(build)
+            except asyncio.CancelledError:
+                _close_when_built(build)
+                raise
             except AscendError as exc:
                 raise _fail(exc, "joining the HCCL communicator") from exc
             if self.closed:
                 await asyncio.to_thread(channel.destroy)
                 raise LLMException("the link was closed", status_code=LLMStatusCode.LLM_LINK_FAILED)
             self._channel = channel
+            # The linking side dropped its old communicator before this build.
+            self._settle_names()
         return self.one_sided_here
+
+    def _settle_names(self) -> None:
+        for table in (self._asks, self._gone):
+            for future in table.values():
+                if not future.done():
+                    future.set_result(None)
+            table.clear()
+
+    def _named(self, table: dict[str, asyncio.Future[None]], name: str) -> asyncio.Future[None]:
+        future = table.get(name)
+        if future is None:
+            future = table[name] = asyncio.get_running_loop().create_future()
+        return future
+
+    async def watch(self, name: str, wait_ms: int) -> bool:
+        """The linking side's watch on communicator ``name``: True once it must destroy
+        its half (asked, or this side has no such communicator); False after
+        ``wait_ms``."""
+        channel = self._channel
+        if self.closed or channel is None or channel.closed or channel.name != name:
+            return True
+        ask = self._named(self._asks, name)
+        await asyncio.wait((ask,), timeout=max(1, wait_ms) / 1000.0)
+        return ask.done()
+
+    def destroyed(self, name: str) -> None:
+        """The linking side destroyed its half of communicator ``name``."""
+        gone = self._named(self._gone, name)
+        if not gone.done():
+            gone.set_result(None)
+
+    async def _revoke(self, name: str) -> None:
+        """Ask the linking side to destroy its half of communicator ``name`` and wait
+        for its word, at most REVOKE_WAIT_S."""
+        ask = self._named(self._asks, name)
+        if not ask.done():
+            ask.set_result(None)
+        gone = self._named(self._gone, name)
+        await asyncio.wait((gone,), timeout=REVOKE_WAIT_S)
+        if not gone.done():
+            logger.warning("the linking daemon did not confirm within %.0f s that it destroyed "
+                           "its half of HCCL communicator %s; going on (it destroys its half "
+                           "itself once it can no longer watch)", REVOKE_WAIT_S, name)
+
+    def _revoke_from(self, loop: asyncio.AbstractEventLoop, name: str) -> None:
+        """`_revoke` from a worker thread (a release of bound memory; blocking, bounded)."""
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop or loop.is_closed():
+            logger.warning("cannot ask the linking daemon to destroy its half of HCCL "
+                           "communicator %s from here; going on", name)
+            return
+        job = asyncio.run_coroutine_threadsafe(self._revoke(name), loop)
+        try:
+            job.result(REVOKE_WAIT_S + WATCH_GRACE_S)
+        except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError,
+                RuntimeError) as exc:
+            job.cancel()
+            logger.warning("asking the linking daemon to destroy its half of HCCL "
+                           "communicator %s: %r", name, exc)
+
+    def reserve(self, name: str, hold_ms: int) -> tuple[bool, int]:
+        """Hold this daemon's creation gate for communicator ``name`` if it is free
+        (for ``hold_ms`` unless its HcclConnect comes); returns whether it was
+        granted and this daemon's tie-break id. Never waits."""
+        gate = self._settings.gate
+        lapse_s = min(max(hold_ms, 1), int(JOIN_GATE_WAIT_S * 1000)) / 1000.0
+        return gate.try_hold(f"join:{name}", lapse_s), gate.tie_break
 
     async def prepare(self, timeout_ms: int) -> None:
         """Bind this cluster's memory to the communicator and prepare it, as the
@@ -617,12 +827,22 @@ class HcclInbound(_Side):
             if self._memory is None or not self._memory.enabled:
                 raise LLMException("this daemon's CANN lacks the one-sided HCCL API",
                                    status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
+            channel.release_peer = functools.partial(self._revoke_from,
+                                                     asyncio.get_running_loop(), channel.name)
             try:
                 await asyncio.to_thread(channel.prepare_one_sided, self._memory,
                                         self._cluster_id, timeout_ms)
             except AscendError as exc:
                 await self._drop()
                 raise _fail(exc, "preparing the HCCL link") from exc
+
+    async def close(self) -> None:
+        """As `_Side.close`; a one-sided communicator's linking half goes first (its
+        mapping of this side's memory lives until it is destroyed)."""
+        channel = self._live()
+        if channel is not None and channel.binding is not None:
+            await self._revoke(channel.name)
+        await super().close()
 
     def bound(self, memory: Memory) -> bool:
         """Whether ``memory`` was bound when the current communicator was prepared."""

@@ -32,7 +32,7 @@ def test_load_from_explicit_dir(runtime: ascend.AscendRuntime, double_dir: Path)
     assert runtime.features == {
         "sync_timeout", "ipc", "batch_send_recv", "recent_error_message", "bare_tgid",
         "error_string", "stream_abort", "rank_table", "root_info_config", "physical_device_id",
-        "one_sided", "host_register", "host_pin",
+        "one_sided", "host_register", "host_pin", "soc_info",
     }
     assert runtime.device_count() == 2
     assert not runtime.closed
