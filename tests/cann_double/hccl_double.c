@@ -321,7 +321,13 @@ static void end_init(void)
 }
 
 /* Both ranks meet at the root's listener (claimed by the rank whose process
- * holds it) and open their two connections. */
+ * holds it) and open their two connections. Creation blocks until the other
+ * rank has joined, or HCCL_CONNECT_TIMEOUT passes, as HCCL's does: hcomm
+ * topoinfo_exchange_agent.cc (TopoInfoExchangeAgent::Setup connects to the
+ * root's exchange server with retries and waits for every rank's topology
+ * before the creation call returns). So two processes that each hold their
+ * creation lock waiting for the other (issue 30, defect 6) wait until the
+ * timeout, here as with HCCL. */
 static HcclResult rendezvous(const char *api, const root_blob *bp, uint32_t rank,
                              const char *name, HcclComm *comm)
 {
