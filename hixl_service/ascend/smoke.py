@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 from hixl_native import _ascend
 
-from .comms import RankInfo, hccn_addresses, rank_table
+from .comms import A3_SOC_PREFIX, RankInfo, hccn_addresses, rank_table
 
 MIB = 1 << 20
 ANSWER_S = 120.0
@@ -48,6 +48,9 @@ TEARDOWN_WAIT_MS = 2000
 # communicator's links in its first operation and waits for the peer's
 # (HCCL_CONNECT_TIMEOUT, 120 s by default); paired, it takes seconds at most.
 FIRST_TRANSFER_BOUND_S = 20.0
+# How late the worker joins a communicator (join_pair): shows whether HCCL's
+# creation waits for the other rank (issue 30, defect 6).
+JOIN_DELAY_S = 0.3
 HCCL_E_PARA = 1
 
 
@@ -77,8 +80,15 @@ class Rank:
         self.bound = False
 
     def describe(self, host_ip: str) -> RankInfo:
+        """This rank as the daemon describes it (AscendBackend.rank_info): on an A3
+        product with its super-pod ids, so that the table is version 1.2."""
         physical = _ascend.physical_device_id(self.device)
-        return RankInfo(host_ip, physical, hccn_addresses().get(physical, ""))
+        soc = _ascend.soc_name() or ""
+        super_device_id = super_pod_id = None
+        if soc.startswith(A3_SOC_PREFIX):
+            super_device_id, super_pod_id = _ascend.super_pod_ids(self.device)
+        return RankInfo(host_ip, physical, hccn_addresses().get(physical, ""), soc,
+                        super_device_id, super_pod_id)
 
     def join(self, spec: dict[str, Any], rank: int) -> None:
         if spec.get("table"):
@@ -168,6 +178,7 @@ def _serve(conn: socket.socket, runtime: _ascend.AscendRuntime, device_id: int,
                         reply["ok"] = imported.read(0, n) == data(n, request["seed"])
                         imported.write(0, data(n, request["write_seed"]))
                 elif op == "join":
+                    time.sleep(min(float(request.get("delay_s", 0)), 5.0))
                     rank.join(request, 1)
                 elif op == "fill":
                     rank.buffer.write(0, data(request["n"], request["seed"]))
@@ -293,17 +304,28 @@ def join_pair(runtime: _ascend.AscendRuntime, me: Rank, worker: Worker, mode: st
               buffer_mb: int, name: str, host_ip: str) -> str:
     """Build the two-rank communicator (rank 0 here, rank 1 in the worker)."""
     far = RankInfo(**worker.ask(op="hello")["rank"])
+    mine = me.describe(host_ip)
     if mode == "rank_table":
-        spec: dict[str, Any] = {"table": rank_table(me.describe(host_ip), far)}
+        table = rank_table(mine, far)
+        spec: dict[str, Any] = {"table": table}
+        how = f"rank table {json.loads(table)['version']}"
     else:
         spec = {"root": me.device.hccl_root_info().hex()}
+        how = "root info"
     spec.update(buffer_mb=buffer_mb, name=name)
     start = time.monotonic()
-    worker.send(op="join", **spec)  # the worker joins while we do
+    # The worker joins JOIN_DELAY_S late: whether creation waits for the peer is
+    # what the daemons' creation reservation (ascend/gate.py) guards against.
+    worker.send(op="join", delay_s=JOIN_DELAY_S, **spec)
     me.join(spec, 0)
+    joined = time.monotonic() - start
     reply = worker.answer()
     _expect(reply["ok"], f"rank 1: {reply.get('error')}")
-    return f"{mode}, {time.monotonic() - start:.2f} s, buffer {buffer_mb} MB"
+    waits = ("creation waited for the late peer" if joined >= JOIN_DELAY_S
+             else "creation did not wait for the late peer")
+    return (f"{how}, SoC {mine.soc or 'unknown'} / {far.soc or 'unknown'}, rank 0 returned "
+            f"after {joined:.2f} s with rank 1 {JOIN_DELAY_S} s late ({waits}), "
+            f"buffer {buffer_mb} MB")
 
 
 def move(me: Rank, worker: Worker, sending: bool, ranges: list[tuple[int, int]],
@@ -498,7 +520,7 @@ def run(args: argparse.Namespace) -> int:
         optional = ("sync_timeout", "ipc", "batch_send_recv", "recent_error_message",
                     "bare_tgid", "error_string", "stream_abort", "rank_table",
                     "root_info_config", "physical_device_id", "one_sided", "host_register",
-                    "host_pin")
+                    "host_pin", "soc_info")
         missing = [f for f in optional if f not in rt.features]
         return (f"{rt.paths[0]}, {rt.paths[1]}; optional entry points found: "
                 f"{', '.join(sorted(rt.features))}; missing: {', '.join(missing) or 'none'}")

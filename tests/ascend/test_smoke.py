@@ -19,11 +19,11 @@ CHECKS = ("communicator", "first transfer", "one range", "many ranges", "through
           "one-sided throughput 100 x 16 KiB", "release while bound", "receive timeout")
 
 
-def smoke(double_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def smoke(double_dir: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "hixl_service.ascend.smoke", "--cann-path", str(double_dir),
          *SMALL, *args],
-        env=child_env(), capture_output=True, text=True, timeout=300, check=False)
+        env=child_env(**env), capture_output=True, text=True, timeout=300, check=False)
 
 
 def rows(report: str) -> dict[str, str]:
@@ -47,6 +47,16 @@ def test_smoke_on_two_devices(double_dir: Path, runtime: object) -> None:
     # the double has every optional entry point hixl knows, the one-sided API too
     assert "one_sided" in done.stdout and "missing: none" in done.stdout
     assert re.search(r"GB/s", done.stdout)
+    # issue 30: the rank table's version and whether creation waits for the peer
+    # (the double's does, as HCCL's: hcomm topoinfo_exchange_agent.cc)
+    assert "rank table 1.0, SoC Ascend910B1" in done.stdout
+    assert "creation waited for the late peer" in done.stdout
+
+
+def test_smoke_writes_a3_rank_tables(double_dir: Path, runtime: object) -> None:
+    done = smoke(double_dir, "--devices", "0,1", HIXL_DOUBLE_SOC="Ascend910_9391")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "rank table 1.2, SoC Ascend910_9391 / Ascend910_9391" in done.stdout
 
 
 @pytest.mark.parametrize("comm_init", ["rank_table", "root_info"])
