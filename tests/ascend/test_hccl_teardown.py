@@ -12,7 +12,7 @@ from hixl_client.status import LLMException, LLMStatusCode
 from hixl_service.ascend.backend import check_host_kernel
 from hixl_service.ascend.comms import CommSpec, RankInfo, rank_table
 
-hccl = pytest.importorskip("hixl_service.transports.hccl")
+hccl = pytest.importorskip("hixl_service.transports.hccl_channel")
 
 
 class _Recorder:
@@ -50,7 +50,7 @@ def test_teardown_waits_after_an_abort_then_unbinds_then_destroys(
     released: list[int] = []
     settings = type("S", (), {"release": lambda self, d, n: released.append(n)})()
     comm = _Recorder(calls)
-    channel = hccl._Channel(comm, _Recorder(calls, pending=True), 7, settings)
+    channel = hccl.Channel(comm, _Recorder(calls, pending=True), 7, settings)
     channel.binding = object()
     channel._memory = _Memory(calls)
     channel.destroy()
@@ -63,7 +63,7 @@ def test_no_wait_when_nothing_was_in_flight(monkeypatch: pytest.MonkeyPatch) -> 
     calls: list[str] = []
     monkeypatch.setattr(hccl.time, "sleep", lambda s: calls.append("sleep"))
     settings = type("S", (), {"release": lambda self, d, n: None})()
-    channel = hccl._Channel(_Recorder(calls), _Recorder(calls), 1, settings)
+    channel = hccl.Channel(_Recorder(calls), _Recorder(calls), 1, settings)
     channel.destroy()
     assert "sleep" not in calls and "abort" not in calls
 
