@@ -4,7 +4,9 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 # Self-contained: the ceilings include only their own header, nothing of hixl_native.
-CSRC = "hixl_bench/csrc"
+# The C sources live beside the package, not inside it: a directory of the
+# package without Python modules would be an undeclared package to setuptools.
+CSRC = "csrc"
 
 setup(
     ext_modules=cythonize(
