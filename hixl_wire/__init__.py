@@ -5,6 +5,8 @@ neither, so each side depends on the wire and never on the other's insides:
 
 * ``status``: LLMStatusCode, LLMException and how they travel over gRPC
   (their public home stays ``hixl_client.status``);
+* ``types``: element types and their sizes, placements, roles and the
+  placeholder id (their public home stays ``hixl_client.types``);
 * ``lane``: the lanes' framing, method tables, the calling end of a lane
   and the lane's own request and error bodies;
 * ``defaults``: where a client and its local daemon meet (the default

@@ -28,7 +28,7 @@ import numpy as np
 from hixl_native import _ascend
 from hixl_native._ascend import AscendError, AscendUnavailable
 
-from hixl_client.status import LLMException, LLMStatusCode
+from hixl_wire.status import LLMException, LLMStatusCode
 
 from ..native_errors import to_llm_exception
 from . import comms

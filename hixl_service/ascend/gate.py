@@ -26,7 +26,7 @@ import asyncio
 import secrets
 import time
 
-from hixl_client.status import LLMException, LLMStatusCode
+from hixl_wire.status import LLMException, LLMStatusCode
 
 
 class CreationGate:

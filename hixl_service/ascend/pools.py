@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from hixl_client.types import Placement
+from hixl_wire.types import Placement
 
 from ..memory.base import Pool, PoolSpec
 

@@ -53,7 +53,7 @@ import numpy as np
 from hixl_native import _ascend
 from hixl_native._ascend import AscendError
 
-from hixl_client.status import LLMException, LLMStatusCode
+from hixl_wire.status import LLMException, LLMStatusCode
 
 from ..ascend.comms import CommSettings, CommSpec, rank_table
 from ..native_errors import RegionRefused
