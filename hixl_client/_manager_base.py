@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hixl_wire._proto.hixl.v1 import client_pb2, common_pb2
+from hixl_wire.types import TransferShape
 
 from ._memory import upload_buffer
 from .keys import BlocksCacheKey, CacheKey, CacheKeyByIdAndIndex
@@ -64,7 +65,7 @@ class ManagerBase:
         # pull_cache / push_cache shapes -> the daemon's handle for repeating them
         # (RepeatPull / RepeatPush): at most as many as the daemon hands out for
         # one cluster.
-        self._repeat_handles: dict[tuple[Any, ...], int] = {}
+        self._repeat_handles: dict[TransferShape, int] = {}
         self._enabled_mem_pool = bool(options.get("llm.MemPoolConfig"))
         self._enable_host_mem_pool = bool(options.get("llm.HostMemPoolConfig"))
         self._enable_remote_cache_accessible = (

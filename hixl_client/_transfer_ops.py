@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from hixl_wire._proto.hixl.v1 import client_pb2
 from hixl_wire.lane import RepeatFrame
+from hixl_wire.types import TransferShape
 
 from . import timing
 from ._layerwise import CacheTask, build_start, drive
@@ -34,12 +35,6 @@ if TYPE_CHECKING:
 # The daemon method behind each transfer of the CacheManager.
 _RPC_OF = {"pull_cache": "PullCache", "pull_blocks": "PullBlocks", "push_cache": "PushCache",
            "push_blocks": "PushBlocks"}
-# A pull_cache or push_cache request less its batch indices: the operation,
-# remote cluster and cache, local cache, size, tensors per layer, source and
-# destination tensors, and the checksum asked for. The key of the daemon's
-# repeat handles.
-TransferShape = tuple[str, int, int, int, int, int, tuple[int, ...], tuple[int, ...],
-                      client_pb2.Checksum]
 _UINT32_MAX = 2**32 - 1
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
@@ -158,8 +153,7 @@ class TransferOps(ManagerBase):
         reply = carrier.call(_RPC_OF[operation], request, self._sync_timeout_s + CALL_MARGIN_S)
         timing.record(operation, time.perf_counter() - started, reply)
 
-    async def _repeated(self, operation: str, shape: TransferShape, src_batch: int,
-                        dst_batch: int) -> bool:
+    async def _repeated(self, shape: TransferShape, src_batch: int, dst_batch: int) -> bool:
         """Run a transfer of ``shape`` by the handle the daemon gave for it, if
         there is one and the lane is open: a 16-byte lane frame, answered as
         the full call. False: there is none; send the full call."""
@@ -168,10 +162,11 @@ class TransferOps(ManagerBase):
         if not handle or lane is None or not self._connection.has_lane:
             return False
         started = time.perf_counter()
-        reply = await lane.begin("RepeatPull" if operation == "pull_cache" else "RepeatPush",
+        reply = await lane.begin("RepeatPush" if shape.push else "RepeatPull",
                                  RepeatFrame(handle, src_batch, dst_batch),
                                  self._sync_timeout_s + CALL_MARGIN_S)
-        timing.record(operation, time.perf_counter() - started, reply)
+        timing.record("push_cache" if shape.push else "pull_cache",
+                      time.perf_counter() - started, reply)
         return True
 
     async def pull_cache(self, cache_key: CacheKey | CacheKeyByIdAndIndex, cache: Cache,
@@ -219,9 +214,10 @@ class TransferOps(ManagerBase):
         # A pull by cache id of a shape pulled before goes by its repeat handle.
         shape: TransferShape | None = None
         if isinstance(cache_key, CacheKeyByIdAndIndex):
-            shape = ("pull_cache", cache_key.cluster_id, cache_key.cache_id, cache.cache_id,
-                     size, per_layer, tuple(src_indices), tuple(dst_indices), checked)
-            if await self._repeated("pull_cache", shape, cache_key.batch_index, batch_index):
+            shape = TransferShape(False, cache_key.cluster_id, cache_key.cache_id,
+                                  cache.cache_id, size, per_layer, tuple(src_indices),
+                                  tuple(dst_indices), checked)
+            if await self._repeated(shape, cache_key.batch_index, batch_index):
                 return
         reply = await self._call_transfer("pull_cache", client_pb2.PullCacheRequest(
             src=ref_to_proto(cache_key), dst_cache_id=cache.cache_id, batch_index=batch_index,
@@ -328,10 +324,10 @@ class TransferOps(ManagerBase):
         if not src_indices:
             return  # no whole layer to push (e.g. one tensor, two per layer)
         # A push of a shape pushed before goes by its repeat handle.
-        shape = ("push_cache", dst_cache_key.cluster_id, dst_cache_key.cache_id,
-                 src_cache.cache_id, -1, per_layer, tuple(src_indices), tuple(dst_indices),
-                 checked)
-        if await self._repeated("push_cache", shape, src_batch_index, dst_cache_key.batch_index):
+        shape = TransferShape(True, dst_cache_key.cluster_id, dst_cache_key.cache_id,
+                              src_cache.cache_id, -1, per_layer, tuple(src_indices),
+                              tuple(dst_indices), checked)
+        if await self._repeated(shape, src_batch_index, dst_cache_key.batch_index):
             return
         reply = await self._call_transfer("push_cache", client_pb2.PushRequest(
             dst=ref_to_proto(dst_cache_key), src_cache_id=src_cache.cache_id,

@@ -2,7 +2,8 @@
 
 An engine moves slot after slot between the same two caches: only the two
 batch indices change. After a pull_cache or push_cache by cache id the
-daemon keeps, per shape (``repeats.TransferShape``), a ``PreparedTransfer``:
+daemon keeps, per shape (``hixl_wire.types.TransferShape``), a
+``repeats.PreparedTransfer``:
 the local cache, the link, the far cache, the plan between slots 0 and 0,
 and the handle the link's transport made of that plan
 (``Transport.prepare``). A repeat checks that each part is still the one in
@@ -19,72 +20,41 @@ between slots 0 and 0 is the successful transfer's own, shifted back.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 
 import numpy as np
 
 from hixl_wire.status import LLMException
+from hixl_wire.types import TransferShape
 
 from .cluster import Cluster
-from .links import FarCache, OutboundLink
 from .native_errors import RegionRefused
 from .peer_api import IdRef
-from .planning import Layout
-from .registry import CacheEntry
-from .repeats import Repeat, TransferShape
+from .repeats import PreparedTransfer, Repeat
 from .transfers import Outcome, PullSpec, PushSpec, fenced, pull, push
-from .transports.base import Prepared
 
 
-@dataclass(slots=True)
-class PreparedTransfer:
-    """What a transfer of a shape used, ready to start again between other slots."""
-
-    local: CacheEntry  # the pull's destination, the push's source
-    link: OutboundLink
-    far: FarCache  # the pull's source, the push's destination
-    source: Layout  # the layouts of the plan's two columns
-    destination: Layout
-    bytes: int
-    handle: Prepared  # the transport's, for the plan between slots 0 and 0
-
-    def current(self, cluster: Cluster, shape: TransferShape) -> bool:
-        """Whether every part is still the one the full call would use."""
-        link = self.link
-        if cluster.registry.live(shape.local_cache_id) is not self.local \
-                or cluster.links.get(shape.remote_cluster_id) is not link or not link.alive:
-            return False
-        return link.far.still_current(shape.remote_cache_id, self.far)
-
-    def shifts(self, src_batch: int, dst_batch: int) -> tuple[int, int] | None:
-        """What a plan between two slots adds to every source and every destination
-        offset, or None for a slot out of range."""
-        source, destination = self.source, self.destination
-        if not (0 <= src_batch < source.batch_size and 0 <= dst_batch < destination.batch_size):
-            return None
-        return src_batch * source.stride, dst_batch * destination.stride
-
-
-def shape_of(spec: PullSpec | PushSpec) -> TransferShape | None:
-    """The shape a transfer repeats by, or None: only pull_cache and push_cache by
-    cache id repeat (a key names a different slot each time, and blocks
-    requests carry their block lists)."""
+def shape_of(spec: PullSpec | PushSpec, asked_checksum: int) -> TransferShape | None:
+    """The shape a transfer repeats by (``asked_checksum``: the Checksum its call
+    asked for), or None: only pull_cache and push_cache by cache id repeat (a
+    key names a different slot each time, and blocks requests carry their
+    block lists)."""
     ref = spec.src if isinstance(spec, PullSpec) else spec.dst
     if spec.blocks or not isinstance(ref, IdRef):
         return None
     if isinstance(spec, PullSpec):
         return TransferShape(False, ref.cluster_id, ref.cache_id, spec.dst_cache_id, spec.size,
-                             tuple(spec.src_tensor_indices), tuple(spec.dst_tensor_indices),
-                             spec.tensor_num_per_layer, spec.checksum)
+                             spec.tensor_num_per_layer, tuple(spec.src_tensor_indices),
+                             tuple(spec.dst_tensor_indices), asked_checksum)
     return TransferShape(True, ref.cluster_id, ref.cache_id, spec.src_cache_id, -1,
-                         tuple(spec.src_tensor_indices), tuple(spec.dst_tensor_indices),
-                         spec.tensor_num_per_layer, spec.checksum)
+                         spec.tensor_num_per_layer, tuple(spec.src_tensor_indices),
+                         tuple(spec.dst_tensor_indices), asked_checksum)
 
 
-def repeat_handle(cluster: Cluster, spec: PullSpec | PushSpec, outcome: Outcome) -> int:
+def repeat_handle(cluster: Cluster, spec: PullSpec | PushSpec, outcome: Outcome,
+                  asked_checksum: int) -> int:
     """After a transfer succeeded: the handle its shape may be repeated by (0: none)."""
-    shape = shape_of(spec)
+    shape = shape_of(spec, asked_checksum)
     if shape is None:
         return 0
     handle = cluster.repeats.offer(shape)
@@ -95,20 +65,21 @@ def repeat_handle(cluster: Cluster, spec: PullSpec | PushSpec, outcome: Outcome)
     return handle
 
 
-def _spec_of(shape: TransferShape, src_batch: int, dst_batch: int) -> PullSpec | PushSpec:
-    """The full request of ``shape`` between two slots."""
+def _spec_of(shape: TransferShape, src_batch: int, dst_batch: int,
+             checksum: bool) -> PullSpec | PushSpec:
+    """The full request of ``shape`` between two slots (``checksum``: resolved now)."""
     if shape.push:
         return PushSpec(dst=IdRef(shape.remote_cluster_id, shape.remote_cache_id, dst_batch),
                         src_cache_id=shape.local_cache_id, src_batch_index=src_batch,
                         src_tensor_indices=list(shape.src_tensor_indices),
                         dst_tensor_indices=list(shape.dst_tensor_indices),
                         tensor_num_per_layer=shape.tensor_num_per_layer,
-                        checksum=shape.checksum)
+                        checksum=checksum)
     return PullSpec(src=IdRef(shape.remote_cluster_id, shape.remote_cache_id, src_batch),
                     dst_cache_id=shape.local_cache_id, batch_index=dst_batch, size=shape.size,
                     src_tensor_indices=list(shape.src_tensor_indices),
                     dst_tensor_indices=list(shape.dst_tensor_indices),
-                    tensor_num_per_layer=shape.tensor_num_per_layer, checksum=shape.checksum)
+                    tensor_num_per_layer=shape.tensor_num_per_layer, checksum=checksum)
 
 
 def _prepare(cluster: Cluster, shape: TransferShape, spec: PullSpec | PushSpec,
@@ -129,24 +100,26 @@ def _prepare(cluster: Cluster, shape: TransferShape, spec: PullSpec | PushSpec,
     base = ranges - np.array((src_batch * source.stride, dst_batch * destination.stride, 0),
                              dtype=np.uint64)
     handle = link.transport.prepare(shape.push, local.memory, far.place, base, outcome.bytes,
-                                    shape.checksum)
-    return PreparedTransfer(local, link, far, source, destination, outcome.bytes, handle)
+                                    spec.checksum)
+    return PreparedTransfer(local, link, far, source, destination, outcome.bytes, handle,
+                            spec.checksum)
 
 
-async def again(cluster: Cluster, repeat: Repeat, src_batch: int, dst_batch: int) -> Outcome:
-    """Run a transfer of a known shape: the same result and errors as ``pull`` or
-    ``push`` of the full request, which runs whenever what was prepared no
-    longer holds."""
-    started = again_at_once(cluster, repeat, src_batch, dst_batch)
+async def again(cluster: Cluster, repeat: Repeat, src_batch: int, dst_batch: int,
+                checksum: bool) -> Outcome:
+    """Run a transfer of a known shape (``checksum``: its Checksum resolved now):
+    the same result and errors as ``pull`` or ``push`` of the full request,
+    which runs whenever what was prepared no longer holds."""
+    started = again_at_once(cluster, repeat, src_batch, dst_batch, checksum)
     if isinstance(started, Outcome):
         return started
     if started is not None:
         return await started
-    return await _full(cluster, repeat, src_batch, dst_batch)
+    return await _full(cluster, repeat, src_batch, dst_batch, checksum)
 
 
-def again_at_once(cluster: Cluster, repeat: Repeat, src_batch: int,
-                  dst_batch: int) -> Outcome | Awaitable[Outcome] | None:
+def again_at_once(cluster: Cluster, repeat: Repeat, src_batch: int, dst_batch: int,
+                  checksum: bool) -> Outcome | Awaitable[Outcome] | None:
     """Start ``again`` without waiting, from the shape's prepared transfer.
 
     Returns the Outcome when the transfer ended right here (a small copy, or a
@@ -157,7 +130,8 @@ def again_at_once(cluster: Cluster, repeat: Repeat, src_batch: int,
     stopping).
     """
     shape, prepared = repeat.shape, repeat.found
-    if prepared is None or not prepared.current(cluster, shape):
+    if prepared is None or not prepared.current(cluster.registry, cluster.links, shape,
+                                                checksum):
         return None
     shifts = prepared.shifts(src_batch, dst_batch)
     if shifts is None:  # a slot out of range: the full call words the error
@@ -173,17 +147,20 @@ def again_at_once(cluster: Cluster, repeat: Repeat, src_batch: int,
     return _finish(cluster, repeat, src_batch, dst_batch, prepared, moving, started)
 
 
-def repeat_at_once(cluster: Cluster, handle: int, push: bool, src_batch: int,
-                   dst_batch: int) -> tuple[Repeat, Outcome | Awaitable[Outcome]] | None:
+def repeat_at_once(cluster: Cluster, handle: int, push: bool, src_batch: int, dst_batch: int,
+                   checksum_of: Callable[[int], bool]
+                   ) -> tuple[Repeat, Outcome | Awaitable[Outcome]] | None:
     """``again_at_once`` for a repeat named by handle, from the transfer lane's frame
-    callback: the repeat and its Outcome (answered at once, and counted so) or an
-    awaitable of it; None when the call must run as usual (an unknown handle,
-    which the call itself words, or what was prepared no longer holds)."""
+    callback (``checksum_of`` resolves the shape's Checksum): the repeat and its
+    Outcome (answered at once, and counted so) or an awaitable of it; None when
+    the call must run as usual (an unknown handle, which the call itself
+    words, or what was prepared no longer holds)."""
     try:
         repeat = cluster.repeats.get(handle, push=push)
     except LLMException:
         return None
-    started = again_at_once(cluster, repeat, src_batch, dst_batch)
+    started = again_at_once(cluster, repeat, src_batch, dst_batch,
+                            checksum_of(repeat.shape.checksum))
     if started is None:
         return None
     if isinstance(started, Outcome):
@@ -205,7 +182,7 @@ async def _finish(cluster: Cluster, repeat: Repeat, src_batch: int, dst_batch: i
             await moving
     except RegionRefused:  # the remote cache is gone or moved; nothing has moved
         _forget(prepared, repeat.shape)
-        return await _full(cluster, repeat, src_batch, dst_batch)
+        return await _full(cluster, repeat, src_batch, dst_batch, prepared.checksum)
     prepared.local.check_present()  # freed while its bytes moved
     return _repeated(cluster, prepared, started)
 
@@ -215,16 +192,16 @@ def _repeated(cluster: Cluster, prepared: PreparedTransfer, started: float) -> O
     return Outcome(prepared.bytes, prepared.link.transport.name, time.perf_counter() - started)
 
 
-async def _full(cluster: Cluster, repeat: Repeat, src_batch: int, dst_batch: int) -> Outcome:
+async def _full(cluster: Cluster, repeat: Repeat, src_batch: int, dst_batch: int,
+                checksum: bool) -> Outcome:
     """The full pull or push of a repeat's shape, whose outcome the next repeats
     start from."""
     shape = repeat.shape
     repeat.found = None
-    spec = _spec_of(shape, src_batch, dst_batch)
+    spec = _spec_of(shape, src_batch, dst_batch, checksum)
     outcome = await (push(cluster, spec) if isinstance(spec, PushSpec) else pull(cluster, spec))
     repeat.found = _prepare(cluster, shape, spec, outcome)
     return outcome
 
 
-__all__ = ["PreparedTransfer", "again", "again_at_once", "repeat_at_once", "repeat_handle",
-           "shape_of"]
+__all__ = ["again", "again_at_once", "repeat_at_once", "repeat_handle", "shape_of"]

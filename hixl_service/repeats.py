@@ -10,17 +10,26 @@ of the shape as a 16-byte lane frame naming the handle and the two indices
 the full call (``prepared.again``) without decoding a request or looking up
 again what the last transfer found.
 
-This module holds only the shapes and their handles, so that ``Cluster``
-can own a table without importing the transfer code.
+This module holds the handles and what a repeat reuses (``PreparedTransfer``),
+so that ``Cluster`` can own the table without importing the transfer code;
+``prepared`` starts repeats and falls back to the full call. The shape itself
+(``hixl_wire.types.TransferShape``) is the client's too: it keys the client's
+handles by the same fields.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from hixl_wire.status import LLMException, LLMStatusCode
+from hixl_wire.types import TransferShape
+
+from .links import FarCache, OutboundLink
+from .planning import Layout
+from .registry import CacheEntry, CacheRegistry
+from .transports.base import Prepared
 
 # A cluster gives out handles for this many shapes at most; later shapes get
 # none (their transfers take the full path), so a client naming ever new
@@ -33,19 +42,36 @@ MAX_SHAPES = 1024
 _handles = itertools.count(1)
 
 
-@dataclass(frozen=True, slots=True)
-class TransferShape:
-    """A pull_cache or push_cache request less its two batch indices."""
+@dataclass(slots=True)
+class PreparedTransfer:
+    """What a transfer of a shape used, ready to start again between other slots."""
 
-    push: bool
-    remote_cluster_id: int
-    remote_cache_id: int  # the pull's source, the push's destination
-    local_cache_id: int  # the pull's destination, the push's source
-    size: int  # -1 for every push
-    src_tensor_indices: tuple[int, ...]
-    dst_tensor_indices: tuple[int, ...]
-    tensor_num_per_layer: int
-    checksum: bool = False  # the transfers carry a CRC-32C (TCP links)
+    local: CacheEntry  # the pull's destination, the push's source
+    link: OutboundLink
+    far: FarCache  # the pull's source, the push's destination
+    source: Layout  # the layouts of the plan's two columns
+    destination: Layout
+    bytes: int
+    handle: Prepared  # the transport's, for the plan between slots 0 and 0
+    checksum: bool  # whether its bytes carry a CRC-32C
+
+    def current(self, registry: CacheRegistry, links: Mapping[int, OutboundLink],
+                shape: TransferShape, checksum: bool) -> bool:
+        """Whether every part is still the one the full call would use."""
+        link = self.link
+        if registry.live(shape.local_cache_id) is not self.local \
+                or links.get(shape.remote_cluster_id) is not link or not link.alive \
+                or checksum != self.checksum:
+            return False
+        return link.far.still_current(shape.remote_cache_id, self.far)
+
+    def shifts(self, src_batch: int, dst_batch: int) -> tuple[int, int] | None:
+        """What a plan between two slots adds to every source and every destination
+        offset, or None for a slot out of range."""
+        source, destination = self.source, self.destination
+        if not (0 <= src_batch < source.batch_size and 0 <= dst_batch < destination.batch_size):
+            return None
+        return src_batch * source.stride, dst_batch * destination.stride
 
 
 class Repeat:
@@ -56,7 +82,7 @@ class Repeat:
     def __init__(self, handle: int, shape: TransferShape) -> None:
         self.handle = handle
         self.shape = shape
-        self.found: Any = None  # prepared.PreparedTransfer, or None until a transfer finds it again
+        self.found: PreparedTransfer | None = None  # None until a transfer finds it again
 
 
 class RepeatTable:

@@ -400,7 +400,8 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         spec = self._pull_spec(request, False)
         outcome = await settled(cluster, spec.src.cluster_id, "PullCache", pull(cluster, spec))
         return client_pb2.PullCacheReply(bytes=outcome.bytes, transport=outcome.transport,
-                                         repeat_handle=repeat_handle(cluster, spec, outcome),
+                                         repeat_handle=repeat_handle(cluster, spec, outcome,
+                                                                     request.checksum),
                                          **_timing(self._stats, "pull_cache", started, outcome))
 
     @unary
@@ -418,7 +419,8 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         repeat = cluster.repeats.get(request.handle, push=push)
         outcome = await settled(cluster, repeat.shape.remote_cluster_id, _repeat_call(push),
                                 again(cluster, repeat, request.src_batch_index,
-                                      request.dst_batch_index))
+                                      request.dst_batch_index,
+                                      self._checksum(repeat.shape.checksum)))
         return _repeat_reply(self._stats, repeat, started, outcome)
 
     def _repeat_at_once(self, request: RepeatFrame, context: CallInfo, push: bool) -> Any:
@@ -433,7 +435,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         except LLMException:
             return None  # the call itself answers with the error
         begun = repeat_at_once(cluster, request.handle, push, request.src_batch_index,
-                               request.dst_batch_index)
+                               request.dst_batch_index, self._checksum)
         if begun is None:
             return None
         repeat, outcome = begun
@@ -479,7 +481,8 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         outcome = await settled(cluster, dst.cluster_id, "PushBlocks" if blocks else "PushCache",
                                 push(cluster, spec))
         return client_pb2.PushReply(bytes=outcome.bytes, transport=outcome.transport,
-                                    repeat_handle=repeat_handle(cluster, spec, outcome),
+                                    repeat_handle=repeat_handle(cluster, spec, outcome,
+                                                                request.checksum),
                                     **_timing(self._stats,
                                               "push_blocks" if blocks else "push_cache",
                                               started, outcome))

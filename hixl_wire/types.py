@@ -11,10 +11,12 @@ from __future__ import annotations
 import enum
 import types
 from collections.abc import Mapping
+from typing import NamedTuple
 
 from hixl_wire.status import QualifiedIntEnum
 
-__all__ = ["PLACEHOLDER_ID", "DataType", "LLMRole", "Placement", "bytes_per_element"]
+__all__ = ["PLACEHOLDER_ID", "DataType", "LLMRole", "Placement", "TransferShape",
+           "bytes_per_element"]
 
 PLACEHOLDER_ID = 2**64 - 1
 """An id meaning "none": the default ``prefix_id``; as ``req_id``, a key that only holds a slot."""
@@ -85,3 +87,22 @@ class LLMRole(QualifiedIntEnum):
     PROMPT = 1
     DECODER = 2
     MIX = 3
+
+
+class TransferShape(NamedTuple):
+    """A pull_cache or push_cache by cache id less its two batch indices: what a
+    repeat handle stands for. The client keys the handles the daemon gave it
+    by it, the daemon its repeat table (a tuple: built without a call of its
+    own on the client's per-request path)."""
+
+    push: bool
+    remote_cluster_id: int
+    remote_cache_id: int  # the pull's source, the push's destination
+    local_cache_id: int  # the pull's destination, the push's source
+    size: int  # -1 for every push
+    tensor_num_per_layer: int
+    src_tensor_indices: tuple[int, ...]
+    dst_tensor_indices: tuple[int, ...]
+    # The Checksum the call asked for (a client.proto value); the daemon
+    # resolves it against its [transfer] checksum at each transfer.
+    checksum: int

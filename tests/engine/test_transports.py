@@ -15,6 +15,7 @@ from hixl_service.server import Daemon
 from hixl_service.servicer_admin import snapshot
 from hixl_service.transfers import pull
 from hixl_service.transports.fault import FaultRule
+from hixl_wire._proto.hixl.v1.client_pb2 import CHECKSUM_DEFAULT as DEFAULT
 
 from .conftest import InProcessDaemon, cache, fill, pull_spec, start_options, view
 
@@ -52,12 +53,28 @@ async def test_a_repeat_starts_the_prepared_transfer_between_other_slots(
         daemons: Pair, next_cluster_id) -> None:
     puller, link, src, dst, fault = await _linked(daemons, next_cluster_id)
     spec = pull_spec(link.remote_cluster_id, src, dst, 0, 0)
-    handle = prepared.repeat_handle(puller, spec, await pull(puller, spec))
+    handle = prepared.repeat_handle(puller, spec, await pull(puller, spec), DEFAULT)
     repeat = puller.repeats.get(handle, push=False)
-    outcome = await prepared.again(puller, repeat, 3, 1)
+    outcome = await prepared.again(puller, repeat, 3, 1, checksum=False)
     assert outcome.bytes == 2 * 4096 and landed(src, dst, 3, 1)
     assert puller.repeats.repeated == 1
     assert fault.requests == 2  # the repeat moved over the same transport
+
+
+async def test_a_repeat_whose_checksum_now_resolves_otherwise_runs_the_full_call(
+        daemons: Pair, next_cluster_id) -> None:
+    """The shape keeps the Checksum the call asked for; after the daemon's own
+    setting changed (a reload), a repeat of a call that asked for the default
+    moves as the full call would now, and its next repeats reuse that."""
+    puller, link, src, dst, _ = await _linked(daemons, next_cluster_id)
+    spec = pull_spec(link.remote_cluster_id, src, dst, 0, 0)
+    handle = prepared.repeat_handle(puller, spec, await pull(puller, spec), DEFAULT)
+    repeat = puller.repeats.get(handle, push=False)
+    await prepared.again(puller, repeat, 2, 2, checksum=True)
+    assert puller.repeats.repeated == 0 and landed(src, dst, 2, 2)
+    assert repeat.found is not None and repeat.found.checksum
+    await prepared.again(puller, repeat, 1, 3, checksum=True)
+    assert puller.repeats.repeated == 1 and landed(src, dst, 1, 3)
 
 
 async def test_a_failed_request_fails_its_pull_and_the_next_pull_moves(
@@ -94,10 +111,10 @@ async def test_a_refused_remembered_region_is_resolved_again(daemons: Pair,
 async def test_a_refused_repeat_runs_the_full_call(daemons: Pair, next_cluster_id) -> None:
     puller, link, src, dst, fault = await _linked(daemons, next_cluster_id)
     spec = pull_spec(link.remote_cluster_id, src, dst, 0, 0)
-    handle = prepared.repeat_handle(puller, spec, await pull(puller, spec))
+    handle = prepared.repeat_handle(puller, spec, await pull(puller, spec), DEFAULT)
     repeat = puller.repeats.get(handle, push=False)
     fault.add(FaultRule("refuse"))
-    await prepared.again(puller, repeat, 1, 2)
+    await prepared.again(puller, repeat, 1, 2, checksum=False)
     assert landed(src, dst, 1, 2)
     assert puller.repeats.repeated == 0  # the full call moved it
     assert repeat.found is not None  # and prepared the shape again
@@ -115,13 +132,14 @@ async def test_a_severed_link_reports_dead_and_fails_its_transfers(daemons: Pair
                                                                    next_cluster_id) -> None:
     puller, link, src, dst, fault = await _linked(daemons, next_cluster_id)
     spec = pull_spec(link.remote_cluster_id, src, dst, 0, 0)
-    handle = prepared.repeat_handle(puller, spec, await pull(puller, spec))
+    handle = prepared.repeat_handle(puller, spec, await pull(puller, spec), DEFAULT)
     fault.sever()
     status = snapshot(daemons[1].engine, "host", daemons[1].peer_address)
     (shown,) = [s for s in status.links if s.local_cluster_id == puller.cluster_id]
     assert shown.transport == "tcp" and not shown.alive
     for attempt in (pull(puller, spec),
-                    prepared.again(puller, puller.repeats.get(handle, push=False), 1, 1)):
+                    prepared.again(puller, puller.repeats.get(handle, push=False), 1, 1,
+                                   checksum=False)):
         with pytest.raises(LLMException) as failed:
             await attempt
         assert failed.value.status_code == LLMStatusCode.LLM_LINK_FAILED
@@ -166,8 +184,9 @@ async def test_a_link_inside_one_daemon_copies(daemons: Pair, next_cluster_id) -
     spec = pull_spec(source, src, dst, 3, 0)
     outcome = await pull(puller, spec)
     assert outcome.transport == "local" and landed(src, dst, 3, 0)
-    handle = prepared.repeat_handle(puller, spec, outcome)
-    await prepared.again(puller, puller.repeats.get(handle, push=False), 2, 1)
+    handle = prepared.repeat_handle(puller, spec, outcome, DEFAULT)
+    await prepared.again(puller, puller.repeats.get(handle, push=False), 2, 1,
+                         checksum=False)
     assert landed(src, dst, 2, 1) and puller.repeats.repeated == 1
     prefill.faults[-1].add(FaultRule("fail", status=LLMStatusCode.LLM_FAILED))
     with pytest.raises(LLMException) as failed:

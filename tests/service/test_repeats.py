@@ -10,11 +10,12 @@ import pytest
 from hixl_client.status import LLMException, LLMStatusCode
 from hixl_service import repeats
 from hixl_service.planning import Layout, plan_cache_pull, tensor_pairs
-from hixl_service.repeats import RepeatTable, TransferShape
+from hixl_service.repeats import RepeatTable
+from hixl_wire.types import TransferShape
 
 
 def _shape(remote_cache_id: int, size: int = -1, push: bool = False) -> TransferShape:
-    return TransferShape(push, 2, remote_cache_id, 7, size, (), (), 2)
+    return TransferShape(push, 2, remote_cache_id, 7, size, 2, (), (), 0)
 
 
 def test_one_handle_per_shape_and_none_once_full(monkeypatch: pytest.MonkeyPatch) -> None:
