@@ -15,7 +15,7 @@ import asyncio
 import collections
 import logging
 import secrets
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Collection, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +38,7 @@ from .peer_api import (
     Lease,
     PeerHello,
     ResolvedCache,
+    check_peer_calls,
 )
 from .regions import DeviceRegion, Regions
 from .registry import KeySpec
@@ -118,7 +119,8 @@ class InboundLinks:
     def accept_link(self, protocol_version: int, src_daemon_id: str, src_cluster_id: int,
                     dst_cluster_id: int, backend: str = "host", identity: str = "",
                     facts: HelloFacts | None = None, proof: bytes = b"",
-                    listener_of: int | None = None) -> PeerHello:
+                    listener_of: int | None = None,
+                    peer_calls: Collection[str] = ()) -> PeerHello:
         """Peer side of a link: check who links, then authorize a token and a key for
         one of our clusters at the data server.
 
@@ -127,7 +129,8 @@ class InboundLinks:
         ``listener_of``: the Hello came to that cluster's own listener
         (``cluster_listeners``), so it must name that cluster; checked after
         the proof and allowed_peers, so a caller that may not link learns
-        nothing more there than on the daemon's port."""
+        nothing more there than on the daemon's port. ``peer_calls``: the
+        Peer calls the caller serves (an hccl link needs `HCCL_LINK_CALLS`)."""
         trust = self._trust
         if trust.mode == "token":
             if facts is None:
@@ -143,6 +146,7 @@ class InboundLinks:
             raise LLMException(f"daemon {src_daemon_id} runs the {backend!r} backend and daemon "
                                f"{mine.daemon_id} the {mine.backend!r} one; link daemons "
                                f"of one backend", status_code=LLMStatusCode.LLM_LINK_FAILED)
+        check_peer_calls(backend, src_daemon_id, peer_calls)
         may_write = trust.permission(identity, dst_cluster_id)
         if listener_of is not None and dst_cluster_id != listener_of:
             raise LLMException(f"this address is the listen_ip_info of cluster {listener_of}, "
@@ -390,6 +394,12 @@ class InboundLinks:
             side.destroyed(name)
             return False
         return await side.watch(name, wait_ms)
+
+    async def hccl_destroy_for_peer(self, token: int, name: str) -> None:
+        """Peer side of a one-sided HCCL link: the linking daemon frees memory bound to
+        communicator ``name``; destroy this side's half first."""
+        inbound = self._links.get(token)
+        await hccl_side(inbound.side if inbound is not None else None).destroy_half(name)
 
     def hccl_region_for_peer(self, token: int, region_id: int) -> FarRegion:
         """Peer side of a one-sided HCCL transfer: where a device region lies, and whether

@@ -47,6 +47,10 @@ LANE_CONNECT_TIMEOUT_S = 3.0
 # partition heals, heartbeats (and so the link's state) would lag that long.
 CHANNEL_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 200),
                    ("grpc.max_reconnect_backoff_ms", 1000))
+# The Peer calls this daemon serves, named in Hello (peer_api.check_peer_calls):
+# every method of the service, which PeerServicer implements.
+PEER_CALLS: tuple[str, ...] = tuple(
+    peer_pb2.DESCRIPTOR.services_by_name["Peer"].methods_by_name)
 
 
 def key_to_proto(cluster_id: int, key: KeySpec) -> common_pb2.CacheKey:
@@ -161,7 +165,8 @@ class PeerClient:
                     timeout_s: float, backend: str = "host") -> PeerHello:
         request = peer_pb2.HelloRequest(protocol_version=PROTOCOL_VERSION, daemon_id=daemon_id,
                                         version=self._version, src_cluster_id=src_cluster_id,
-                                        dst_cluster_id=dst_cluster_id, backend=backend)
+                                        dst_cluster_id=dst_cluster_id, backend=backend,
+                                        peer_calls=PEER_CALLS)
         facts: HelloFacts | None = None
         if self._trust.mode == "token":
             challenge = await self._call(self._stub.Challenge, peer_pb2.ChallengeRequest(),
@@ -177,7 +182,8 @@ class PeerClient:
             self._lane_address = (reply.data_host, reply.lane_port)
         return PeerHello(reply.daemon_id, reply.version, reply.data_host, reply.data_port,
                          reply.link_token, reply.backend or "host", reply.lane_port,
-                         link_key=key, lease_ms=reply.lease_ms)
+                         link_key=key, lease_ms=reply.lease_ms,
+                         peer_calls=tuple(reply.peer_calls))
 
     async def resolve(self, token: int, ref: CacheRefSpec, timeout_s: float) -> ResolvedCache:
         request = peer_pb2.ResolveCacheRequest(link_token=token, ref=ref_to_proto(ref))
@@ -264,6 +270,10 @@ class PeerClient:
                                                wait_ms=wait_ms)
         reply = await self._call(self._stub.HcclTeardown, request, timeout_s)
         return bool(reply.destroy)
+
+    async def hccl_destroy(self, token: int, name: str, timeout_s: float) -> None:
+        request = peer_pb2.HcclDestroyRequest(link_token=token, comm_name=name)
+        await self._call(self._stub.HcclDestroy, request, timeout_s)
 
     async def close(self) -> None:
         if self._lane is not None:

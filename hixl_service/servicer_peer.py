@@ -18,7 +18,7 @@ from hixl_wire.status import LLMException, LLMStatusCode
 from .ascend.comms import CommSpec
 from .calls import CallInfo, GrpcContext, unary
 from .engine import Engine
-from .peer_client import key_from_proto, ref_from_proto
+from .peer_client import PEER_CALLS, key_from_proto, ref_from_proto
 from .rpc_errors import CallRefused, abort_with, handler_error
 from .trust import HelloFacts
 
@@ -83,7 +83,8 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
             hello = self._engine.inbound.accept_link(
                 request.protocol_version, request.daemon_id, request.src_cluster_id,
                 request.dst_cluster_id, request.backend or "host", identity, facts,
-                request.proof, listener_of=self._cluster_id)
+                request.proof, listener_of=self._cluster_id,
+                peer_calls=tuple(request.peer_calls))
         except Exception as exc:
             error = handler_error("Hello", exc)
             self.call_failed("Hello", error)
@@ -93,7 +94,8 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                                    data_host=hello.data_host, data_port=hello.data_port,
                                    link_token=hello.token, backend=hello.backend,
                                    lane_port=hello.lane_port, link_key=hello.link_key,
-                                   server_proof=hello.server_proof, lease_ms=hello.lease_ms)
+                                   server_proof=hello.server_proof, lease_ms=hello.lease_ms,
+                                   peer_calls=PEER_CALLS)
 
     @unary
     async def ResolveCache(self, request: peer_pb2.ResolveCacheRequest,
@@ -205,6 +207,13 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         destroy = await self._engine.inbound.hccl_teardown_for_peer(
             token, _comm_name(request.comm_name), destroyed, wait_ms)
         return peer_pb2.HcclTeardownReply(destroy=destroy)
+
+    @unary
+    async def HcclDestroy(self, request: peer_pb2.HcclDestroyRequest,
+                          context: CallInfo) -> peer_pb2.HcclDestroyReply:
+        token = self._token(request.link_token)
+        await self._engine.inbound.hccl_destroy_for_peer(token, _comm_name(request.comm_name))
+        return peer_pb2.HcclDestroyReply()
 
     @unary
     async def HcclRegion(self, request: peer_pb2.HcclRegionRequest,

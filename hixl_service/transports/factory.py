@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from hixl_wire.status import LLMException, LLMStatusCode
 
+from ..peer_api import check_peer_calls
 from .base import InboundSide, PlainInbound, Transport
 from .hccl import HcclInbound, HcclTransport
 from .local import LocalTransport
@@ -67,6 +68,7 @@ async def _open(kit: TransportKit, ends: LinkEnds, hello: PeerHello, peer: PeerA
         _check_one_device(kit, ends)
         return LocalTransport(kit.copier)
     if kit.ascend is not None:
+        check_peer_calls("hccl", hello.daemon_id, hello.peer_calls)
         return await HcclTransport.open(kit.ascend.device(ends.local_device_id), peer,
                                         hello.token, timeout_s, kit.ascend.comm_settings,
                                         kit.ascend.one_sided, ends.local_cluster_id)

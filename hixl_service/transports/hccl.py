@@ -45,6 +45,7 @@ reported as a timeout).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -63,10 +64,12 @@ from .hccl_channel import (
     NO_COMMUNICATOR,
     RESERVE_BACKOFF_S,
     RESERVE_RETRY_S,
+    REVOKE_WAIT_S,
     WATCH_GRACE_S,
     WATCH_WAIT_MS,
     Channel,
     Side,
+    block_on,
     close_when_built,
     fail,
     pause,
@@ -240,6 +243,21 @@ class HcclLink(Side):
             logger.info("telling the far daemon that HCCL communicator %s is destroyed: %s",
                         channel.name, exc)
 
+    async def _destroy_far(self, name: str) -> None:
+        """Have the far daemon destroy its half of one-sided communicator ``name``, whose
+        mapping of memory bound here lives until then (Peer.HcclDestroy; the memory
+        is about to be freed); wait at most REVOKE_WAIT_S for its word."""
+        try:
+            await self._peer.hccl_destroy(self._token, name, REVOKE_WAIT_S)
+        except LLMException as exc:
+            if exc.status_code == LLMStatusCode.LLM_NOT_YET_LINK:  # its half went with the link
+                logger.info("the far daemon no longer holds the link of HCCL communicator %s",
+                            name)
+                return
+            logger.warning("the far daemon did not confirm within %.0f s that it destroyed its "
+                           "half of HCCL communicator %s (%s); going on (a daemon that is gone "
+                           "took its half with it)", REVOKE_WAIT_S, name, exc)
+
     async def _reserve(self, name: str, owner: str, deadline: float) -> None:
         """Hold this daemon's creation gate and the far daemon's for communicator
         ``name`` (ascend/gate.py: the lower tie-break id creates first)."""
@@ -267,6 +285,11 @@ class HcclLink(Side):
         channel = self._channel
         assert channel is not None and self._memory is not None
         timeout_ms = remaining_ms(deadline)
+        # Freeing memory bound to it has the far half destroyed first.
+        channel.release_peer = functools.partial(
+            block_on, asyncio.get_running_loop(),
+            functools.partial(self._destroy_far, channel.name), REVOKE_WAIT_S + WATCH_GRACE_S,
+            f"asking the far daemon to destroy its half of HCCL communicator {channel.name}")
         # Both are bounded (HCCL's prepare by timeout_ms, the call by the deadline),
         # and the local one must end before the channel may be destroyed.
         local, remote = await asyncio.gather(

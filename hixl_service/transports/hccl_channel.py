@@ -7,10 +7,11 @@ links use them.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -71,7 +72,12 @@ JOIN_GATE_WAIT_S = 30.0
 # linking side destroy its half at once, since the other daemon could no
 # longer ask it to. So a linked daemon freeing bound memory waits at most
 # REVOKE_WAIT_S (longer than both together) for the linking side's word:
-# past it, that side has destroyed its half or is gone.
+# past it, that side has destroyed its half or is gone. The other way round,
+# a linking daemon freeing bound memory asks the linked one to destroy its
+# half (Peer.HcclDestroy) and waits at most REVOKE_WAIT_S for the answer too;
+# past it (a linked daemon gone, or too slow to answer), it goes on: a gone
+# daemon's half went with it, a silent one's lives until that daemon next
+# joins a communicator for the link or drops it.
 WATCH_WAIT_MS = 2000
 WATCH_GRACE_S = 1.0
 REVOKE_WAIT_S = 5.0
@@ -228,6 +234,33 @@ class Channel:
         except AscendError as exc:
             logger.warning("an HCCL channel's stream did not end its work and is abandoned "
                            "(its memory stays pinned): %s", to_llm_exception(exc))
+
+
+def block_on(loop: asyncio.AbstractEventLoop,
+             make: Callable[[], Coroutine[Any, Any, None]], timeout_s: float, what: str) -> None:
+    """Run ``make()`` on ``loop`` from a worker thread, waiting at most ``timeout_s``
+    (a release of bound memory asking the far daemon to destroy its half:
+    blocking, bounded). A failure is logged; the release goes on."""
+    try:
+        on_loop = asyncio.get_running_loop() is loop
+    except RuntimeError:
+        on_loop = False
+    if on_loop or loop.is_closed():
+        logger.warning("cannot wait from here for %s; going on", what)
+        return
+    work = make()
+    try:
+        job = asyncio.run_coroutine_threadsafe(work, loop)
+    except RuntimeError as exc:  # the loop closed meanwhile
+        work.close()
+        logger.warning("%s: %r", what, exc)
+        return
+    try:
+        job.result(timeout_s)
+    except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError,
+            RuntimeError) as exc:
+        job.cancel()
+        logger.warning("%s: %r", what, exc)
 
 
 def close_when_built(job: asyncio.Future[Channel]) -> None:

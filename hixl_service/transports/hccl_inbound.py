@@ -6,7 +6,6 @@ linking daemon's reservation and teardown calls. See ``hccl``.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import functools
 import logging
 import time
@@ -30,6 +29,7 @@ from .hccl_channel import (
     WATCH_GRACE_S,
     Channel,
     Side,
+    block_on,
     close_when_built,
     fail,
     remaining_ms,
@@ -139,24 +139,20 @@ class HcclInbound(Side):
                            "its half of HCCL communicator %s; going on (it destroys its half "
                            "itself once it can no longer watch)", REVOKE_WAIT_S, name)
 
-    def _revoke_from(self, loop: asyncio.AbstractEventLoop, name: str) -> None:
-        """`_revoke` from a worker thread (a release of bound memory; blocking, bounded)."""
-        try:
-            on_loop = asyncio.get_running_loop() is loop
-        except RuntimeError:
-            on_loop = False
-        if on_loop or loop.is_closed():
-            logger.warning("cannot ask the linking daemon to destroy its half of HCCL "
-                           "communicator %s from here; going on", name)
+    async def destroy_half(self, name: str) -> None:
+        """The linking daemon is about to free memory bound to communicator ``name``:
+        destroy this half now (its mapping of that memory lives until
+        HcclCommDestroy, hcomm hccl_one_sided_service.cc: DeInit ->
+        DisableMemAccess). Nothing to do when the current communicator is
+        another one: that one was destroyed before this one was joined."""
+        channel = self._channel
+        if channel is None or channel.name != name:
             return
-        job = asyncio.run_coroutine_threadsafe(self._revoke(name), loop)
-        try:
-            job.result(REVOKE_WAIT_S + WATCH_GRACE_S)
-        except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError,
-                RuntimeError) as exc:
-            job.cancel()
-            logger.warning("asking the linking daemon to destroy its half of HCCL "
-                           "communicator %s: %r", name, exc)
+        await asyncio.to_thread(channel.destroy)
+        # the linking side's watch on it ends now (it destroys its half too)
+        ask = self._named(self._asks, name)
+        if not ask.done():
+            ask.set_result(None)
 
     def reserve(self, name: str, hold_ms: int) -> tuple[bool, int]:
         """Hold this daemon's creation gate for communicator ``name`` if it is free
@@ -176,8 +172,11 @@ class HcclInbound(Side):
             if self._memory is None or not self._memory.enabled:
                 raise LLMException("this daemon's CANN lacks the one-sided HCCL API",
                                    status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
-            channel.release_peer = functools.partial(self._revoke_from,
-                                                     asyncio.get_running_loop(), channel.name)
+            channel.release_peer = functools.partial(
+                block_on, asyncio.get_running_loop(),
+                functools.partial(self._revoke, channel.name), REVOKE_WAIT_S + WATCH_GRACE_S,
+                f"asking the linking daemon to destroy its half of HCCL communicator "
+                f"{channel.name}")
             try:
                 await asyncio.to_thread(channel.prepare_one_sided, self._memory,
                                         self._cluster_id, timeout_ms)

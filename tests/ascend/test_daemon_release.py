@@ -3,7 +3,9 @@
 * defect 2: the daemon that *accepted* a one-sided link frees device memory
   bound to its communicator; the linking daemon's half (whose mapping of that
   memory lives until its HcclCommDestroy) is destroyed before the release
-  returns (Peer.HcclTeardown);
+  returns (Peer.HcclTeardown); and the other way round, the *linking* daemon
+  frees memory bound to its communicator, and the accepting daemon's half is
+  destroyed before the release returns (Peer.HcclDestroy);
 * defect 6: two daemons linking to each other at the same moment, each of whose
   HCCL creations blocks until the other rank joins, both link (Peer.HcclReserve
   and the tie-break of ascend/gate.py).
@@ -55,6 +57,12 @@ async def _outbound_alive(daemon: DaemonProcess, cluster_id: int) -> list[bool]:
             if link.direction == "outbound" and link.local_cluster_id == cluster_id]
 
 
+async def _inbound_alive(daemon: DaemonProcess, cluster_id: int) -> list[bool]:
+    status = await daemon_status(daemon.client_target)
+    return [link.alive for link in status.links
+            if link.direction == "inbound" and link.local_cluster_id == cluster_id]
+
+
 async def test_freeing_bound_memory_destroys_the_linking_half_first(
         pair: tuple[DaemonProcess, DaemonProcess]) -> None:
     prompt_daemon, decoder_daemon = pair
@@ -87,6 +95,50 @@ async def test_freeing_bound_memory_destroys_the_linking_half_first(
             CacheKeyByIdAndIndex(prompt.cluster_id, again.cache_id, 0), dst)
         assert IO.read(dst, 0) == data[::-1]
         assert await _outbound_alive(decoder_daemon, decoder.cluster_id) == [True]
+    finally:
+        await decoder.finalize()
+        await prompt.finalize()
+        if not buffer.buffer.closed:
+            buffer.close()
+
+
+async def test_the_linking_daemon_freeing_bound_memory_destroys_the_accepting_half_first(
+        pair: tuple[DaemonProcess, DaemonProcess]) -> None:
+    """The linking (decoder) daemon frees an imported buffer bound to its one-sided
+    communicator: the prompt daemon's half, which maps that buffer until its
+    HcclCommDestroy, is gone by the time the release returns (before, it lived
+    until the link's next HcclConnect)."""
+    prompt_daemon, decoder_daemon = pair
+    prompt = LLMDataDist(LLMRole.PROMPT, next(_ids), daemon=prompt_daemon.client_target)
+    decoder = LLMDataDist(LLMRole.DECODER, next(_ids), daemon=decoder_daemon.client_target)
+    await prompt.init(options(device_id=0))
+    await decoder.init(options(device_id=1))
+    buffer = alloc_device_shareable(DESC.size, device_id=1)
+    try:
+        status, results = await decoder.link_clusters(
+            [cluster_info(prompt.cluster_id, prompt_daemon.peer_address)], timeout=5000)
+        assert status == OK, results
+        src = await prompt.cache_manager.allocate_cache(DESC)
+        data = os.urandom(DESC.size)
+        IO.write(src, 0, data)
+        dst = await decoder.cache_manager.register_cache(DESC, [buffer.address])
+        key = CacheKeyByIdAndIndex(prompt.cluster_id, src.cache_id, 0)
+        # binds the buffer on the decoder's (linking) side of a prepared communicator
+        await decoder.cache_manager.pull_cache(key, dst)
+        assert IO.read(dst, 0) == data
+        assert await _outbound_alive(decoder_daemon, decoder.cluster_id) == [True]
+        assert await _inbound_alive(prompt_daemon, prompt.cluster_id) == [True]
+        await decoder.cache_manager.unregister_cache(dst.cache_id)
+        buffer.close()  # the decoder daemon closes its import: memory bound to the link
+        # the accepting daemon's half went before the linking daemon freed the memory
+        assert await _inbound_alive(prompt_daemon, prompt.cluster_id) == [False]
+        assert await _outbound_alive(decoder_daemon, decoder.cluster_id) == [False]
+        # and the link goes on: its next pull builds and prepares a new communicator
+        again = await decoder.cache_manager.allocate_cache(DESC)
+        await decoder.cache_manager.pull_cache(key, again)
+        assert IO.read(again, 0) == data
+        assert await _outbound_alive(decoder_daemon, decoder.cluster_id) == [True]
+        assert await _inbound_alive(prompt_daemon, prompt.cluster_id) == [True]
     finally:
         await decoder.finalize()
         await prompt.finalize()

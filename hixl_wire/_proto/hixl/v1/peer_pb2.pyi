@@ -20,7 +20,7 @@ LEASE_DROPPED: LeaseState
 LEASE_STOPPING: LeaseState
 
 class HelloRequest(_message.Message):
-    __slots__ = ("protocol_version", "daemon_id", "version", "src_cluster_id", "dst_cluster_id", "backend", "challenge", "client_nonce", "proof")
+    __slots__ = ("protocol_version", "daemon_id", "version", "src_cluster_id", "dst_cluster_id", "backend", "challenge", "client_nonce", "proof", "peer_calls")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     DAEMON_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -30,6 +30,7 @@ class HelloRequest(_message.Message):
     CHALLENGE_FIELD_NUMBER: _ClassVar[int]
     CLIENT_NONCE_FIELD_NUMBER: _ClassVar[int]
     PROOF_FIELD_NUMBER: _ClassVar[int]
+    PEER_CALLS_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     daemon_id: str
     version: str
@@ -39,10 +40,11 @@ class HelloRequest(_message.Message):
     challenge: bytes
     client_nonce: bytes
     proof: bytes
-    def __init__(self, protocol_version: _Optional[int] = ..., daemon_id: _Optional[str] = ..., version: _Optional[str] = ..., src_cluster_id: _Optional[int] = ..., dst_cluster_id: _Optional[int] = ..., backend: _Optional[str] = ..., challenge: _Optional[bytes] = ..., client_nonce: _Optional[bytes] = ..., proof: _Optional[bytes] = ...) -> None: ...
+    peer_calls: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, protocol_version: _Optional[int] = ..., daemon_id: _Optional[str] = ..., version: _Optional[str] = ..., src_cluster_id: _Optional[int] = ..., dst_cluster_id: _Optional[int] = ..., backend: _Optional[str] = ..., challenge: _Optional[bytes] = ..., client_nonce: _Optional[bytes] = ..., proof: _Optional[bytes] = ..., peer_calls: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class HelloReply(_message.Message):
-    __slots__ = ("protocol_version", "daemon_id", "version", "data_host", "data_port", "link_token", "backend", "lane_port", "link_key", "server_proof", "lease_ms")
+    __slots__ = ("protocol_version", "daemon_id", "version", "data_host", "data_port", "link_token", "backend", "lane_port", "link_key", "server_proof", "lease_ms", "peer_calls")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     DAEMON_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -54,6 +56,7 @@ class HelloReply(_message.Message):
     LINK_KEY_FIELD_NUMBER: _ClassVar[int]
     SERVER_PROOF_FIELD_NUMBER: _ClassVar[int]
     LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    PEER_CALLS_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     daemon_id: str
     version: str
@@ -65,7 +68,8 @@ class HelloReply(_message.Message):
     link_key: bytes
     server_proof: bytes
     lease_ms: int
-    def __init__(self, protocol_version: _Optional[int] = ..., daemon_id: _Optional[str] = ..., version: _Optional[str] = ..., data_host: _Optional[str] = ..., data_port: _Optional[int] = ..., link_token: _Optional[int] = ..., backend: _Optional[str] = ..., lane_port: _Optional[int] = ..., link_key: _Optional[bytes] = ..., server_proof: _Optional[bytes] = ..., lease_ms: _Optional[int] = ...) -> None: ...
+    peer_calls: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, protocol_version: _Optional[int] = ..., daemon_id: _Optional[str] = ..., version: _Optional[str] = ..., data_host: _Optional[str] = ..., data_port: _Optional[int] = ..., link_token: _Optional[int] = ..., backend: _Optional[str] = ..., lane_port: _Optional[int] = ..., link_key: _Optional[bytes] = ..., server_proof: _Optional[bytes] = ..., lease_ms: _Optional[int] = ..., peer_calls: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ChallengeRequest(_message.Message):
     __slots__ = ()
@@ -288,6 +292,18 @@ class HcclTeardownReply(_message.Message):
     DESTROY_FIELD_NUMBER: _ClassVar[int]
     destroy: bool
     def __init__(self, destroy: _Optional[bool] = ...) -> None: ...
+
+class HcclDestroyRequest(_message.Message):
+    __slots__ = ("link_token", "comm_name")
+    LINK_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    COMM_NAME_FIELD_NUMBER: _ClassVar[int]
+    link_token: int
+    comm_name: str
+    def __init__(self, link_token: _Optional[int] = ..., comm_name: _Optional[str] = ...) -> None: ...
+
+class HcclDestroyReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("daemon_id", "link_tokens")

@@ -109,6 +109,11 @@ class PeerStub:
                 request_serializer=hixl_dot_v1_dot_peer__pb2.HcclTeardownRequest.SerializeToString,
                 response_deserializer=hixl_dot_v1_dot_peer__pb2.HcclTeardownReply.FromString,
                 _registered_method=True)
+        self.HcclDestroy = channel.unary_unary(
+                '/hixl.v1.Peer/HcclDestroy',
+                request_serializer=hixl_dot_v1_dot_peer__pb2.HcclDestroyRequest.SerializeToString,
+                response_deserializer=hixl_dot_v1_dot_peer__pb2.HcclDestroyReply.FromString,
+                _registered_method=True)
 
 
 class PeerServicer:
@@ -243,6 +248,17 @@ class PeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def HcclDestroy(self, request, context):
+        """hccl backend, one-sided links (issue 30): the linking daemon is about to
+        free memory bound to the link's communicator comm_name; this daemon
+        destroys its half of it (its mapping of that memory lives until then)
+        and answers once it is destroyed, or at once when that communicator is
+        no longer this daemon's. The caller waits a bounded time for the answer.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -320,6 +336,11 @@ def add_PeerServicer_to_server(servicer, server):
                     servicer.HcclTeardown,
                     request_deserializer=hixl_dot_v1_dot_peer__pb2.HcclTeardownRequest.FromString,
                     response_serializer=hixl_dot_v1_dot_peer__pb2.HcclTeardownReply.SerializeToString,
+            ),
+            'HcclDestroy': grpc.unary_unary_rpc_method_handler(
+                    servicer.HcclDestroy,
+                    request_deserializer=hixl_dot_v1_dot_peer__pb2.HcclDestroyRequest.FromString,
+                    response_serializer=hixl_dot_v1_dot_peer__pb2.HcclDestroyReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -727,6 +748,33 @@ class Peer:
             '/hixl.v1.Peer/HcclTeardown',
             hixl_dot_v1_dot_peer__pb2.HcclTeardownRequest.SerializeToString,
             hixl_dot_v1_dot_peer__pb2.HcclTeardownReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HcclDestroy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hixl.v1.Peer/HcclDestroy',
+            hixl_dot_v1_dot_peer__pb2.HcclDestroyRequest.SerializeToString,
+            hixl_dot_v1_dot_peer__pb2.HcclDestroyReply.FromString,
             options,
             channel_credentials,
             insecure,
