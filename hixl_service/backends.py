@@ -4,11 +4,13 @@
 built from, whichever backend the configuration names:
 
 * ``host``: memfd pools within ``pool.max_bytes`` for HOST and DEVICE alike
-  (``memory.host``), native memcpy copies, links over TCP;
+  (``memory.host``), native memcpy copies, engine-allocated client memory
+  (``memory.process``), links over TCP;
 * ``hccl``: CANN and the configured devices opened first
   (``ascend.backend``, off the loop), DEVICE pools of device memory
-  (``ascend.pools``), HOST pools page-locked for ACL copies, copies through
-  ACL where device memory is involved, links over HCCL.
+  (``memory.device``), HOST pools and buffers page-locked for ACL copies
+  (so no engine-allocated client memory), copies through ACL where device
+  memory is involved (its ``copy_job``), links over HCCL.
 
 Links inside one daemon copy locally on both. The server builds the engine
 from the :class:`Backend` without asking which one it got.
@@ -26,10 +28,10 @@ import hixl_native
 
 from .ascend.backend import AscendBackend
 from .ascend.comms import host_address
-from .ascend.pools import AscendMemory
 from .copier import Copier
-from .memory.host import HostMemory, Unpinnable
-from .memory.process import CrossMemoryPolicy, cross_memory_policy
+from .memory.device import DeviceBackend
+from .memory.host import HostBackend, Unpinnable
+from .memory.process import ProcessBackend, cross_memory_policy
 from .pools import PoolManager
 from .transports.factory import TransportKit
 
@@ -51,7 +53,7 @@ class Backend:
     copier: Copier
     kit: TransportKit  # what the links' transports are built from (the copier's too)
     # Engine-allocated client memory: what the kernel lets this daemon reach.
-    cross_memory: CrossMemoryPolicy
+    process: ProcessBackend
     ascend: AscendBackend | None = None  # hccl: CANN and the devices this daemon serves
 
 
@@ -71,22 +73,24 @@ async def open_backend(config: DaemonConfig, dispatcher: CompletionDispatcher,
             opened (the process exits 2): never a silent fallback to host memory.
     """
     ascend: AscendBackend | None = None
+    transfer = config.transfer
     cross_memory = cross_memory_policy()
     if config.pool.backend == "hccl":
         ascend = await asyncio.to_thread(AscendBackend.open, config.ascend,
                                          host_address(advertise_host))
-        pools = PoolManager(_host_memory(config, ascend.pin_host), AscendMemory(ascend))
+        pools = PoolManager(_host_backend(config, ascend.pin_host), DeviceBackend(ascend))
     else:
         logger.info("engine-allocated client memory: %s", cross_memory.summary())
-        pools = PoolManager(_host_memory(config))
-    transfer = config.transfer
-    copier = Copier(transfer.copy_threads, dispatcher, ascend)
+        pools = PoolManager(_host_backend(config))
+    process = ProcessBackend(cross_memory, transfer.bounce_buffers,
+                             int(transfer.bounce_buffer_bytes), page_locked=ascend is not None)
+    copier = Copier(transfer.copy_threads, dispatcher)
     kit = TransportKit(copier, dispatcher, ascend, transfer.streams_per_link,
                        transfer.connect_timeout_s)
-    return Backend(config.pool.backend, pools, copier, kit, cross_memory, ascend)
+    return Backend(config.pool.backend, pools, copier, kit, process, ascend)
 
 
-def _host_memory(config: DaemonConfig, pin: PinHost | None = None) -> HostMemory:
-    """HOST pools (and DEVICE pools too, on the host backend), each page-locked by
-    ``pin`` (the hccl backend's, for ACL copies)."""
-    return HostMemory(int(config.pool.max_bytes), config.pool.populate, pin)
+def _host_backend(config: DaemonConfig, pin: PinHost | None = None) -> HostBackend:
+    """HOST pools (and DEVICE pools too, on the host backend) and clients' shareable
+    buffers, each page-locked by ``pin`` (the hccl backend's, for ACL copies)."""
+    return HostBackend(int(config.pool.max_bytes), config.pool.populate, pin)

@@ -9,21 +9,16 @@ import os
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-import hixl_native
 
 from hixl_wire.status import LLMException, LLMStatusCode
 from hixl_wire.types import Placement
 
 from .cluster import Cluster
 from .memory.base import Memory, Pool, UserBuffer
-from .memory.process import ClientProcess, CrossMemoryPolicy, ProcessMemory, reach
+from .memory.process import ClientProcess, ProcessBackend, ProcessMemory
+from .pools import PoolManager
 from .regions import Regions
 from .registry import CacheEntry, KeySpec
-
-if TYPE_CHECKING:
-    from .ascend.backend import AscendBackend
 
 
 @dataclass(frozen=True)
@@ -52,18 +47,14 @@ def peer_writable(cluster: Cluster, remote_accessible: bool) -> bool:
 class Caches:
     """Allocates, registers and frees the caches of every cluster."""
 
-    def __init__(self, clusters: Mapping[int, Cluster], regions: Regions,
-                 ascend: AscendBackend | None, policy: CrossMemoryPolicy | None = None,
-                 bounce_buffers: int = 16, bounce_buffer_bytes: int = 1 << 20) -> None:
+    def __init__(self, clusters: Mapping[int, Cluster], regions: Regions, pools: PoolManager,
+                 process: ProcessBackend) -> None:
         self._clusters = clusters
         self._regions = regions
-        self._ascend = ascend
+        # Clients' buffers are made by the pools' backends, engine memory by ``process``.
+        self._pools = pools
+        self.process = process
         self._buffer_ids = itertools.count(1)
-        self.policy = policy if policy is not None else CrossMemoryPolicy(None, False)
-        self._bounce_shape = (bounce_buffers, bounce_buffer_bytes)
-        # Made on the first registration of engine memory, then shared by all:
-        # (inbound: the data server's requests, outbound: this daemon's own).
-        self._bounce: tuple[hixl_native.BouncePool, hixl_native.BouncePool] | None = None
         self._releasing: set[asyncio.Task[None]] = set()  # closed buffers being unmapped
 
     def allocate(self, cluster: Cluster, spec: NewCache, keys: list[KeySpec]) -> CacheEntry:
@@ -101,8 +92,8 @@ class Caches:
         nothing can touch it any more (see ``fence``)."""
         if entry is None:
             return
-        if isinstance(entry.memory, ProcessMemory):
-            await self.end_access(entry)
+        if entry.memory.revoke():  # the cache's own memory: nothing reaches it from now on
+            await self._end_access(entry)
             return
         await self.fence(entry)
         if entry.registered:
@@ -124,16 +115,20 @@ class Caches:
         await entry.still()
         await entry.memory.jobs_ended()
 
-    async def end_access(self, entry: CacheEntry) -> None:
-        """End every access to a cache in a client process's memory: later native
-        calls fail at once, and this returns once those under way (peers'
-        requests, this daemon's transfers and copies) have ended."""
-        memory = entry.memory
-        assert isinstance(memory, ProcessMemory)
-        memory.closed = True
-        memory.release()  # revoked first: nothing new starts on it
+    async def _end_access(self, entry: CacheEntry) -> None:
+        """A cache's own memory was revoked (``Memory.revoke``): later native calls
+        fail at once; return once those under way (peers' requests, this
+        daemon's transfers and copies) have ended."""
         await self._regions.remove(entry.region_id)
-        await memory.wait_unpinned()
+        await entry.memory.wait_unpinned()
+
+    async def drop(self, entry: CacheEntry) -> None:
+        """Its cluster ends: no peer reaches the cache any more, and memory of its
+        own is revoked and waited for (pools and buffers go with the cluster)."""
+        if entry.memory.revoke():
+            await self._end_access(entry)
+        else:
+            await self._regions.remove(entry.region_id)
 
     def _cluster_of_token(self, upload_token: bytes) -> Cluster:
         cluster = next((c for c in self._clusters.values()
@@ -162,16 +157,12 @@ class Caches:
             raise LLMException("the uploaded buffer is empty",
                                status_code=LLMStatusCode.LLM_PARAM_INVALID)
         buffer_id = next(self._buffer_ids)
-        buffer = UserBuffer(buffer_id, cluster.cluster_id, hixl_native.Mapping(fd, size))
-        if self._ascend is not None:  # page-locked for ACL copies (a swap, a copy_cache)
-            # aclrtHostRegister of a large buffer takes long: off the event loop.
-            pinned = await asyncio.to_thread(self._ascend.pin_host, buffer.native)
-            if pinned is not None:
-                buffer.before_release = pinned.close
-            if cluster.closed:  # finalized meanwhile: nothing may keep the buffer
-                await asyncio.to_thread(buffer.release)
-                raise LLMException("the cluster was finalized during the upload",
-                                   status_code=LLMStatusCode.LLM_FAILED)
+        # Page-locked for ACL copies (a swap, a copy_cache) where host memory is.
+        buffer = await self._pools.map_buffer(buffer_id, cluster.cluster_id, fd, size)
+        if cluster.closed:  # finalized meanwhile: nothing may keep the buffer
+            await asyncio.to_thread(buffer.release)
+            raise LLMException("the cluster was finalized during the upload",
+                               status_code=LLMStatusCode.LLM_FAILED)
         cluster.buffers[buffer_id] = buffer
         return buffer_id
 
@@ -189,7 +180,7 @@ class Caches:
         if buffer is None:
             raise LLMException(f"buffer {buffer_id} was not handed over by this cluster",
                                status_code=LLMStatusCode.LLM_PARAM_INVALID)
-        if buffer.on_device:
+        if buffer.close_on_drop:
             if buffer.caches:
                 return False
             buffer.dropped = True
@@ -222,20 +213,11 @@ class Caches:
     async def import_device_buffer(self, cluster: Cluster, key: str, size: int,
                                    device_id: int) -> int:
         """Import a client's exported device memory (hccl backend); return its buffer id."""
-        if self._ascend is None:
-            raise LLMException("device buffers need the daemon's hccl backend",
-                               status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
-        if device_id != cluster.settings.device_id:
-            raise LLMException(f"the buffer is on device {device_id}, the cluster on "
-                               f"{cluster.settings.device_id}",
-                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
-        ascend = self._ascend
-        imported = await ascend.import_buffer(device_id, key, size, cluster.cluster_id)
-        buffer_id = next(self._buffer_ids)
-        buffer = UserBuffer(buffer_id, cluster.cluster_id, device=imported)
-        buffer.before_release = lambda: ascend.forget(imported)
-        cluster.buffers[buffer_id] = buffer
-        return buffer_id
+        buffer = await self._pools.import_buffer(next(self._buffer_ids), cluster.cluster_id,
+                                                 cluster.settings.device_id, key, size,
+                                                 device_id)
+        cluster.buffers[buffer.buffer_id] = buffer
+        return buffer.buffer_id
 
     async def register(self, cluster: Cluster, spec: NewCache, buffer_id: int,
                        tensor_offsets: list[int], keys: list[KeySpec], remote_accessible: bool,
@@ -256,11 +238,12 @@ class Caches:
             cluster.registry.check_blocks_key(spec.blocks_model_id)
         memory: Memory
         if client_addrs:
-            memory = await self._reach(cluster, spec, client_addrs)
-            tensor_offsets = [a - memory.process.base for a in client_addrs]  # type: ignore[union-attr]
+            reached = await self._reach(cluster, spec, client_addrs)
+            tensor_offsets = [a - reached.span.base for a in client_addrs]
+            memory = reached
         elif pool_id is not None:
             pool = next((p for p in cluster.pools.values() if p.pool_id == pool_id), None)
-            if pool is None or pool.on_device:
+            if pool is None or pool.fd is None:  # only a pool the client maps
                 raise LLMException(f"cluster {cluster.cluster_id} has no host pool {pool_id}",
                                    status_code=LLMStatusCode.LLM_PARAM_INVALID)
             memory = pool
@@ -282,8 +265,7 @@ class Caches:
             region_id = self._regions.add(memory, start, span, cluster.cluster_id,
                                           peer_writable(cluster, remote_accessible))
         except BaseException:
-            if isinstance(memory, ProcessMemory):
-                memory.release()
+            memory.revoke()  # the cache's own memory goes with it; a pool or buffer stays
             raise
         entry = CacheEntry(cache_id=cluster.registry.reserve_id(), blocks=spec.blocks,
                            num_tensors=spec.num_tensors, tensor_size=spec.tensor_size,
@@ -300,20 +282,9 @@ class Caches:
         """The client's own memory at ``addrs``, probed (LLM_PARAM_INVALID if the
         daemon may not or cannot reach it). The probe reads the client's memory
         and its /proc maps, so it runs off the event loop."""
-        if self._ascend is not None:
-            raise LLMException(
-                "the hixl daemon reaches engine-allocated memory only on its host backend; "
-                "with the hccl backend register memory from hixl_client.alloc_shareable (host) "
-                "or alloc_device_shareable (device)", status_code=LLMStatusCode.LLM_PARAM_INVALID)
-        if cluster.process is None:
-            raise LLMException("the client did not bind its process on the fd socket",
-                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
-        if self._bounce is None:
-            count, size = self._bounce_shape
-            self._bounce = (hixl_native.BouncePool(count, size),
-                            hixl_native.BouncePool(count, size))
-        memory = await asyncio.to_thread(reach, cluster.process, cluster.cluster_id, addrs,
-                                         spec.tensor_size, self._bounce, self.policy)
+        process = self.process.check(cluster.process)
+        memory = await asyncio.to_thread(self.process.reach, process, cluster.cluster_id, addrs,
+                                         spec.tensor_size)
         if cluster.closed:  # finalized while the probe ran: nothing may keep the memory
             memory.release()
             raise LLMException(f"cluster {cluster.cluster_id} was finalized during the "
@@ -324,8 +295,8 @@ class Caches:
         entry = cluster.registry.unregister(cache_id)
         if entry is None:
             return
-        if isinstance(entry.memory, ProcessMemory):
-            await self.end_access(entry)
+        if entry.memory.revoke():
+            await self._end_access(entry)
         else:  # the memory is the user's again once this returns
             await self.fence(entry)
             await self._cache_gone(entry.memory)
@@ -340,9 +311,11 @@ class Caches:
         await self.free(source.registry.record_pull(key, tensor_indices))
 
     async def share_device_pools(self, cluster: Cluster, tgid: int) -> list[tuple[int, str]]:
-        """Let a client process import the cluster's device pools; (pool id, key) each."""
-        ascend = self._ascend
-        if ascend is None:
-            return []
-        return [(pool.pool_id, await asyncio.to_thread(ascend.share, pool, tgid))
-                for pool in cluster.pools.values() if pool.on_device]
+        """Let a client process import the cluster's pools it cannot map (device
+        pools); (pool id, key) each."""
+        shared = []
+        for pool in cluster.pools.values():
+            key = await pool.share_with(tgid)
+            if key is not None:
+                shared.append((pool.pool_id, key))
+        return shared

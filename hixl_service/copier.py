@@ -1,5 +1,6 @@
-"""Copies inside the daemon: native memcpy between host memories, ACL copies
-(the Ascend backend) when device memory is involved.
+"""Copies inside the daemon: native memcpy between host memories, and the
+``copy_job`` of the other kinds (``memory``: ACL copies for device memory,
+cross-memory calls for a client process's) when one of them is involved.
 
 A host copy up to 4 MiB runs on the event loop's own thread when nothing else
 is under way (``CompletionDispatcher.idle``), from 256 KiB helped by one copy
@@ -18,19 +19,15 @@ from __future__ import annotations
 
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import hixl_native
 import numpy as np
 
 from .completions import CompletionDispatcher
 from .memory.base import Memory
-from .native_errors import copy_error, process_copy_error
+from .native_errors import copy_error
 from .planning import Ranges, total_bytes
-
-if TYPE_CHECKING:
-    from .ascend.backend import AscendBackend
-
 
 # A host copy the daemon runs alone (no other transfer under way) holds the
 # event loop's thread up to these sizes: the hop to a copy thread and back
@@ -87,16 +84,16 @@ def split_triples(triples: np.ndarray, parts: int) -> list[np.ndarray]:
 
 class Copier:
     """Copies between host memories with native memcpy (on the loop's thread
-    when small and alone, else on native copy threads), and ACL copies (the
-    Ascend backend, on a Python thread pool) when device memory is involved."""
+    when small and alone, else on native copy threads); a copy touching
+    another kind of memory is that kind's ``copy_job``, run on a Python
+    thread pool (or on the loop's thread, small and alone, where the kind
+    allows it)."""
 
-    def __init__(self, threads: int, dispatcher: CompletionDispatcher,
-                 ascend: AscendBackend | None = None) -> None:
+    def __init__(self, threads: int, dispatcher: CompletionDispatcher) -> None:
         self._threads = threads
         self._dispatcher = dispatcher
         self._pool = hixl_native.CopyPool(threads, dispatcher.queue)
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix="hixl-copy")
-        self._ascend = ascend
 
     def copy_now(self, dst: Memory, src: Memory, triples: np.ndarray, total: int,
                  dst_shift: int = 0, src_shift: int = 0) -> bool:
@@ -108,7 +105,7 @@ class Copier:
         between other batch slots with no new array per request, which is a
         large part of a small local pull's cost.
         """
-        if dst.on_device or src.on_device or dst.process is not None or src.process is not None:
+        if dst.copy_rank or src.copy_rank:  # only memcpy is made here
             return False
         return self._copy_here(dst, src, triples, total, dst_shift, src_shift)
 
@@ -134,18 +131,11 @@ class Copier:
     async def copy(self, dst: Memory, src: Memory, ranges: Ranges) -> None:
         """Copy (src, dst, length) ranges from one memory into another."""
         triples = triples_of(ranges)
-        if dst.on_device or src.on_device:
-            assert self._ascend is not None, "device memory exists only with the Ascend backend"
-            job = asyncio.get_running_loop().run_in_executor(
-                self._executor, self._ascend.copy_job(dst, src, triples.ravel()))
-            dst.pin_until(job)
-            src.pin_until(job)
-            await asyncio.shield(job)
+        way = src if src.copy_rank > dst.copy_rank else dst
+        if way.copy_rank:
+            await self._copy_by(way, dst, src, triples, ranges)
             return
         total = total_bytes(ranges)
-        if dst.process is not None or src.process is not None:
-            await self._copy_process(dst, src, triples, total)
-            return
         if self._copy_here(dst, src, triples, total):
             return
         shareable = dst is not src
@@ -161,25 +151,20 @@ class Copier:
         if failed:
             raise copy_error(failed[0])
 
-    async def _copy_process(self, dst: Memory, src: Memory, triples: np.ndarray,
-                            total: int) -> None:
-        """A copy with a client process's memory on one side or both
-        (process_vm_readv / process_vm_writev, GIL released): on the loop's
-        thread when small and alone, else on the executor, both memories pinned."""
-        try:
-            if self._dispatcher.idle and total <= INLINE_COPY_BYTES:
-                status = hixl_native.copy_process(dst.data_handle, src.data_handle, triples)
-            else:
-                job = asyncio.get_running_loop().run_in_executor(
-                    self._executor, hixl_native.copy_process, dst.data_handle,
-                    src.data_handle, triples)
-                dst.pin_until(job)
-                src.pin_until(job)
-                status = await asyncio.shield(job)
-        except hixl_native.NativeError as exc:  # revoked before the copy began
-            raise process_copy_error(exc.code) from None
-        if status != hixl_native.OK:
-            raise process_copy_error(status)
+    async def _copy_by(self, way: Memory, dst: Memory, src: Memory, triples: np.ndarray,
+                       ranges: Ranges) -> None:
+        """A copy made ``way``'s kind's way (``Memory.copy_job``): on the loop's
+        thread when the kind allows it and the copy is small and alone, else on
+        the executor, both memories pinned until it ends."""
+        job = way.copy_job(dst, src, triples)  # refusals come before anything runs
+        if (way.copies_inline and self._dispatcher.idle
+                and total_bytes(ranges) <= INLINE_COPY_BYTES):
+            job()
+            return
+        done = asyncio.get_running_loop().run_in_executor(self._executor, job)
+        dst.pin_until(done)
+        src.pin_until(done)
+        await asyncio.shield(done)
 
     def _post(self, dst: Memory, src: Memory, share: np.ndarray,
               total: int) -> asyncio.Future[int]:

@@ -36,7 +36,7 @@ from .inbound import DaemonFacts, InboundLinks, LeaseSettings, PeerLaneInfo
 from .link_monitor import LinkMonitor
 from .load import TransferLoad
 from .log_keys import keys
-from .memory.process import CrossMemoryPolicy, ProcessMemory
+from .memory.process import ProcessBackend
 from .notifies import check_notification
 from .outbound import LinkerSettings, OutboundLinks
 from .peer_api import PeerApi
@@ -79,11 +79,8 @@ class EngineDeps:
     # What the daemon counts of its work, for /metrics and the Admin status.
     stats: DaemonStats = field(default_factory=DaemonStats)
     # Engine-allocated client memory: what the kernel allows, and the bounce
-    # buffers (each way) that stage it on the data plane.
-    cross_memory: CrossMemoryPolicy = field(
-        default_factory=lambda: CrossMemoryPolicy(None, False))
-    bounce_buffers: int = 16
-    bounce_buffer_bytes: int = 1 << 20
+    # buffers (each way) that stage it on the data plane (``backends.open_backend``).
+    process: ProcessBackend = field(default_factory=ProcessBackend)
     # [transfer] checksum: TCP transfers carry a CRC-32C unless the call says otherwise.
     checksum: bool = False
     # [links]: heartbeats of our links, leases of the links to us.
@@ -104,8 +101,7 @@ class Engine:
         self.drain = Drain(deps.load)
         self.kit = deps.kit
         self.regions = Regions(deps.data_server)
-        self.caches = Caches(self.clusters, self.regions, deps.ascend, deps.cross_memory,
-                             deps.bounce_buffers, deps.bounce_buffer_bytes)
+        self.caches = Caches(self.clusters, self.regions, deps.pools, deps.process)
         facts = DaemonFacts(deps.daemon_id, deps.version, deps.data_host, deps.backend,
                             deps.peer_lane)
         self.inbound = InboundLinks(facts, self.clusters, deps.data_server, self.regions,
@@ -210,10 +206,7 @@ class Engine:
         for inbound in self.inbound.to_cluster(cluster.cluster_id):
             self.inbound.drop_inbound(inbound.token, f"cluster {cluster.cluster_id} finalized")
         for entry in cluster.registry.drain():
-            if isinstance(entry.memory, ProcessMemory):
-                await self.caches.end_access(entry)
-            else:
-                await self.regions.remove(entry.region_id)
+            await self.caches.drop(entry)
         for pool in cluster.pools.values():
             await self.pools.destroy(pool)
         for buffer in list(cluster.buffers.values()):  # unmapped here, never freed: the user's

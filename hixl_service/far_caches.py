@@ -188,7 +188,7 @@ class DaemonCaches:
         owner = self._daemon.clusters.get(self._remote_cluster_id)
         entries = owner.registry.caches() if owner is not None else []
         for entry in entries:
-            if not entry.memory.on_device:
+            if entry.memory.host_copies:  # the self-test reads it into host memory
                 return FarCache(entry.layout, 0, entry.blocks, entry.writable,
                                 Place(memory=entry.memory), origin=entry)
         return None

@@ -3,7 +3,9 @@
 Each initialized cluster gets its pools from LLM-DataDist's ``mem_pool_cfg``
 (placement DEVICE) and ``host_mem_pool_cfg`` (placement HOST). HOST pools,
 and DEVICE pools on the host backend, are memfd mappings (``memory.host``);
-on the hccl backend DEVICE pools are device memory (``ascend.pools``).
+on the hccl backend DEVICE pools are device memory (``memory.device``).
+Clients' buffers are made by the same backends: shareable host buffers by
+the host one, exported device buffers by the DEVICE placement's.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ import secrets
 
 from hixl_wire.types import Placement
 
-from .memory.base import MemoryBackend, Pool, PoolSpec
-from .memory.host import HostMemory
+from .memory.base import MemoryBackend, Pool, PoolSpec, UserBuffer
+from .memory.host import HostBackend
 
 logger = logging.getLogger(__name__)
 
@@ -23,7 +25,7 @@ logger = logging.getLogger(__name__)
 class PoolManager:
     """Creates pools through their backends and hands out their fds."""
 
-    def __init__(self, host: HostMemory, device: MemoryBackend | None = None) -> None:
+    def __init__(self, host: HostBackend, device: MemoryBackend | None = None) -> None:
         self._host = host
         # DEVICE pools: device memory on the hccl backend, else host memory too.
         self._backends: dict[Placement, MemoryBackend] = {
@@ -54,6 +56,18 @@ class PoolManager:
         logger.info("pool %d for cluster %d: %s%s, %d bytes, page %d", pool.pool_id, cluster_id,
                     placement.name, backend.describe(pool), pool.size, pool.allocator.page_size)
         return pool
+
+    async def map_buffer(self, buffer_id: int, cluster_id: int, fd: int,
+                         size: int) -> UserBuffer:
+        """Map a client's shareable host buffer (page-locked where host memory is)."""
+        return await self._host.map_buffer(buffer_id, cluster_id, fd, size)
+
+    async def import_buffer(self, buffer_id: int, cluster_id: int, cluster_device: int,
+                            key: str, size: int, buffer_device: int) -> UserBuffer:
+        """Import a client's exported device buffer, or LLM_FEATURE_NOT_ENABLED
+        where DEVICE memory is host memory (the host backend)."""
+        return await self._backends[Placement.DEVICE].import_buffer(
+            buffer_id, cluster_id, cluster_device, key, size, buffer_device)
 
     def get(self, pool_id: int) -> Pool:
         return self._pools[pool_id]

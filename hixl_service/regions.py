@@ -1,7 +1,8 @@
 """Regions: the byte ranges of caches that linked peers may reach.
 
-Every cache is a region of its memory. A host region is registered with the
-native data server, which checks each remote request against it (and the
+Every cache is a region of its memory. The memory registers its region with
+the native data server where it can (``Memory.expose``: host memory, a
+client process's), which checks each remote request against it (and the
 link token's cluster) before a byte moves; device memory (the hccl backend)
 is out of the data server's sight, so its regions are kept here for the HCCL
 peer calls to check against.
@@ -43,15 +44,8 @@ class Regions:
 
         Region ids are never reused, so a stale id can only be refused."""
         region_id = next(self._ids)
-        if memory.on_device:
+        if not memory.expose(self._data_server, region_id, offset, size, cluster_id, writable):
             self._device[region_id] = DeviceRegion(memory, offset, size, cluster_id, writable)
-        elif memory.process is not None:
-            # Peers' requests of client-process memory go through bounce buffers.
-            self._data_server.register_process_region(region_id, memory.process, offset, size,
-                                                      cluster_id, writable)
-        else:
-            self._data_server.register_region(region_id, memory.native, offset, size,
-                                              cluster_id, writable)
         return region_id
 
     def device(self, region_id: int) -> DeviceRegion | None:

@@ -23,7 +23,7 @@ from hixl_wire.types import Placement
 
 from .engine import Engine
 from .links import OutboundLink
-from .memory.base import Memory
+from .memory.host import HostMemory
 from .planning import as_ranges
 
 DEFAULT_BYTES = 4 << 20
@@ -72,7 +72,7 @@ async def _test_link(link: OutboundLink, nbytes: int) -> LinkTest:
     size = max(1, -(-total >> _PAGE_SHIFT)) << _PAGE_SHIFT
     scratch_pool = await asyncio.to_thread(hixl_native.SharedPool, "hixl-selftest", size,
                                            _PAGE_SHIFT, True)
-    scratch = Memory(0, Placement.HOST, size, mapping=scratch_pool)
+    scratch = HostMemory(0, Placement.HOST, scratch_pool)
     try:
         started = time.perf_counter()
         await link.transport.read(scratch, far.place, as_ranges(ranges), TIMEOUT_MS)

@@ -46,9 +46,7 @@ def snapshot(engine: Engine, backend: str, peer_address: str,
         metrics_address=facts.metrics_address if facts else "",
         transfer_lane=facts.transfer_lane if facts else "",
         refusals=deps.stats.refused,
-        engine_memory=(deps.cross_memory.summary() if deps.ascend is None else
-                       "refused: the hccl backend registers memory from alloc_shareable and "
-                       "alloc_device_shareable only"))
+        engine_memory=deps.process.summary())
     for op, transport, llm_status, calls, nbytes in deps.stats.transfer_counts():
         status.transfers.add(op=op, transport=transport, status=llm_status, calls=calls,
                              bytes=nbytes)

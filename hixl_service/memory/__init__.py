@@ -1,1 +1,2 @@
-"""Memory the daemon owns: the MemoryBackend seam and its host and Ascend backends."""
+"""Memory the daemon owns: one ``Memory`` subtype per kind (host, device, a client
+process's), the ``MemoryBackend`` seam, and the backends that make each kind."""

@@ -1,10 +1,14 @@
 """Memory the daemon moves bytes in and out of, and the seam pools are made through.
 
-``Memory`` is a pool or a client's buffer; ``Pool`` adds the extent
-allocator of one cluster's pool. A ``MemoryBackend`` makes and frees pools
-of one kind: ``memory.host`` (memfd mappings clients map too) and
-``ascend.pools`` (device memory exported with ACL IPC). ``pools.PoolManager``
-picks the backend of each pool by its placement and the daemon's backend.
+``Memory`` has one subtype per kind, each carrying its own copies, regions
+and release: ``host.HostMemory``, ``device.AscendMemory`` and
+``process.ProcessMemory``. ``Pool`` (the extent allocator of one cluster's
+pool) and ``UserBuffer`` (a client's buffer) are roles that a host or a
+device kind takes. A ``MemoryBackend`` makes and frees pools of one kind:
+``host.HostBackend`` (memfd mappings clients map too, page-locked on the
+hccl backend) and ``device.DeviceBackend`` (device memory exported with ACL
+IPC). ``pools.PoolManager`` picks the backend of each pool by its placement
+and the daemon's backend.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import asyncio
 import json
 import secrets
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import hixl_native
 
@@ -23,6 +27,7 @@ from hixl_wire.types import Placement
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    import numpy as np
     from hixl_native._ascend import DeviceBuffer, DeviceMemory
 
 DEFAULT_PAGE_SHIFT = 16
@@ -72,28 +77,37 @@ class PoolSpec:
 
 
 class Memory:
-    """Memory the daemon moves bytes in and out of: a pool, or a client's buffer.
+    """Memory the daemon moves bytes in and out of: a pool, a client's buffer,
+    or a span of a client process. One subtype per kind, each with its own
+    copies, regions and release: ``host.HostMemory`` (a mapping: memcpy, the
+    TCP data plane), ``device.AscendMemory`` (ACL copies, HCCL) and
+    ``process.ProcessMemory`` (cross-memory calls). Nothing outside them asks
+    which kind it holds.
 
-    Host memory is a native ``Mapping`` (memcpy, TCP); device memory (the
-    hccl backend) is an ACL ``DeviceMemory`` (ACL copies, HCCL). Native
-    transfers in flight pin it: a native job cannot be interrupted, so the
-    memory must outlive it even when its awaiter was cancelled, and pins are
-    released from the job's completion.
+    Native transfers in flight pin it: a native job cannot be interrupted, so
+    the memory must outlive it even when its awaiter was cancelled, and pins
+    are released from the job's completion.
     """
 
-    def __init__(self, cluster_id: int, placement: Placement, size: int, *,
-                 mapping: hixl_native.Mapping | None = None,
-                 device: DeviceMemory | None = None,
-                 process: hixl_native.ProcessMemory | None = None) -> None:
-        kinds = [m for m in (mapping, device, process) if m is not None]
-        assert len(kinds) == 1, "host, device or client-process memory, exactly one"
+    # Device memory (told to clients in the pool list; HCCL reads ``device``).
+    on_device: ClassVar[bool] = False
+    device: DeviceMemory | None = None
+    # How a copy reaches it. 0: native memcpy, the copier's own threads; above
+    # 0: the kind's ``copy_job``. A copy between two memories goes the way of
+    # the end with the higher rank (device memory, then a client process's).
+    copy_rank: ClassVar[int] = 0
+    # Whether a ``copy_job`` of this kind may run on the loop's thread when the
+    # daemon is idle and the copy small (it holds no lock and waits for nothing).
+    copies_inline: ClassVar[bool] = False
+    # Host copies (memcpy, cross-memory calls) reach it without a device runtime.
+    host_copies: ClassVar[bool] = True
+    # The pool that cannot fit a cache says so with this code.
+    out_of_memory: ClassVar[LLMStatusCode] = LLMStatusCode.LLM_OUT_OF_MEMORY
+
+    def __init__(self, cluster_id: int, placement: Placement, size: int) -> None:
         self.cluster_id = cluster_id
         self.placement = placement
         self.size = size
-        self.device = device
-        self._mapping = mapping
-        # Memory of a client process the daemon did not map (memory.process).
-        self.process = process
         self.closed = False
         # Where the client mapped this memory (for addresses in TransferConfig).
         self.client_base: int | None = None
@@ -105,25 +119,34 @@ class Memory:
         self.before_release: Callable[[], None] | None = None
 
     @property
-    def on_device(self) -> bool:
-        return self.device is not None
-
-    @property
     def native(self) -> hixl_native.Mapping:
-        """The host mapping; device memory has none (native TCP and memcpy cannot reach it)."""
-        if self.process is not None:
-            raise LLMException("this memory lies in a client process, reached only by "
-                               "cross-memory calls", status_code=LLMStatusCode.LLM_FAILED)
-        if self._mapping is None:
-            raise LLMException("this memory is on an Ascend device; host transports "
-                               "cannot reach it", status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
-        return self._mapping
+        """The host mapping memcpy and native TCP reach; LLMException for a kind without one."""
+        raise NotImplementedError
 
     @property
-    def data_handle(self) -> hixl_native.Mapping | hixl_native.ProcessMemory:
+    def data_handle(self) -> hixl_native.Mapping | hixl_native.ProcessSpan:
         """What the native data link moves host bytes of: the mapping, or the
         client-process span (staged through bounce buffers)."""
-        return self.process if self.process is not None else self.native
+        raise NotImplementedError
+
+    def expose(self, server: hixl_native.DataServer, region_id: int, offset: int, size: int,
+               cluster_id: int, writable: bool) -> bool:
+        """Register ``[offset, offset + size)`` as a region of the native data server,
+        which checks peers' requests against it; False when the data server
+        cannot reach this memory (the caller keeps the region itself)."""
+        raise NotImplementedError
+
+    def copy_job(self, dst: Memory, src: Memory, triples: np.ndarray) -> Callable[[], object]:
+        """A blocking copy of (dst, src, length) ``triples`` between ``dst`` and
+        ``src``, made this memory's way (for a memory of ``copy_rank`` above 0);
+        it raises LLMException when it fails."""
+        raise NotImplementedError
+
+    def revoke(self) -> bool:
+        """End every access to the memory of one cache alone at once (later native
+        calls on it fail); False, and nothing done, for memory that caches share
+        (a pool, a buffer), which fencing the cache's extent frees instead."""
+        return False
 
     def pin_until(self, job: asyncio.Future[Any]) -> None:
         """Keep the memory alive until ``job`` completes, however it ends."""
@@ -152,32 +175,33 @@ class Memory:
             await self._unpinned.wait()
 
     def release(self) -> None:
-        """Unmap host memory, or free/close device memory (blocking; call off the loop)."""
+        """Unmap host memory, free or close device memory, revoke a client span
+        (blocking; call off the loop)."""
         if self.before_release is not None:
             undo, self.before_release = self.before_release, None
             undo()
-        if self._mapping is not None:
-            self._mapping.close()
-        if self.device is not None:
-            self.device.close()
-        if self.process is not None:
-            self.process.revoke()
+        self._close()
+
+    def _close(self) -> None:
+        raise NotImplementedError
 
 
 class UserBuffer(Memory):
     """A client's buffer, mapped by the daemon for registered caches: a
-    shareable host buffer (its fd), or device memory imported with ACL IPC.
+    shareable host buffer (``host.SharedBuffer``, its fd), or device memory
+    imported with ACL IPC (``device.AscendBuffer``).
 
     The memory is the user's: hixl unmaps (or closes its import) when the
     client closes it and no cache lies in it any more, or when the cluster
     ends; it never frees it.
     """
 
-    def __init__(self, buffer_id: int, cluster_id: int, native: hixl_native.Mapping | None = None,
-                 device: DeviceMemory | None = None) -> None:
-        placement = Placement.DEVICE if device is not None else Placement.HOST
-        size = native.size if native is not None else device.size if device is not None else 0
-        super().__init__(cluster_id, placement, size, mapping=native, device=device)
+    # Closed while the client waits when it drops the buffer, since the client
+    # may free it only afterwards (CANN's order for an imported device buffer);
+    # else unmapped once its caches are gone, off the answer's path.
+    close_on_drop: ClassVar[bool] = False
+
+    def _take_buffer(self, buffer_id: int) -> None:
         self.buffer_id = buffer_id
         # The client closed it: no new cache or copy may use it, and it is
         # unmapped once the caches registered over it (``caches``) are gone.
@@ -202,22 +226,26 @@ class Allocator(Protocol):
 
 
 class Pool(Memory):
-    """One cluster's pool for one placement."""
+    """One cluster's pool for one placement: ``host.HostPool`` (a memfd the
+    client maps) or ``device.AscendPool`` (device memory exported with ACL IPC)."""
 
-    def __init__(self, pool_id: int, cluster_id: int, placement: Placement,
-                 allocator: Allocator, *, mapping: hixl_native.Mapping | None = None,
-                 device: DeviceBuffer | None = None, size: int = 0) -> None:
-        super().__init__(cluster_id, placement, mapping.size if mapping is not None else size,
-                         mapping=mapping, device=device)
+    # The device pool's exported buffer (the hccl backend's code reads it).
+    device_buffer: DeviceBuffer | None = None
+
+    def _take_pool(self, pool_id: int, allocator: Allocator) -> None:
         self.pool_id = pool_id
         self.allocator = allocator
-        self.device_buffer = device
         self.fd_token = secrets.token_bytes(16)
 
     @property
     def fd(self) -> int | None:
-        """The memfd clients map (host pools only)."""
-        return self.allocator.fd if isinstance(self.allocator, hixl_native.SharedPool) else None
+        """The memfd clients map; None where they import the pool instead."""
+        return None
+
+    async def share_with(self, tgid: int) -> str | None:
+        """Let a client process import the pool: its export key, or None when
+        clients map it through ``fd`` instead."""
+        return None
 
     def alloc_cache(self, num_tensors: int, tensor_size: int) -> tuple[int, int, list[int]]:
         """Take one extent for all tensors; return (offset, size, tensor offsets)."""
@@ -225,18 +253,17 @@ class Pool(Memory):
         try:
             offset = self.allocator.alloc(pitch * num_tensors)
         except hixl_native.PoolExhausted:
-            status = (LLMStatusCode.LLM_DEVICE_OUT_OF_MEMORY if self.on_device
-                      else LLMStatusCode.LLM_OUT_OF_MEMORY)
             raise LLMException(
                 f"{self.placement.name} pool of cluster {self.cluster_id} cannot fit "
                 f"{num_tensors} x {tensor_size} bytes ({self.allocator.free_bytes} bytes free)",
-                status_code=status) from None
+                status_code=self.out_of_memory) from None
         size = self.allocator.allocation_size(offset)
         return offset, size, [offset + i * pitch for i in range(num_tensors)]
 
 
 class MemoryBackend(Protocol):
-    """Makes and frees the pools of one kind of memory."""
+    """Makes and frees the pools of one kind of memory, and the client buffers
+    of that kind: ``host.HostBackend`` and ``device.DeviceBackend``."""
 
     @property
     def reserved_bytes(self) -> int:
@@ -251,3 +278,9 @@ class MemoryBackend(Protocol):
 
     async def release(self, pool: Pool) -> None:
         """Free a pool no transfer uses any more."""
+
+    async def import_buffer(self, buffer_id: int, cluster_id: int, cluster_device: int,
+                            key: str, size: int, buffer_device: int) -> UserBuffer:
+        """Import device memory a client exported (``alloc_device_shareable``) on
+        ``buffer_device``; LLM_PARAM_INVALID unless that is the cluster's device,
+        LLM_FEATURE_NOT_ENABLED where this backend has no device memory."""

@@ -1,6 +1,6 @@
 """Memory of a client process that the daemon did not map: the engine's own
 tensors (numpy, torch CPU tensors, anonymous mmap, malloc), reached with
-process_vm_readv / process_vm_writev (``hixl_native.ProcessMemory``).
+process_vm_readv / process_vm_writev (``hixl_native.ProcessSpan``).
 
 * A client binds its process to its cluster on the fd socket (BIND): the
   daemon takes the process from the kernel (``SO_PEERPIDFD``, or
@@ -27,13 +27,20 @@ import socket
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
 
 import hixl_native
 
 from hixl_wire.status import LLMException, LLMStatusCode
 from hixl_wire.types import Placement
 
+from ..native_errors import process_copy_error
 from .base import Memory
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import numpy as np
 
 logger = logging.getLogger(__name__)
 
@@ -170,11 +177,112 @@ class ProcessMemory(Memory):
 
     Its native span is revoked (every later access fails) when the cache is
     unregistered or its cluster ends, after the transfers that pinned it.
+    Copies touching it are cross-memory calls; the data server stages peers'
+    requests of it through bounce buffers.
     """
 
-    def __init__(self, cluster_id: int, native: hixl_native.ProcessMemory) -> None:
-        super().__init__(cluster_id, Placement.HOST, native.size, process=native)
-        self.client_base = native.base
+    copy_rank: ClassVar[int] = 1
+    copies_inline: ClassVar[bool] = True  # process_vm_* hold no lock and wait for nothing
+
+    def __init__(self, cluster_id: int, span: hixl_native.ProcessSpan) -> None:
+        super().__init__(cluster_id, Placement.HOST, span.size)
+        self.span = span
+        self.client_base = span.base
+
+    @property
+    def native(self) -> hixl_native.Mapping:
+        raise LLMException("this memory lies in a client process, reached only by "
+                           "cross-memory calls", status_code=LLMStatusCode.LLM_FAILED)
+
+    @property
+    def data_handle(self) -> hixl_native.ProcessSpan:
+        return self.span
+
+    def expose(self, server: hixl_native.DataServer, region_id: int, offset: int, size: int,
+               cluster_id: int, writable: bool) -> bool:
+        # Peers' requests of client-process memory go through bounce buffers.
+        server.register_process_region(region_id, self.span, offset, size, cluster_id,
+                                       writable)
+        return True
+
+    def copy_job(self, dst: Memory, src: Memory, triples: np.ndarray) -> Callable[[], None]:
+        return _ProcessCopy(dst.data_handle, src.data_handle, triples)
+
+    def revoke(self) -> bool:
+        self.closed = True
+        self.release()  # revoked first: nothing new starts on it
+        return True
+
+    def _close(self) -> None:
+        self.span.revoke()
+
+
+class _ProcessCopy:
+    """A copy with a client process's memory on one side or both
+    (process_vm_readv / process_vm_writev, GIL released)."""
+
+    __slots__ = ("_dst", "_src", "_triples")
+
+    def __init__(self, dst: hixl_native.Mapping | hixl_native.ProcessSpan,
+                 src: hixl_native.Mapping | hixl_native.ProcessSpan, triples: np.ndarray) -> None:
+        self._dst = dst
+        self._src = src
+        self._triples = triples
+
+    def __call__(self) -> None:
+        try:
+            status = hixl_native.copy_process(self._dst, self._src, self._triples)
+        except hixl_native.NativeError as exc:  # revoked before the copy began
+            raise process_copy_error(exc.code) from None
+        if status != hixl_native.OK:
+            raise process_copy_error(status)
+
+
+class ProcessBackend:
+    """Reaches the memory of clients' own processes: the kernel's policy and the
+    bounce buffers that stage it on the data plane (made on first use, then
+    shared by all).
+
+    Where the daemon's copies need host memory page-locked (``page_locked``:
+    the hccl backend's ACL copies), none is reached: another process's
+    memory cannot be page-locked by the daemon.
+    """
+
+    def __init__(self, policy: CrossMemoryPolicy | None = None, bounce_buffers: int = 16,
+                 bounce_buffer_bytes: int = 1 << 20, page_locked: bool = False) -> None:
+        self.policy = policy if policy is not None else CrossMemoryPolicy(None, False)
+        self._bounce_shape = (bounce_buffers, bounce_buffer_bytes)
+        # (inbound: the data server's requests, outbound: this daemon's own).
+        self._bounce: tuple[hixl_native.BouncePool, hixl_native.BouncePool] | None = None
+        self._page_locked = page_locked
+
+    def summary(self) -> str:
+        """One line for the admin status."""
+        if self._page_locked:
+            return ("refused: the hccl backend registers memory from alloc_shareable and "
+                    "alloc_device_shareable only")
+        return self.policy.summary()
+
+    def check(self, process: ClientProcess | None) -> ClientProcess:
+        """The bound process a registration may reach into, or LLM_PARAM_INVALID."""
+        if self._page_locked:
+            raise _refused(
+                "the hixl daemon reaches engine-allocated memory only on its host backend; "
+                "with the hccl backend register memory from hixl_client.alloc_shareable (host) "
+                "or alloc_device_shareable (device)")
+        if process is None:
+            raise _refused("the client did not bind its process on the fd socket")
+        return process
+
+    def reach(self, process: ClientProcess, cluster_id: int, addrs: list[int],
+              tensor_size: int) -> ProcessMemory:
+        """``reach`` with this daemon's policy and bounce buffers (blocking: it
+        reads the client's memory and its /proc maps)."""
+        if self._bounce is None:
+            count, size = self._bounce_shape
+            self._bounce = (hixl_native.BouncePool(count, size),
+                            hixl_native.BouncePool(count, size))
+        return reach(process, cluster_id, addrs, tensor_size, self._bounce, self.policy)
 
 
 def reach(process: ClientProcess, cluster_id: int, addrs: list[int], tensor_size: int,
@@ -193,7 +301,7 @@ def reach(process: ClientProcess, cluster_id: int, addrs: list[int], tensor_size
         raise _refused("an address of the cache lies outside the address space")
     base = min(addrs)
     span = max(addrs) + tensor_size - base
-    native = hixl_native.ProcessMemory(process.pidfd, process.pid, base, span, *bounce)
+    native = hixl_native.ProcessSpan(process.pidfd, process.pid, base, span, *bounce)
     try:
         native.probe(sorted({a for a in addrs} | {a + tensor_size - 1 for a in addrs}))
     except hixl_native.NativeError as exc:

@@ -69,7 +69,7 @@ cdef class BouncePool:
     cdef hixl_bounce *_b
 
 
-cdef class ProcessMemory:
+cdef class ProcessSpan:
     cdef hixl_xmem *_x
     cdef uint64_t _size
     cdef bint _revoked

@@ -106,7 +106,7 @@ class BouncePool:
     @property
     def free(self) -> int: ...
 
-class ProcessMemory:
+class ProcessSpan:
     def __init__(self, pidfd: int, pid: int, base: int, size: int, inbound: BouncePool,
                  outbound: BouncePool) -> None: ...
     @property
@@ -122,7 +122,7 @@ class ProcessMemory:
     def revoke(self) -> None: ...
     def probe(self, addrs: Sequence[int]) -> None: ...
 
-def copy_process(dst: Mapping | ProcessMemory, src: Mapping | ProcessMemory, ranges: _Ranges,
+def copy_process(dst: Mapping | ProcessSpan, src: Mapping | ProcessSpan, ranges: _Ranges,
                  timeout_ms: int = 60000, dst_shift: int = 0, src_shift: int = 0) -> int: ...
 
 def copy_ranges(dst: Mapping, src: Mapping, ranges: _Ranges, request_bytes: int = 0,
@@ -191,7 +191,7 @@ class DataServer:
     def register_process_region(
         self,
         region_id: int,
-        memory: ProcessMemory,
+        memory: ProcessSpan,
         offset: int,
         length: int,
         cluster_id: int,
@@ -230,7 +230,7 @@ class DataLink:
     def read_from(
         self,
         request_id: int,
-        dst: Mapping | ProcessMemory,
+        dst: Mapping | ProcessSpan,
         region_id: int,
         ranges: _Ranges,
         timeout_ms: int,
@@ -243,7 +243,7 @@ class DataLink:
     def write_to(
         self,
         request_id: int,
-        src: Mapping | ProcessMemory,
+        src: Mapping | ProcessSpan,
         region_id: int,
         ranges: _Ranges,
         timeout_ms: int,

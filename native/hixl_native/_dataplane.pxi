@@ -275,7 +275,7 @@ cdef class DataServer:
             _raise(rc, f"cannot register region {region_id}")
         self._regions[region_id] = mapping
 
-    def register_process_region(self, region_id, ProcessMemory memory not None, offset, length,
+    def register_process_region(self, region_id, ProcessSpan memory not None, offset, length,
                                 cluster_id, writable=False):
         """``register_region`` for a client process's memory: peers' requests
         naming it move through the span's inbound bounce buffers.
@@ -359,10 +359,10 @@ cdef object _submit_region(DataLink link, int op, object request_id, object loca
     cdef int rc
     cdef Py_buffer view
     cdef bint viewing = False
-    cdef ProcessMemory xlocal = None
+    cdef ProcessSpan xlocal = None
     cdef Mapping mlocal = None
-    if isinstance(local, ProcessMemory):
-        xlocal = <ProcessMemory>local
+    if isinstance(local, ProcessSpan):
+        xlocal = <ProcessSpan>local
         xlocal._check_open()
         size = xlocal._size
     elif isinstance(local, Mapping):
@@ -370,7 +370,7 @@ cdef object _submit_region(DataLink link, int op, object request_id, object loca
         mlocal._check_open()
         size = mlocal._size
     else:
-        raise TypeError(f"local memory must be a Mapping or a ProcessMemory, "
+        raise TypeError(f"local memory must be a Mapping or a ProcessSpan, "
                         f"not {type(local).__name__}")
     if link._closed:
         raise NativeError(HIXL_E_CLOSED, "the link is closed")
@@ -564,7 +564,7 @@ cdef class DataLink:
         Args:
             request_id: uint64 echoed in the completion.
             dst: Local destination: a mapping, pinned until completion, or a
-                ``ProcessMemory`` (staged through its bounce buffers, never
+                ``ProcessSpan`` (staged through its bounce buffers, never
                 finished here).
             region_id: uint64 remote region of every range.
             ranges: Buffer of uint64 triples (remote_offset, local_dst_offset,

@@ -1,4 +1,4 @@
-# BouncePool and ProcessMemory: memory of a client process that the daemon
+# BouncePool and ProcessSpan: memory of a client process that the daemon
 # reaches with process_vm_readv / process_vm_writev (csrc/xmem.h), and
 # copy_process, local copies with such memory on one side or both.
 
@@ -51,7 +51,7 @@ cdef class BouncePool:
         return hixl_bounce_free_count(self._b)
 
 
-cdef class ProcessMemory:
+cdef class ProcessSpan:
     """A span ``[base, base + size)`` of a client process's own memory.
 
     Args:
@@ -74,7 +74,7 @@ cdef class ProcessMemory:
                  BouncePool outbound not None):
         cdef hixl_xmem *x = NULL
         if self._x != NULL:
-            raise RuntimeError("ProcessMemory is already initialized")
+            raise RuntimeError("ProcessSpan is already initialized")
         cdef int cfd = _int_in(pidfd, 0, 0x7FFFFFFF, "pidfd")
         cdef int cpid = _int_in(pid, 1, 0x7FFFFFFF, "pid")
         cdef uint64_t cbase = _u64(base, "base")
@@ -155,17 +155,17 @@ cdef class ProcessMemory:
             free(a)
 
     def __repr__(self):
-        return (f"<ProcessMemory pid {self._x.pid} [{self._x.base:#x}, +{self._size}) "
+        return (f"<ProcessSpan pid {self._x.pid} [{self._x.base:#x}, +{self._size}) "
                 f"{'revoked' if self._revoked else 'open'}>")
 
 
 cdef int _side(object memory, hixl_xmem **x, uint8_t **addr, uint64_t *size) except -1:
-    """One side of copy_process: a Mapping or a ProcessMemory."""
-    if isinstance(memory, ProcessMemory):
-        (<ProcessMemory>memory)._check_open()
-        x[0] = (<ProcessMemory>memory)._x
+    """One side of copy_process: a Mapping or a ProcessSpan."""
+    if isinstance(memory, ProcessSpan):
+        (<ProcessSpan>memory)._check_open()
+        x[0] = (<ProcessSpan>memory)._x
         addr[0] = NULL
-        size[0] = (<ProcessMemory>memory)._size
+        size[0] = (<ProcessSpan>memory)._size
         return 0
     if isinstance(memory, Mapping):
         (<Mapping>memory)._check_open()
@@ -173,15 +173,15 @@ cdef int _side(object memory, hixl_xmem **x, uint8_t **addr, uint64_t *size) exc
         addr[0] = (<Mapping>memory)._m.addr
         size[0] = (<Mapping>memory)._size
         return 0
-    raise TypeError(f"expected a Mapping or a ProcessMemory, not {type(memory).__name__}")
+    raise TypeError(f"expected a Mapping or a ProcessSpan, not {type(memory).__name__}")
 
 
 def copy_process(dst not None, src not None, ranges, timeout_ms=60000,
                  uint64_t dst_shift=0, uint64_t src_shift=0):
-    """Copy byte ranges where one side or both are a ``ProcessMemory``, GIL released.
+    """Copy byte ranges where one side or both are a ``ProcessSpan``, GIL released.
 
     Args:
-        dst, src: A ``Mapping`` or a ``ProcessMemory`` each (not both Mappings:
+        dst, src: A ``Mapping`` or a ``ProcessSpan`` each (not both Mappings:
             ``copy_ranges`` copies those).
         ranges: (dst_offset, src_offset, length) uint64 triples, offsets from
             each side's start.
@@ -207,7 +207,7 @@ def copy_process(dst not None, src not None, ranges, timeout_ms=60000,
     _side(dst, &dx, &da, &dsize)
     _side(src, &sx, &sa, &ssize)
     if dx == NULL and sx == NULL:
-        raise TypeError("copy_process needs a ProcessMemory on one side; use copy_ranges")
+        raise TypeError("copy_process needs a ProcessSpan on one side; use copy_ranges")
     cdef uint64_t tmo = _int_in(timeout_ms, 1, _MAX_TIMEOUT_MS, "timeout_ms")
     cdef uint8_t *triples = _snapshot_u64(ranges, 3, "ranges", &n)
     try:
@@ -216,7 +216,7 @@ def copy_process(dst not None, src not None, ranges, timeout_ms=60000,
             raise ValueError(f"range {bad} is outside dst ({dsize} bytes) or src "
                              f"({ssize} bytes)")
         # Mappings are pinned (a close() from another thread cannot unmap
-        # mid-copy); a ProcessMemory is kept by this call's references.
+        # mid-copy); a ProcessSpan is kept by this call's references.
         if dx == NULL:
             hixl_mapping_pin((<Mapping>dst)._m)
         if sx == NULL:

@@ -441,12 +441,13 @@ def test_daemon_copies_refuse_unaligned_ranges_before_queueing(device: ascend.De
     asynchronously: the daemon says so instead of failing in CANN."""
     from hixl_client.status import LLMException, LLMStatusCode
     from hixl_client.types import Placement
-    from hixl_service.ascend.backend import _check_aligned
-    from hixl_service.memory.base import Memory
+    from hixl_service.ascend.backend import AscendBackend, _check_aligned
+    from hixl_service.memory.device import AscendMemory
 
+    runtime = AscendBackend.__new__(AscendBackend)  # only the memories' kind is checked
     with device.malloc(MIB) as a, device.malloc(MIB) as b:
-        dst = Memory(1, Placement.DEVICE, MIB, device=a)
-        src = Memory(1, Placement.DEVICE, MIB, device=b)
+        dst = AscendMemory(1, Placement.DEVICE, a, runtime)
+        src = AscendMemory(1, Placement.DEVICE, b, runtime)
         _check_aligned(dst, src, np.array([0, 64, 100, 128, 0, 7], dtype=np.uint64))
         for bad in ([100, 0, 64], [0, 96 + 1, 64]):
             with pytest.raises(LLMException, match="64-byte aligned") as info:

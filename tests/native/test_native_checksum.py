@@ -187,7 +187,7 @@ def pidfd() -> Iterator[int]:
 
 
 def span(array: Any, pidfd: int, bounce: tuple[Any, Any]) -> Any:
-    return hn.ProcessMemory(pidfd, os.getpid(), array.ctypes.data, array.nbytes, *bounce)
+    return hn.ProcessSpan(pidfd, os.getpid(), array.ctypes.data, array.nbytes, *bounce)
 
 
 @pytest.mark.parametrize("direction", ["s2c", "c2s"])

@@ -1,4 +1,4 @@
-"""Client-process memory in the native core: ``ProcessMemory`` (process_vm_readv /
+"""Client-process memory in the native core: ``ProcessSpan`` (process_vm_readv /
 writev behind a pidfd), ``BouncePool``, ``copy_process``, and data-server regions
 and data-link requests of such memory, chunked through small bounce buffers."""
 
@@ -35,7 +35,7 @@ def pidfd() -> Iterator[int]:
 
 def span(array: Any, pidfd: int, bounce: tuple[Any, Any]) -> Any:
     """This process's array as client-process memory."""
-    return hn.ProcessMemory(pidfd, os.getpid(), array.ctypes.data, array.nbytes, *bounce)
+    return hn.ProcessSpan(pidfd, os.getpid(), array.ctypes.data, array.nbytes, *bounce)
 
 
 def triples(rows: Any) -> Any:
@@ -85,7 +85,7 @@ def test_revoked_and_exited_memory_is_never_touched(pidfd: int, bounce: Any) -> 
     child_fd = os.pidfd_open(child.pid)
     try:
         # Any address: the call must not even be made once the process exited.
-        gone = hn.ProcessMemory(child_fd, child.pid, 1 << 30, 4096, *bounce)
+        gone = hn.ProcessSpan(child_fd, child.pid, 1 << 30, 4096, *bounce)
         assert gone.alive
         child.kill()
         child.wait(30)
@@ -101,7 +101,7 @@ def test_revoked_and_exited_memory_is_never_touched(pidfd: int, bounce: Any) -> 
 
 
 def test_probe_refuses_unmapped_addresses(pidfd: int, bounce: Any) -> None:
-    memory = hn.ProcessMemory(pidfd, os.getpid(), 4096, 8192, *bounce)
+    memory = hn.ProcessSpan(pidfd, os.getpid(), 4096, 8192, *bounce)
     with pytest.raises(hn.NativeError) as info:
         memory.probe([4096])
     assert info.value.code == hn.E_REFUSED
@@ -146,7 +146,7 @@ def test_server_refuses_a_read_of_an_exited_process(bounce: Any, server: Any, cq
     pool = hn.SharedPool("xmem", 1 << 20, 12)
     try:
         server.register_process_region(
-            8, hn.ProcessMemory(child_fd, child.pid, 1 << 30, 1 << 20, *bounce), 0, 1 << 20,
+            8, hn.ProcessSpan(child_fd, child.pid, 1 << 30, 1 << 20, *bounce), 0, 1 << 20,
             CLUSTER)
         child.kill()
         child.wait(30)

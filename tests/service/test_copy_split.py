@@ -62,8 +62,7 @@ def test_one_large_range_is_cut_evenly() -> None:
 class _HostMemory:
     """A host memory as the copier sees one: a native mapping (here a memfd)."""
 
-    on_device = False
-    process = None  # not a client process's memory
+    copy_rank = 0  # memcpy reaches it (the copier's own threads)
 
     def __init__(self, size: int) -> None:
         fd = os.memfd_create("hixl-test")

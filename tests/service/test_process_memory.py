@@ -40,6 +40,6 @@ def test_a_refusing_policy_fails_registration_with_the_reason() -> None:
         memory = reach(process, 1, [array.ctypes.data], 4096, pools, CrossMemoryPolicy(0, False))
         assert memory.size == 4096 and memory.client_base == array.ctypes.data
         memory.release()
-        assert memory.process is not None and memory.process.revoked
+        assert memory.span.revoked
     finally:
         process.close()
