@@ -27,6 +27,13 @@ from ._memory import drop_buffer
 from .status import LLMException, LLMStatusCode
 
 _ALIGN = 4096
+# adopt_shareable moves whole pages, so a range must not share its first or
+# last page with another allocation that a thread could write meanwhile.
+# Allocations this large are a mapping of their own with every common
+# allocator (glibc's mmap threshold never exceeds 32 MiB; jemalloc and
+# tcmalloc give large allocations whole pages); smaller ones may sit inside
+# an arena's mapping beside other objects, even outside the brk heap.
+MIN_ADOPT_BYTES = 32 << 20
 
 
 class ShareableBuffer:
@@ -131,22 +138,23 @@ def adopt_shareable(address: int, nbytes: int) -> ShareableBuffer:
 
     Raises:
         ValueError: ``nbytes`` is not positive.
-        LLMException: the pages are not this process's private anonymous memory
-            (a large allocation of malloc, torch or numpy, or an anonymous
-            mmap): a file, a stack or the brk heap, whose edge pages other
-            allocations share (``LLM_PARAM_INVALID``). Such memory can still be
-            registered as it is, on the slower engine-memory path.
+        LLMException: the memory cannot move safely (``LLM_PARAM_INVALID``): it is
+            smaller than ``MIN_ADOPT_BYTES`` (32 MiB; smaller allocations may
+            share their edge pages with other objects), or its pages are not
+            this process's private anonymous memory (a file, a stack, the brk
+            heap). Such memory can still be registered as it is, on the slower
+            engine-memory path.
     """
     if nbytes <= 0:
         raise ValueError(f"nbytes must be > 0, got {nbytes}")
     start = address - address % _ALIGN
     end = -(-(address + nbytes) // _ALIGN) * _ALIGN
-    if not _private_anonymous(start, end):
+    if nbytes < MIN_ADOPT_BYTES or not _private_anonymous(start, end):
         raise LLMException(
-            f"cannot adopt {nbytes} bytes at {address:#x}: only private anonymous memory "
-            "(a large allocation, or an anonymous mmap) can move onto shared memory in "
-            "place; register it as it is, or allocate it with alloc_shareable",
-            status_code=LLMStatusCode.LLM_PARAM_INVALID)
+            f"cannot adopt {nbytes} bytes at {address:#x}: only a large allocation "
+            f"(at least {MIN_ADOPT_BYTES >> 20} MiB) of private anonymous memory can move "
+            "onto shared memory in place; register it as it is, or allocate it with "
+            "alloc_shareable", status_code=LLMStatusCode.LLM_PARAM_INVALID)
     return ShareableBuffer._adopting(start, end - start)
 
 

@@ -22,12 +22,13 @@ from hixl_client import (
     LLMStatusCode,
     adopt_shareable,
 )
+from hixl_client.shareable import MIN_ADOPT_BYTES
 from hixl_service.testing import DaemonProcess
 
 from .conftest import Pair, make_pair
 
 RNG = np.random.default_rng(29)
-LAYERS, BLOCKS, BLOCK_BYTES = 4, 96, 12 << 10
+LAYERS, BLOCKS, BLOCK_BYTES = 4, 96, 48 << 10  # 36 MiB: over MIN_ADOPT_BYTES
 
 
 def memfd_bytes_mapped(pid: int) -> int:
@@ -102,13 +103,15 @@ async def test_adopted_engine_memory_moves_zero_copy_over_tcp(accessible: Pair) 
 
 
 def test_refuses_memory_that_cannot_move() -> None:
-    heap = np.zeros(64, dtype=np.uint8)  # small: inside malloc's heap, pages shared
-    with pytest.raises(LLMException) as refused:
-        adopt_shareable(heap.ctypes.data, heap.nbytes)
-    assert refused.value.status_code == LLMStatusCode.LLM_PARAM_INVALID
-    with tempfile.TemporaryFile() as file:
-        file.truncate(mmap.PAGESIZE * 4)
-        mapped = mmap.mmap(file.fileno(), mmap.PAGESIZE * 4)
+    # Small: inside an arena of malloc (the brk heap, or a thread's arena, an
+    # anonymous mapping too), its pages shared with other objects.
+    for small in (np.zeros(64, dtype=np.uint8), np.zeros(MIN_ADOPT_BYTES - 4096, np.uint8)):
+        with pytest.raises(LLMException) as refused:
+            adopt_shareable(small.ctypes.data, small.nbytes)
+        assert refused.value.status_code == LLMStatusCode.LLM_PARAM_INVALID
+    with tempfile.TemporaryFile() as file:  # a file's pages are the file's
+        file.truncate(MIN_ADOPT_BYTES)
+        mapped = mmap.mmap(file.fileno(), MIN_ADOPT_BYTES)
         view = np.frombuffer(mapped, dtype=np.uint8)
         with pytest.raises(LLMException) as refused:
             adopt_shareable(view.ctypes.data, view.nbytes)
@@ -116,4 +119,4 @@ def test_refuses_memory_that_cannot_move() -> None:
         del view
         mapped.close()
     with pytest.raises(ValueError):
-        adopt_shareable(heap.ctypes.data, 0)
+        adopt_shareable(small.ctypes.data, 0)
