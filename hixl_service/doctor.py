@@ -40,6 +40,8 @@ from hixl_wire._proto.hixl.v1 import admin_pb2, admin_pb2_grpc
 
 from .config import ConfigError, DaemonConfig, load_config
 from .tables import render_table
+from .transports.base import ONE_SIDED, TCP_STREAMS
+from .transports.factory import capabilities_of
 
 OK, WARN, FAIL, INFO = "ok", "warn", "fail", "info"
 _CONNECT_TIMEOUT_S = 3.0
@@ -360,16 +362,17 @@ def _links(target: str, status: admin_pb2.DaemonStatus, config: DaemonConfig | N
 
 def _slow_path(name: str, link: admin_pb2.LinkStatus, status: admin_pb2.DaemonStatus,
                streams: int | None) -> Iterator[Finding]:
-    if link.transport == "hccl" and link.data_path == "two-sided":
-        yield Finding(name, WARN, "slower path than the hardware offers: HCCL two-sided "
-                                  "(HcclBatchSendRecv, one range per call): this CANN lacks or "
-                                  "refuses the one-sided API (HcclBatchGet/Put); see the "
-                                  "daemon log")
-    if (link.direction == "outbound" and link.transport == "tcp" and streams is not None
-            and link.streams < streams):
+    capabilities = capabilities_of(link.transport)
+    if ONE_SIDED in capabilities and link.data_path and link.data_path != ONE_SIDED:
+        yield Finding(name, WARN, f"slower path than the hardware offers: {link.transport} "
+                                  f"{link.data_path} (the one-sided path is not in use: with "
+                                  f"HCCL, HcclBatchSendRecv, one range per call, where this "
+                                  f"CANN lacks or refuses HcclBatchGet/Put); see the daemon log")
+    tcp = TCP_STREAMS in capabilities
+    if link.direction == "outbound" and tcp and streams is not None and link.streams < streams:
         yield Finding(name, WARN, f"slower path than configured: {link.streams} TCP streams, "
                                   f"transfer.streams_per_link = {streams}")
-    if (link.direction == "outbound" and link.transport == "tcp"
+    if (link.direction == "outbound" and tcp
             and link.remote_peer_address and _is_local_host(link.remote_peer_address)
             and link.remote_daemon_id != status.daemon_id):
         yield Finding(name, INFO, f"the far daemon ({link.remote_peer_address}) is on this "

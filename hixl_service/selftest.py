@@ -25,6 +25,7 @@ from .engine import Engine
 from .links import OutboundLink
 from .memory.host import HostMemory
 from .planning import as_ranges
+from .transports.base import REACHES_HOST_MEMORY
 
 DEFAULT_BYTES = 4 << 20
 MAX_BYTES = 64 << 20
@@ -59,9 +60,9 @@ def _ranges(tensor_offsets: list[int], tensor_size: int, nbytes: int) -> list[tu
 
 
 async def _test_link(link: OutboundLink, nbytes: int) -> LinkTest:
-    name = link.transport.name
-    result = LinkTest(link.local_cluster_id, link.remote_cluster_id, name)
-    if name == "hccl":
+    info = link.transport.info()
+    result = LinkTest(link.local_cluster_id, link.remote_cluster_id, info.name)
+    if REACHES_HOST_MEMORY not in info.capabilities:  # the scratch is host memory
         return replace(result, skipped="device memory: not self-tested")
     far = link.far.known()
     if far is None:

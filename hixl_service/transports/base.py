@@ -12,7 +12,10 @@ factory (``factory.open_transport``) picks one when the link is made:
 
 ``fault.FaultTransport`` wraps any of them in tests. Nothing outside the
 factory asks which transport a link has: the engine, the transfers and the
-copier hold a ``Transport`` and call it. Each transport translates its own
+copier hold a ``Transport`` and call it, and whoever needs to know what a
+link can do (the self-test, ``hixlctl doctor``) asks its capabilities
+(`TransportInfo.capabilities`, or ``factory.capabilities_of`` for a name the
+Admin status reported), never its name. Each transport translates its own
 failures into ``LLMException`` with LLM-DataDist's status codes (through
 ``native_errors``); a range the far end refused raises ``RegionRefused``,
 with nothing moved.
@@ -23,6 +26,9 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
+
+__all__ = ["ONE_SIDED", "REACHES_HOST_MEMORY", "TCP_STREAMS", "InboundSide", "Place",
+           "PlainInbound", "Prepared", "Transport", "TransportInfo"]
 
 if TYPE_CHECKING:
     from ..memory.base import Memory
@@ -38,6 +44,17 @@ class Place:
     memory: Memory | None = None
 
 
+# What a transport can do (`TransportInfo.capabilities`), for whoever must
+# know it rather than the transport's name:
+REACHES_HOST_MEMORY = "reaches host memory"  # its far end may be host memory (a self-test)
+# It has a one-sided data path; a link that runs another (its `data_path`)
+# fell back to a slower one than the hardware offers.
+ONE_SIDED = "one-sided"
+# It moves bytes over TCP streams (``transfer.streams_per_link`` of them),
+# through the loopback stack when the far daemon is on this host.
+TCP_STREAMS = "tcp streams"
+
+
 @dataclass(frozen=True, slots=True)
 class TransportInfo:
     """A transport as the admin status shows it."""
@@ -50,6 +67,7 @@ class TransportInfo:
     # Streams connected now; None: every stream while alive (the transport
     # keeps no connections of its own to lose).
     streams_up: int | None = None
+    capabilities: frozenset[str] = frozenset()  # REACHES_HOST_MEMORY, ONE_SIDED, ...
 
     @property
     def connected(self) -> int:
@@ -84,7 +102,8 @@ class Transport(Protocol):
 
     @property
     def name(self) -> str:
-        """``local``, ``tcp`` or ``hccl``: reported to the user, never switched on."""
+        """``local``, ``tcp`` or ``hccl``: reported to the user, never switched on
+        (``info().capabilities`` says what the transport can do)."""
 
     @property
     def alive(self) -> bool:

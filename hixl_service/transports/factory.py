@@ -8,11 +8,13 @@ backend, both known once the far daemon answered Hello:
 * another daemon, on the host backend: ``TcpTransport``.
 
 The linked daemon makes the matching inbound side (``inbound_side``).
+``capabilities_of`` says what a transport can do from the name a status
+reported (``hixlctl doctor`` reads the Admin status).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -29,6 +31,18 @@ if TYPE_CHECKING:
     from ..completions import CompletionDispatcher
     from ..copier import Copier
     from ..peer_api import PeerApi, PeerHello
+
+
+# Each transport's own declaration, by the name its links report.
+CAPABILITIES: Mapping[str, frozenset[str]] = {
+    transport.name: transport.capabilities
+    for transport in (LocalTransport, TcpTransport, HcclTransport)}
+
+
+def capabilities_of(name: str) -> frozenset[str]:
+    """What the transport a status names ``name`` can do (none for a name this
+    hixl does not know: a newer daemon's)."""
+    return CAPABILITIES.get(name, frozenset())
 
 
 @dataclass

@@ -103,7 +103,7 @@ class FaultTransport:
     def info(self) -> TransportInfo:
         inner = self.inner.info()
         return TransportInfo(inner.name, inner.streams, self.alive, inner.data_path,
-                             0 if self._severed else inner.streams_up)
+                             0 if self._severed else inner.streams_up, inner.capabilities)
 
     def _rule_for(self, writing: bool) -> FaultRule | None:
         self.requests += 1

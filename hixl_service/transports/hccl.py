@@ -58,7 +58,7 @@ from hixl_wire.status import LLMException, LLMStatusCode
 
 from ..ascend.comms import CommSettings, CommSpec, rank_table
 from ..native_errors import RegionRefused
-from .base import Place, Prepared, TransportInfo
+from .base import ONE_SIDED, Place, Prepared, TransportInfo
 from .hccl_channel import (
     INITIATOR_RANK,
     NO_COMMUNICATOR,
@@ -424,6 +424,8 @@ class HcclTransport:
     """The Transport of an HCCL link: device memory to device memory."""
 
     name = "hccl"
+    # Device memory only; one-sided where CANN offers it (``data_path`` says).
+    capabilities = frozenset({ONE_SIDED})
 
     def __init__(self, side: HcclLink) -> None:
         self._side = side
@@ -451,7 +453,8 @@ class HcclTransport:
         return self._side.data_path
 
     def info(self) -> TransportInfo:
-        return TransportInfo(self.name, 0, self.alive, self.data_path)
+        return TransportInfo(self.name, 0, self.alive, self.data_path,
+                             capabilities=self.capabilities)
 
     async def read(self, local: Memory, far: Place, ranges: Ranges, timeout_ms: int,
                    checksum: bool = False) -> None:

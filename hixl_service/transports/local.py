@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..copier import triples_of
-from .base import Place, Prepared, TransportInfo
+from .base import REACHES_HOST_MEMORY, Place, Prepared, TransportInfo
 
 if TYPE_CHECKING:
     from ..copier import Copier
@@ -27,13 +27,14 @@ class LocalTransport:
     """Copies between two clusters of this daemon."""
 
     name = "local"
+    capabilities = frozenset({REACHES_HOST_MEMORY})
     alive = True
 
     def __init__(self, copier: Copier) -> None:
         self._copier = copier
 
     def info(self) -> TransportInfo:
-        return TransportInfo(self.name)
+        return TransportInfo(self.name, capabilities=self.capabilities)
 
     async def read(self, local: Memory, far: Place, ranges: Ranges, timeout_ms: int,
                    checksum: bool = False) -> None:

@@ -19,7 +19,7 @@ import numpy as np
 from hixl_wire.status import LLMException, LLMStatusCode
 
 from ..native_errors import link_error
-from .base import Place, Prepared, TransportInfo
+from .base import REACHES_HOST_MEMORY, TCP_STREAMS, Place, Prepared, TransportInfo
 
 if TYPE_CHECKING:
     from ..completions import CompletionDispatcher
@@ -68,6 +68,7 @@ class TcpTransport:
     """One link's native data link."""
 
     name = "tcp"
+    capabilities = frozenset({REACHES_HOST_MEMORY, TCP_STREAMS})
 
     def __init__(self, data: hixl_native.DataLink, dispatcher: CompletionDispatcher,
                  remote_cluster_id: int) -> None:
@@ -98,7 +99,7 @@ class TcpTransport:
 
     def info(self) -> TransportInfo:
         return TransportInfo(self.name, self._data.streams, self.alive,
-                             streams_up=self._data.streams_up)
+                             streams_up=self._data.streams_up, capabilities=self.capabilities)
 
     # Plain functions handing back _transfer's coroutine: one coroutine fewer a request.
     def read(self, local: Memory, far: Place, ranges: Ranges, timeout_ms: int,
