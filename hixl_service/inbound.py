@@ -2,7 +2,8 @@
 
 A Hello authorizes a token for one of this daemon's clusters at the data
 server; the peer calls of a transfer (resolving caches and addresses,
-releasing keys, the HCCL halves of a batch) name their link by that token.
+releasing keys, and the calls a link's transport makes: ``transport_call``)
+name their link by that token.
 
 Each link from another daemon is held on a lease (``links.lease_s``): the
 linking daemon's heartbeats renew it, and ``reap`` drops a link whose lease
@@ -24,7 +25,6 @@ import hixl_native
 
 from hixl_wire.status import LLMException, LLMStatusCode
 
-from .ascend.comms import CommSpec, RankInfo
 from .caches import Caches, peer_writable
 from .cluster import Cluster
 from .link_health import LinkState
@@ -34,19 +34,17 @@ from .notifies import Notification, check_notification
 from .peer_api import (
     PROTOCOL_VERSION,
     CacheRefSpec,
-    FarRegion,
     Lease,
     PeerHello,
     ResolvedCache,
     check_peer_calls,
 )
-from .regions import DeviceRegion, Regions
+from .regions import Regions
 from .registry import KeySpec
 from .rpc_errors import CallRefused
 from .stats import DaemonStats
-from .transports.base import PlainInbound
-from .transports.factory import TransportKit, inbound_side
-from .transports.hccl import hccl_side, region_pairs
+from .transports.base import PeerScope, PlainInbound
+from .transports.factory import PEER_HANDLERS, TransportKit, inbound_side
 from .trust import HelloFacts, Trust
 
 logger = logging.getLogger(__name__)
@@ -363,86 +361,11 @@ class InboundLinks:
         return [(entry.region_id, offset, peer_writable(cluster, entry.writable))
                 for entry, offset in found]
 
-    async def hccl_connect_for_peer(self, token: int, spec: CommSpec) -> bool:
-        """Peer side of an HCCL link: join the communicator the linking daemon created;
-        True when this side can go one-sided."""
-        inbound = self._links.get(token)
-        return await hccl_side(inbound.side if inbound is not None else None).connect(spec)
-
-    async def hccl_rank_info_for_peer(self, token: int) -> RankInfo:
-        """Peer side of an HCCL link: this daemon's rank, for the linking daemon's table."""
-        inbound = self._links.get(token)
-        return await hccl_side(inbound.side if inbound is not None else None).rank_info()
-
-    async def hccl_prepare_for_peer(self, token: int, timeout_ms: int) -> None:
-        """Peer side of a one-sided HCCL link: bind the cluster's memory, prepare the link."""
-        inbound = self._links.get(token)
-        await hccl_side(inbound.side if inbound is not None else None).prepare(timeout_ms)
-
-    def hccl_reserve_for_peer(self, token: int, name: str, hold_ms: int) -> tuple[bool, int]:
-        """Peer side of an HCCL link's build: reserve this daemon's communicator creation."""
-        inbound = self._links.get(token)
-        return hccl_side(inbound.side if inbound is not None else None).reserve(name, hold_ms)
-
-    async def hccl_teardown_for_peer(self, token: int, name: str, destroyed: bool,
-                                     wait_ms: int) -> bool:
-        """Peer side of a one-sided HCCL link: the linking daemon's watch on its
-        communicator (True: destroy it now), or its word that it did."""
-        inbound = self._links.get(token)
-        side = hccl_side(inbound.side if inbound is not None else None)
-        if destroyed:
-            side.destroyed(name)
-            return False
-        return await side.watch(name, wait_ms)
-
-    async def hccl_destroy_for_peer(self, token: int, name: str) -> None:
-        """Peer side of a one-sided HCCL link: the linking daemon frees memory bound to
-        communicator ``name``; destroy this side's half first."""
-        inbound = self._links.get(token)
-        await hccl_side(inbound.side if inbound is not None else None).destroy_half(name)
-
-    def hccl_region_for_peer(self, token: int, region_id: int) -> FarRegion:
-        """Peer side of a one-sided HCCL transfer: where a device region lies, and whether
-        the link may reach it (its memory was bound when the link was prepared)."""
-        inbound = self._links.get(token)
-        side = hccl_side(inbound.side if inbound is not None else None)
-        assert inbound is not None
-        region = self._device_region(inbound, region_id)
-        assert region.memory.device is not None
-        return FarRegion(region.memory.device.address + region.offset, region.size,
-                         region.writable, side.bound(region.memory))
-
-    def _device_region(self, inbound: InboundLink, region_id: int) -> DeviceRegion:
-        region = self._regions.device(region_id)
-        if region is None or region.cluster_id != inbound.dst_cluster_id:
-            raise LLMException(f"region {region_id} is not a device cache of cluster "
-                               f"{inbound.dst_cluster_id} (freed, or never there)",
-                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
-        return region
-
-    async def hccl_post_for_peer(self, token: int, send: bool, region_id: int, ranges: bytes,
-                                 timeout_ms: int) -> None:
-        """Peer side of an HCCL transfer: check the ranges, queue our half of the batch."""
-        inbound = self._links.get(token)
-        side = hccl_side(inbound.side if inbound is not None else None)
-        assert inbound is not None
-        region = self._regions.device(region_id)
-        if region is None or region.cluster_id != inbound.dst_cluster_id:
-            raise LLMException(f"region {region_id} is not a device cache of cluster "
-                               f"{inbound.dst_cluster_id} (freed, or never there)",
-                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
-        if not send and not region.writable:
-            raise LLMException(f"region {region_id} of cluster {inbound.dst_cluster_id} is not "
-                               f"writable by linked peers",
-                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
-        if not send and not inbound.may_write:
-            raise CallRefused(f"peer {inbound.identity!r} may not write into cluster "
-                              f"{inbound.dst_cluster_id} (security.allowed_peers)",
-                              LLMStatusCode.LLM_PARAM_INVALID, grpc.StatusCode.PERMISSION_DENIED,
-                              reason="write_denied")
-        pairs = region_pairs(ranges, region_id, region.offset, region.size)
-        await side.post(send, region.memory, pairs, timeout_ms)
-
+    async def transport_call(self, method: str, token: int, request: Any) -> Any:
+        """Peer side of a call the link's transport makes (``method``, one of
+        ``factory.PEER_HANDLERS``): its inbound side answers ``request``."""
+        handler = PEER_HANDLERS[method]
+        return await handler(PeerScope(self._links.get(token), self._regions), request)
 
     async def close(self) -> None:
         """Revoke every inbound link and wait for what their transports kept here."""

@@ -10,11 +10,10 @@ import enum
 import functools
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from hixl_wire.status import LLMException, LLMStatusCode
 
-from .ascend.comms import CommSpec, RankInfo
 from .planning import Layout
 from .registry import KeySpec
 
@@ -131,15 +130,6 @@ class HeartbeatAnswer:
 
 
 
-@dataclass(frozen=True)
-class FarRegion:
-    """A device region of the far daemon, as a one-sided HCCL transfer needs it."""
-
-    address: int  # its first byte, in the far daemon's process
-    size: int
-    writable: bool
-    bound: bool  # its memory was bound to the link's communicator when it was prepared
-
 class PeerApi(Protocol):
     """The calls one daemon makes on another."""
 
@@ -165,36 +155,8 @@ class PeerApi(Protocol):
     async def resolve_addresses(self, token: int, addresses: Sequence[int], length: int,
                                 timeout_s: float) -> list[tuple[int, int, bool]]: ...
 
-    async def hccl_connect(self, token: int, spec: CommSpec, timeout_s: float) -> bool:
-        """Join the link's communicator; True when the far CANN has the one-sided API."""
-        ...
-
-    async def hccl_rank_info(self, token: int, timeout_s: float) -> RankInfo: ...
-
-    async def hccl_post(self, token: int, send: bool, region_id: int, ranges: bytes,
-                        timeout_ms: int, timeout_s: float) -> None: ...
-
-    async def hccl_prepare(self, token: int, timeout_ms: int, timeout_s: float) -> None:
-        """Bind the far cluster's device memory to the link's communicator and prepare it."""
-        ...
-
-    async def hccl_region(self, token: int, region_id: int, timeout_s: float) -> FarRegion:
-        """Where a device region of the far cluster lies, for one-sided transfers."""
-        ...
-
-    async def hccl_reserve(self, token: int, name: str, hold_ms: int, tie_break: int,
-                           timeout_s: float) -> tuple[bool, int]:
-        """Reserve the far daemon's communicator creation for ``name``: whether it was
-        granted, and the far daemon's tie-break id (ascend/gate.py)."""
-        ...
-
-    async def hccl_teardown(self, token: int, name: str, destroyed: bool, wait_ms: int,
-                            timeout_s: float) -> bool:
-        """Watch the far half of one-sided communicator ``name`` (True: destroy this
-        half now), or (``destroyed``) say that this half is gone."""
-        ...
-
-    async def hccl_destroy(self, token: int, name: str, timeout_s: float) -> None:
-        """Have the far daemon destroy its half of one-sided communicator ``name``
-        (this daemon is about to free memory bound to it); returns once it did."""
+    async def transport_call(self, method: str, request: Any, timeout_s: float) -> Any:
+        """A Peer call of a link's transport (``method``: a name of
+        ``transports.factory.PEER_HANDLERS``), its request message in and its reply
+        message out; the transport builds and reads both."""
         ...

@@ -4,7 +4,8 @@ The calls made for each transfer (resolve a cache, release a pulled key,
 post an HCCL batch) go over the peer's lane when its Hello announced one (a
 framed TCP connection, ``hixl_wire.lane``, a fraction of a unary gRPC
 call's round trip); the rest, and every call to a daemon without a lane,
-are unary gRPC calls.
+are unary gRPC calls. A transport's own calls (HCCL's) come as messages it
+built (``transport_call``): this client only carries them.
 """
 
 from __future__ import annotations
@@ -22,13 +23,11 @@ from hixl_wire.lane import PEER_METHODS, Lane
 from hixl_wire.status import LLMStatusCode, error_from_rpc
 
 from . import tracing
-from .ascend.comms import CommSpec, RankInfo
 from .interceptors import REQUEST_ID_METADATA_KEY, request_id
 from .peer_api import (
     PROTOCOL_VERSION,
     BlocksRef,
     CacheRefSpec,
-    FarRegion,
     HeartbeatAnswer,
     IdRef,
     KeyRef,
@@ -225,55 +224,11 @@ class PeerClient:
         reply = await self._call(self._stub.ResolveAddresses, request, timeout_s)
         return list(zip(reply.region_ids, reply.offsets, reply.writable, strict=True))
 
-    async def hccl_connect(self, token: int, spec: CommSpec, timeout_s: float) -> bool:
-        request = peer_pb2.HcclConnectRequest(link_token=token, root_info=spec.root_info,
-                                              rank_table=spec.rank_table,
-                                              buffer_mb=spec.buffer_mb, comm_name=spec.name)
-        reply = await self._call(self._stub.HcclConnect, request, timeout_s)
-        return bool(reply.one_sided)
-
-    async def hccl_rank_info(self, token: int, timeout_s: float) -> RankInfo:
-        reply = await self._call(self._stub.HcclRankInfo,
-                                 peer_pb2.HcclRankInfoRequest(link_token=token), timeout_s)
-        if not reply.super_pod:
-            return RankInfo(reply.host_ip, reply.device_id, reply.device_ip, reply.soc_name)
-        return RankInfo(reply.host_ip, reply.device_id, reply.device_ip, reply.soc_name,
-                        reply.super_device_id, reply.super_pod_id)
-
-    async def hccl_post(self, token: int, send: bool, region_id: int, ranges: bytes,
-                        timeout_ms: int, timeout_s: float) -> None:
-        request = peer_pb2.HcclPostRequest(link_token=token, send=send, region_id=region_id,
-                                           ranges=ranges, timeout_ms=timeout_ms)
-        await self._laned("HcclPost", request, timeout_s)
-
-    async def hccl_prepare(self, token: int, timeout_ms: int, timeout_s: float) -> None:
-        request = peer_pb2.HcclPrepareRequest(link_token=token, timeout_ms=timeout_ms)
-        await self._call(self._stub.HcclPrepare, request, timeout_s)
-
-    async def hccl_region(self, token: int, region_id: int, timeout_s: float) -> FarRegion:
-        request = peer_pb2.HcclRegionRequest(link_token=token, region_id=region_id)
-        reply = await self._laned("HcclRegion", request, timeout_s)
-        return FarRegion(reply.address, reply.size, reply.writable, reply.bound)
-
-    async def hccl_reserve(self, token: int, name: str, hold_ms: int, tie_break: int,
-                           timeout_s: float) -> tuple[bool, int]:
-        request = peer_pb2.HcclReserveRequest(link_token=token, comm_name=name,
-                                              hold_ms=hold_ms, tie_break=tie_break)
-        reply = await self._call(self._stub.HcclReserve, request, timeout_s)
-        return bool(reply.granted), int(reply.tie_break)
-
-    async def hccl_teardown(self, token: int, name: str, destroyed: bool, wait_ms: int,
-                            timeout_s: float) -> bool:
-        step = (peer_pb2.HcclTeardownRequest.STEP_DESTROYED if destroyed
-                else peer_pb2.HcclTeardownRequest.STEP_WATCH)
-        request = peer_pb2.HcclTeardownRequest(link_token=token, comm_name=name, step=step,
-                                               wait_ms=wait_ms)
-        reply = await self._call(self._stub.HcclTeardown, request, timeout_s)
-        return bool(reply.destroy)
-
-    async def hccl_destroy(self, token: int, name: str, timeout_s: float) -> None:
-        request = peer_pb2.HcclDestroyRequest(link_token=token, comm_name=name)
-        await self._call(self._stub.HcclDestroy, request, timeout_s)
+    async def transport_call(self, method: str, request: Any, timeout_s: float) -> Any:
+        # On the peer lane when the lane carries the method (a call of each transfer).
+        if method in PEER_METHODS:
+            return await self._laned(method, request, timeout_s)
+        return await self._call(getattr(self._stub, method), request, timeout_s)
 
     async def close(self) -> None:
         if self._lane is not None:

@@ -8,30 +8,25 @@ A servicer bound to a cluster serves that cluster's own listener (its
 listen_ip_info, ``cluster_listeners``): a Hello there must name the cluster,
 and a call naming a link by token is served only for links to it (another
 link's token is answered as an unknown one).
+
+The calls a link's transport makes (HCCL's) are the transport's own: the
+factory registers their handlers (``transports.factory.PEER_HANDLERS``) and
+this servicer serves each by name, through ``InboundLinks.transport_call``.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from hixl_wire._proto.hixl.v1 import peer_pb2, peer_pb2_grpc
 from hixl_wire.status import LLMException, LLMStatusCode
 
-from .ascend.comms import CommSpec
-from .calls import CallInfo, GrpcContext, unary
+from .calls import CallInfo, GrpcContext, Unary, unary
 from .engine import Engine
 from .peer_client import PEER_CALLS, key_from_proto, ref_from_proto
 from .rpc_errors import CallRefused, abort_with, handler_error
+from .transports.factory import PEER_HANDLERS
 from .trust import HelloFacts
-
-# A linking daemon's watch on an HCCL communicator (HcclTeardown) waits at most this.
-MAX_TEARDOWN_WAIT_MS = 10_000
-
-
-def _comm_name(name: str) -> str:
-    """An HCCL communicator name a peer may send (HCCL's limit: 128 bytes)."""
-    if not name or len(name) >= 128 or not name.isascii():
-        raise LLMException(f"not a communicator name: {name[:140]!r}",
-                           status_code=LLMStatusCode.LLM_PARAM_INVALID)
-    return name
 
 
 class PeerServicer(peer_pb2_grpc.PeerServicer):
@@ -153,72 +148,22 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         return peer_pb2.HeartbeatReply(daemon_id=self._engine.daemon_id, states=states,
                                        lease_ms=int(inbound.leases.lease_s * 1000))
 
-    @unary
-    async def HcclConnect(self, request: peer_pb2.HcclConnectRequest,
-                          context: CallInfo) -> peer_pb2.HcclConnectReply:
-        spec = CommSpec(root_info=request.root_info, rank_table=request.rank_table,
-                        buffer_mb=request.buffer_mb, name=request.comm_name)
+    async def transport_call(self, method: str, request: Any) -> Any:
+        """A Peer call of a link's transport (``transports.factory.PEER_HANDLERS``),
+        answered by the link's inbound side."""
         token = self._token(request.link_token)
-        one_sided = await self._engine.inbound.hccl_connect_for_peer(token, spec)
-        return peer_pb2.HcclConnectReply(one_sided=one_sided)
+        return await self._engine.inbound.transport_call(method, token, request)
 
-    @unary
-    async def HcclRankInfo(self, request: peer_pb2.HcclRankInfoRequest,
-                           context: CallInfo) -> peer_pb2.HcclRank:
-        token = self._token(request.link_token)
-        info = await self._engine.inbound.hccl_rank_info_for_peer(token)
-        super_pod = info.super_device_id is not None and info.super_pod_id is not None
-        return peer_pb2.HcclRank(host_ip=info.host_ip, device_id=info.device_id,
-                                 device_ip=info.device_ip, soc_name=info.soc,
-                                 super_pod=super_pod, super_device_id=info.super_device_id or 0,
-                                 super_pod_id=info.super_pod_id or 0)
 
-    @unary
-    async def HcclPost(self, request: peer_pb2.HcclPostRequest,
-                       context: CallInfo) -> peer_pb2.HcclPostReply:
-        token = self._token(request.link_token)
-        await self._engine.inbound.hccl_post_for_peer(token, request.send,
-                                              request.region_id, request.ranges,
-                                              max(1, request.timeout_ms))
-        return peer_pb2.HcclPostReply()
+def _transport_method(method: str) -> Unary[PeerServicer, Any, Any]:
+    async def handler(servicer: PeerServicer, request: Any, context: CallInfo) -> Any:
+        return await servicer.transport_call(method, request)
 
-    @unary
-    async def HcclPrepare(self, request: peer_pb2.HcclPrepareRequest,
-                          context: CallInfo) -> peer_pb2.HcclPrepareReply:
-        token = self._token(request.link_token)
-        await self._engine.inbound.hccl_prepare_for_peer(token,
-                                                         max(1, request.timeout_ms))
-        return peer_pb2.HcclPrepareReply()
+    handler.__name__ = handler.__qualname__ = method
+    return unary(handler)
 
-    @unary
-    async def HcclReserve(self, request: peer_pb2.HcclReserveRequest,
-                          context: CallInfo) -> peer_pb2.HcclReserveReply:
-        token = self._token(request.link_token)
-        granted, tie_break = self._engine.inbound.hccl_reserve_for_peer(
-            token, _comm_name(request.comm_name), request.hold_ms)
-        return peer_pb2.HcclReserveReply(granted=granted, tie_break=tie_break)
 
-    @unary
-    async def HcclTeardown(self, request: peer_pb2.HcclTeardownRequest,
-                           context: CallInfo) -> peer_pb2.HcclTeardownReply:
-        token = self._token(request.link_token)
-        destroyed = request.step == peer_pb2.HcclTeardownRequest.STEP_DESTROYED
-        wait_ms = min(request.wait_ms, MAX_TEARDOWN_WAIT_MS)
-        destroy = await self._engine.inbound.hccl_teardown_for_peer(
-            token, _comm_name(request.comm_name), destroyed, wait_ms)
-        return peer_pb2.HcclTeardownReply(destroy=destroy)
-
-    @unary
-    async def HcclDestroy(self, request: peer_pb2.HcclDestroyRequest,
-                          context: CallInfo) -> peer_pb2.HcclDestroyReply:
-        token = self._token(request.link_token)
-        await self._engine.inbound.hccl_destroy_for_peer(token, _comm_name(request.comm_name))
-        return peer_pb2.HcclDestroyReply()
-
-    @unary
-    async def HcclRegion(self, request: peer_pb2.HcclRegionRequest,
-                         context: CallInfo) -> peer_pb2.HcclRegionReply:
-        token = self._token(request.link_token)
-        found = self._engine.inbound.hccl_region_for_peer(token, request.region_id)
-        return peer_pb2.HcclRegionReply(address=found.address, size=found.size,
-                                        writable=found.writable, bound=found.bound)
+# The Peer methods the transports answer, each served over gRPC and the peer
+# lane like the handlers above; which transport, and what they do, is theirs.
+for _method in PEER_HANDLERS:
+    setattr(PeerServicer, _method, _transport_method(_method))

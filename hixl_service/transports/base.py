@@ -23,16 +23,18 @@ with nothing moved.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-__all__ = ["ONE_SIDED", "REACHES_HOST_MEMORY", "TCP_STREAMS", "InboundSide", "Place",
-           "PlainInbound", "Prepared", "Transport", "TransportInfo"]
+__all__ = ["ONE_SIDED", "REACHES_HOST_MEMORY", "TCP_STREAMS", "InboundFacts", "InboundSide",
+           "PeerHandler", "PeerScope", "Place", "PlainInbound", "Prepared", "Transport",
+           "TransportInfo"]
 
 if TYPE_CHECKING:
     from ..memory.base import Memory
     from ..planning import Ranges
+    from ..regions import Regions
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,3 +164,35 @@ class PlainInbound:
 
     async def close(self) -> None:
         return None
+
+
+class InboundFacts(Protocol):
+    """What a transport's peer handler knows of the inbound link a call names
+    (``links.InboundLink``)."""
+
+    @property
+    def side(self) -> InboundSide: ...
+
+    @property
+    def dst_cluster_id(self) -> int: ...
+
+    @property
+    def identity(self) -> str: ...
+
+    @property
+    def may_write(self) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PeerScope:
+    """Where a transport's peer call runs: the inbound link its token names
+    (None: no such link, or no longer) and the daemon's regions."""
+
+    link: InboundFacts | None
+    regions: Regions
+
+
+# A Peer call a transport's linking side makes of the far daemon, answered by
+# its inbound side there: the call's request message in, its reply out
+# (``factory.PEER_HANDLERS`` holds every transport's, by Peer method name).
+PeerHandler = Callable[[PeerScope, Any], Awaitable[Any]]

@@ -9,7 +9,8 @@ backend, both known once the far daemon answered Hello:
 
 The linked daemon makes the matching inbound side (``inbound_side``).
 ``capabilities_of`` says what a transport can do from the name a status
-reported (``hixlctl doctor`` reads the Admin status).
+reported (``hixlctl doctor`` reads the Admin status); ``PEER_HANDLERS``
+holds the Peer calls each transport answers on the linked daemon.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from typing import TYPE_CHECKING
 from hixl_wire.status import LLMException, LLMStatusCode
 
 from ..peer_api import check_peer_calls
-from .base import InboundSide, PlainInbound, Transport
+from . import hccl_peer
+from .base import InboundSide, PeerHandler, PlainInbound, Transport
 from .hccl import HcclInbound, HcclTransport
 from .local import LocalTransport
 from .tcp import TcpTransport
@@ -37,6 +39,13 @@ if TYPE_CHECKING:
 CAPABILITIES: Mapping[str, frozenset[str]] = {
     transport.name: transport.capabilities
     for transport in (LocalTransport, TcpTransport, HcclTransport)}
+
+
+# The Peer calls each transport's linking side makes of the far daemon, by
+# method name, answered by the far daemon's inbound side of the link
+# (``InboundLinks.transport_call``); the servicer and the peer lane route
+# them here by name.
+PEER_HANDLERS: Mapping[str, PeerHandler] = {**hccl_peer.HANDLERS}
 
 
 def capabilities_of(name: str) -> frozenset[str]:

@@ -68,6 +68,7 @@ from .hccl_channel import (
     WATCH_GRACE_S,
     WATCH_WAIT_MS,
     Channel,
+    FarRegion,
     Side,
     block_on,
     close_when_built,
@@ -77,6 +78,7 @@ from .hccl_channel import (
     remaining_ms,
 )
 from .hccl_inbound import HcclInbound, hccl_side
+from .hccl_peer import HcclPeer
 
 __all__ = ["HcclInbound", "HcclLink", "HcclTransport", "hccl_side", "region_pairs"]
 
@@ -85,7 +87,7 @@ if TYPE_CHECKING:
 
     from ..ascend.onesided import OneSidedMemory
     from ..memory.base import Memory
-    from ..peer_api import FarRegion, PeerApi
+    from ..peer_api import PeerApi
     from ..planning import Ranges
 
 logger = logging.getLogger(__name__)
@@ -98,7 +100,7 @@ class HcclLink(Side):
                  settings: CommSettings, memory: OneSidedMemory | None = None,
                  cluster_id: int = 0) -> None:
         super().__init__(device, settings, memory, cluster_id)
-        self._peer = peer
+        self._peer = HcclPeer(peer)
         self._token = token
         # Far regions of the current communicator (asked once each).
         self._regions: dict[int, FarRegion] = {}

@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -26,9 +27,18 @@ from ..native_errors import to_llm_exception
 if TYPE_CHECKING:
     from ..ascend.onesided import Binding, OneSidedMemory
     from ..memory.base import Memory
-    from ..peer_api import FarRegion
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FarRegion:
+    """A device region of the far daemon, as a one-sided HCCL transfer needs it."""
+
+    address: int  # its first byte, in the far daemon's process
+    size: int
+    writable: bool
+    bound: bool  # its memory was bound to the link's communicator when it was prepared
 
 INITIATOR_RANK = 0
 ACCEPTOR_RANK = 1

@@ -42,12 +42,10 @@ class _Peer:
         self.calls = calls
         self.answer = answer
 
-    async def hccl_prepare(self, token: int, timeout_ms: int, timeout_s: float) -> None:
-        return None
-
-    async def hccl_destroy(self, token: int, name: str, timeout_s: float) -> None:
-        self.calls.append(f"far destroys {name}")
-        await self.answer(timeout_s)
+    async def transport_call(self, method: str, request: Any, timeout_s: float) -> None:
+        if method == "HcclDestroy":
+            self.calls.append(f"far destroys {request.comm_name}")
+            await self.answer(timeout_s)
 
 
 async def _confirms(timeout_s: float) -> None:
