@@ -37,14 +37,13 @@ from .peer_api import (
     Lease,
     PeerHello,
     ResolvedCache,
-    check_peer_calls,
 )
 from .regions import Regions
 from .registry import KeySpec
 from .rpc_errors import CallRefused
 from .stats import DaemonStats
 from .transports.base import PeerScope, PlainInbound
-from .transports.factory import PEER_HANDLERS, TransportKit, inbound_side
+from .transports.factory import PEER_HANDLERS, TransportKit, check_peer_calls, inbound_side
 from .trust import HelloFacts, Trust
 
 logger = logging.getLogger(__name__)
@@ -128,7 +127,8 @@ class InboundLinks:
         (``cluster_listeners``), so it must name that cluster; checked after
         the proof and allowed_peers, so a caller that may not link learns
         nothing more there than on the daemon's port. ``peer_calls``: the
-        Peer calls the caller serves (an hccl link needs `HCCL_LINK_CALLS`)."""
+        Peer calls the caller serves (``factory.check_peer_calls``: those the
+        links' transport needs)."""
         trust = self._trust
         if trust.mode == "token":
             if facts is None:
@@ -144,7 +144,7 @@ class InboundLinks:
             raise LLMException(f"daemon {src_daemon_id} runs the {backend!r} backend and daemon "
                                f"{mine.daemon_id} the {mine.backend!r} one; link daemons "
                                f"of one backend", status_code=LLMStatusCode.LLM_LINK_FAILED)
-        check_peer_calls(backend, src_daemon_id, peer_calls)
+        check_peer_calls(self._kit, src_daemon_id, peer_calls)
         may_write = trust.permission(identity, dst_cluster_id)
         if listener_of is not None and dst_cluster_id != listener_of:
             raise LLMException(f"this address is the listen_ip_info of cluster {listener_of}, "

@@ -39,7 +39,6 @@ from hixl_wire.lane import (
     KIND_CANCEL,
     KIND_HELLO,
     KIND_TRACE,
-    PEER_METHODS,
     REPLY_ERROR,
     REPLY_OK,
     Frame,
@@ -60,6 +59,7 @@ from .listeners import socket_umask
 from .load import TransferLoad
 from .rpc_errors import handler_error, report_failure
 from .sessions import Session
+from .transports.factory import PEER_LANE_METHODS
 
 logger = logging.getLogger(__name__)
 
@@ -394,7 +394,7 @@ class LaneServer:
     @classmethod
     def for_peers(cls, servicer: object, info: PeerLaneInfo) -> LaneServer:
         """The peer lane: PeerServicer handlers, no binding (calls carry link tokens)."""
-        return cls("peer lane", PEER_METHODS, servicer, lambda _: CountingBinding(info),
+        return cls("peer lane", PEER_LANE_METHODS, servicer, lambda _: CountingBinding(info),
                    needs_hello=False)
 
     def default_binding(self) -> Binding | None:

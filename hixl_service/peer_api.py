@@ -8,41 +8,14 @@ from __future__ import annotations
 
 import enum
 import functools
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
-
-from hixl_wire.status import LLMException, LLMStatusCode
 
 from .planning import Layout
 from .registry import KeySpec
 
 PROTOCOL_VERSION = 1
-# The Peer calls an hccl link needs of the far daemon beyond protocol 1's
-# (issue 30). They did not bump PROTOCOL_VERSION, so that host links between
-# daemons of either side of the change still work; instead each daemon names
-# the Peer calls it serves in Hello (``peer_calls``) and an hccl daemon refuses
-# a link, either way, to one lacking any of these (`check_peer_calls`).
-HCCL_LINK_CALLS = ("HcclReserve", "HcclTeardown", "HcclDestroy")
-
-
-def check_peer_calls(backend: str, daemon_id: str, calls: Collection[str]) -> None:
-    """Refuse an hccl link to a daemon that does not serve every call of
-    `HCCL_LINK_CALLS` (a daemon from before them names none).
-
-    Raises:
-        LLMException: ``LLM_LINK_FAILED``, naming the missing calls.
-    """
-    if backend != "hccl":
-        return
-    missing = [call for call in HCCL_LINK_CALLS if call not in calls]
-    if missing:
-        raise LLMException(
-            f"daemon {daemon_id} lacks the Peer call{'s' if len(missing) > 1 else ''} "
-            f"{', '.join(missing)} that hccl links need (issue 30: communicator creation "
-            f"and the teardown of memory bound to a one-sided communicator); it runs an "
-            f"older hixl: run the same hixl on both daemons",
-            status_code=LLMStatusCode.LLM_LINK_FAILED)
 
 
 @dataclass(frozen=True)

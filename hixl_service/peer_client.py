@@ -19,7 +19,7 @@ import grpc
 import grpc.aio
 
 from hixl_wire._proto.hixl.v1 import common_pb2, peer_pb2, peer_pb2_grpc
-from hixl_wire.lane import PEER_METHODS, Lane
+from hixl_wire.lane import Lane
 from hixl_wire.status import LLMStatusCode, error_from_rpc
 
 from . import tracing
@@ -36,6 +36,7 @@ from .peer_api import (
     ResolvedCache,
 )
 from .registry import KeySpec
+from .transports.factory import PEER_LANE_METHODS
 from .trust import HelloFacts, Trust, insecure_trust, new_client_nonce
 
 logger = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ LANE_CONNECT_TIMEOUT_S = 3.0
 # partition heals, heartbeats (and so the link's state) would lag that long.
 CHANNEL_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 200),
                    ("grpc.max_reconnect_backoff_ms", 1000))
-# The Peer calls this daemon serves, named in Hello (peer_api.check_peer_calls):
+# The Peer calls this daemon serves, named in Hello (transports.factory.check_peer_calls):
 # every method of the service, which PeerServicer implements.
 PEER_CALLS: tuple[str, ...] = tuple(
     peer_pb2.DESCRIPTOR.services_by_name["Peer"].methods_by_name)
@@ -137,7 +138,7 @@ class PeerClient:
             host, port = self._lane_address
             try:
                 self._lane = await Lane.connect_tcp(
-                    host, port, PEER_METHODS, f"peer daemon at {self.address}",
+                    host, port, PEER_LANE_METHODS, f"peer daemon at {self.address}",
                     LANE_CONNECT_TIMEOUT_S, lost_status=LLMStatusCode.LLM_LINK_FAILED)
             except (OSError, asyncio.TimeoutError) as exc:
                 logger.warning("peer lane %s:%d of %s unavailable, using gRPC: %s", host, port,
@@ -226,7 +227,7 @@ class PeerClient:
 
     async def transport_call(self, method: str, request: Any, timeout_s: float) -> Any:
         # On the peer lane when the lane carries the method (a call of each transfer).
-        if method in PEER_METHODS:
+        if method in PEER_LANE_METHODS:
             return await self._laned(method, request, timeout_s)
         return await self._call(getattr(self._stub, method), request, timeout_s)
 

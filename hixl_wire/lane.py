@@ -1,22 +1,23 @@
 """Lanes: unary calls as framed messages on one plain stream socket.
 
-A gRPC call's round trip is most of a small transfer's time; a message on
-a plain socket between two uvloop processes costs a small fraction of it
-(docs/architecture.md has the figures). A lane carries the request and reply messages of
-chosen unary methods, framed by a 17-byte header (documented at the top of
-``proto/hixl/v1/client.proto``), and the far side runs them through the same
-handlers as their gRPC twins: validation, errors and status codes are the
+A gRPC call's round trip is most of a small transfer's time; a message on a
+plain socket between two uvloop processes costs a small fraction of it
+(docs/architecture.md has the figures). A lane carries the request and reply
+messages of chosen unary methods, framed by a 17-byte header (documented at the
+top of ``proto/hixl/v1/client.proto``), and the far side runs them through the
+same handlers as their gRPC twins: validation, errors and status codes are the
 same. Two lanes exist: the transfer lane from a client to its daemon (a unix
 socket, :data:`CLIENT_METHODS`) and the peer lane between daemons (TCP,
-:data:`PEER_METHODS`). This module holds what both ends share: the framing,
-the method tables, the lane's own bodies (:class:`RepeatFrame`, and the
-``CallError`` of a failed call: :func:`call_error_of` writes it,
-:func:`error_from_call` reads it), :class:`LaneEnd`, what every calling end
-shares whatever does its I/O (the HELLO that binds a connection, reading
-replies, failing once), and :class:`Lane`, the calling end on the event loop,
-which the client uses towards its daemon and a daemon towards its peers (the
-client's thread-written and blocking ends are ``hixl_client._thread_lane``
-and ``_blocking_lane``); ``hixl_service.lane_server`` is the answering end.
+:data:`PEER_METHODS` and the transports' own). This module holds what both ends
+share: the framing, the method tables, the lane's own bodies
+(:class:`RepeatFrame`, and the ``CallError`` of a failed call:
+:func:`call_error_of` writes it, :func:`error_from_call` reads it),
+:class:`LaneEnd`, what every calling end shares whatever does its I/O (the
+HELLO that binds a connection, reading replies, failing once), and
+:class:`Lane`, the calling end on the event loop, which the client uses towards
+its daemon and a daemon towards its peers (the client's thread-written and
+blocking ends are ``hixl_client._thread_lane`` and ``_blocking_lane``);
+``hixl_service.lane_server`` is the answering end.
 
 Calls are multiplexed by call id; replies come back in completion order. A
 call that is cancelled or outlives its timeout sends CANCEL, so the far side
@@ -110,13 +111,13 @@ CLIENT_METHODS: Methods = {
                              client_pb2.PushReply.FromString),
     "SendNotify": message_method(11, client_pb2.SendNotifyRequest, client_pb2.SendNotifyReply),
 }
-# The peer lane: the Peer calls a transfer may make.
+# The peer lane: the Peer calls a transfer may make, whatever its transport.
+# Transports add their own (kinds 3 and 4 are taken); the daemon's full table
+# is ``hixl_service.transports.factory.PEER_LANE_METHODS``.
 PEER_METHODS: Methods = {
     "ResolveCache": message_method(1, peer_pb2.ResolveCacheRequest,
                                    peer_pb2.ResolveCacheReply),
     "ReleaseKey": message_method(2, peer_pb2.ReleaseKeyRequest, peer_pb2.ReleaseKeyReply),
-    "HcclPost": message_method(3, peer_pb2.HcclPostRequest, peer_pb2.HcclPostReply),
-    "HcclRegion": message_method(4, peer_pb2.HcclRegionRequest, peer_pb2.HcclRegionReply),
     "Notify": message_method(5, peer_pb2.NotifyRequest, peer_pb2.NotifyReply),
 }
 # Bounds the wait for a daemon that stopped answering, just beyond the call's

@@ -23,13 +23,15 @@ with nothing moved.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from hixl_wire.status import LLMException, LLMStatusCode
+
 __all__ = ["ONE_SIDED", "REACHES_HOST_MEMORY", "TCP_STREAMS", "InboundFacts", "InboundSide",
            "PeerHandler", "PeerScope", "Place", "PlainInbound", "Prepared", "Transport",
-           "TransportInfo"]
+           "TransportInfo", "check_peer_calls"]
 
 if TYPE_CHECKING:
     from ..memory.base import Memory
@@ -196,3 +198,21 @@ class PeerScope:
 # its inbound side there: the call's request message in, its reply out
 # (``factory.PEER_HANDLERS`` holds every transport's, by Peer method name).
 PeerHandler = Callable[[PeerScope, Any], Awaitable[Any]]
+
+
+def check_peer_calls(transport: str, required: Sequence[str], daemon_id: str,
+                     calls: Collection[str]) -> None:
+    """Refuse a ``transport`` link to a daemon that does not serve every Peer call
+    of ``required`` (the transport's ``peer_calls``; a daemon from before a call
+    was added names none, see ``factory.check_peer_calls``).
+
+    Raises:
+        LLMException: ``LLM_LINK_FAILED``, naming the missing calls.
+    """
+    missing = [call for call in required if call not in calls]
+    if missing:
+        raise LLMException(
+            f"daemon {daemon_id} lacks the Peer call{'s' if len(missing) > 1 else ''} "
+            f"{', '.join(missing)} that {transport} links need; it runs an older hixl: "
+            f"run the same hixl on both daemons",
+            status_code=LLMStatusCode.LLM_LINK_FAILED)

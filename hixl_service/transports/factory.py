@@ -10,19 +10,21 @@ backend, both known once the far daemon answered Hello:
 The linked daemon makes the matching inbound side (``inbound_side``).
 ``capabilities_of`` says what a transport can do from the name a status
 reported (``hixlctl doctor`` reads the Admin status); ``PEER_HANDLERS``
-holds the Peer calls each transport answers on the linked daemon.
+holds the Peer calls each transport answers on the linked daemon,
+``PEER_LANE_METHODS`` those the peer lane carries, and ``check_peer_calls``
+refuses a far daemon that lacks a Peer call the transport's links need.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from hixl_wire.lane import PEER_METHODS, Methods
 from hixl_wire.status import LLMException, LLMStatusCode
 
-from ..peer_api import check_peer_calls
-from . import hccl_peer
+from . import base, hccl_peer
 from .base import InboundSide, PeerHandler, PlainInbound, Transport
 from .hccl import HcclInbound, HcclTransport
 from .local import LocalTransport
@@ -46,6 +48,35 @@ CAPABILITIES: Mapping[str, frozenset[str]] = {
 # (``InboundLinks.transport_call``); the servicer and the peer lane route
 # them here by name.
 PEER_HANDLERS: Mapping[str, PeerHandler] = {**hccl_peer.HANDLERS}
+
+
+def _lane_methods(*tables: Methods) -> Methods:
+    """One table of the peer lane's methods; a kind or a name taken twice is a bug."""
+    merged: Methods = {}
+    for table in tables:
+        for name, method in table.items():
+            taken = {known.kind for known in merged.values()}
+            assert name not in merged and method.kind not in taken, (name, method.kind)
+            merged[name] = method
+    return merged
+
+
+# The peer lane's methods: the calls of any transfer (``hixl_wire.lane``) and
+# those of each transport's transfers; the peer client and the lane server use
+# this table.
+PEER_LANE_METHODS: Methods = _lane_methods(PEER_METHODS, hccl_peer.LANE_METHODS)
+
+
+def check_peer_calls(kit: TransportKit, daemon_id: str, calls: Collection[str]) -> None:
+    """Refuse a link to a far daemon (``daemon_id``, serving the Peer calls
+    ``calls``, as its Hello names them) lacking a Peer call that this daemon's
+    links to other daemons need (their transport's ``peer_calls``).
+
+    Raises:
+        LLMException: ``LLM_LINK_FAILED``, naming the missing calls.
+    """
+    transport = HcclTransport if kit.ascend is not None else TcpTransport
+    base.check_peer_calls(transport.name, transport.peer_calls, daemon_id, calls)
 
 
 def capabilities_of(name: str) -> frozenset[str]:
@@ -90,8 +121,8 @@ async def _open(kit: TransportKit, ends: LinkEnds, hello: PeerHello, peer: PeerA
     if same_daemon:
         _check_one_device(kit, ends)
         return LocalTransport(kit.copier)
+    check_peer_calls(kit, hello.daemon_id, hello.peer_calls)
     if kit.ascend is not None:
-        check_peer_calls("hccl", hello.daemon_id, hello.peer_calls)
         return await HcclTransport.open(kit.ascend.device(ends.local_device_id), peer,
                                         hello.token, timeout_s, kit.ascend.comm_settings,
                                         kit.ascend.one_sided, ends.local_cluster_id)

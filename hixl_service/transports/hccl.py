@@ -78,7 +78,7 @@ from .hccl_channel import (
     remaining_ms,
 )
 from .hccl_inbound import HcclInbound, hccl_side
-from .hccl_peer import HcclPeer
+from .hccl_peer import LINK_CALLS, HcclPeer
 
 __all__ = ["HcclInbound", "HcclLink", "HcclTransport", "hccl_side", "region_pairs"]
 
@@ -428,6 +428,8 @@ class HcclTransport:
     name = "hccl"
     # Device memory only; one-sided where CANN offers it (``data_path`` says).
     capabilities = frozenset({ONE_SIDED})
+    # The Peer calls its links need of the far daemon (``factory.check_peer_calls``).
+    peer_calls = LINK_CALLS
 
     def __init__(self, side: HcclLink) -> None:
         self._side = side

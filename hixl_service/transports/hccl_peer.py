@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from hixl_wire._proto.hixl.v1 import peer_pb2
+from hixl_wire.lane import Methods, message_method
 from hixl_wire.status import LLMException, LLMStatusCode
 
 from ..ascend.comms import CommSpec, RankInfo
@@ -31,7 +32,16 @@ if TYPE_CHECKING:
     from ..peer_api import PeerApi
     from ..regions import DeviceRegion
 
-__all__ = ["HANDLERS", "MAX_TEARDOWN_WAIT_MS", "HcclPeer"]
+__all__ = ["HANDLERS", "LANE_METHODS", "LINK_CALLS", "MAX_TEARDOWN_WAIT_MS", "HcclPeer"]
+
+# The Peer calls an hccl link needs of the far daemon beyond protocol 1's
+# (issue 30: communicator creation, and the teardown of memory bound to a
+# one-sided communicator). They did not bump PROTOCOL_VERSION, so that host
+# links between daemons of either side of the change still work; instead each
+# daemon names the Peer calls it serves in Hello (``peer_calls``) and an hccl
+# daemon refuses a link, either way, to one lacking any of these
+# (``HcclTransport.peer_calls``, checked by ``factory.check_peer_calls``).
+LINK_CALLS = ("HcclReserve", "HcclTeardown", "HcclDestroy")
 
 # A linking daemon's watch on an HCCL communicator (HcclTeardown) waits at most this.
 MAX_TEARDOWN_WAIT_MS = 10_000
@@ -226,4 +236,11 @@ HANDLERS: Mapping[str, PeerHandler] = {
     "HcclDestroy": _destroy,
     "HcclRegion": _region,
     "HcclPost": _post,
+}
+
+# The calls of each transfer, carried by the peer lane (``factory.PEER_LANE_METHODS``
+# merges them with the lane's own); the kinds are wire, fixed.
+LANE_METHODS: Methods = {
+    "HcclPost": message_method(3, peer_pb2.HcclPostRequest, peer_pb2.HcclPostReply),
+    "HcclRegion": message_method(4, peer_pb2.HcclRegionRequest, peer_pb2.HcclRegionReply),
 }

@@ -28,6 +28,7 @@ class LocalTransport:
 
     name = "local"
     capabilities = frozenset({REACHES_HOST_MEMORY})
+    peer_calls: tuple[str, ...] = ()  # of the far daemon, beyond protocol 1's: none
     alive = True
 
     def __init__(self, copier: Copier) -> None:

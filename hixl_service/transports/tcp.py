@@ -69,6 +69,7 @@ class TcpTransport:
 
     name = "tcp"
     capabilities = frozenset({REACHES_HOST_MEMORY, TCP_STREAMS})
+    peer_calls: tuple[str, ...] = ()  # of the far daemon, beyond protocol 1's: none
 
     def __init__(self, data: hixl_native.DataLink, dispatcher: CompletionDispatcher,
                  remote_cluster_id: int) -> None:

@@ -17,10 +17,14 @@ import pytest
 import pytest_asyncio
 
 from hixl_client import LLMDataDist, LLMRole, LLMStatusCode
-from hixl_service.peer_api import HCCL_LINK_CALLS, check_peer_calls
 from hixl_service.peer_client import PEER_CALLS
 from hixl_service.servicer_peer import PeerServicer
 from hixl_service.testing import DaemonProcess
+from hixl_service.transports.base import check_peer_calls
+from hixl_service.transports.factory import PEER_LANE_METHODS, TransportKit
+from hixl_service.transports.factory import check_peer_calls as check_for_kit
+from hixl_service.transports.hccl import HcclTransport
+from hixl_service.transports.tcp import TcpTransport
 from hixl_wire._proto.hixl.v1 import peer_pb2, peer_pb2_grpc
 from hixl_wire.status import STATUS_METADATA_KEY, LLMException
 
@@ -31,20 +35,36 @@ _ids = itertools.count(9300)
 
 
 def test_an_hccl_link_needs_every_call_and_a_host_link_none() -> None:
-    check_peer_calls("host", "old", ())
-    check_peer_calls("hccl", "new", PEER_CALLS)
+    hccl = HcclTransport.name, HcclTransport.peer_calls
+    check_peer_calls(TcpTransport.name, TcpTransport.peer_calls, "old", ())
+    check_peer_calls(*hccl, "new", PEER_CALLS)
     with pytest.raises(LLMException, match=f"daemon old {MISSING}") as refused:
-        check_peer_calls("hccl", "old", ())
+        check_peer_calls(*hccl, "old", ())
     assert refused.value.status_code == LLMStatusCode.LLM_LINK_FAILED
     # a daemon between the two: HcclReserve and HcclTeardown, not HcclDestroy
     with pytest.raises(LLMException, match="lacks the Peer call HcclDestroy that"):
-        check_peer_calls("hccl", "mid", ("Hello", "HcclReserve", "HcclTeardown"))
+        check_peer_calls(*hccl, "mid", ("Hello", "HcclReserve", "HcclTeardown"))
+
+
+def test_the_factory_asks_the_transport_of_the_daemons_links() -> None:
+    host = TransportKit(copier=None, dispatcher=None)  # type: ignore[arg-type]
+    check_for_kit(host, "old", ())  # a host daemon's links need nothing more
+    hccl = TransportKit(copier=None, dispatcher=None, ascend=object())  # type: ignore[arg-type]
+    with pytest.raises(LLMException, match=f"daemon old {MISSING}"):
+        check_for_kit(hccl, "old", ())
+    check_for_kit(hccl, "new", PEER_CALLS)
 
 
 def test_this_daemon_serves_every_call_it_names() -> None:
-    assert set(HCCL_LINK_CALLS) <= set(PEER_CALLS)
+    assert set(HcclTransport.peer_calls) <= set(PEER_CALLS)
     for call in PEER_CALLS:  # each overrides the generated stub (UNIMPLEMENTED)
         assert getattr(PeerServicer, call) is not getattr(peer_pb2_grpc.PeerServicer, call), call
+
+
+def test_the_peer_lane_carries_the_transports_calls_at_their_wire_kinds() -> None:
+    kinds = {name: method.kind for name, method in PEER_LANE_METHODS.items()}
+    assert kinds == {"ResolveCache": 1, "ReleaseKey": 2, "HcclPost": 3, "HcclRegion": 4,
+                     "Notify": 5}
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +93,7 @@ async def test_the_linked_daemon_refuses_a_peer_without_the_calls(daemon: Daemon
             assert status == str(int(LLMStatusCode.LLM_LINK_FAILED))
             # naming them, it links (and unlinks)
             reply = await peer.Hello(_hello(cluster.cluster_id, PEER_CALLS), timeout=10)
-            assert set(HCCL_LINK_CALLS) <= set(reply.peer_calls)
+            assert set(HcclTransport.peer_calls) <= set(reply.peer_calls)
             await peer.Unlink(peer_pb2.UnlinkRequest(link_token=reply.link_token), timeout=10)
     finally:
         await cluster.finalize()
