@@ -22,7 +22,9 @@ from hixl_wire._proto.hixl.v1 import peer_pb2, peer_pb2_grpc
 from hixl_wire.status import LLMException, LLMStatusCode
 
 from .calls import CallInfo, GrpcContext, Unary, unary
+from .drain import Drain, refuses_while_draining
 from .engine import Engine
+from .peer_api import PeerHello
 from .peer_client import PEER_CALLS, key_from_proto, ref_from_proto
 from .rpc_errors import CallRefused, abort_with, handler_error
 from .transports.factory import PEER_HANDLERS
@@ -35,6 +37,7 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
     def __init__(self, engine: Engine, cluster_id: int | None = None) -> None:
         self._engine = engine
         self._cluster_id = cluster_id  # None: the daemon's peer port, every cluster
+        self.drain: Drain = engine.drain  # read by refuses_while_draining
 
     def _token(self, token: int) -> int:
         """``token``, if a call naming it may be served here."""
@@ -51,35 +54,45 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
 
     async def Challenge(self, request: peer_pb2.ChallengeRequest,
                         context: GrpcContext) -> peer_pb2.ChallengeReply:
-        trust = self._engine.deps.trust
         try:
-            self._engine.drain.refuse_new("links")
-            trust.hello_gate.admit()
-            if trust.mode != "token":
-                raise LLMException(f"this daemon does not use token authentication "
-                                   f"(security.mode = {trust.mode!r})",
-                                   status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
-            return peer_pb2.ChallengeReply(nonce=trust.challenges.issue())
+            return await self._challenge(request, context)
         except Exception as exc:
             error = handler_error("Challenge", exc)
             self.call_failed("Challenge", error)
             await abort_with(context, error)
 
+    # Challenge and Hello take the call's credentials, so they are not @unary;
+    # their steps are, for the drain refusal, inside their handlers' error
+    # translation.
+    @refuses_while_draining("links")
+    async def _challenge(self, request: peer_pb2.ChallengeRequest,
+                         context: GrpcContext) -> peer_pb2.ChallengeReply:
+        trust = self._engine.deps.trust
+        trust.hello_gate.admit()
+        if trust.mode != "token":
+            raise LLMException(f"this daemon does not use token authentication "
+                               f"(security.mode = {trust.mode!r})",
+                               status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
+        return peer_pb2.ChallengeReply(nonce=trust.challenges.issue())
+
+    @refuses_while_draining("links")
+    async def _accept(self, request: peer_pb2.HelloRequest, context: GrpcContext) -> PeerHello:
+        trust = self._engine.deps.trust
+        trust.hello_gate.admit()
+        identity = trust.identity_of(context)
+        facts = (HelloFacts(request.challenge, request.client_nonce, request.daemon_id,
+                            request.src_cluster_id, request.dst_cluster_id)
+                 if request.challenge else None)
+        return self._engine.inbound.accept_link(
+            request.protocol_version, request.daemon_id, request.src_cluster_id,
+            request.dst_cluster_id, request.backend or "host", identity, facts,
+            request.proof, listener_of=self._cluster_id,
+            peer_calls=tuple(request.peer_calls))
+
     async def Hello(self, request: peer_pb2.HelloRequest,
                     context: GrpcContext) -> peer_pb2.HelloReply:
-        trust = self._engine.deps.trust
         try:
-            self._engine.drain.refuse_new("links")
-            trust.hello_gate.admit()
-            identity = trust.identity_of(context)
-            facts = (HelloFacts(request.challenge, request.client_nonce, request.daemon_id,
-                                request.src_cluster_id, request.dst_cluster_id)
-                     if request.challenge else None)
-            hello = self._engine.inbound.accept_link(
-                request.protocol_version, request.daemon_id, request.src_cluster_id,
-                request.dst_cluster_id, request.backend or "host", identity, facts,
-                request.proof, listener_of=self._cluster_id,
-                peer_calls=tuple(request.peer_calls))
+            hello = await self._accept(request, context)
         except Exception as exc:
             error = handler_error("Hello", exc)
             self.call_failed("Hello", error)
