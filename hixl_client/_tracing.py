@@ -15,10 +15,20 @@ from __future__ import annotations
 
 import os
 from collections.abc import Awaitable, Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from ._carrier import BlockingCarrier, Carrier
+
+
+
+class _Wrapped(Protocol):
+    @property
+    def is_open(self) -> bool: ...
+    def close(self) -> None: ...
+
+
+CarrierT = TypeVar("CarrierT", bound=_Wrapped)
 
 TRACING_ENV = "HIXL_TRACING"
 TRACEPARENT = "traceparent"
@@ -66,16 +76,23 @@ def _failed(span: Any, exc: BaseException) -> None:
     span.set_status(Status(StatusCode.ERROR, str(exc)))
 
 
-class TracedCarrier:
-    """A :class:`~hixl_client._carrier.Carrier` whose every call is a client
-    span ``hixl.<method>``, its traceparent carried to the daemon."""
+class _Wrapper(Generic[CarrierT]):
+    """What both traced carriers pass straight through to the carrier they wrap."""
 
-    def __init__(self, carrier: Carrier) -> None:
+    def __init__(self, carrier: CarrierT) -> None:
         self._carrier = carrier
 
     @property
     def is_open(self) -> bool:
         return self._carrier.is_open
+
+    def close(self) -> None:
+        self._carrier.close()
+
+
+class TracedCarrier(_Wrapper["Carrier"]):
+    """A :class:`~hixl_client._carrier.Carrier` whose every call is a client
+    span ``hixl.<method>``, its traceparent carried to the daemon."""
 
     def begin(self, method: str, request: Any, timeout_s: float, *,
               trace: bytes = b"") -> Coroutine[Any, Any, Any]:
@@ -87,20 +104,10 @@ class TracedCarrier:
             raise
         return finish(span, reply)
 
-    def close(self) -> None:
-        self._carrier.close()
 
-
-class TracedBlockingCarrier:
+class TracedBlockingCarrier(_Wrapper["BlockingCarrier"]):
     """A :class:`~hixl_client._carrier.BlockingCarrier` whose every call is a
     client span, as :class:`TracedCarrier`."""
-
-    def __init__(self, carrier: BlockingCarrier) -> None:
-        self._carrier = carrier
-
-    @property
-    def is_open(self) -> bool:
-        return self._carrier.is_open
 
     def call(self, method: str, request: Any, timeout_s: float, *,
              trace: bytes = b"") -> Any:
@@ -112,9 +119,6 @@ class TracedBlockingCarrier:
             raise
         finally:
             span.end()
-
-    def close(self) -> None:
-        self._carrier.close()
 
 
 def traced(carrier: Carrier) -> Carrier:

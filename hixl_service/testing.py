@@ -39,7 +39,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-__all__ = ["READY_FIELDS", "DaemonProcess", "package_roots", "start_daemon", "unused_port"]
+__all__ = ["READY_FIELDS", "DaemonProcess", "package_roots", "shareable_bytes_mapped",
+           "start_daemon", "unused_port"]
 
 # Field name -> type of the daemon's ready record.
 READY_FIELDS: Mapping[str, type] = {
@@ -413,6 +414,18 @@ async def start_daemon(
         yield daemon
     finally:
         await asyncio.shield(asyncio.to_thread(daemon.close))
+
+
+def shareable_bytes_mapped(pid: int) -> int:
+    """Bytes of clients' shareable buffers (the memfds hixl_client names
+    ``hixl-shareable``) that process ``pid`` maps: what a daemon reaches
+    directly rather than through cross-memory calls."""
+    total = 0
+    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+        if "memfd:hixl-shareable" in line:
+            low, high = (int(bound, 16) for bound in line.split()[0].split("-"))
+            total += high - low
+    return total
 
 
 _EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"

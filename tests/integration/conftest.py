@@ -82,6 +82,18 @@ async def make_pair(prompt_daemon: DaemonProcess, decoder_daemon: DaemonProcess,
 
 
 @pytest_asyncio.fixture
+async def accessible(prefill_daemon: DaemonProcess, decode_daemon: DaemonProcess,
+                     next_cluster_id: Callable[[], int]) -> AsyncIterator[Pair]:
+    """A linked pair in remote-cache-accessible mode, the prompt cluster on the
+    decode daemon (test_fencing.py has its own, the other way round)."""
+    made = await make_pair(decode_daemon, prefill_daemon, next_cluster_id,
+                           remote_accessible=True)
+    yield made
+    await made.decoder.finalize()
+    await made.prompt.finalize()
+
+
+@pytest_asyncio.fixture
 async def pair(prefill_daemon: DaemonProcess, decode_daemon: DaemonProcess,
                next_cluster_id: Callable[[], int]) -> AsyncIterator[Pair]:
     """A linked prompt/decoder pair across the two shared daemons."""

@@ -7,12 +7,9 @@ from __future__ import annotations
 
 import mmap
 import tempfile
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 
 import numpy as np
 import pytest
-import pytest_asyncio
 
 from hixl_client import (
     BlocksCacheKey,
@@ -23,38 +20,18 @@ from hixl_client import (
     adopt_shareable,
 )
 from hixl_client.shareable import MIN_ADOPT_BYTES
-from hixl_service.testing import DaemonProcess
+from hixl_service.testing import shareable_bytes_mapped
 
-from .conftest import Pair, make_pair
+from .conftest import Pair
 
 RNG = np.random.default_rng(29)
 LAYERS, BLOCKS, BLOCK_BYTES = 4, 96, 48 << 10  # 36 MiB: over MIN_ADOPT_BYTES
-
-
-def memfd_bytes_mapped(pid: int) -> int:
-    """Bytes of clients' shareable buffers a process maps."""
-    total = 0
-    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
-        if "memfd:hixl-shareable" in line:
-            low, high = (int(bound, 16) for bound in line.split()[0].split("-"))
-            total += high - low
-    return total
 
 
 def engine_kv() -> np.ndarray:
     """A KV cache as an engine allocates it: one large numpy allocation
     (malloc's own mmap, not page-aligned), already holding bytes."""
     return RNG.integers(0, 256, (2 * LAYERS, BLOCKS, BLOCK_BYTES), dtype=np.uint8)
-
-
-@pytest_asyncio.fixture
-async def accessible(prefill_daemon: DaemonProcess, decode_daemon: DaemonProcess,
-                     next_cluster_id: Callable[[], int]) -> AsyncIterator[Pair]:
-    made = await make_pair(decode_daemon, prefill_daemon, next_cluster_id,
-                           remote_accessible=True)
-    yield made
-    await made.decoder.finalize()
-    await made.prompt.finalize()
 
 
 @pytest.mark.asyncio
@@ -69,7 +46,7 @@ async def test_adopted_engine_memory_moves_zero_copy_over_tcp(accessible: Pair) 
     assert src_buffer.address <= kv.ctypes.data
     assert kv.ctypes.data + kv.nbytes <= src_buffer.address + src_buffer.size
     np.testing.assert_array_equal(kv, before)
-    mapped_before = memfd_bytes_mapped(accessible.prompt_daemon.pid)
+    mapped_before = shareable_bytes_mapped(accessible.prompt_daemon.pid)
 
     key = BlocksCacheKey(prompt.cluster_id, 1)
     src = await prompt.cache_manager.register_blocks_cache(
@@ -77,8 +54,8 @@ async def test_adopted_engine_memory_moves_zero_copy_over_tcp(accessible: Pair) 
     dst = await decoder.cache_manager.register_blocks_cache(
         desc, [dst_kv[i].ctypes.data for i in range(2 * LAYERS)])
     # Registration handed each daemon the memfd: it maps the engine's memory itself.
-    assert memfd_bytes_mapped(accessible.prompt_daemon.pid) - mapped_before >= kv.nbytes
-    assert memfd_bytes_mapped(accessible.decoder_daemon.pid) >= dst_kv.nbytes
+    assert shareable_bytes_mapped(accessible.prompt_daemon.pid) - mapped_before >= kv.nbytes
+    assert shareable_bytes_mapped(accessible.decoder_daemon.pid) >= dst_kv.nbytes
 
     src_blocks = [int(b) for b in RNG.permutation(BLOCKS)[:50]]
     dst_blocks = [int(b) for b in RNG.permutation(BLOCKS)[:50]]

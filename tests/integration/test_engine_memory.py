@@ -13,11 +13,10 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import numpy as np
 import pytest
-import pytest_asyncio
 
 from hixl_client import (
     BlocksCacheKey,
@@ -32,7 +31,7 @@ from hixl_client import (
 from hixl_service.testing import DaemonProcess
 from tests.clusters import cluster_info
 
-from .conftest import Pair, daemon_status, make_pair, options
+from .conftest import Pair, daemon_status, options
 
 pytestmark = pytest.mark.asyncio
 
@@ -49,16 +48,6 @@ def mmap_array(nbytes: int) -> tuple[mmap.mmap, int]:
 def tensor_addrs(array: np.ndarray) -> list[int]:
     """One address per tensor of a (tensors, ...) array."""
     return [array.ctypes.data + i * array[0].nbytes for i in range(array.shape[0])]
-
-
-@pytest_asyncio.fixture
-async def accessible(prefill_daemon: DaemonProcess, decode_daemon: DaemonProcess,
-                     next_cluster_id: Callable[[], int]) -> AsyncIterator[Pair]:
-    made = await make_pair(decode_daemon, prefill_daemon, next_cluster_id,
-                           remote_accessible=True)
-    yield made
-    await made.decoder.finalize()
-    await made.prompt.finalize()
 
 
 async def test_numpy_and_mmap_blocks_over_tcp(accessible: Pair) -> None:

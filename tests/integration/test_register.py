@@ -5,11 +5,10 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import numpy as np
 import pytest
-import pytest_asyncio
 
 from hixl_client import (
     BlocksCacheKey,
@@ -24,21 +23,11 @@ from hixl_client import (
 )
 from hixl_service.testing import DaemonProcess
 
-from .conftest import Pair, daemon_status, make_pair, options
+from .conftest import Pair, daemon_status, options
 
 pytestmark = pytest.mark.asyncio
 
 INVALID = LLMStatusCode.LLM_PARAM_INVALID
-
-
-@pytest_asyncio.fixture
-async def accessible(prefill_daemon: DaemonProcess, decode_daemon: DaemonProcess,
-                     next_cluster_id: Callable[[], int]) -> AsyncIterator[Pair]:
-    made = await make_pair(decode_daemon, prefill_daemon, next_cluster_id,
-                           remote_accessible=True)
-    yield made
-    await made.decoder.finalize()
-    await made.prompt.finalize()
 
 
 async def test_registered_cache_is_pulled_and_keeps_its_keys(pair: Pair) -> None:

@@ -40,7 +40,7 @@ from hixl_bench.vllm.pd import (
     make_model,
 )
 from hixl_bench.vllm.servers import VllmServer, ensure_vllm_python, start_servers
-from hixl_service.testing import DaemonProcess
+from hixl_service.testing import DaemonProcess, shareable_bytes_mapped
 
 pytestmark = pytest.mark.timeout(1500)  # the first test waits for the install and start-up
 
@@ -140,7 +140,7 @@ def test_decode_equals_local_compute_and_skips_prefill(cluster: Cluster) -> None
     for server, daemon in ((cluster.prefill, cluster.daemon_a), (d, cluster.daemon_b)):
         regions, _ = kv_regions(server)
         assert "shared in place" in Path(server.spec.log_path).read_text(errors="replace")
-        assert shared_bytes_mapped(daemon.pid) >= len(regions) * MIB_512
+        assert shareable_bytes_mapped(daemon.pid) >= len(regions) * MIB_512
     # P got its blocks back from every request at once (D's "done"), not by lease.
     wait_for(lambda: kv_usage(cluster.prefill) == 0, LEASE_S - 1, "P freed its blocks")
     assert "within their lease" not in cluster.prefill.log_tail(2000)
@@ -175,16 +175,6 @@ def kv_regions(server: VllmServer) -> tuple[list[int], int]:
                       r"([0-9a-fx ]+),", text)
     assert found, "the connector logs where it registered the KV"
     return [int(a, 16) for a in found[2].split()], int(found[1])
-
-
-def shared_bytes_mapped(pid: int) -> int:
-    """Bytes of clients' shareable buffers a daemon maps (memfds named by hixl_client)."""
-    total = 0
-    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
-        if "memfd:hixl-shareable" in line:
-            low, high = (int(bound, 16) for bound in line.split()[0].split("-"))
-            total += high - low
-    return total
 
 
 def test_one_daemon_placement_uses_its_local_copy(cluster: Cluster) -> None:
