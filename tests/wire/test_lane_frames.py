@@ -8,7 +8,6 @@ import socket
 
 import pytest
 
-from hixl_client.status import LLMStatusCode
 from hixl_wire._proto.hixl.v1 import client_pb2, common_pb2
 from hixl_wire.lane import (
     CLIENT_METHODS,
@@ -19,6 +18,7 @@ from hixl_wire.lane import (
     Lane,
     error_from_reply,
 )
+from hixl_wire.status import LLMStatusCode
 
 FRAMES = [(1, 1, 250, 0xDEADBEEF, b"abc"), (2, 0, 0, 0, b""),
           (3, 7, 9, 1, bytes(range(256)) * 40), (4294967295, 255, 0, 0, b"")]
