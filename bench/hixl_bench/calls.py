@@ -20,6 +20,12 @@ the status line) counts too: well under one call per request over a few
 hundred requests (link heartbeats are slowed down for the run). A
 ``sitecustomize`` module placed on their ``PYTHONPATH`` installs the handlers.
 Copies run natively and are not counted.
+
+Before the profiled window, an unprofiled one of as many requests reads
+each process's context switches and CPU time (every thread's, from
+``/proc``): a request that wakes a sleeping thread shows up there as a
+voluntary switch, so that figure says how many hand-offs between threads a
+request costs, as exactly as the call count says how much Python it runs.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from pathlib import Path
 
 from hixl_bench.env import Clusters, clusters, daemons, slot_desc
 from hixl_bench.model import MIB
+from hixl_bench.procstat import TaskTotals, task_totals
 from hixl_client import BlocksCacheKey, Cache, CacheDesc, CacheKeyByIdAndIndex, DataType
 
 START, STOP = signal.SIGUSR1, signal.SIGUSR2
@@ -128,6 +135,21 @@ def _report(name: str, stats: pstats.Stats, requests: int, top: int) -> None:
         print(f"  {entry[1] / requests:6.2f}  {where}")
 
 
+def _report_tasks(name: str, totals: TaskTotals, requests: int) -> None:
+    print(f"{name}: {(totals.voluntary + totals.involuntary) / requests:.2f} context switches "
+          f"per request ({totals.voluntary / requests:.2f} voluntary), "
+          f"{totals.cpu_ns / requests / 1000:.1f} us of CPU")
+
+
+async def _unprofiled(pids: dict[str, int], requests: int,
+                      request: Callable[[int], Awaitable[None]]) -> None:
+    before = {name: task_totals(pid) for name, pid in pids.items()}
+    for i in range(requests):
+        await request(i)
+    for name, pid in pids.items():
+        _report_tasks(name, task_totals(pid) - before[name], requests)
+
+
 async def _wait_for(path: Path) -> None:
     deadline = time.monotonic() + DUMP_WAIT_S
     while not await asyncio.to_thread(path.exists):
@@ -156,13 +178,15 @@ async def run(op: str, path: str, nblocks: int, block: int, requests: int, top: 
             pids = {"daemon A (initiator)": pair.a.pid}
             if path == "tcp":
                 pids["daemon B (target)"] = pair.b.pid
+            await _unprofiled({"client": os.getpid(), **pids}, requests,
+                            lambda i: request(WARM_UP + i))
             for pid in pids.values():
                 os.kill(pid, START)
             await asyncio.sleep(0.2)  # let the handlers run before counting starts
             client = cProfile.Profile()
             client.enable()
             for i in range(requests):
-                await request(WARM_UP + i)
+                await request(WARM_UP + requests + i)
             client.disable()
             for pid in pids.values():
                 os.kill(pid, STOP)

@@ -16,6 +16,13 @@ def _calls(output: str, process: str) -> float:
     return float(found.group(1))
 
 
+def _switches(output: str, process: str) -> tuple[float, float, float]:
+    found = re.search(rf"^{re.escape(process)}: ([0-9.]+) context switches per request "
+                      r"\(([0-9.]+) voluntary\), ([0-9.]+) us of CPU$", output, re.MULTILINE)
+    assert found, output
+    return float(found.group(1)), float(found.group(2)), float(found.group(3))
+
+
 @pytest.mark.parametrize(("op", "path"), [("pull", "tcp"), ("blocks", "local")])
 def test_every_process_reports_its_calls_per_request(op: str, path: str) -> None:
     done = subprocess.run([sys.executable, "-m", "hixl_bench.calls", "--op", op, "--path", path,
@@ -33,3 +40,11 @@ def test_every_process_reports_its_calls_per_request(op: str, path: str) -> None
         assert _calls(out, "daemon B (target)") < 1
     else:
         assert "daemon B" not in out
+    # A request waits for its reply, so the client sleeps and is woken about
+    # once per request; each process spends some CPU on every request.
+    processes = ["client", "daemon A (initiator)"] + (["daemon B (target)"] if path == "tcp" else [])
+    for process in processes:
+        switches, voluntary, cpu_us = _switches(out, process)
+        assert 0 <= voluntary <= switches < 100, out
+        assert 0 < cpu_us < 100_000, out
+    assert _switches(out, "client")[1] > 0.5, out
