@@ -7,8 +7,10 @@ from __future__ import annotations
 import pickle
 
 import grpc
+import grpc.aio
 import pytest
 
+import hixl_client.status
 from hixl_wire.status import (
     GRPC_TO_STATUS,
     STATUS_METADATA_KEY,
@@ -16,6 +18,8 @@ from hixl_wire.status import (
     LLMException,
     LLMStatusCode,
     code_2_status,
+    error_from_rpc,
+    param_invalid,
     status_from_grpc,
     status_metadata,
 )
@@ -179,3 +183,50 @@ def test_status_from_grpc_fallbacks(
     grpc_code: grpc.StatusCode, metadata: str | None, expected: LLMStatusCode
 ) -> None:
     assert status_from_grpc(grpc_code, metadata) is expected
+
+
+# ---- a failed gRPC call as the far side meant it ---------------------------------------------
+
+
+def _rpc_error(code: grpc.StatusCode, details: str,
+               status: str | None = None) -> grpc.aio.AioRpcError:
+    trailing = grpc.aio.Metadata() if status is None else grpc.aio.Metadata(
+        (STATUS_METADATA_KEY, status))
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), trailing, details)
+
+
+def test_error_from_rpc_keeps_the_daemons_exact_status_and_message() -> None:
+    error = error_from_rpc(_rpc_error(grpc.StatusCode.ABORTED, "busy",
+                                      str(int(S.LLM_LINK_BUSY))), "hixl daemon at x")
+    assert error.status_code is S.LLM_LINK_BUSY and str(error) == "busy"
+    nameless = error_from_rpc(_rpc_error(grpc.StatusCode.ABORTED, "",
+                                         str(int(S.LLM_LINK_BUSY))), "x")
+    assert str(nameless) == "LLM_LINK_BUSY"
+    garbled = error_from_rpc(_rpc_error(grpc.StatusCode.INTERNAL, "?", "nope"), "x")
+    assert garbled.status_code is S.LLM_FAILED
+
+
+@pytest.mark.parametrize(
+    ("code", "expected"),
+    [(grpc.StatusCode.UNAVAILABLE, S.LLM_NOT_YET_LINK),
+     (grpc.StatusCode.CANCELLED, S.LLM_NOT_YET_LINK),
+     (grpc.StatusCode.DEADLINE_EXCEEDED, S.LLM_TIMEOUT),
+     (grpc.StatusCode.PERMISSION_DENIED, S.LLM_FAILED)])
+def test_error_from_rpc_without_a_status_names_who_failed_and_how(
+        code: grpc.StatusCode, expected: LLMStatusCode) -> None:
+    error = error_from_rpc(_rpc_error(code, "boom"), "hixl daemon at unix:/x",
+                           unavailable=S.LLM_NOT_YET_LINK)
+    assert error.status_code is expected
+    assert str(error) == f"hixl daemon at unix:/x: {code.name}: boom"
+
+
+def test_param_invalid_is_a_broken_rule() -> None:
+    error = param_invalid("bad")
+    assert error.status_code is S.LLM_PARAM_INVALID and str(error) == "bad"
+
+
+def test_the_public_home_is_the_clients() -> None:
+    # Tracebacks, reprs and pickles name them as users import them.
+    assert LLMException.__module__ == LLMStatusCode.__module__ == "hixl_client.status"
+    assert hixl_client.status.LLMException is LLMException
+    assert hixl_client.status.LLMStatusCode is LLMStatusCode
