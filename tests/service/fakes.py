@@ -525,6 +525,7 @@ class InMemoryDaemon:
                                     leases=LeaseSettings(lease_s=lease_s))
         self.outbound = OutboundLinks(self.daemon_id, "host", self, self.kit, network.peer,
                                       link_timeout_s)
+        self._closed = False
 
     # far_caches.Daemon, as the engine provides it
     def has_inbound(self, token: int) -> bool:
@@ -563,6 +564,10 @@ class InMemoryDaemon:
         return await self.outbound.link(cluster, far_cluster_id, far.address, timeout_s)
 
     async def close(self) -> None:
+        """Free what the daemon holds (once; a second call does nothing)."""
+        if self._closed:
+            return
+        self._closed = True
         await self.outbound.close_all()
         await self.inbound.close()
         for cluster in self.clusters.values():
