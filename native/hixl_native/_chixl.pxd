@@ -214,3 +214,32 @@ cdef extern from "tcp_link.h" nogil:
                               const uint8_t *quads, size_t n, uint64_t timeout_ms)
     void hixl_link_close(hixl_link *l)
     void hixl_link_destroy(hixl_link *l)
+
+
+cdef extern from "ring.h" nogil:
+    ctypedef struct hixl_ring_shared:
+        pass
+
+    ctypedef struct hixl_ring:
+        uint64_t capacity
+        int producer
+        int wait_fd
+        int wake_fd
+
+    size_t hixl_ring_bytes(uint64_t capacity)
+    size_t hixl_ring_max_frame(uint64_t capacity)
+    int hixl_ring_memfd(uint64_t capacity, int *fd_out)
+    int hixl_ring_map(int fd, void **mem_out, size_t *bytes_out)
+    void hixl_ring_unmap(void *mem, size_t bytes)
+    int hixl_ring_attach(hixl_ring *r, void *mem, size_t bytes, int producer, int wait_fd,
+                         int wake_fd)
+    int hixl_ring_write(hixl_ring *r, const void *buf, size_t len)
+    int hixl_ring_read(hixl_ring *r, void *buf, size_t cap, size_t *len)
+    int hixl_ring_readable(hixl_ring *r)
+    int hixl_ring_writable(hixl_ring *r, size_t len)
+    int hixl_ring_wait_readable(hixl_ring *r, uint64_t spin_ns, uint64_t deadline_ns,
+                                int stop_fd)
+    int hixl_ring_wait_writable(hixl_ring *r, size_t len, uint64_t spin_ns,
+                                uint64_t deadline_ns, int stop_fd)
+    int hixl_ring_arm(hixl_ring *r, size_t len)
+    void hixl_ring_disarm(hixl_ring *r)

@@ -20,6 +20,7 @@ from libc.errno cimport errno
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
+from posix.unistd cimport close as _close_fd
 
 from hixl_native._chixl cimport *
 
@@ -31,3 +32,4 @@ include "_completion.pxi"
 include "_copy_pool.pxi"
 include "_dataplane.pxi"
 include "_planning.pxi"
+include "_ring.pxi"
