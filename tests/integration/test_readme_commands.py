@@ -1,16 +1,19 @@
-"""README.md's and deploy/README.md's commands work as written in a fresh shell.
+"""The documentation's commands work as written in a fresh shell: README.md's,
+deploy/README.md's and those of every page under docs/ (the documentation site).
 
 "Fresh" means what a reader has after the README's setup commands in a new
 terminal: the checkout as the working directory, the ``.venv`` they made,
 and nothing activated or exported (``env -i`` with a plain PATH).
 
-Every shell block of both files is classified here, by its first line:
+Every shell block of those files is classified here, by its first line:
 RUN blocks are run, each in its own ``bash -e``; SKIPPED blocks say why not
 (they need hardware, root and systemd, a cluster, or minutes). A block of
 either kind must call its programs by a path that exists in that shell:
 ``.venv/bin/hixl-serviced``, never a bare ``hixl-serviced``, ``grpcurl``,
 ``python`` or ``pip`` that a fresh shell does not have. A new block fails
 ``test_every_block_is_classified`` until it is added to one of the two.
+README's Python example of the async client runs too, against a daemon of
+its own (``test_readme_client_example_runs``).
 """
 
 from __future__ import annotations
@@ -22,13 +25,17 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from hixl_service.testing import DaemonProcess
+
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = ("README.md", "deploy/README.md")
+DOCS = ("README.md", "deploy/README.md",
+        *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md")))
 FRESH_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root"),
              "LANG": "C.UTF-8"}
 # What a fresh shell lacks: only the virtual environment has these.
@@ -57,7 +64,7 @@ RUN = {
         '"daemon_id"'),
 }
 SKIPPED = {
-    "# on each host: its daemon (README \"Running the daemon\"; here the embedded defaults)":
+    "# on each host: its daemon (see \"Running the daemon\"; here the embedded defaults)":
         "a template with the reader's model and hosts, and vLLM installed "
         "(tests/vllm/test_vllm_connector.py starts such servers: hixl_bench.vllm.pd.hixl_spec)",
     "bash scripts/vllm_env.sh                                   # vLLM's CPU build, in "
@@ -69,6 +76,12 @@ SKIPPED = {
     "bash scripts/demo.sh    # the main job: installs, then a prefill -> decode pull between "
     "two daemons": "the setup commands: the suite runs inside what they made "
                    "(tests/integration/test_examples.py runs the demo's example)",
+    "bash scripts/demo.sh --tokens 8192     # the demo with a longer prompt (1 GiB of KV)":
+        "the setup commands again, and a test run inside a test run "
+        "(tests/integration/test_examples.py runs the demo's example with --tokens)",
+    ".venv/bin/mkdocs build --strict --site-dir /tmp/hixl-site   # the site, as CI builds it":
+        "tests/test_docs_site.py runs the first line as written; the second serves until "
+        "stopped",
     "HIXL_TRANSFER_LANE=0 .venv/bin/python your_engine.py          # this client process":
         "your_engine.py is the reader's program; the second line serves until stopped "
         "(tests/integration/test_lane.py covers both settings)",
@@ -99,7 +112,7 @@ SKIPPED = {
     "sudo systemctl daemon-reload": "needs systemd as init and the installed unit "
                                     "(tests/test_deploy.py checks the unit)",
     "S=/run/hixl/hixl.sock G=/opt/hixl/venv/bin/grpcurl": "needs the installed service; the "
-                                                          "same calls run in README's block",
+                                                          "same calls run in docs/operating.md's block",
 }
 
 
@@ -193,3 +206,27 @@ def test_block_runs_as_written(key: str) -> None:
     assert code == 0, f"{block.doc}:{block.line} failed:\n{output[-4000:]}"
     for expected in RUN[key]:
         assert expected in output, f"{expected!r} not in:\n{output[-4000:]}"
+
+
+def readme_client_example() -> str:
+    """The Python block of README's "The async client" section."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("## The async client"):]
+    match = re.search(r"^```python\n(.*?)^```", section, re.S | re.M)
+    assert match is not None, "README's async client section has no Python block"
+    return match.group(1)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_readme_client_example_runs(tmp_path: Path) -> None:
+    """README's example runs as written against a daemon with the embedded defaults
+    (but for its own socket and ports, so that it meets no other daemon)."""
+    example = tmp_path / "example.py"
+    example.write_text(readme_client_example(), encoding="utf-8")
+    with DaemonProcess() as daemon:
+        done = subprocess.run([sys.executable, str(example)], cwd=ROOT,
+                              env=FRESH_ENV | {"HIXL_DAEMON": daemon.client_target},
+                              capture_output=True, text=True, timeout=90, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "pulled 2097152 bytes" in done.stdout, done.stdout
