@@ -225,6 +225,7 @@ cdef extern from "ring.h" nogil:
         int producer
         int wait_fd
         int wake_fd
+        int close_fd
 
     size_t hixl_ring_bytes(uint64_t capacity)
     size_t hixl_ring_max_frame(uint64_t capacity)

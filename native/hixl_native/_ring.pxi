@@ -17,14 +17,18 @@ cdef class Ring:
     length and position the other process wrote is checked: a corrupt ring
     raises ``NativeError`` (``E_PROTO``) instead of reading out of bounds.
 
-    One thread at a time may use a side. ``wait_fd`` is readable when an
-    ``arm()``-ed side should look again, for waiting in an event loop.
+    One thread at a time may use a side; any thread may close it, which
+    ends a wait in progress (``E_CLOSED``) and unmaps the ring once that wait
+    has returned. ``wait_fd`` is readable when an ``arm()``-ed side should
+    look again, for waiting in an event loop.
     """
 
     cdef hixl_ring _r
     cdef void *_mem
     cdef size_t _bytes
     cdef int _memfd
+    cdef int _waiting  # waits in progress, the GIL released
+    cdef bint _closing
     cdef bytearray _buf
 
     def __cinit__(self):
@@ -32,6 +36,7 @@ cdef class Ring:
         self._memfd = -1
         self._r.wait_fd = -1
         self._r.wake_fd = -1
+        self._r.close_fd = -1
 
     def __dealloc__(self):
         self._release()
@@ -40,10 +45,10 @@ cdef class Ring:
         if self._mem != NULL:
             hixl_ring_unmap(self._mem, self._bytes)
             self._mem = NULL
-        for fd in (self._memfd, self._r.wait_fd, self._r.wake_fd):
+        for fd in (self._memfd, self._r.wait_fd, self._r.wake_fd, self._r.close_fd):
             if fd >= 0:
                 _close_fd(fd)
-        self._memfd = self._r.wait_fd = self._r.wake_fd = -1
+        self._memfd = self._r.wait_fd = self._r.wake_fd = self._r.close_fd = -1
 
     @staticmethod
     def create(capacity, bint producer):
@@ -91,9 +96,15 @@ cdef class Ring:
             ring._mem = NULL
             ring._release()
             _raise(rc, "cannot map the ring (not a sealed ring memfd?)", err)
-        for fd in (wait_fd, wake_fd):
-            _os.set_blocking(fd, False)
+        try:
+            for fd in (wait_fd, wake_fd):
+                _os.set_blocking(fd, False)
+            close_fd = _os.eventfd(0, _os.EFD_NONBLOCK | _os.EFD_CLOEXEC)
+        except BaseException:
+            ring._release()
+            raise
         rc = hixl_ring_attach(&ring._r, ring._mem, ring._bytes, producer, wait_fd, wake_fd)
+        ring._r.close_fd = close_fd
         if rc != HIXL_OK:
             ring._release()
             _raise(rc, "not a ring, or a corrupt one")
@@ -102,7 +113,7 @@ cdef class Ring:
         return ring
 
     cdef int _check(self) except -1:
-        if self._mem == NULL:
+        if self._mem == NULL or self._closing:
             raise ValueError("the ring is closed")
         return 0
 
@@ -158,8 +169,9 @@ cdef class Ring:
             True when ready, False at the timeout.
 
         Raises:
-            NativeError: E_CANCELLED when ``stop_fd`` became readable;
-                E_PROTO on a corrupt ring.
+            NativeError: E_CANCELLED when ``stop_fd`` became readable,
+                E_CLOSED when the ring was closed meanwhile, E_PROTO on a
+                corrupt ring.
         """
         self._check()
         if timeout_s < 0 or spin_us < 0 or nbytes < 0:
@@ -167,11 +179,19 @@ cdef class Ring:
         cdef uint64_t spin_ns = <uint64_t>(spin_us * 1000.0)
         cdef uint64_t deadline = hixl_now_ns() + <uint64_t>(timeout_s * 1e9)
         cdef int rc
-        with nogil:
-            if self._r.producer:
-                rc = hixl_ring_wait_writable(&self._r, nbytes, spin_ns, deadline, stop_fd)
-            else:
-                rc = hixl_ring_wait_readable(&self._r, spin_ns, deadline, stop_fd)
+        self._waiting += 1
+        try:
+            with nogil:
+                if self._r.producer:
+                    rc = hixl_ring_wait_writable(&self._r, nbytes, spin_ns, deadline, stop_fd)
+                else:
+                    rc = hixl_ring_wait_readable(&self._r, spin_ns, deadline, stop_fd)
+        finally:
+            self._waiting -= 1
+            if self._closing and self._waiting == 0:
+                self._release()
+        if self._closing or self._mem == NULL:
+            rc = HIXL_E_CLOSED
         if rc == HIXL_E_TIMEOUT:
             return False
         if rc != HIXL_OK:
@@ -197,5 +217,11 @@ cdef class Ring:
         hixl_ring_disarm(&self._r)
 
     def close(self):
-        """Unmaps the ring and closes its descriptors. Idempotent."""
+        """Unmaps the ring and closes its descriptors (once no wait is in
+        progress: a wait is ended first). Idempotent; any thread."""
+        if self._waiting:
+            if not self._closing:
+                self._closing = True
+                _os.eventfd_write(self._r.close_fd, 1)
+            return
         self._release()

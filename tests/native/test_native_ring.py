@@ -292,3 +292,24 @@ def test_a_waiting_side_sees_a_corrupt_position() -> None:
         for fd in far:
             os.close(fd)
         consumer.close()
+
+
+def test_closing_from_another_thread_ends_a_wait_then_unmaps(pair: tuple[Ring, Ring]) -> None:
+    _, consumer = pair
+    ended: list[int] = []
+
+    def wait() -> None:
+        try:
+            consumer.wait(30.0)  # no frame will come
+        except native.NativeError as exc:
+            ended.append(exc.code)
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    while thread.is_alive() and not ended:
+        consumer.close()  # ends the wait (and keeps the mapping until it returned)
+        thread.join(0.05)
+    thread.join(30)
+    assert ended == [native.E_CLOSED]
+    with pytest.raises(ValueError, match="closed"):
+        consumer.read()

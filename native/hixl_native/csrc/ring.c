@@ -15,6 +15,7 @@
 #define HDR 4u
 #define MIN_CAPACITY (4ull << 10)
 #define MAX_CAPACITY (1ull << 30)
+#define PREEMPTED_NS 20000ull
 
 static inline void cpu_relax(void)
 {
@@ -78,6 +79,7 @@ int hixl_ring_attach(hixl_ring *r, void *mem, size_t bytes, int producer, int wa
     r->producer = producer;
     r->wait_fd = wait_fd;
     r->wake_fd = wake_fd;
+    r->close_fd = -1;
     /* A position that is not 8-aligned would put frame headers astride the
      * end; a fresh ring starts at 0, so this only refuses a corrupt one. */
     return (r->pos & 7) == 0 ? HIXL_OK : HIXL_E_PROTO;
@@ -273,10 +275,11 @@ int hixl_ring_read(hixl_ring *r, void *buf, size_t cap, size_t *len)
 
 /* ---- waiting ---- */
 
-static int sleep_on(int fd, uint64_t deadline_ns, int stop_fd)
+static int sleep_on(hixl_ring *r, uint64_t deadline_ns, int stop_fd)
 {
-    struct pollfd p[2] = {{.fd = fd, .events = POLLIN}, {.fd = stop_fd, .events = POLLIN}};
-    nfds_t nfds = stop_fd >= 0 ? 2 : 1;
+    struct pollfd p[3] = {{.fd = r->wait_fd, .events = POLLIN},
+                          {.fd = r->close_fd, .events = POLLIN},
+                          {.fd = stop_fd, .events = POLLIN}};
     int timeout = -1;
     if (deadline_ns != 0) {
         uint64_t now = hixl_now_ns();
@@ -285,10 +288,13 @@ static int sleep_on(int fd, uint64_t deadline_ns, int stop_fd)
         uint64_t ms = (deadline_ns - now + 999999) / 1000000;
         timeout = ms > INT_MAX ? INT_MAX : (int)ms;
     }
-    int rc = poll(p, nfds, timeout);
+    /* poll skips entries whose fd is negative */
+    int rc = poll(p, 3, timeout);
     if (rc < 0)
         return errno == EINTR ? HIXL_OK : HIXL_E_IO;
-    if (nfds == 2 && p[1].revents)
+    if (p[1].revents)
+        return HIXL_E_CLOSED;
+    if (p[2].revents)
         return HIXL_E_CANCELLED;
     return HIXL_OK; /* woken, or the poll's whole-ms timeout: the caller checks */
 }
@@ -302,20 +308,27 @@ static int ready_readable(hixl_ring *r, size_t len)
     return hixl_ring_readable(r);
 }
 
-static int wait_for(hixl_ring *r, ready_fn ready, size_t len, _Atomic uint32_t *asleep, int fd,
+static int wait_for(hixl_ring *r, ready_fn ready, size_t len, _Atomic uint32_t *asleep,
                     uint64_t spin_ns, uint64_t deadline_ns, int stop_fd)
 {
     int rc;
-    uint64_t spin_until = hixl_now_ns() + spin_ns;
-    while ((rc = ready(r, len)) == 0 && hixl_now_ns() < spin_until)
+    uint64_t last = hixl_now_ns(), spin_until = last + spin_ns;
+    while ((rc = ready(r, len)) == 0) {
+        /* A long gap between two looks: this thread lost its CPU to another,
+         * which spinning on would only delay further. Sleep instead. */
+        uint64_t now = hixl_now_ns();
+        if (now >= spin_until || now - last > PREEMPTED_NS)
+            break;
+        last = now;
         cpu_relax();
+    }
     while (rc == 0) {
         atomic_store_explicit(asleep, 1, memory_order_relaxed);
         atomic_thread_fence(memory_order_seq_cst);
         if ((rc = ready(r, len)) != 0)
             break;
-        rc = sleep_on(fd, deadline_ns, stop_fd);
-        drain(fd);
+        rc = sleep_on(r, deadline_ns, stop_fd);
+        drain(r->wait_fd);
         if (rc != HIXL_OK)
             break;
         if ((rc = ready(r, len)) == 0 && deadline_ns != 0 && hixl_now_ns() >= deadline_ns)
@@ -329,8 +342,8 @@ int hixl_ring_wait_readable(hixl_ring *r, uint64_t spin_ns, uint64_t deadline_ns
 {
     if (r->producer)
         return HIXL_E_INVAL;
-    return wait_for(r, ready_readable, 0, &r->shared->consumer_asleep, r->wait_fd, spin_ns,
-                    deadline_ns, stop_fd);
+    return wait_for(r, ready_readable, 0, &r->shared->consumer_asleep, spin_ns, deadline_ns,
+                    stop_fd);
 }
 
 int hixl_ring_wait_writable(hixl_ring *r, size_t len, uint64_t spin_ns, uint64_t deadline_ns,
@@ -338,8 +351,8 @@ int hixl_ring_wait_writable(hixl_ring *r, size_t len, uint64_t spin_ns, uint64_t
 {
     if (!r->producer || len > hixl_ring_max_frame(r->capacity))
         return HIXL_E_INVAL;
-    return wait_for(r, hixl_ring_writable, len, &r->shared->producer_asleep, r->wait_fd,
-                    spin_ns, deadline_ns, stop_fd);
+    return wait_for(r, hixl_ring_writable, len, &r->shared->producer_asleep, spin_ns,
+                    deadline_ns, stop_fd);
 }
 
 int hixl_ring_arm(hixl_ring *r, size_t len)

@@ -53,6 +53,7 @@ typedef struct hixl_ring {
     int producer;
     int wait_fd;   /* read end (non-blocking) of the pipe this side sleeps on */
     int wake_fd;   /* write end (non-blocking) of the pipe the other side sleeps on */
+    int close_fd;  /* readable once this side is closing: every wait returns (-1: none) */
 } hixl_ring;
 
 /* The bytes a ring of `capacity` data bytes needs in shared memory. */
@@ -88,8 +89,9 @@ int hixl_ring_writable(hixl_ring *r, size_t len);
 
 /* Waits until readable (consumer) or writable for len bytes (producer):
  * spins up to spin_ns, then sleeps on wait_fd until deadline_ns (0: no
- * deadline) or stop_fd (-1: none) is readable. HIXL_OK, HIXL_E_TIMEOUT,
- * HIXL_E_CANCELLED (stop_fd), HIXL_E_PROTO, HIXL_E_IO. */
+ * deadline) or stop_fd or close_fd (-1: none) is readable. HIXL_OK,
+ * HIXL_E_TIMEOUT, HIXL_E_CANCELLED (stop_fd), HIXL_E_CLOSED (close_fd),
+ * HIXL_E_PROTO, HIXL_E_IO. */
 int hixl_ring_wait_readable(hixl_ring *r, uint64_t spin_ns, uint64_t deadline_ns, int stop_fd);
 int hixl_ring_wait_writable(hixl_ring *r, size_t len, uint64_t spin_ns, uint64_t deadline_ns,
                             int stop_fd);
