@@ -6,7 +6,8 @@
 # binds to one loop per process, so the other kind needs a second pytest
 # process: after the whole suite passes on uvloop, the async tests of the
 # client-side packages and the in-process engines (tests/integration,
-# tests/wire, tests/client, tests/service, tests/engine) run
+# tests/wire, tests/client, tests/service, the in-process daemons of
+# tests/integration/engine among them) run
 # again on asyncio's default loop, but those marked one_loop (link health
 # and scale, partitions: their subject is the daemons, whose loop is
 # uvloop either way).
@@ -31,4 +32,4 @@ echo "scripts/test.sh: run 1 of 2: the whole suite on uvloop"
 HIXL_TEST_LOOP=uvloop "${PYTEST[@]}"
 echo "scripts/test.sh: run 2 of 2: the async client-side tests on asyncio's default loop"
 HIXL_TEST_LOOP=asyncio exec "${PYTEST[@]}" -m "asyncio and not one_loop" \
-  tests/integration tests/wire tests/client tests/service tests/engine tests/test_loop_kind.py
+  tests/integration tests/wire tests/client tests/service tests/test_loop_kind.py
