@@ -9,7 +9,7 @@ import os
 from hixl_wire.defaults import default_socket_path
 
 DAEMON_ENV = "HIXL_DAEMON"
-# "0" keeps every transfer call on gRPC (see README, "The transfer lane").
+# "0" keeps every transfer call on gRPC (see docs/daemon.md, "The transfer lane").
 TRANSFER_LANE_ENV = "HIXL_TRANSFER_LANE"
 
 

@@ -40,8 +40,8 @@ logger = logging.getLogger(__name__)
 # margin only covers a daemon that answers nothing at all. Over gRPC the
 # deadline is the timeout plus CALL_MARGIN_S; on the transfer lane the frame
 # carries the same deadline and the client gives up LANE_GRACE_S after it,
-# within one watchdog tick (hixl_wire.lane.WATCHDOG_TICK_S). README, "Bounded
-# calls", lists each call's timeout.
+# within one watchdog tick (hixl_wire.lane.WATCHDOG_TICK_S). docs/client.md,
+# "Bounded calls", lists each call's timeout.
 CALL_MARGIN_S = 0.5
 # A session's channel has a connection of its own: by default gRPC shares one
 # between a process's channels to a target, with its reconnect backoff, so

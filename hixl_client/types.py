@@ -128,7 +128,7 @@ class RegisterMemStatus(enum.Enum):
 
 
 class LinkState(enum.Enum):
-    """hixl extension: where a link is in its life (README "Link states")."""
+    """hixl extension: where a link is in its life (docs/daemon.md, "Link states")."""
 
     CONNECTING = "connecting"  # handshaking, at first or again after the peer restarted
     UP = "up"

@@ -217,7 +217,7 @@ class PeerListeners:
                 f"{OPT_LISTEN_IP_INFO} {address} is not loopback, and this daemon's "
                 f"security.mode is \"none\": anyone who reaches it could read and overwrite "
                 f"this cluster's caches. The daemon needs security.mode \"token\" or \"mtls\" "
-                f"(README, Security), or security.insecure = true to accept that")
+                f"(docs/security.md), or security.insecure = true to accept that")
         logger.warning("security.insecure: cluster listener at %s with security.mode = "
                        "\"none\"; anyone who reaches it can read and overwrite its caches",
                        address)

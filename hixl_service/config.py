@@ -171,7 +171,7 @@ class ServerConfig(_Section):
     transfer_lane: bool = Field(
         default=True,
         description="Offer the transfer lane: a unix socket next to the client socket on which "
-        "clients send transfer calls without gRPC's per-call cost (see README).",
+        "clients send transfer calls without gRPC's per-call cost (see docs/daemon.md).",
     )
     peer_lane: bool = Field(
         default=True,
@@ -319,7 +319,7 @@ class AscendConfig(_Section):
         description="Budget of device pools per device, in bytes or with a unit.",
     )
 
-    # -- HCCL communicators and network (README "Ascend hosts") --------------------
+    # -- HCCL communicators and network (docs/ascend.md) ------------------------
     comm_init: Literal["rank_table", "root_info"] = Field(
         default="rank_table",
         description='How link communicators are built: "rank_table" '
@@ -457,7 +457,7 @@ class AllowedPeer(_Section):
 
 
 class SecurityConfig(_Section):
-    """Who may link to this daemon, and how peers prove it (README "Security")."""
+    """Who may link to this daemon, and how peers prove it (docs/security.md)."""
 
     mode: Literal["none", "token", "mtls"] = Field(
         default="none",

@@ -1,6 +1,6 @@
 """A link's state machine and counters, kept on both daemons of the link.
 
-States (README "Link states"):
+States (docs/daemon.md, "Link states"):
 
 * ``connecting``: the link handshakes (Hello, data streams), at first or
   again after its far daemon restarted;

@@ -134,8 +134,8 @@ def check_exposure(config: DaemonConfig) -> None:
         raise StartRefused(
             f"listening on {', '.join(exposed)}, not loopback, with security.mode = "
             f"\"{security.mode}\" would let anyone who reaches it read and overwrite caches: "
-            f"set security.mode to \"mtls\" (clients on TCP need it) or \"token\" (README, "
-            f"Security), or security.insecure = true to accept that")
+            f"set security.mode to \"mtls\" (clients on TCP need it) or \"token\" "
+            f"(docs/security.md), or security.insecure = true to accept that")
     logger.warning("security.insecure: listening on %s with security.mode = \"%s\"; anyone "
                    "who reaches these ports can read and overwrite caches",
                    ", ".join(exposed), security.mode)

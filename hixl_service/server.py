@@ -160,7 +160,7 @@ class Daemon:
         else:
             loop.remove_signal_handler(signal.SIGHUP)
 
-    # -- systemd and SIGHUP (README "Operating hixl") ---------------------------
+    # -- systemd and SIGHUP (docs/operating.md) -------------------------------
 
     def _in_background(self, coro: Coroutine[Any, Any, object]) -> None:
         task = asyncio.get_running_loop().create_task(coro)

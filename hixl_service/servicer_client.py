@@ -240,7 +240,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
             return client_pb2.LinkClustersReply(status=LLMStatusCode.LLM_PARAM_INVALID)
         # One deadline for the whole call: links queued behind the first
         # MAX_PARALLEL_LINKS get what is left of the timeout, not a fresh one,
-        # so the call answers within its timeout (README, "Bounded calls").
+        # so the call answers within its timeout (docs/client.md, "Bounded calls").
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(request.timeout_ms, 1) / 1000.0
         gate = asyncio.Semaphore(MAX_PARALLEL_LINKS)

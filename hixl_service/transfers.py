@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 PLAN_OFF_LOOP_BLOCKS = 4096
 # How long past sync_kv_timeout a pull by key may wait for the owner to take
 # its release. Less than the half second past its timeout at which the
-# client's deadline ends the call (README, "Bounded calls"): the pull answers
+# client's deadline ends the call (docs/client.md, "Bounded calls"): the pull answers
 # success (a release not confirmed is logged) before that cuts it off.
 RELEASE_SLACK_S = 0.25
 

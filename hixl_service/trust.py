@@ -1,6 +1,6 @@
 """Trusted peers: who a calling daemon is, whether it may link, and the link's key.
 
-The ``[security]`` section at work (README "Security"; the design in
+The ``[security]`` section at work (docs/security.md; the design in
 docs/architecture.md):
 
 * ``mtls``: the gRPC listeners require client certificates signed by

@@ -7,7 +7,7 @@ imports this package. vLLM loads the connector by module path::
                            "kv_connector_module_path": "hixl_client.vllm",
                            "kv_role": "kv_both"}'
 
-README, "Using hixl with vLLM", has the commands for one host and for two.
+docs/vllm.md, "Using hixl with vLLM", has the commands for one host and for two.
 """
 
 from ._connector import HixlConnector

@@ -103,7 +103,7 @@ class HixlWorker:
 
         Raises:
             LLMException: the daemon refused (e.g. it cannot reach this
-                process's memory: see README, "Your own memory").
+                process's memory: see docs/client.md, "Your own memory").
         """
         self._layout = fingerprint
         self._shared = share_in_place(layout)

@@ -1,6 +1,6 @@
 """Hardware smoke test of the Ascend path: ``python -m hixl_service.ascend.smoke``.
 
-For an operator on an NPU host (README "Ascend hosts"). It loads CANN, lists
+For an operator on an NPU host (docs/ascend.md). It loads CANN, lists
 the optional entry points found, exports a device buffer to a second process
 and checks it there, builds a two-rank communicator between two devices
 (each rank in its own process, as CANN creates communicators one at a time

@@ -50,7 +50,7 @@ pytestmark = pytest.mark.asyncio
 DESC = CacheDesc(2, [2, 64 * 1024], DataType.DT_UINT8)
 SYNC_KV_TIMEOUT_MS = 1000
 CONTROL_TIMEOUT_MS = 1000
-# The most a call may run past its own timeout (README, "Bounded calls").
+# The most a call may run past its own timeout (docs/client.md, "Bounded calls").
 MAX_MARGIN_S = 1.0
 # What a loaded test host may add on top.
 LOAD_SLACK_S = 3.0
