@@ -66,6 +66,15 @@ class CacheTask:
 
     def _start(self, driver: Any) -> None:
         self._runner = asyncio.get_running_loop().create_task(self._run(driver))
+        self._runner.add_done_callback(functools.partial(self._ended, driver))
+
+    def _ended(self, driver: Any, runner: asyncio.Task[None]) -> None:
+        # A runner cancelled before its first step never ran _run (nor its
+        # finally): the task must end all the same, and its driver be closed.
+        if runner.cancelled():
+            self._crashed = True
+        driver.close()
+        self._done.set()
 
     async def _run(self, driver: Any) -> None:
         try:
