@@ -41,6 +41,7 @@ from hixl_wire.lane import (
 )
 
 from . import _tracing
+from ._spin import ReplySpin
 from ._sync_loop import run
 from ._transport import LANE_GRACE_S
 from .status import LLMException, LLMStatusCode
@@ -70,6 +71,7 @@ class BlockingLane(LaneEnd):
         super().__init__(what, LLMStatusCode.LLM_FAILED)
         self._next_id = 0
         self._bound_s = 0.0  # the kernel's bound on each send and receive now
+        self._spin = ReplySpin()
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         with self._greeting():
             self._sock.settimeout(HELLO_TIMEOUT_S)
@@ -99,14 +101,17 @@ class BlockingLane(LaneEnd):
             frame = frame_of(call_id, KIND_TRACE, 0, 0, trace) + frame
         try:
             self._bound(sock, wait_s)
-            give_up = time.monotonic() + wait_s
+            started = time.monotonic()
+            give_up = started + wait_s
             sock.sendall(frame)
+            self._spin.spin(sock.fileno())  # then recv finds the reply, or sleeps for it
             while True:
                 frames = self._received(sock.recv(_READ_BYTES))
                 if frames is None:  # closed, by the daemon or another thread, or malformed
                     raise self._refusal()
                 for frame_id, reply_kind, _, _, reply_body in frames:
                     if frame_id == call_id:
+                        self._spin.took((time.monotonic() - started) * 1e6)
                         return reply_kind, reply_body
                 # A part of the reply: the rest within what is left of the bound.
                 left_s = give_up - time.monotonic()

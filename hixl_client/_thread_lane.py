@@ -20,6 +20,7 @@ import asyncio
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +35,7 @@ from hixl_wire.lane import (
     reply_of,
 )
 
+from ._spin import ReplySpin
 from .status import LLMException, LLMStatusCode
 
 # A frame is tens of bytes and the daemon reads its lane at once: a write that
@@ -67,6 +69,7 @@ class ThreadLane(LaneEnd):
         self._loop = asyncio.get_running_loop()
         self._calls = CallBook(what, LLMStatusCode.LLM_FAILED, grace_s)
         self._writing = threading.Lock()
+        self._spin = ReplySpin()
         self._loop.add_reader(self._fd, self._readable)
 
     @classmethod
@@ -138,7 +141,16 @@ class ThreadLane(LaneEnd):
                 raise call.failure or LLMException(f"{self._what}: the call was not sent",
                                                    status_code=LLMStatusCode.LLM_FAILED)
             self._calls.sent(call_id, call.timeout_s)
-            kind, body = await call.posted.future
+            future = call.posted.future
+            if future.done():
+                kind, body = future.result()
+            else:
+                started = time.perf_counter()
+                self._spin.spin(self._fd)  # the loop then reads the reply without sleeping
+                try:
+                    kind, body = await future
+                finally:
+                    self._spin.took((time.perf_counter() - started) * 1e6)
         finally:
             self._calls.forget(call_id)
         return reply_of(kind, body, call.read_reply, self._what)

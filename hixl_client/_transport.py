@@ -28,6 +28,7 @@ from hixl_wire.status import error_from_rpc
 from . import _tracing
 from ._carrier import Carrier
 from ._defaults import transfer_lane_enabled
+from ._spin import ReplySpin
 from ._thread_lane import ThreadLane
 from .notify import NotifyDesc, NotifyInbox
 from .status import LLMException, LLMStatusCode
@@ -191,7 +192,8 @@ class DaemonConnection:
             self.lane = _tracing.traced(await Lane.connect_unix(path, CLIENT_METHODS, self.what,
                                                         self.control_timeout_s,
                                                         hello=self.session_id.encode(),
-                                                        grace_s=LANE_GRACE_S))
+                                                        grace_s=LANE_GRACE_S,
+                                                        spin=ReplySpin()))
         except (OSError, asyncio.TimeoutError, LLMException) as exc:
             logger.warning("hixl daemon at %s: transfer lane %s unavailable, transfers use "
                            "gRPC: %s", self.target, path, exc or type(exc).__name__)

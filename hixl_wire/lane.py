@@ -29,9 +29,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import struct
+import time
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple, Protocol, cast
 
 import grpc
 
@@ -203,6 +204,17 @@ def error_from_call(error: common_pb2.CallError, what: str) -> LLMException:
         code = next((c.name for c in grpc.StatusCode if c.value[0] == error.grpc_code), "")
         return LLMException(f"{what}: {code}: {error.message}", status_code=status)
     return LLMException(error.message or status.name, status_code=status)
+
+
+class ReplySpin(Protocol):
+    """A calling end's first wait for a reply: it looks at the connection's
+    socket for a while before it sleeps (the client's: ``hixl_client._spin``)."""
+
+    def spin(self, fd: int) -> None:
+        """Look at ``fd`` until it is readable or this spin's budget is spent."""
+
+    def took(self, reply_us: float) -> None:
+        """A reply came ``reply_us`` after its call was sent."""
 
 
 class Posted(NamedTuple):
@@ -394,22 +406,25 @@ class Lane(LaneEnd, asyncio.Protocol):
 
     def __init__(self, methods: Methods, what: str,
                  lost_status: LLMStatusCode = LLMStatusCode.LLM_FAILED,
-                 grace_s: float = DEADLINE_GRACE_S) -> None:
+                 grace_s: float = DEADLINE_GRACE_S, spin: ReplySpin | None = None) -> None:
         super().__init__(what, lost_status)
         self._methods = methods
         self._transport: asyncio.Transport | None = None
+        self._fd = -1  # the connection's socket, for spin
         self._calls = CallBook(what, lost_status, grace_s)
+        self._spin = spin
 
     @classmethod
     async def connect_unix(cls, path: str, methods: Methods, what: str, timeout_s: float,
-                           hello: bytes | None = None,
-                           grace_s: float = DEADLINE_GRACE_S) -> Lane:
+                           hello: bytes | None = None, grace_s: float = DEADLINE_GRACE_S,
+                           spin: ReplySpin | None = None) -> Lane:
         """Connect to a lane's unix socket; ``hello`` binds it (the session id);
-        ``grace_s``: how long past a call's deadline its reply may come."""
+        ``grace_s``: how long past a call's deadline its reply may come;
+        ``spin``: how a call waits the first microseconds for its reply."""
         loop = asyncio.get_running_loop()
         _, lane = await asyncio.wait_for(
             loop.create_unix_connection(
-                lambda: cls(methods, what, LLMStatusCode.LLM_FAILED, grace_s), path),
+                lambda: cls(methods, what, LLMStatusCode.LLM_FAILED, grace_s, spin), path),
             timeout_s)
         return await lane._greet(hello, timeout_s)
 
@@ -478,7 +493,16 @@ class Lane(LaneEnd, asyncio.Protocol):
     async def _wait(self, posted: Posted) -> tuple[int, bytes]:
         call_id, future = posted
         try:
-            return await future
+            spin = self._spin
+            if spin is None or future.done():
+                return await future
+            # The loop finds the reply at its next look instead of sleeping for it.
+            started = time.perf_counter()
+            spin.spin(self._fd)
+            try:
+                return await future
+            finally:
+                spin.took((time.perf_counter() - started) * 1e6)
         finally:
             if self._calls.forget(call_id) and self._transport is not None:
                 # Cancelled or expired before the answer: stop the far handler too.
@@ -494,6 +518,8 @@ class Lane(LaneEnd, asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self._transport = cast(asyncio.Transport, transport)
+        sock = transport.get_extra_info("socket")
+        self._fd = sock.fileno() if sock is not None else -1
 
     def data_received(self, data: bytes) -> None:
         frames = self._received(data)

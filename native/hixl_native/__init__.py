@@ -37,6 +37,7 @@ from hixl_native._core import (
     live_objects,
     set_link_threads,
     set_tcp_liveness,
+    spin_readable,
     status_name,
 )
 
@@ -73,5 +74,6 @@ __all__ = [
     "live_objects",
     "set_link_threads",
     "set_tcp_liveness",
+    "spin_readable",
     "status_name",
 ]

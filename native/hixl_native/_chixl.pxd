@@ -244,3 +244,7 @@ cdef extern from "ring.h" nogil:
                                 uint64_t deadline_ns, int stop_fd)
     int hixl_ring_arm(hixl_ring *r, size_t len)
     void hixl_ring_disarm(hixl_ring *r)
+
+
+cdef extern from "spin.h" nogil:
+    int hixl_spin_readable(int fd, uint64_t budget_ns)

@@ -225,3 +225,21 @@ cdef class Ring:
                 _os.eventfd_write(self._r.close_fd, 1)
             return
         self._release()
+
+
+def spin_readable(int fd, double budget_us):
+    """Busy-waits, the GIL released, up to ``budget_us`` for the stream socket
+    ``fd`` to have something to read (bytes, its end, an error), for a caller
+    that expects an answer sooner than sleeping and being woken would take.
+    Stops early once this thread lost its CPU (``csrc/spin.h``).
+
+    Returns:
+        Whether ``fd`` is readable.
+    """
+    if budget_us < 0:
+        raise ValueError("budget_us must not be negative")
+    cdef uint64_t budget_ns = <uint64_t>(budget_us * 1000.0)
+    cdef int rc
+    with nogil:
+        rc = hixl_spin_readable(fd, budget_ns)
+    return rc == 1

@@ -1,5 +1,6 @@
 #define _GNU_SOURCE
 #include "ring.h"
+#include "spin.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -15,16 +16,6 @@
 #define HDR 4u
 #define MIN_CAPACITY (4ull << 10)
 #define MAX_CAPACITY (1ull << 30)
-#define PREEMPTED_NS 20000ull
-
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-}
 
 static inline uint64_t align8(uint64_t n)
 {
@@ -313,15 +304,8 @@ static int wait_for(hixl_ring *r, ready_fn ready, size_t len, _Atomic uint32_t *
 {
     int rc;
     uint64_t last = hixl_now_ns(), spin_until = last + spin_ns;
-    while ((rc = ready(r, len)) == 0) {
-        /* A long gap between two looks: this thread lost its CPU to another,
-         * which spinning on would only delay further. Sleep instead. */
-        uint64_t now = hixl_now_ns();
-        if (now >= spin_until || now - last > PREEMPTED_NS)
-            break;
-        last = now;
-        cpu_relax();
-    }
+    while ((rc = ready(r, len)) == 0 && !hixl_spin_over(&last, spin_until))
+        hixl_cpu_relax();
     while (rc == 0) {
         atomic_store_explicit(asleep, 1, memory_order_relaxed);
         atomic_thread_fence(memory_order_seq_cst);
