@@ -10,6 +10,7 @@
 #ifndef HIXL_COMMON_H
 #define HIXL_COMMON_H
 
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -80,6 +81,21 @@ static inline uint64_t hixl_now_ns(void)
 static inline uint64_t hixl_deadline_after_ms(uint64_t ms)
 {
     return hixl_now_ns() + ms * 1000000ull;
+}
+
+/* poll's timeout for waiting until deadline_ns (0: none, -1), rounded up to a
+ * whole ms; HIXL_E_TIMEOUT once the deadline passed. */
+static inline int hixl_poll_timeout(uint64_t deadline_ns, int *timeout_ms)
+{
+    *timeout_ms = -1;
+    if (deadline_ns == 0)
+        return HIXL_OK;
+    uint64_t now = hixl_now_ns();
+    if (now >= deadline_ns)
+        return HIXL_E_TIMEOUT;
+    uint64_t ms = (deadline_ns - now + 999999) / 1000000;
+    *timeout_ms = ms > INT_MAX ? INT_MAX : (int)ms;
+    return HIXL_OK;
 }
 
 /*

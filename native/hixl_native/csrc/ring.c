@@ -3,7 +3,6 @@
 #include "spin.h"
 
 #include <errno.h>
-#include <limits.h>
 #include <poll.h>
 #include <fcntl.h>
 #include <string.h>
@@ -271,14 +270,9 @@ static int sleep_on(hixl_ring *r, uint64_t deadline_ns, int stop_fd)
     struct pollfd p[3] = {{.fd = r->wait_fd, .events = POLLIN},
                           {.fd = r->close_fd, .events = POLLIN},
                           {.fd = stop_fd, .events = POLLIN}};
-    int timeout = -1;
-    if (deadline_ns != 0) {
-        uint64_t now = hixl_now_ns();
-        if (now >= deadline_ns)
-            return HIXL_E_TIMEOUT;
-        uint64_t ms = (deadline_ns - now + 999999) / 1000000;
-        timeout = ms > INT_MAX ? INT_MAX : (int)ms;
-    }
+    int timeout;
+    if (hixl_poll_timeout(deadline_ns, &timeout) != HIXL_OK)
+        return HIXL_E_TIMEOUT;
     /* poll skips entries whose fd is negative */
     int rc = poll(p, 3, timeout);
     if (rc < 0)

@@ -22,22 +22,6 @@ static inline void hixl_cpu_relax(void)
     __builtin_ia32_pause();
 #elif defined(__aarch64__)
     __asm__ __volatile__("yield");
-/* Spins up to budget_ns until the stream socket fd has something to read
- * (bytes, an end, an error: what the next read reports): 1 it has, 0 not. */
-static inline int hixl_spin_readable(int fd, uint64_t budget_ns)
-{
-    uint64_t last = hixl_now_ns(), until = last + budget_ns;
-    char b;
-    for (;;) {
-        ssize_t k = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-        if (k >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
-            return 1;
-        if (hixl_spin_over(&last, until))
-            return 0;
-        hixl_cpu_relax();
-    }
-}
-
 #endif
 }
 

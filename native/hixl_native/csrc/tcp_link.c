@@ -468,12 +468,6 @@ static void send_direct(hixl_stream *s, hixl_piece *p, uint64_t deadline)
     p->early_rc = rc == HIXL_E_BUSY ? HIXL_OK : rc;
 }
 
-/*
- * The whole of a one-piece request on the submitting thread: send it, wait up
- * to `wait_ns` for the reply and receive it. Returns the request's status
- * when it ended here (the stream is released, nothing is posted) and PENDING
- * when a worker must carry on from where this thread stopped.
- */
 /* The spin before an inline reply: none while replies take longer than
  * INLINE_SPIN_NS, which would only burn the core. */
 static uint64_t reply_spin_ns(hixl_link *l)
@@ -491,6 +485,12 @@ static void reply_took(hixl_link *l, uint64_t ns)
                           memory_order_relaxed);
 }
 
+/*
+ * The whole of a one-piece request on the submitting thread: send it, wait up
+ * to `wait_ns` for the reply and receive it. Returns the request's status
+ * when it ended here (the stream is released, nothing is posted) and PENDING
+ * when a worker must carry on from where this thread stopped.
+ */
 static int run_inline(hixl_stream *s, hixl_piece *p, uint64_t wait_ns)
 {
     hixl_request *r = p->req;

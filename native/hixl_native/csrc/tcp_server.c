@@ -541,8 +541,8 @@ static void conn_ready(hixl_conn *c)
     }
     int more;
     do {
-        if (c->answered_ns != 0)
-            c->gap_ns = hixl_now_ns() - c->answered_ns;
+        /* No request before this one: not a stream (yet), nothing to spin for. */
+        c->gap_ns = c->answered_ns != 0 ? hixl_now_ns() - c->answered_ns : UINT64_MAX;
         if (serve_request(c) != HIXL_OK) {
             close_conn(c);
             return;

@@ -3,7 +3,6 @@
 
 #include <endian.h>
 #include <errno.h>
-#include <limits.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -247,14 +246,9 @@ int hixl_wait_fd(int fd, short events, int stop_fd, uint64_t deadline_ns)
     struct pollfd p[2] = {{.fd = fd, .events = events}, {.fd = stop_fd, .events = POLLIN}};
     nfds_t n = stop_fd >= 0 ? 2 : 1;
     for (;;) {
-        int timeout = -1;
-        if (deadline_ns != 0) {
-            uint64_t now = hixl_now_ns();
-            if (now >= deadline_ns)
-                return HIXL_E_TIMEOUT;
-            uint64_t ms = (deadline_ns - now + 999999) / 1000000;
-            timeout = ms > INT_MAX ? INT_MAX : (int)ms;
-        }
+        int timeout;
+        if (hixl_poll_timeout(deadline_ns, &timeout) != HIXL_OK)
+            return HIXL_E_TIMEOUT;
         int rc = poll(p, n, timeout);
         if (rc < 0 && errno == EINTR)
             continue;
