@@ -20,7 +20,6 @@ import asyncio
 import os
 import socket
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -141,16 +140,7 @@ class ThreadLane(LaneEnd):
                 raise call.failure or LLMException(f"{self._what}: the call was not sent",
                                                    status_code=LLMStatusCode.LLM_FAILED)
             self._calls.sent(call_id, call.timeout_s)
-            future = call.posted.future
-            if future.done():
-                kind, body = future.result()
-            else:
-                started = time.perf_counter()
-                self._spin.spin(self._fd)  # the loop then reads the reply without sleeping
-                try:
-                    kind, body = await future
-                finally:
-                    self._spin.took((time.perf_counter() - started) * 1e6)
+            kind, body = await self._spin.reply(call.posted.future, self._fd)
         finally:
             self._calls.forget(call_id)
         return reply_of(kind, body, call.read_reply, self._what)

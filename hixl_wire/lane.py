@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import struct
-import time
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, cast
@@ -207,14 +206,12 @@ def error_from_call(error: common_pb2.CallError, what: str) -> LLMException:
 
 
 class ReplySpin(Protocol):
-    """A calling end's first wait for a reply: it looks at the connection's
-    socket for a while before it sleeps (the client's: ``hixl_client._spin``)."""
+    """A calling end's wait for a reply that looks at the connection's socket
+    for a while before it sleeps (the client's: ``hixl_client._spin``)."""
 
-    def spin(self, fd: int) -> None:
-        """Look at ``fd`` until it is readable or this spin's budget is spent."""
-
-    def took(self, reply_us: float) -> None:
-        """A reply came ``reply_us`` after its call was sent."""
+    async def reply(self, future: asyncio.Future[tuple[int, bytes]],
+                    fd: int) -> tuple[int, bytes]:
+        """The future's result, looking at ``fd`` first."""
 
 
 class Posted(NamedTuple):
@@ -494,15 +491,7 @@ class Lane(LaneEnd, asyncio.Protocol):
         call_id, future = posted
         try:
             spin = self._spin
-            if spin is None or future.done():
-                return await future
-            # The loop finds the reply at its next look instead of sleeping for it.
-            started = time.perf_counter()
-            spin.spin(self._fd)
-            try:
-                return await future
-            finally:
-                spin.took((time.perf_counter() - started) * 1e6)
+            return await (future if spin is None else spin.reply(future, self._fd))
         finally:
             if self._calls.forget(call_id) and self._transport is not None:
                 # Cancelled or expired before the answer: stop the far handler too.

@@ -3,7 +3,11 @@ it sleeps, following how quickly replies came lately."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
+import threading
+
+import pytest
 
 from hixl_client._spin import REPLY_SPIN_US, ReplySpin
 
@@ -32,13 +36,25 @@ def test_slow_replies_stop_the_spin_and_quick_ones_bring_it_back() -> None:
     assert 0.0 < spin.budget_us() <= 100.0
 
 
-def test_spin_returns_when_the_socket_has_bytes_and_at_its_budget() -> None:
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_reply_is_read_after_the_spin_and_its_time_recorded() -> None:
     a, b = socket.socketpair()
     with a, b:
-        spin = ReplySpin(1_000_000.0)  # a second at most: never reached below
-        b.send(b"r")
-        spin.spin(a.fileno())
-        assert a.recv(1) == b"r"
-        quiet = ReplySpin(50.0)
-        quiet.spin(a.fileno())  # nothing to read: back after its budget
-        assert quiet.budget_us() == 50.0
+        a.setblocking(False)
+        loop = asyncio.get_running_loop()
+        spin = ReplySpin(1_000_000.0)
+        done = loop.create_future()
+        done.set_result(b"early")
+        assert await spin.reply(done, a.fileno()) == b"early"
+        assert spin.budget_us() == 1_000_000.0  # answered before any wait: nothing learnt
+        reply = loop.create_future()
+        loop.add_reader(a.fileno(), lambda: reply.done() or reply.set_result(a.recv(1)))
+        try:
+            sender = threading.Timer(0.001, b.send, (b"r",))
+            sender.start()
+            assert await spin.reply(reply, a.fileno()) == b"r"
+            sender.join()
+        finally:
+            loop.remove_reader(a.fileno())
+        # the reply's time is what the next spin follows: twice it, below the bound
+        assert 0.0 < spin.budget_us() < 1_000_000.0
