@@ -9,6 +9,7 @@ garbage straight into the shared pages.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import mmap
 import os
@@ -211,9 +212,19 @@ def test_a_far_consumer_process_reads_what_this_one_writes() -> None:
         producer.close()
 
 
-def shared(far_memfd: int) -> mmap.mmap:
-    """The ring's pages as the far process sees them."""
-    return mmap.mmap(far_memfd, DATA_AT + CAPACITY)
+@contextlib.contextmanager
+def hostile(producer: bool) -> Iterator[tuple[Ring, mmap.mmap]]:
+    """This process's side of a fresh ring, and its pages as a hostile far
+    process sees them (it writes there what it likes)."""
+    ring, far = Ring.create(CAPACITY, producer)
+    pages = mmap.mmap(far[0], DATA_AT + CAPACITY)
+    try:
+        yield ring, pages
+    finally:
+        pages.close()
+        for fd in far:
+            os.close(fd)
+        ring.close()
 
 
 @pytest.mark.parametrize("garbage", [
@@ -224,36 +235,22 @@ def shared(far_memfd: int) -> mmap.mmap:
     {TAIL_AT: struct.pack("<Q", 16), DATA_AT: struct.pack("<I", 0xFFFFFFFF)},  # a pad too soon
 ])
 def test_a_corrupt_ring_is_refused_not_followed(garbage: dict[int, bytes]) -> None:
-    consumer, far = Ring.create(CAPACITY, False)
-    pages = shared(far[0])
-    try:
+    with hostile(producer=False) as (consumer, pages):
         for at, value in garbage.items():
             pages[at:at + len(value)] = value
         for _ in range(2):  # and stays refused: nothing was taken from it
             with pytest.raises(native.NativeError) as caught:
                 consumer.read()
             assert caught.value.code == native.E_PROTO
-    finally:
-        pages.close()
-        for fd in far:
-            os.close(fd)
-        consumer.close()
 
 
 def test_a_producer_refuses_a_head_the_consumer_could_not_have_written() -> None:
-    producer, far = Ring.create(CAPACITY, True)
-    pages = shared(far[0])
-    try:
+    with hostile(producer=True) as (producer, pages):
         assert producer.write(b"one")
         pages[HEAD_AT:HEAD_AT + 8] = struct.pack("<Q", 1 << 40)  # past the tail
         with pytest.raises(native.NativeError) as caught:
             producer.write(b"two")
         assert caught.value.code == native.E_PROTO
-    finally:
-        pages.close()
-        for fd in far:
-            os.close(fd)
-        producer.close()
 
 
 def test_memory_that_could_shrink_is_not_mapped() -> None:
@@ -278,20 +275,13 @@ def test_close_gives_every_descriptor_back() -> None:
 
 
 def test_a_waiting_side_sees_a_corrupt_position() -> None:
-    consumer, far = Ring.create(CAPACITY, False)
-    pages = shared(far[0])
-    try:
+    with hostile(producer=False) as (consumer, pages):
         pages[TAIL_AT:TAIL_AT + 8] = struct.pack("<Q", CAPACITY + 8)
         with pytest.raises(native.NativeError) as caught:
             consumer.wait(10.0, spin_us=10)
         assert caught.value.code == native.E_PROTO
         with pytest.raises(native.NativeError):
             consumer.arm()
-    finally:
-        pages.close()
-        for fd in far:
-            os.close(fd)
-        consumer.close()
 
 
 def test_closing_from_another_thread_ends_a_wait_then_unmaps(pair: tuple[Ring, Ring]) -> None:

@@ -28,9 +28,10 @@ would open TCP streams.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,16 +40,16 @@ import numpy as np
 import pytest
 
 from hixl_service import outbound as outbound_module
-from hixl_service.caches import Caches, NewCache
+from hixl_service.caches import NewCache
 from hixl_service.cluster import Cluster, ClusterSettings
 from hixl_service.completions import CompletionDispatcher
 from hixl_service.copier import Copier
-from hixl_service.inbound import DaemonFacts, InboundLinks, LeaseSettings
+from hixl_service.engine import Engine, EngineDeps
+from hixl_service.inbound import InboundLinks, LeaseSettings
+from hixl_service.load import TransferLoad
 from hixl_service.memory.base import Memory, PoolSpec
 from hixl_service.memory.host import HostBackend
-from hixl_service.memory.process import ProcessBackend
 from hixl_service.native_errors import link_error
-from hixl_service.outbound import OutboundLinks
 from hixl_service.peer_api import (
     PROTOCOL_VERSION,
     CacheRefSpec,
@@ -65,7 +66,6 @@ from hixl_service.peer_client import (
 )
 from hixl_service.planning import Ranges
 from hixl_service.pools import PoolManager
-from hixl_service.regions import Regions
 from hixl_service.registry import CacheEntry, KeySpec
 from hixl_service.rpc_errors import handler_error
 from hixl_service.transports import factory
@@ -478,6 +478,8 @@ class FakePeer:
 
 
 _daemon_numbers = itertools.count(1)
+# The cluster ids the unit tests give the linking (near) and the owning (far) side.
+NEAR, FAR = 1, 2
 
 
 @dataclass
@@ -499,8 +501,9 @@ class InMemoryDaemon:
     """One daemon's real service parts around a ``FakeDataServer``: pools of host
     memory, regions, caches, clusters, inbound links (``inbound``) and outbound
     links (``outbound``, reaching other daemons of ``network`` through
-    FakePeers), and the copier a local link copies with. It is the
-    ``far_caches.Daemon`` a local link's ``DaemonCaches`` reads, as the engine is.
+    FakePeers), and the copier a local link copies with: a real ``Engine``
+    composes them, and is the ``far_caches.Daemon`` a local link's
+    ``DaemonCaches`` reads.
     """
 
     def __init__(self, network: Network, lease_s: float = 10.0,
@@ -511,32 +514,21 @@ class InMemoryDaemon:
         self.network = network
         network.daemons[self.address] = self
         self.data_server = FakeDataServer()
-        self.regions = Regions(self.data_server)  # type: ignore[arg-type]
-        self.pools = PoolManager(HostBackend(64 << 20, populate=False))
-        self.clusters: dict[int, Cluster] = {}
-        self.caches = Caches(self.clusters, self.regions, self.pools, ProcessBackend())
         self.dispatcher = CompletionDispatcher(asyncio.get_running_loop())
         self.copier = Copier(1, self.dispatcher)
-        self.kit = factory.TransportKit(self.copier, self.dispatcher)
-        facts = DaemonFacts(self.daemon_id, "test", "127.0.0.1", "host")
-        self.inbound = InboundLinks(facts, self.clusters, self.data_server,  # type: ignore[arg-type]
-                                    self.regions, self.caches, self.kit,
-                                    trust if trust is not None else insecure_trust(),
-                                    leases=LeaseSettings(lease_s=lease_s))
-        self.outbound = OutboundLinks(self.daemon_id, "host", self, self.kit, network.peer,
-                                      link_timeout_s)
+        # The daemon's own composition of its parts, around the doubles.
+        self.engine = engine = Engine(EngineDeps(
+            daemon_id=self.daemon_id, version="test",
+            pools=PoolManager(HostBackend(64 << 20, populate=False)),
+            data_server=self.data_server,  # type: ignore[arg-type]
+            data_host="127.0.0.1", peer_factory=network.peer,
+            kit=factory.TransportKit(self.copier, self.dispatcher),
+            connect_timeout_s=link_timeout_s,
+            trust=trust if trust is not None else insecure_trust(),
+            leases=LeaseSettings(lease_s=lease_s)))
+        self.pools, self.regions, self.clusters = engine.pools, engine.regions, engine.clusters
+        self.caches, self.inbound, self.outbound = engine.caches, engine.inbound, engine.outbound
         self._closed = False
-
-    # far_caches.Daemon, as the engine provides it
-    def has_inbound(self, token: int) -> bool:
-        return self.inbound.has_inbound(token)
-
-    def drop_inbound(self, token: int) -> None:
-        self.inbound.drop_inbound(token)
-
-    async def record_pull(self, source: Cluster, key: KeySpec,
-                          tensor_indices: list[int]) -> None:
-        await self.caches.record_pull(source, key, tensor_indices)
 
     async def cluster(self, cluster_id: int, sync_timeout_ms: int = 1000,
                       remote_accessible: bool = False, link_attempts: int = 1) -> Cluster:
@@ -579,6 +571,38 @@ class InMemoryDaemon:
         self.copier.close()
         self.dispatcher.close()
         self.network.daemons.pop(self.address, None)
+
+
+Pair = tuple["InMemoryDaemon", "InMemoryDaemon"]
+
+
+async def linked(pair: Pair, sync_timeout_ms: int = 1000, remote_accessible: bool = False
+                 ) -> tuple[Cluster, Cluster, Any]:
+    """Cluster NEAR of the pair's first daemon linked to cluster FAR of its second
+    (``pair[1]`` may be ``pair[0]``: a local link): puller, owner and the link."""
+    near, far = pair
+    owner = await far.cluster(FAR, remote_accessible=remote_accessible)
+    puller = await near.cluster(NEAR, sync_timeout_ms)
+    link = await near.link(puller, far, FAR)
+    return puller, owner, link
+
+
+@contextlib.asynccontextmanager
+async def running_copier(threads: int = 2, busy: bool = False
+                         ) -> AsyncIterator[tuple[Copier, TransferLoad, CompletionDispatcher]]:
+    """A real copier over a real dispatcher, closed on exit; ``busy``: another
+    transfer is under way, so nothing is copied on the loop's thread."""
+    load = TransferLoad()
+    dispatcher = CompletionDispatcher(asyncio.get_running_loop(), load)
+    copier = Copier(threads, dispatcher)
+    if busy:
+        load.begin()
+        load.begin()
+    try:
+        yield copier, load, dispatcher
+    finally:
+        copier.close()
+        dispatcher.close()
 
 
 # -- bytes of caches -----------------------------------------------------------------

@@ -10,25 +10,22 @@ test_memory_kinds.py."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-from collections.abc import AsyncIterator
 
 import hixl_native
 import numpy as np
 import pytest
 
-from hixl_service.completions import CompletionDispatcher
 from hixl_service.copier import (
     HELPED_COPY_BYTES,
     INLINE_COPY_BYTES,
     LOOP_COPY_MAX_BYTES,
-    Copier,
     triples_of,
 )
-from hixl_service.load import TransferLoad
 from hixl_service.memory.host import HostMemory
 from hixl_wire.types import Placement
+
+from .fakes import running_copier
 
 KIB, MIB = 1 << 10, 1 << 20
 
@@ -57,22 +54,6 @@ def _ranges(*rows: tuple[int, int, int]) -> np.ndarray:
     return np.array(rows, dtype=np.uint64)
 
 
-@contextlib.asynccontextmanager
-async def _copier(busy: bool = False, threads: int = 2) -> AsyncIterator[Copier]:
-    """A copier over a real dispatcher; ``busy``: another transfer is under way,
-    so nothing is copied on the loop's thread."""
-    load = TransferLoad()
-    dispatcher = CompletionDispatcher(asyncio.get_running_loop(), load)
-    copier = Copier(threads, dispatcher)
-    if busy:
-        load.begin()
-        load.begin()
-    try:
-        yield copier
-    finally:
-        copier.close()
-        dispatcher.close()
-
 
 def test_triples_are_the_native_calls_dst_src_length_rows() -> None:
     triples = triples_of(_ranges((1, 2, 3), (4, 5, 6)))
@@ -98,7 +79,7 @@ async def test_bytes_land_where_the_ranges_say_whichever_way(way: str) -> None:
     src, dst = _filled(size, count), _host(size)
     # Source blocks in order, landing reversed and shifted by one block.
     rows = [(i * block, (count - i) * block, block) for i in range(count)]
-    async with _copier(busy) as copier:
+    async with running_copier(busy=busy) as (copier, _, _):
         await copier.copy(dst, src, _ranges(*rows))
     landed, sent = _bytes(dst), _bytes(src)
     for s, d, length in rows:
@@ -111,7 +92,7 @@ async def test_bytes_land_where_the_ranges_say_whichever_way(way: str) -> None:
 async def test_copy_now_copies_here_with_shifts_only_when_alone_and_small() -> None:
     src, dst = _filled(64 * KIB, 1), _host(64 * KIB)
     triples = triples_of(_ranges((0, 0, 4 * KIB)))
-    async with _copier() as copier:
+    async with running_copier() as (copier, _, _):
         # A repeat moves between other slots by shifting the same triples.
         assert copier.copy_now(dst, src, triples, 4 * KIB, dst_shift=8 * KIB, src_shift=4 * KIB)
         assert np.array_equal(_bytes(dst)[8 * KIB:12 * KIB], _bytes(src)[4 * KIB:8 * KIB])
@@ -119,7 +100,7 @@ async def test_copy_now_copies_here_with_shifts_only_when_alone_and_small() -> N
         # Within one memory only a copy up to INLINE_COPY_BYTES runs here.
         assert not copier.copy_now(dst, dst, triples, INLINE_COPY_BYTES + 1)
         assert not copier.copy_now(dst, src, triples, LOOP_COPY_MAX_BYTES + 1)
-    async with _copier(busy=True) as copier:
+    async with running_copier(busy=True) as (copier, _, _):
         before = _bytes(dst).copy()
         assert not copier.copy_now(dst, src, triples, 4 * KIB)  # nothing copied: copy() it
         assert np.array_equal(_bytes(dst), before)
@@ -135,7 +116,7 @@ async def test_a_range_outside_either_memory_is_refused_before_a_byte_moves(
     src, dst = _filled(size, 2), _host(size)
     bad = {"dst": (0, size - length + 1, length), "src": (size - length + 1, 0, length),
            "huge": (0, 2**63, length)}[outside]
-    async with _copier(busy=way == "posted") as copier:
+    async with running_copier(busy=way == "posted") as (copier, _, _):
         with pytest.raises(ValueError, match="outside"):
             await copier.copy(dst, src, _ranges((0, 0, length), bad))
     assert not _bytes(dst).any()
@@ -147,7 +128,7 @@ async def test_a_copy_its_caller_stops_waiting_for_still_lands_whole_and_unpins(
     # A native copy cannot be interrupted: the memories stay pinned until it ends.
     size = 8 * MIB
     src, dst = _filled(size, 3), _host(size)
-    async with _copier(busy=True) as copier:
+    async with running_copier(busy=True) as (copier, _, _):
         copy = asyncio.ensure_future(copier.copy(dst, src, _ranges((0, 0, size))))
         # One pass of the loop: the copy's first step posts it, then this resumes;
         # its completion comes through an fd the loop has not read yet.

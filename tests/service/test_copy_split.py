@@ -5,24 +5,21 @@ exactly the request's bytes, and ranges within one memory in order."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-from collections.abc import AsyncIterator
 
 import hixl_native
 import numpy as np
 import pytest
 
 from hixl_client.status import LLMException, LLMStatusCode
-from hixl_service.completions import CompletionDispatcher
 from hixl_service.copier import (
     HELPED_COPY_BYTES,
     INLINE_COPY_BYTES,
     LOOP_COPY_MAX_BYTES,
-    Copier,
     split_triples,
 )
-from hixl_service.load import TransferLoad
+
+from .fakes import running_copier
 
 KIB = 1024
 
@@ -79,23 +76,6 @@ class _HostMemory:
         return np.frombuffer(memoryview(self.native), dtype=np.uint8)
 
 
-@contextlib.asynccontextmanager
-async def _copier(threads: int, busy: bool = False) -> AsyncIterator[tuple[Copier, TransferLoad,
-                                                                           CompletionDispatcher]]:
-    """A copier over a real dispatcher, closed on exit; ``busy``: another transfer is
-    under way, so nothing is copied on the loop's thread."""
-    load = TransferLoad()
-    dispatcher = CompletionDispatcher(asyncio.get_running_loop(), load)
-    copier = Copier(threads, dispatcher)
-    if busy:
-        load.begin()
-        load.begin()
-    try:
-        yield copier, load, dispatcher
-    finally:
-        copier.close()
-        dispatcher.close()
-
 
 @pytest.mark.asyncio
 @pytest.mark.parametrize("busy", [False, True], ids=["alone", "under-load"])
@@ -113,7 +93,7 @@ async def test_every_size_class_copies_exactly(block: int, count: int, threads: 
     # (src offset, dst offset, length) ranges, as the planner hands them over.
     ranges = np.stack([np.arange(count) * 2 * block, order * block + 4096,
                        np.full(count, block)], axis=1).astype(np.uint64)
-    async with _copier(threads, busy) as (copier, _, _):
+    async with running_copier(threads, busy) as (copier, _, _):
         await copier.copy(dst, src, ranges)  # type: ignore[arg-type]
     for s, d, length in ranges.tolist():
         assert np.array_equal(dst.array()[d:d + length], src.array()[s:s + length])
@@ -128,7 +108,7 @@ async def test_under_load_a_small_copy_leaves_the_loop_free() -> None:
     src, dst = _HostMemory(size), _HostMemory(size)
     src.array()[:] = 7
     ranges = np.array([[0, 0, INLINE_COPY_BYTES]], dtype=np.uint64)
-    async with _copier(1) as (copier, load, dispatcher):
+    async with running_copier(1) as (copier, load, dispatcher):
         for busy in (False, True):
             dst.array()[:] = 0
             load.running = 2 if busy else 1
@@ -157,7 +137,7 @@ async def test_overlapping_ranges_in_one_memory_copy_in_order(blocks: int, busy:
     expected = original.copy()
     for s, d, length in ranges.tolist():  # in order, each like memmove
         expected[d:d + length] = expected[s:s + length].copy()
-    async with _copier(2, busy) as (copier, _, _):
+    async with running_copier(2, busy) as (copier, _, _):
         await copier.copy(memory, memory, ranges)  # type: ignore[arg-type]
     assert np.array_equal(memory.array(), expected)
 
@@ -167,7 +147,7 @@ async def test_overlapping_ranges_in_one_memory_copy_in_order(blocks: int, busy:
 async def test_a_copy_after_close_fails_as_the_daemon_stopping(busy: bool) -> None:
     # Alone, 512 KiB is a helped copy; under load it is posted to the threads.
     src, dst = _HostMemory(2**20), _HostMemory(2**20)
-    async with _copier(2, busy) as (copier, _, _):
+    async with running_copier(2, busy) as (copier, _, _):
         copier.close()
         with pytest.raises(LLMException) as stopped:
             await copier.copy(dst, src, np.array([[0, 0, HELPED_COPY_BYTES * 2]],  # type: ignore[arg-type]

@@ -18,11 +18,10 @@ from hixl_service.peer_client import PEER_CALLS
 from hixl_service.registry import KeySpec
 from hixl_wire.status import LLMException, LLMStatusCode
 
-from .fakes import FakePeer, InMemoryDaemon, Network
+from .fakes import FAR, NEAR, FakePeer, InMemoryDaemon, Network
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
-NEAR, FAR = 1, 2
 
 
 @pytest_asyncio.fixture
@@ -131,7 +130,7 @@ async def _local(far: InMemoryDaemon) -> tuple[DaemonCaches, int]:
     await far.cluster(NEAR)
     token = far.inbound.accept_link(PROTOCOL_VERSION, far.daemon_id, NEAR, FAR,
                                     peer_calls=PEER_CALLS).token
-    return DaemonCaches(far, FAR, token), token
+    return DaemonCaches(far.engine, FAR, token), token
 
 
 async def test_a_local_far_cache_is_the_owners_entry_while_it_lives(far: InMemoryDaemon) -> None:

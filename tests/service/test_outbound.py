@@ -17,11 +17,10 @@ from hixl_service.link_health import LinkState
 from hixl_service.transports.base import Transport
 from hixl_wire.status import LLMException, LLMStatusCode
 
-from .fakes import FakePeer, InMemoryDaemon, MemoryTransport, Network, use_memory_wire
+from .fakes import FAR, NEAR, FakePeer, InMemoryDaemon, MemoryTransport, Network, use_memory_wire
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
-NEAR, FAR = 1, 2
 
 
 @pytest_asyncio.fixture
@@ -141,7 +140,7 @@ async def test_a_transport_that_cannot_open_unlinks_on_the_far_daemon(network: N
     def cannot_open(transport: Transport) -> Transport:
         raise LLMException("no data plane (test)", status_code=LLMStatusCode.LLM_LINK_FAILED)
 
-    near.kit.wrap = cannot_open
+    near.engine.kit.wrap = cannot_open
     with pytest.raises(LLMException) as failed:
         await near.link(cluster, far, FAR)
     assert failed.value.status_code == LLMStatusCode.LLM_LINK_FAILED

@@ -6,10 +6,8 @@ with its result or its error (in-memory wire and far daemon: tests/service/fakes
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import pytest
-import pytest_asyncio
 
 from hixl_service import prepared
 from hixl_service.cluster import Cluster
@@ -20,24 +18,19 @@ from hixl_service.transfers import Outcome, PullSpec, PushSpec, pull, push
 from hixl_wire._proto.hixl.v1.client_pb2 import CHECKSUM_DEFAULT
 from hixl_wire.status import LLMException, LLMStatusCode
 
-from .fakes import BATCH, InMemoryDaemon, MemoryTransport, Network, fill, same_slot, use_memory_wire
+from .fakes import (
+    BATCH,
+    FAR,
+    InMemoryDaemon,
+    MemoryTransport,
+    Pair,
+    fill,
+    linked,
+    same_slot,
+)
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
-NEAR, FAR = 1, 2
-Pair = tuple[InMemoryDaemon, InMemoryDaemon]
-
-
-@pytest_asyncio.fixture
-async def pair(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Pair]:
-    use_memory_wire(monkeypatch)
-    network = Network()
-    near, far = InMemoryDaemon(network), InMemoryDaemon(network)
-    try:
-        yield near, far
-    finally:
-        await near.close()
-        await far.close()
 
 
 def pull_spec(src_cache_id: int, src_slot: int, dst_cache_id: int, dst_slot: int) -> PullSpec:
@@ -66,9 +59,7 @@ class Shaped:
 
 async def _shaped(pair: Pair) -> Shaped:
     near, far = pair
-    owner = await far.cluster(FAR)
-    puller = await near.cluster(NEAR)
-    await near.link(puller, far, FAR)
+    puller, owner, _ = await linked(pair)
     src, dst = far.cache(owner), near.cache(puller)
     fill(src, seed=11)
     spec = pull_spec(src.cache_id, 0, dst.cache_id, 0)
@@ -239,9 +230,7 @@ async def test_repeat_at_once_declines_unknown_handles_and_counts_answers(pair) 
 
 async def test_a_push_repeats_into_other_far_slots(pair) -> None:
     near, far = pair
-    owner = await far.cluster(FAR, remote_accessible=True)
-    pusher = await near.cluster(NEAR)
-    await near.link(pusher, far, FAR)
+    pusher, owner, _ = await linked(pair, remote_accessible=True)
     target, src = far.cache(owner), near.cache(pusher)
     fill(src, seed=12)
     spec = PushSpec(dst=IdRef(FAR, target.cache_id, 0), src_cache_id=src.cache_id,
@@ -256,9 +245,7 @@ async def test_a_push_repeats_into_other_far_slots(pair) -> None:
 
 async def test_a_local_link_repeats_as_a_copy(pair) -> None:
     near, _ = pair
-    owner = await near.cluster(FAR)
-    puller = await near.cluster(NEAR)
-    await near.link(puller, near, FAR)
+    puller, owner, _ = await linked((near, near))
     src, dst = near.cache(owner), near.cache(puller)
     fill(src, seed=13)
     spec = pull_spec(src.cache_id, 0, dst.cache_id, 0)

@@ -6,10 +6,8 @@ mid-transfer is fenced (in-memory wire and far daemon: tests/service/fakes.py)."
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import pytest
-import pytest_asyncio
 
 from hixl_service.peer_api import BlocksRef, IdRef, KeyRef
 from hixl_service.registry import KeySpec
@@ -17,24 +15,18 @@ from hixl_service.transfers import PullSpec, PushSpec, pull, push
 from hixl_service.transports.fault import FaultRule, FaultTransport
 from hixl_wire.status import LLMException, LLMStatusCode
 
-from .fakes import BATCH, InMemoryDaemon, MemoryTransport, Network, fill, same_slot, use_memory_wire
+from .fakes import (
+    BATCH,
+    FAR,
+    NEAR,
+    MemoryTransport,
+    fill,
+    linked,
+    same_slot,
+)
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
-NEAR, FAR = 1, 2
-
-
-@pytest_asyncio.fixture
-async def pair(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[InMemoryDaemon,
-                                                                       InMemoryDaemon]]:
-    use_memory_wire(monkeypatch)
-    network = Network()
-    near, far = InMemoryDaemon(network), InMemoryDaemon(network)
-    try:
-        yield near, far
-    finally:
-        await near.close()
-        await far.close()
 
 
 def pull_spec(src: IdRef | KeyRef | BlocksRef, dst_cache_id: int, dst_slot: int = 0,
@@ -49,18 +41,9 @@ def push_spec(dst: IdRef, src_cache_id: int, src_slot: int) -> PushSpec:
                     src_tensor_indices=[], dst_tensor_indices=[], tensor_num_per_layer=2)
 
 
-async def _linked(pair: tuple[InMemoryDaemon, InMemoryDaemon], sync_timeout_ms: int = 1000,
-                  remote_accessible: bool = False):  # type: ignore[no-untyped-def]
-    near, far = pair
-    owner = await far.cluster(FAR, remote_accessible=remote_accessible)
-    puller = await near.cluster(NEAR, sync_timeout_ms)
-    link = await near.link(puller, far, FAR)
-    return puller, owner, link
-
-
 async def test_a_pull_by_id_lands_the_slot_and_remembers_the_far_cache(pair) -> None:
     near, far = pair
-    puller, owner, link = await _linked(pair)
+    puller, owner, link = await linked(pair)
     src, dst = far.cache(owner), near.cache(puller)
     fill(src, seed=1)
     outcome = await pull(puller, pull_spec(IdRef(FAR, src.cache_id, 3), dst.cache_id, 1))
@@ -76,7 +59,7 @@ async def test_a_pull_by_id_lands_the_slot_and_remembers_the_far_cache(pair) -> 
 
 async def test_a_push_lands_in_a_remote_accessible_cache_only(pair) -> None:
     near, far = pair
-    pusher, owner, _link = await _linked(pair, remote_accessible=True)
+    pusher, owner, _link = await linked(pair, remote_accessible=True)
     target, src = far.cache(owner), near.cache(pusher)
     fill(src, seed=2)
     outcome = await push(pusher, push_spec(IdRef(FAR, target.cache_id, 2), src.cache_id, 1))
@@ -103,7 +86,7 @@ async def test_a_push_lands_in_a_remote_accessible_cache_only(pair) -> None:
 async def test_invalid_pulls_fail_with_llm_datadists_codes_and_move_nothing(
         pair, case: str, status: LLMStatusCode) -> None:
     near, far = pair
-    puller, owner, link = await _linked(pair)
+    puller, owner, link = await linked(pair)
     src, dst = far.cache(owner), near.cache(puller)
     blocks = near.cache(puller, blocks=True, blocks_model_id=9)
     spec = {
@@ -122,7 +105,7 @@ async def test_invalid_pulls_fail_with_llm_datadists_codes_and_move_nothing(
 
 async def test_a_far_cache_freed_and_replaced_is_resolved_afresh_after_the_refusal(pair) -> None:
     near, far = pair
-    puller, owner, _link = await _linked(pair)
+    puller, owner, _link = await linked(pair)
     old, dst = far.cache(owner), near.cache(puller)
     await pull(puller, pull_spec(IdRef(FAR, old.cache_id, 0), dst.cache_id))
     # The owner frees the cache; the puller still remembers its region.
@@ -141,7 +124,7 @@ async def test_a_far_cache_freed_and_replaced_is_resolved_afresh_after_the_refus
 
 async def test_a_stale_remembered_region_is_found_afresh_and_pulled_once_more(pair) -> None:
     near, far = pair
-    puller, owner, link = await _linked(pair)
+    puller, owner, link = await linked(pair)
     src, dst = far.cache(owner), near.cache(puller)
     fill(src, seed=4)
     await pull(puller, pull_spec(IdRef(FAR, src.cache_id, 0), dst.cache_id))
@@ -160,7 +143,7 @@ async def test_a_stale_remembered_region_is_found_afresh_and_pulled_once_more(pa
 
 async def test_a_pull_by_key_tells_the_owner_which_frees_the_slots_cache(pair) -> None:
     near, far = pair
-    puller, owner, _link = await _linked(pair)
+    puller, owner, _link = await linked(pair)
     key = KeySpec(req_id=5, model_id=0)
     src, dst = far.cache(owner, keys=[key]), near.cache(puller)
     fill(src, seed=5)
@@ -178,7 +161,7 @@ async def test_a_pull_by_key_tells_the_owner_which_frees_the_slots_cache(pair) -
 
 async def test_a_release_the_owner_cannot_take_does_not_fail_a_landed_pull(pair) -> None:
     near, far = pair
-    puller, owner, _link = await _linked(pair)
+    puller, owner, _link = await linked(pair)
     key = KeySpec(req_id=6, model_id=0)
     src, dst = far.cache(owner, keys=[key]), near.cache(puller)
     fill(src, seed=6)
@@ -190,7 +173,7 @@ async def test_a_release_the_owner_cannot_take_does_not_fail_a_landed_pull(pair)
 
 async def test_a_pull_of_blocks_lands_the_named_blocks(pair) -> None:
     near, far = pair
-    puller, owner, _link = await _linked(pair)
+    puller, owner, _link = await linked(pair)
     src = far.cache(owner, blocks=True, blocks_model_id=4)
     dst = near.cache(puller, blocks=True, blocks_model_id=4)
     fill(src, seed=7)
@@ -205,7 +188,7 @@ async def test_a_pull_of_blocks_lands_the_named_blocks(pair) -> None:
 
 async def test_a_silent_peer_ends_the_pull_at_sync_kv_timeout(pair) -> None:
     near, far = pair
-    puller, owner, _link = await _linked(pair, sync_timeout_ms=30)
+    puller, owner, _link = await linked(pair, sync_timeout_ms=30)
     src, dst = far.cache(owner), near.cache(puller)
     near.network.peer(far.address).silent.add("resolve")
     with pytest.raises(LLMException) as late:
@@ -216,7 +199,7 @@ async def test_a_silent_peer_ends_the_pull_at_sync_kv_timeout(pair) -> None:
 
 async def test_a_request_not_answered_ends_with_the_transfers_deadline(pair) -> None:
     near, far = pair
-    puller, owner, link = await _linked(pair, sync_timeout_ms=40)
+    puller, owner, link = await linked(pair, sync_timeout_ms=40)
     src, dst = far.cache(owner), near.cache(puller)
     assert isinstance(link.transport, MemoryTransport)
     link.transport.hold()
@@ -237,7 +220,7 @@ async def test_a_request_not_answered_ends_with_the_transfers_deadline(pair) -> 
 async def test_failures_of_the_link_or_the_peer_reach_the_caller_with_their_status(
         pair, fault: str, status: LLMStatusCode) -> None:
     near, far = pair
-    puller, owner, link = await _linked(pair)
+    puller, owner, link = await linked(pair)
     src, dst = far.cache(owner), near.cache(puller)
     fill(src, seed=8)
     faulty = link.transport = FaultTransport(link.transport)
@@ -260,7 +243,7 @@ async def test_failures_of_the_link_or_the_peer_reach_the_caller_with_their_stat
 
 async def test_a_destination_freed_while_its_bytes_move_is_fenced(pair) -> None:
     near, far = pair
-    puller, owner, link = await _linked(pair)
+    puller, owner, link = await linked(pair)
     src, dst = far.cache(owner), near.cache(puller)
     pool = dst.memory
     assert isinstance(link.transport, MemoryTransport)
