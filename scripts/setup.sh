@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create .venv (if needed) and install hixl with its test and docs extras,
+# Create .venv (if needed) and install hixl with its test, docs and release extras,
 # building the native extension, then hixl-bench (bench/, its own
 # distribution, with its native ceilings). Safe to run again: it only
 # reinstalls hixl and hixl-bench. One line per step on stdout; pip's own
@@ -35,8 +35,8 @@ pip_install() {
 }
 step "upgrading pip"
 pip_install --upgrade pip
-step "installing hixl with the test and docs extras (builds the native extension; about a minute)"
-pip_install -e '.[test,docs]'
+step "installing hixl with the test, docs and release extras (builds the native extension; about a minute)"
+pip_install -e '.[test,docs,release]'
 # after hixl, so that its dependency on hixl is this checkout, not an index
 step "installing hixl-bench (builds its native ceilings)"
 pip_install -e ./bench
