@@ -27,7 +27,8 @@ extensions = [
     native_extension("_core", ["extents.c", "pool.c", "mapping.c", "copy.c", "region_table.c",
                                "crc32c.c", "tcp_wire.c", "tcp_server.c", "tcp_link.c",
                                "link_threads.c",
-                               "completion.c", "xmem.c", "copy_pool.c", "ring.c"],
+                               "completion.c", "xmem.c", "copy_pool.c", "ring.c",
+                               "native_lane.c"],
                      # libcrypto: the data plane's connection MACs (HMAC-SHA256)
                      libraries=("crypto",)),
     # the ACL/HCCL shim: loads CANN with dlopen at run time, so it builds anywhere

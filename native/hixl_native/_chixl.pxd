@@ -248,3 +248,46 @@ cdef extern from "ring.h" nogil:
 
 cdef extern from "spin.h" nogil:
     int hixl_spin_readable(int fd, uint64_t budget_ns)
+
+
+cdef extern from "native_lane.h" nogil:
+    ctypedef struct hixl_nl_cell:
+        pass
+
+    ctypedef struct hixl_nl_log:
+        pass
+
+    ctypedef struct hixl_nlane:
+        pass
+
+    ctypedef struct hixl_nl_record:
+        uint64_t owner
+        uint64_t handle
+        int32_t outcome
+        int32_t native_status
+        uint64_t bytes
+        uint64_t data_ns
+
+    enum:
+        HIXL_NL_OK
+        HIXL_NL_FALLBACK
+        HIXL_NL_FAILED
+
+    int hixl_nl_cell_create(uint64_t handle, uint64_t owner, int push, int checksum,
+                            hixl_link *link, hixl_mapping *local, const uint64_t *quads,
+                            size_t n, uint64_t src_stride, uint32_t src_slots,
+                            uint64_t dst_stride, uint32_t dst_slots, uint64_t bytes,
+                            uint64_t timeout_ms, hixl_nl_cell **out)
+    int hixl_nl_publish(hixl_nl_cell *c)
+    void hixl_nl_revoke(hixl_nl_cell *c)
+    int hixl_nl_inflight(const hixl_nl_cell *c)
+    void hixl_nl_cell_destroy(hixl_nl_cell *c)
+    int hixl_nl_log_create(size_t capacity, hixl_nl_log **out)
+    int hixl_nl_log_fd(hixl_nl_log *g)
+    size_t hixl_nl_log_take(hixl_nl_log *g, hixl_nl_record *out, size_t cap, uint64_t *dropped)
+    void hixl_nl_log_destroy(hixl_nl_log *g)
+    int hixl_nl_start(hixl_ring *submissions, hixl_ring *completions, uint64_t owner,
+                      hixl_nl_log *log, hixl_nlane **out)
+    uint64_t hixl_nl_served(hixl_nlane *l)
+    int hixl_nl_ended(hixl_nlane *l)
+    void hixl_nl_stop(hixl_nlane *l)

@@ -519,7 +519,7 @@ static int run_inline(hixl_stream *s, hixl_piece *p, uint64_t wait_ns)
 
 static int submit(hixl_link *l, int op, uint64_t request_id, hixl_mapping *local,
                   hixl_xmem *xmem, const uint8_t *quads, size_t n, uint64_t timeout_ms,
-                  uint64_t wait_us, int32_t *done)
+                  uint64_t wait_us, int32_t *done, hixl_cq *cq)
 {
     if (atomic_load(&l->closing))
         return HIXL_E_CLOSED;
@@ -540,7 +540,7 @@ static int submit(hixl_link *l, int op, uint64_t request_id, hixl_mapping *local
     if (r == NULL)
         return rc;
     r->node.id = request_id;
-    r->cq = l->cq;
+    r->cq = cq != NULL ? cq : l->cq;
     r->local = local;
     r->xmem = xmem;
     r->op = op;
@@ -604,13 +604,13 @@ static int submit(hixl_link *l, int op, uint64_t request_id, hixl_mapping *local
 int hixl_link_submit(hixl_link *l, int op, uint64_t request_id, hixl_mapping *local,
                      const uint8_t *quads, size_t n, uint64_t timeout_ms)
 {
-    return submit(l, op, request_id, local, NULL, quads, n, timeout_ms, 0, NULL);
+    return submit(l, op, request_id, local, NULL, quads, n, timeout_ms, 0, NULL, NULL);
 }
 
 int hixl_link_submit_xmem(hixl_link *l, int op, uint64_t request_id, hixl_xmem *local,
                           const uint8_t *quads, size_t n, uint64_t timeout_ms)
 {
-    return submit(l, op, request_id, NULL, local, quads, n, timeout_ms, 0, NULL);
+    return submit(l, op, request_id, NULL, local, quads, n, timeout_ms, 0, NULL, NULL);
 }
 
 int hixl_link_submit_wait(hixl_link *l, int op, uint64_t request_id, hixl_mapping *local,
@@ -618,7 +618,15 @@ int hixl_link_submit_wait(hixl_link *l, int op, uint64_t request_id, hixl_mappin
                           uint64_t wait_us, int32_t *status)
 {
     *status = PENDING;
-    return submit(l, op, request_id, local, NULL, quads, n, timeout_ms, wait_us, status);
+    return submit(l, op, request_id, local, NULL, quads, n, timeout_ms, wait_us, status, NULL);
+}
+
+int hixl_link_submit_wait_to(hixl_link *l, int op, uint64_t request_id, hixl_mapping *local,
+                             const uint8_t *quads, size_t n, uint64_t timeout_ms,
+                             uint64_t wait_us, int32_t *status, hixl_cq *cq)
+{
+    *status = PENDING;
+    return submit(l, op, request_id, local, NULL, quads, n, timeout_ms, wait_us, status, cq);
 }
 
 /* ---- streams on the shared threads (link_threads.h) ---- */

@@ -75,6 +75,12 @@ int hixl_link_submit_xmem(hixl_link *l, int op, uint64_t request_id, hixl_xmem *
 int hixl_link_submit_wait(hixl_link *l, int op, uint64_t request_id, hixl_mapping *local,
                           const uint8_t *quads, size_t n, uint64_t timeout_ms,
                           uint64_t wait_us, int32_t *status);
+/* hixl_link_submit_wait whose completion, when one is posted, goes to `cq`
+ * (which must outlive the request) rather than the link's queue: for a
+ * thread that waits for its own requests (native_lane.h). */
+int hixl_link_submit_wait_to(hixl_link *l, int op, uint64_t request_id, hixl_mapping *local,
+                             const uint8_t *quads, size_t n, uint64_t timeout_ms,
+                             uint64_t wait_us, int32_t *status, hixl_cq *cq);
 /* Cancels queued and in-flight pieces and returns once no thread uses the
  * link any more. Idempotent. */
 void hixl_link_close(hixl_link *l);
