@@ -155,18 +155,26 @@ class TransferOps(ManagerBase):
 
     async def _repeated(self, shape: TransferShape, src_batch: int, dst_batch: int) -> bool:
         """Run a transfer of ``shape`` by the handle the daemon gave for it, if
-        there is one and the lane is open: a 16-byte lane frame, answered as
-        the full call. False: there is none; send the full call."""
+        there is one and the lane is open: on the session's rings when the
+        daemon runs it there, else a 16-byte lane frame, answered as the full
+        call. False: there is none; send the full call."""
         handle = self._repeat_handles.get(shape)
-        lane = self._connection.lane
-        if not handle or lane is None or not self._connection.has_lane:
+        connection = self._connection
+        lane = connection.lane
+        if not handle or lane is None or not connection.has_lane:
             return False
         started = time.perf_counter()
+        operation = "push_cache" if shape.push else "pull_cache"
+        timeout_s = self._sync_timeout_s + CALL_MARGIN_S
+        rings = connection.rings
+        if rings is not None:
+            done = await rings.repeat(shape.push, handle, src_batch, dst_batch, timeout_s)
+            if done is not None:
+                timing.record(operation, time.perf_counter() - started, done)
+                return True
         reply = await lane.begin("RepeatPush" if shape.push else "RepeatPull",
-                                 RepeatFrame(handle, src_batch, dst_batch),
-                                 self._sync_timeout_s + CALL_MARGIN_S)
-        timing.record("push_cache" if shape.push else "pull_cache",
-                      time.perf_counter() - started, reply)
+                                 RepeatFrame(handle, src_batch, dst_batch), timeout_s)
+        timing.record(operation, time.perf_counter() - started, reply)
         return True
 
     async def pull_cache(self, cache_key: CacheKey | CacheKeyByIdAndIndex, cache: Cache,

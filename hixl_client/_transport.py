@@ -4,8 +4,10 @@ It opens the channel to the local daemon, keeps the session's Attach stream
 and opens the session's carriers (``_carrier``): :class:`GrpcCarrier`, which
 adds the session metadata to every call and turns ``AioRpcError`` into
 ``LLMException`` with the daemon's exact LLMStatusCode, and the daemon's
-transfer lane (``hixl_wire.lane.Lane``) when it offers one. Control calls go
-over gRPC; transfer calls go over the lane when it is open, else over gRPC.
+transfer lane (``hixl_wire.lane.Lane``) when it offers one, with the
+session's rings for repeats (``_ring_repeats``) when the daemon has them.
+Control calls go over gRPC; transfer calls go over the lane when it is open,
+else over gRPC.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 import grpc
 import grpc.aio
+import hixl_native
 
 from hixl_wire._proto.hixl.v1 import client_pb2, client_pb2_grpc
 from hixl_wire.defaults import SESSION_METADATA_KEY
@@ -28,6 +31,7 @@ from hixl_wire.status import error_from_rpc
 from . import _tracing
 from ._carrier import Carrier
 from ._defaults import transfer_lane_enabled
+from ._ring_repeats import RingRepeats
 from ._spin import ReplySpin
 from ._thread_lane import ThreadLane
 from .notify import NotifyDesc, NotifyInbox
@@ -122,6 +126,7 @@ class DaemonConnection:
         self._grpc: GrpcCarrier | None = None
         self._grpc_transfers: Carrier | None = None
         self.lane: Carrier | None = None
+        self.rings: RingRepeats | None = None  # repeats' shortcut, with the lane only
         self._idle_thread_lanes: list[ThreadLane] = []
         self._client_name = client_name or os.path.basename(sys.argv[0] or "python")
         self._channel: grpc.aio.Channel | None = None
@@ -184,6 +189,8 @@ class DaemonConnection:
         self._watch = asyncio.get_running_loop().create_task(self._watch_session(self._attach))
         if self._use_lane and event.attached.lane_socket:
             await self._open_lane(event.attached.lane_socket)
+        if self.lane is not None:
+            await self._open_rings(event.attached.lane_socket)
 
     async def _open_lane(self, path: str) -> None:
         # Without the lane every call still works over gRPC, only slower: say
@@ -197,6 +204,17 @@ class DaemonConnection:
         except (OSError, asyncio.TimeoutError, LLMException) as exc:
             logger.warning("hixl daemon at %s: transfer lane %s unavailable, transfers use "
                            "gRPC: %s", self.target, path, exc or type(exc).__name__)
+
+    async def _open_rings(self, path: str) -> None:
+        # Without rings repeats go over the lane as before; an older daemon
+        # answers their HELLO as a lane's, without them.
+        try:
+            self.rings = await RingRepeats.connect(path, self.session_id, self.what,
+                                                   self.control_timeout_s, LANE_GRACE_S)
+        except (OSError, ValueError, asyncio.TimeoutError, hixl_native.NativeError,
+                LLMException) as exc:
+            logger.info("hixl daemon at %s: no rings for repeats, they use the transfer "
+                        "lane: %s", self.target, exc or type(exc).__name__)
 
     async def _watch_session(self, attach: Any) -> None:
         # The stream carries the notifications linked clusters send; it ends
@@ -283,6 +301,9 @@ class DaemonConnection:
         for idle in self._idle_thread_lanes:
             idle.close()
         self._idle_thread_lanes.clear()
+        if self.rings is not None:
+            self.rings.close()
+            self.rings = None
         if self.lane is not None:
             self.lane.close()
             self.lane = None

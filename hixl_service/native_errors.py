@@ -26,6 +26,7 @@ from typing import Literal
 import hixl_native
 from hixl_native._ascend import AscendError, AscendUnavailable
 
+from hixl_wire.link_status import link_failure
 from hixl_wire.status import LLMException, LLMStatusCode
 
 __all__ = ["ACL_CODES", "HCCL_CODES", "Library", "RegionRefused", "code_name", "copy_error",
@@ -184,25 +185,8 @@ def to_llm_exception(
 
 
 # -- hixl's own native core -------------------------------------------------------
-
-_LINK_STATUS: Mapping[int, tuple[LLMStatusCode, str]] = types.MappingProxyType({
-    hixl_native.E_TIMEOUT: (LLMStatusCode.LLM_TIMEOUT, "the transfer timed out"),
-    hixl_native.E_CLOSED: (LLMStatusCode.LLM_LINK_FAILED, "the peer daemon closed the link"),
-    hixl_native.E_REFUSED: (LLMStatusCode.LLM_PARAM_INVALID,
-                            "the peer refused a range outside the memory the cluster registered"),
-    hixl_native.E_IO: (LLMStatusCode.LLM_LINK_FAILED, "a data-plane socket failed"),
-    hixl_native.E_PROTO: (LLMStatusCode.LLM_LINK_FAILED, "the data-plane protocol broke"),
-    hixl_native.E_CANCELLED: (LLMStatusCode.LLM_LINK_FAILED, "the link was closed"),
-    hixl_native.E_GONE: (LLMStatusCode.LLM_PARAM_INVALID, "the local cache's engine memory is "
-                         "gone: it was unregistered, or its process exited"),
-    # The bytes that arrived are not the bytes that were sent: damaged on the way
-    # (a NIC, a switch, a relay), or the source changed while it moved.
-    hixl_native.E_CHECKSUM: (LLMStatusCode.LLM_LINK_FAILED,
-                             "the transfer's CRC-32C did not match: bytes changed between the "
-                             "two memories (damaged on the network, or the source was written "
-                             "while it moved); the destination's bytes cannot be trusted"),
-})
-
+# The link statuses' table is hixl_wire.link_status's: a client raises the same
+# for a repeat that failed on its rings (hixl_wire.rings).
 
 class RegionRefused(LLMException):
     """The far end refused a range (a region gone, or outside it); nothing moved.
@@ -218,13 +202,13 @@ class ChecksumMismatch(LLMException):
 
 def link_error(status: int) -> LLMException:
     """The exception for a data-link request that ended with native ``status``."""
-    code, text = _LINK_STATUS.get(status, (LLMStatusCode.LLM_FAILED, "the transfer failed"))
+    code, text = link_failure(status)
     kind: type[LLMException] = LLMException
     if status == hixl_native.E_REFUSED:
         kind = RegionRefused
     elif status == hixl_native.E_CHECKSUM:
         kind = ChecksumMismatch
-    return kind(f"{text} (native status {status})", status_code=code)
+    return kind(text, status_code=code)
 
 
 def process_copy_error(status: int) -> LLMException:

@@ -9,6 +9,10 @@ neither, so each side depends on the wire and never on the other's insides:
   placeholder id (their public home stays ``hixl_client.types``);
 * ``lane``: the lanes' framing, method tables, the calling end of a lane
   and the lane's own request and error bodies;
+* ``rings``: the shared-memory rings that carry a session's repeated
+  transfers, and the HELLO that hands them over;
+* ``link_status``: what a transfer that failed with a native status tells
+  a client, whichever end raises it;
 * ``defaults``: where a client and its local daemon meet (the default
   socket path, the session metadata key);
 * ``compat``: Python 3.10 support shared by both sides;

@@ -205,6 +205,13 @@ def error_from_call(error: common_pb2.CallError, what: str) -> LLMException:
     return LLMException(error.message or status.name, status_code=status)
 
 
+def unanswered(what: str) -> LLMException:
+    """The error of a call whose answer did not come in time (the far side,
+    ``what``, is deemed gone): LLM_TIMEOUT."""
+    return LLMException(f"{what} did not answer a lane call in time",
+                        status_code=LLMStatusCode.LLM_TIMEOUT)
+
+
 class ReplySpin(Protocol):
     """A calling end's wait for a reply that looks at the connection's socket
     for a while before it sleeps (the client's: ``hixl_client._spin``)."""
@@ -279,9 +286,7 @@ class CallBook:
             del self._give_up_at[call_id]
             future = self._pending.get(call_id)
             if future is not None and not future.done():
-                future.set_exception(LLMException(
-                    f"{self.what} did not answer a lane call in time",
-                    status_code=LLMStatusCode.LLM_TIMEOUT))
+                future.set_exception(unanswered(self.what))
         self._watchdog = loop.call_later(WATCHDOG_TICK_S, self._watch) \
             if self._give_up_at else None
 
