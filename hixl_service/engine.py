@@ -36,6 +36,7 @@ from .inbound import DaemonFacts, InboundLinks, LeaseSettings, PeerLaneInfo
 from .link_monitor import LinkMonitor
 from .load import TransferLoad
 from .log_keys import keys
+from .native_lanes import NativeLanes
 from .memory.process import ProcessBackend
 from .notifies import check_notification
 from .outbound import LinkerSettings, OutboundLinks
@@ -100,6 +101,8 @@ class Engine:
         self.sessions = Sessions()
         self.drain = Drain(deps.load)
         self.kit = deps.kit
+        # Repeats run by native threads, from rings the clients write (native_lanes.py).
+        self.native = NativeLanes(deps.stats)
         self.regions = Regions(deps.data_server)
         self.caches = Caches(self.clusters, self.regions, deps.pools, deps.process)
         facts = DaemonFacts(deps.daemon_id, deps.version, deps.data_host, deps.backend,
@@ -259,12 +262,14 @@ class Engine:
         the drain had begun already."""
         self.sessions.closing = True
         self.inbound.stopping = True  # linkers hear it at their next heartbeat
+        self.native.refuse()
         return self.drain.begin()
 
     async def close(self) -> None:
         """Drain: end every session, then release native resources."""
         self.sessions.closing = True
         await self.monitor.stop()
+        await self.native.close_all()
         for session in self.sessions.values():
             await self.detach(session)
         await self.outbound.close_all()

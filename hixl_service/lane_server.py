@@ -9,7 +9,10 @@ beyond framing and the deadline. Two lanes exist:
 
 * the transfer lane: a unix socket next to the client socket; a connection
   is bound to one client session by its first frame (HELLO with the session
-  id), and the session's lane use is counted for the admin status;
+  id), and the session's lane use is counted for the admin status. A HELLO
+  tagged ``RINGS_TAG`` asks for a native lane instead: its reply hands the
+  client the lane's two rings (``hixl_wire.rings``, ``native_lanes``), and
+  the connection carries nothing more; it ends the native lane when it closes;
 * the peer lane: a TCP port next to the peer port, for the Peer calls a
   transfer makes; its calls name their link by token, as over gRPC, so a
   connection needs no HELLO.
@@ -27,11 +30,14 @@ import asyncio
 import collections
 import inspect
 import logging
+import os
+import socket
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, cast
 
 import grpc
+import hixl_native
 
 from hixl_wire.lane import (
     CLIENT_METHODS,
@@ -47,6 +53,7 @@ from hixl_wire.lane import (
     call_error,
     call_error_of,
 )
+from hixl_wire.rings import RINGS_TAG, RingPair, send_with_fds
 from hixl_wire.status import LLMException, LLMStatusCode
 
 from . import tracing
@@ -57,6 +64,7 @@ from .inbound import PeerLaneInfo
 from .interceptors import new_request_id, request_id
 from .listeners import socket_umask
 from .load import TransferLoad
+from .native_lanes import NativeLanes
 from .rpc_errors import handler_error, report_failure
 from .sessions import Session
 from .transports.factory import PEER_LANE_METHODS
@@ -134,6 +142,8 @@ class _Connection(asyncio.Protocol):
         self._backlog: collections.deque[Frame] = collections.deque()
         # Trace contexts (TRACE frames) of calls about to arrive; tracing on only.
         self._traces: dict[int, bytes] = {}
+        # A connection that asked for rings: its native lane and the daemon's rings.
+        self._native: tuple[hixl_native.NativeLane, RingPair] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
@@ -142,6 +152,9 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
+        if self._native is not None and self._server.native is not None:
+            self._server.native.close(*self._native)
+            self._native = None
         self._backlog.clear()
         self._server.connections.discard(self)
         if self._binding is not None:
@@ -180,6 +193,11 @@ class _Connection(asyncio.Protocol):
         return list(self._calls.values())
 
     def data_received(self, data: bytes) -> None:
+        if self._native is not None:  # its rings carry everything after HELLO
+            logger.warning("closing a %s connection: bytes after its rings were given",
+                           self._server.name)
+            self.close()
+            return
         try:
             frames = self._reader.feed(data)
         except ValueError as exc:
@@ -222,7 +240,7 @@ class _Connection(asyncio.Protocol):
     def _dispatch(self, call_id: int, kind: int, timeout_ms: int, tag: int,
                   body: bytes, eager: bool = False) -> None:
         if kind == KIND_HELLO:
-            self._hello(call_id, body)
+            self._hello(call_id, body, tag)
             return
         binding = self._binding
         if binding is None:
@@ -300,7 +318,9 @@ class _Connection(asyncio.Protocol):
             if load is not None:
                 load.end()
 
-    def _hello(self, call_id: int, body: bytes) -> None:
+    def _hello(self, call_id: int, body: bytes, tag: int = 0) -> None:
+        if self._native is not None:
+            return  # its rings were given: data_received closes it
         try:
             binding = self._server.bind(body)
         except LLMException as exc:
@@ -310,7 +330,41 @@ class _Connection(asyncio.Protocol):
         if self._binding is not None:
             self._binding.released()
         self._binding = binding
+        if tag == RINGS_TAG and self._server.native is not None:
+            self._open_native(call_id, body.decode())
+            return
         self._reply(call_id, REPLY_OK, b"")
+
+    def _open_native(self, call_id: int, session_id: str) -> None:
+        """Answer a HELLO for rings: a native lane, its client's descriptors sent
+        with the reply; a refusal when none can be made."""
+        native, transport = self._server.native, self._transport
+        if native is None or transport is None:
+            return
+        try:
+            lane, pair, far = native.open(session_id)
+        except (OSError, ValueError, hixl_native.NativeError) as exc:
+            self._refuse(call_id, LLMStatusCode.LLM_FAILED, f"no rings: {exc}",
+                         grpc.StatusCode.UNAVAILABLE)
+            return
+        try:
+            # A socket object of our own over a copy of the descriptor: the event
+            # loop's transport sends no descriptors, and has nothing queued yet.
+            sock = socket.socket(fileno=os.dup(transport.get_extra_info("socket").fileno()))
+            try:
+                send_with_fds(sock, HEADER.pack(0, call_id, REPLY_OK, 0, 0), far)
+            finally:
+                sock.close()  # the copy only
+        except OSError as exc:
+            native.close(lane, pair)
+            logger.warning("closing a %s connection: its rings could not be sent: %s",
+                           self._server.name, exc)
+            self.close()
+            return
+        finally:
+            for fd in far:
+                os.close(fd)
+        self._native = (lane, pair)
 
     def _expire(self, call_id: int, task: asyncio.Task[None]) -> None:
         if not task.done():
@@ -354,11 +408,13 @@ class LaneServer:
 
     def __init__(self, name: str, methods: Methods, servicer: object,
                  bind: Callable[[bytes], Binding], needs_hello: bool,
-                 load: TransferLoad | None = None) -> None:
+                 load: TransferLoad | None = None, native: NativeLanes | None = None) -> None:
         """``bind`` turns a HELLO's body into the connection's binding; without
         ``needs_hello`` a new connection is bound at once (with an empty body).
-        ``load``: where calls count from their frame on (the transfer lane's)."""
+        ``load``: where calls count from their frame on (the transfer lane's);
+        ``native``: the daemon's native lanes, given to HELLOs that ask for rings."""
         self.name = name
+        self.native = native
         self.servicer = servicer
         # Names the handlers' spans when tracing (see tracing.py).
         self.span_prefix = "hixl.daemon" if needs_hello else "hixl.peer"
@@ -389,7 +445,7 @@ class LaneServer:
             return SessionBinding(engine.sessions.get(session_id))
 
         return cls("transfer lane", CLIENT_METHODS, servicer, bind, needs_hello=True,
-                   load=engine.deps.load)
+                   load=engine.deps.load, native=engine.native)
 
     @classmethod
     def for_peers(cls, servicer: object, info: PeerLaneInfo) -> LaneServer:

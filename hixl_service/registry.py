@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -84,6 +84,10 @@ class CacheEntry:
     gone: bool = field(default=False, compare=False)
     moving: int = field(default=0, repr=False, compare=False)
     _still: asyncio.Event | None = field(default=None, repr=False, compare=False)
+    # Run once, when the registry drops the cache (``drop``): users of its memory
+    # that no ``in_use`` counts stop here (native lanes' cells, native_lanes.py).
+    when_gone: list[Callable[[CacheEntry], None]] = field(default_factory=list, repr=False,
+                                                        compare=False)
 
     @property
     def stride(self) -> int:
@@ -98,6 +102,13 @@ class CacheEntry:
     @property
     def alive(self) -> bool:
         return not self.released or bool(self.keys) or bool(self.prefix_keys)
+
+    def drop(self) -> None:
+        """The registry dropped the cache: nothing new may start in it (``gone``)."""
+        self.gone = True
+        hooks, self.when_gone = self.when_gone, []
+        for hook in hooks:
+            hook(self)
 
     def check_present(self) -> None:
         """Raise LLM_KV_CACHE_NOT_EXIST once the cache was freed or unregistered."""
@@ -312,14 +323,14 @@ class CacheRegistry:
         if entry.blocks_model_id is not None:
             self._blocks_by_model.pop(entry.blocks_model_id, None)
         del self._caches[cache_id]
-        entry.gone = True
+        entry.drop()
         return entry
 
     def drain(self) -> list[CacheEntry]:
         """Forget everything (cluster teardown) and return every cache to free."""
         entries = list(self._caches.values())
         for entry in entries:
-            entry.gone = True
+            entry.drop()
         self._caches.clear()
         self._req_keys.clear()
         self._prefix_keys.clear()
@@ -331,5 +342,5 @@ class CacheRegistry:
         if entry.alive:
             return None
         del self._caches[entry.cache_id]
-        entry.gone = True
+        entry.drop()
         return entry

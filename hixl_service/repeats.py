@@ -93,6 +93,7 @@ class RepeatTable:
         self._by_handle: dict[int, Repeat] = {}
         self.repeated = 0  # transfers by handle that reused what the last one found
         self.answered_at_once = 0  # of those, ended in the lane's frame callback
+        self.native = 0  # of those, run by a native lane (native_lanes.py)
 
     def __len__(self) -> int:
         return len(self._by_handle)

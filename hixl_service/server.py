@@ -196,6 +196,7 @@ class Daemon:
             else:
                 plan = plan_reload(self.config, loaded)
                 apply_reload(plan, self.trust, self.engine.deps)
+                self.engine.native.revoke_all()  # the checksum default may have changed
                 self.config = plan.config
             _systemd.notify(f"READY=1\nSTATUS={summary(self.engine)}")
             return plan

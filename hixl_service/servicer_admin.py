@@ -33,6 +33,7 @@ class AdminFacts:
 def snapshot(engine: Engine, backend: str, peer_address: str,
              facts: AdminFacts | None = None) -> admin_pb2.DaemonStatus:
     """Build the status message from the engine's current state."""
+    engine.native.catch_up()  # the native lanes' transfers logged since the last look
     deps = engine.deps
     status = admin_pb2.DaemonStatus(
         daemon_id=engine.daemon_id, version=deps.version, backend=backend,
@@ -64,6 +65,7 @@ def snapshot(engine: Engine, backend: str, peer_address: str,
                             repeat_shapes=len(cluster.repeats),
                             repeated_transfers=cluster.repeats.repeated,
                             repeats_answered_at_once=cluster.repeats.answered_at_once,
+                            repeats_native=cluster.repeats.native,
                             listen_address=cluster.listener.address if cluster.listener else "",
                             listen_shared=bool(cluster.listener and cluster.listener.shared))
         for link in cluster.links.values():

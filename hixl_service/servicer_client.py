@@ -399,10 +399,24 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         cluster = self._engine.cluster_of(self._session(context))
         spec = self._pull_spec(request, False)
         outcome = await settled(cluster, spec.src.cluster_id, "PullCache", pull(cluster, spec))
+        handle = self._handle_of(cluster, spec, outcome, request.checksum)
         return client_pb2.PullCacheReply(bytes=outcome.bytes, transport=outcome.transport,
-                                         repeat_handle=repeat_handle(cluster, spec, outcome,
-                                                                     request.checksum),
+                                         repeat_handle=handle,
                                          **_timing(self._stats, "pull_cache", started, outcome))
+
+    def _handle_of(self, cluster: Cluster, spec: PullSpec | PushSpec, outcome: Outcome,
+                   asked_checksum: int) -> int:
+        """The repeat handle of a transfer that succeeded (0: none), its shape
+        offered to the native lanes."""
+        handle = repeat_handle(cluster, spec, outcome, asked_checksum)
+        if handle:
+            self._offer_native(cluster, cluster.repeats.get(handle, isinstance(spec, PushSpec)))
+        return handle
+
+    def _offer_native(self, cluster: Cluster, repeat: Repeat) -> None:
+        """Let the native lanes run the next repeats of a shape that just moved
+        (native_lanes.py)."""
+        self._engine.native.offer(cluster, repeat, self._checksum(repeat.shape.checksum))
 
     @unary
     @refuses_while_draining("transfers")
@@ -421,6 +435,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
                                 again(cluster, repeat, request.src_batch_index,
                                       request.dst_batch_index,
                                       self._checksum(repeat.shape.checksum)))
+        self._offer_native(cluster, repeat)
         return _repeat_reply(self._stats, repeat, started, outcome)
 
     def _repeat_at_once(self, request: RepeatFrame, context: CallInfo, push: bool) -> Any:
@@ -441,14 +456,17 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         repeat, outcome = begun
         remote_cluster_id = repeat.shape.remote_cluster_id
         if isinstance(outcome, Outcome):
-            return _repeat_reply(self._stats, repeat, started,
-                                 succeeded(cluster, remote_cluster_id, outcome))
-        return self._reply_when_landed(repeat, started, settled(
+            succeeded(cluster, remote_cluster_id, outcome)
+            self._offer_native(cluster, repeat)
+            return _repeat_reply(self._stats, repeat, started, outcome)
+        return self._reply_when_landed(cluster, repeat, started, settled(
             cluster, remote_cluster_id, _repeat_call(push), outcome))
 
-    async def _reply_when_landed(self, repeat: Repeat, started: float,
+    async def _reply_when_landed(self, cluster: Cluster, repeat: Repeat, started: float,
                                  outcome: Awaitable[Outcome]) -> Any:
-        return _repeat_reply(self._stats, repeat, started, await outcome)
+        landed = await outcome
+        self._offer_native(cluster, repeat)
+        return _repeat_reply(self._stats, repeat, started, landed)
 
     @unary
     @refuses_while_draining("transfers")
@@ -480,9 +498,9 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
                         checksum=self._checksum(request.checksum))
         outcome = await settled(cluster, dst.cluster_id, "PushBlocks" if blocks else "PushCache",
                                 push(cluster, spec))
+        handle = self._handle_of(cluster, spec, outcome, request.checksum)
         return client_pb2.PushReply(bytes=outcome.bytes, transport=outcome.transport,
-                                    repeat_handle=repeat_handle(cluster, spec, outcome,
-                                                                request.checksum),
+                                    repeat_handle=handle,
                                     **_timing(self._stats,
                                               "push_blocks" if blocks else "push_cache",
                                               started, outcome))

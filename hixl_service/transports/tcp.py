@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections
 from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import hixl_native
@@ -209,6 +210,18 @@ class TcpTransport:
         await asyncio.to_thread(self._data.close)
 
 
+@dataclass(frozen=True, slots=True)
+class NativePlan:
+    """A prepared TCP request as a native lane's cell takes it (``RepeatCell``)."""
+
+    link: hixl_native.DataLink
+    local: hixl_native.Mapping
+    region_id: int
+    ranges: Ranges
+    writing: bool
+    checksum: bool
+
+
 class _Planned:
     """Ranges of one remote region, kept for starts between other slots."""
 
@@ -229,6 +242,16 @@ class _OneRequest(_Planned):
     the data link, which adds them to its private copy as it checks them."""
 
     __slots__ = ()
+
+    def native(self) -> NativePlan | None:
+        """What a native lane needs to run the repeats itself (native_lanes.py):
+        only requests from pool memory, which the lane's thread sends itself;
+        engine memory is staged by the link's workers."""
+        local = self._local.data_handle
+        if not isinstance(local, hixl_native.Mapping):
+            return None
+        return NativePlan(self._transport._data, local, self._region_id, self._ranges,
+                          self._writing, self._checksum)
 
     def start(self, src_shift: int, dst_shift: int,
               timeout_ms: int) -> Awaitable[None] | None:
@@ -258,3 +281,9 @@ class _Sliced(_Planned):
         shifted = self._ranges + np.array((src_shift, dst_shift, 0), dtype=np.uint64)
         return self._transport._transfer(self._writing, self._local, self._region_id, shifted,
                                          timeout_ms, self._checksum)
+
+
+def native_plan(prepared: Prepared) -> NativePlan | None:
+    """What a native lane needs to run repeats of ``prepared`` itself; None unless
+    it is one TCP request from pool memory (native_lanes.py)."""
+    return prepared.native() if isinstance(prepared, _OneRequest) else None

@@ -74,7 +74,7 @@ class SessionStatus(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., client_pid: _Optional[int] = ..., client_name: _Optional[str] = ..., has_cluster: _Optional[bool] = ..., cluster_id: _Optional[int] = ..., lane_connections: _Optional[int] = ..., lane_calls: _Optional[int] = ...) -> None: ...
 
 class ClusterStatus(_message.Message):
-    __slots__ = ("cluster_id", "role", "session_id", "caches", "keys", "options", "repeat_shapes", "repeated_transfers", "repeats_answered_at_once", "listen_address", "listen_shared")
+    __slots__ = ("cluster_id", "role", "session_id", "caches", "keys", "options", "repeat_shapes", "repeated_transfers", "repeats_answered_at_once", "listen_address", "listen_shared", "repeats_native")
     class OptionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -93,6 +93,7 @@ class ClusterStatus(_message.Message):
     REPEATS_ANSWERED_AT_ONCE_FIELD_NUMBER: _ClassVar[int]
     LISTEN_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     LISTEN_SHARED_FIELD_NUMBER: _ClassVar[int]
+    REPEATS_NATIVE_FIELD_NUMBER: _ClassVar[int]
     cluster_id: int
     role: str
     session_id: str
@@ -104,7 +105,8 @@ class ClusterStatus(_message.Message):
     repeats_answered_at_once: int
     listen_address: str
     listen_shared: bool
-    def __init__(self, cluster_id: _Optional[int] = ..., role: _Optional[str] = ..., session_id: _Optional[str] = ..., caches: _Optional[int] = ..., keys: _Optional[int] = ..., options: _Optional[_Mapping[str, str]] = ..., repeat_shapes: _Optional[int] = ..., repeated_transfers: _Optional[int] = ..., repeats_answered_at_once: _Optional[int] = ..., listen_address: _Optional[str] = ..., listen_shared: _Optional[bool] = ...) -> None: ...
+    repeats_native: int
+    def __init__(self, cluster_id: _Optional[int] = ..., role: _Optional[str] = ..., session_id: _Optional[str] = ..., caches: _Optional[int] = ..., keys: _Optional[int] = ..., options: _Optional[_Mapping[str, str]] = ..., repeat_shapes: _Optional[int] = ..., repeated_transfers: _Optional[int] = ..., repeats_answered_at_once: _Optional[int] = ..., listen_address: _Optional[str] = ..., listen_shared: _Optional[bool] = ..., repeats_native: _Optional[int] = ...) -> None: ...
 
 class LinkStatus(_message.Message):
     __slots__ = ("local_cluster_id", "remote_cluster_id", "remote_daemon_id", "remote_peer_address", "transport", "streams", "alive", "direction", "data_path", "health")
