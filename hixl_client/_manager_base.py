@@ -66,6 +66,9 @@ class ManagerBase:
         # (RepeatPull / RepeatPush): at most as many as the daemon hands out for
         # one cluster.
         self._repeat_handles: dict[TransferShape, int] = {}
+        # Handles whose repeats the daemon's native lane runs (repeat_native of
+        # the last reply for them): these go through the session's rings.
+        self._native_handles: set[int] = set()
         self._enabled_mem_pool = bool(options.get("llm.MemPoolConfig"))
         self._enable_host_mem_pool = bool(options.get("llm.HostMemPoolConfig"))
         self._enable_remote_cache_accessible = (

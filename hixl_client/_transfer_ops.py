@@ -167,7 +167,7 @@ class TransferOps(ManagerBase):
         operation = "push_cache" if shape.push else "pull_cache"
         timeout_s = self._sync_timeout_s + CALL_MARGIN_S
         rings = connection.rings
-        if rings is not None:
+        if rings is not None and handle in self._native_handles:
             done = await rings.repeat(shape.push, handle, src_batch, dst_batch, timeout_s)
             if done is not None:
                 timing.record(operation, time.perf_counter() - started, done)
@@ -175,7 +175,18 @@ class TransferOps(ManagerBase):
         reply = await lane.begin("RepeatPush" if shape.push else "RepeatPull",
                                  RepeatFrame(handle, src_batch, dst_batch), timeout_s)
         timing.record(operation, time.perf_counter() - started, reply)
+        self._handle_given(shape, reply)
         return True
+
+    def _handle_given(self, shape: TransferShape, reply: Any) -> None:
+        """Keep the repeat handle a reply gave for ``shape``, and whether the
+        daemon runs its repeats natively (rings) or on the lane."""
+        handle = reply.repeat_handle
+        self._repeat_handles[shape] = handle
+        if reply.repeat_native:
+            self._native_handles.add(handle)
+        else:
+            self._native_handles.discard(handle)
 
     async def pull_cache(self, cache_key: CacheKey | CacheKeyByIdAndIndex, cache: Cache,
                          batch_index: int = 0, size: int = -1, *, checksum: bool | None = None,
@@ -232,7 +243,7 @@ class TransferOps(ManagerBase):
             size=size, src_tensor_indices=src_indices, dst_tensor_indices=dst_indices,
             tensor_num_per_layer=per_layer, checksum=checked))
         if shape is not None and reply.repeat_handle:
-            self._repeat_handles[shape] = reply.repeat_handle
+            self._handle_given(shape, reply)
 
     def _check_source_key(self, name: str, key: Any, blocks_ok: bool) -> None:
         if self._enable_remote_cache_accessible:
@@ -342,7 +353,7 @@ class TransferOps(ManagerBase):
             src_batch_index=src_batch_index, src_tensor_indices=src_indices,
             dst_tensor_indices=dst_indices, tensor_num_per_layer=per_layer, checksum=checked))
         if reply.repeat_handle:
-            self._repeat_handles[shape] = reply.repeat_handle
+            self._handle_given(shape, reply)
 
     async def push_blocks(self, dst_cache_key: BlocksCacheKey, src_cache: Cache,
                           src_blocks: Sequence[int] = (), dst_blocks: Sequence[int] = (),

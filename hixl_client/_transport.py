@@ -189,7 +189,9 @@ class DaemonConnection:
         self._watch = asyncio.get_running_loop().create_task(self._watch_session(self._attach))
         if self._use_lane and event.attached.lane_socket:
             await self._open_lane(event.attached.lane_socket)
-        if self.lane is not None:
+        # Traced, every call goes over the lane, where the daemon's handlers
+        # continue the trace; the rings carry no trace context.
+        if self.lane is not None and not _tracing.ENABLED:
             await self._open_rings(event.attached.lane_socket)
 
     async def _open_lane(self, path: str) -> None:

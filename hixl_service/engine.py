@@ -36,8 +36,8 @@ from .inbound import DaemonFacts, InboundLinks, LeaseSettings, PeerLaneInfo
 from .link_monitor import LinkMonitor
 from .load import TransferLoad
 from .log_keys import keys
-from .native_lanes import NativeLanes
 from .memory.process import ProcessBackend
+from .native_lanes import NativeLanes
 from .notifies import check_notification
 from .outbound import LinkerSettings, OutboundLinks
 from .peer_api import PeerApi

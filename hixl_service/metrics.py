@@ -85,6 +85,7 @@ class DaemonCollector(Collector):
 
     def families(self) -> list[Metric]:
         """Every family but hixl_up; call on the event loop's thread."""
+        self._engine.native.catch_up()  # the native lanes' transfers logged since the last look
         return [*self._daemon(), *self._transfers(), *self._calls(), *self._sessions(),
                 *self._clusters(), *self._links(), *self._pools()]
 
@@ -150,6 +151,7 @@ class DaemonCollector(Collector):
         lane_calls.add_metric(["transfer"], engine.sessions.retired_lane_calls
                               + sum(session.lane_calls for session in sessions))
         lane_calls.add_metric(["peer"], engine.deps.peer_lane.calls)
+        lane_calls.add_metric(["native"], engine.native.native_transfers)
         return [GaugeMetricFamily("hixl_sessions", "Attached client sessions",
                                   value=len(sessions)),
                 lane_calls]

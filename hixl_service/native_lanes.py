@@ -113,6 +113,10 @@ class NativeLanes:
 
     # -- cells -------------------------------------------------------------
 
+    def runs(self, handle: int) -> bool:
+        """Whether the lanes run repeats of ``handle`` now (a cell is published)."""
+        return handle in self._published
+
     def offer(self, cluster: Cluster, repeat: Repeat, checksum: bool) -> None:
         """After a transfer of ``repeat``'s shape succeeded (``checksum``: its
         Checksum resolved now): publish its prepared transfer, unless a cell of

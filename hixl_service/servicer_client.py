@@ -402,6 +402,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         handle = self._handle_of(cluster, spec, outcome, request.checksum)
         return client_pb2.PullCacheReply(bytes=outcome.bytes, transport=outcome.transport,
                                          repeat_handle=handle,
+                                         repeat_native=self._engine.native.runs(handle),
                                          **_timing(self._stats, "pull_cache", started, outcome))
 
     def _handle_of(self, cluster: Cluster, spec: PullSpec | PushSpec, outcome: Outcome,
@@ -413,10 +414,12 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
             self._offer_native(cluster, cluster.repeats.get(handle, isinstance(spec, PushSpec)))
         return handle
 
-    def _offer_native(self, cluster: Cluster, repeat: Repeat) -> None:
+    def _offer_native(self, cluster: Cluster, repeat: Repeat) -> bool:
         """Let the native lanes run the next repeats of a shape that just moved
-        (native_lanes.py)."""
-        self._engine.native.offer(cluster, repeat, self._checksum(repeat.shape.checksum))
+        (native_lanes.py); whether they do."""
+        native = self._engine.native
+        native.offer(cluster, repeat, self._checksum(repeat.shape.checksum))
+        return native.runs(repeat.handle)
 
     @unary
     @refuses_while_draining("transfers")
@@ -435,8 +438,8 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
                                 again(cluster, repeat, request.src_batch_index,
                                       request.dst_batch_index,
                                       self._checksum(repeat.shape.checksum)))
-        self._offer_native(cluster, repeat)
-        return _repeat_reply(self._stats, repeat, started, outcome)
+        return _repeat_reply(self._stats, repeat, started, outcome,
+                             self._offer_native(cluster, repeat))
 
     def _repeat_at_once(self, request: RepeatFrame, context: CallInfo, push: bool) -> Any:
         """RepeatPull or RepeatPush answered in the transfer lane's frame callback
@@ -457,16 +460,16 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         remote_cluster_id = repeat.shape.remote_cluster_id
         if isinstance(outcome, Outcome):
             succeeded(cluster, remote_cluster_id, outcome)
-            self._offer_native(cluster, repeat)
-            return _repeat_reply(self._stats, repeat, started, outcome)
+            return _repeat_reply(self._stats, repeat, started, outcome,
+                                 self._offer_native(cluster, repeat))
         return self._reply_when_landed(cluster, repeat, started, settled(
             cluster, remote_cluster_id, _repeat_call(push), outcome))
 
     async def _reply_when_landed(self, cluster: Cluster, repeat: Repeat, started: float,
                                  outcome: Awaitable[Outcome]) -> Any:
         landed = await outcome
-        self._offer_native(cluster, repeat)
-        return _repeat_reply(self._stats, repeat, started, landed)
+        return _repeat_reply(self._stats, repeat, started, landed,
+                             self._offer_native(cluster, repeat))
 
     @unary
     @refuses_while_draining("transfers")
@@ -501,6 +504,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
         handle = self._handle_of(cluster, spec, outcome, request.checksum)
         return client_pb2.PushReply(bytes=outcome.bytes, transport=outcome.transport,
                                     repeat_handle=handle,
+                                    repeat_native=self._engine.native.runs(handle),
                                     **_timing(self._stats,
                                               "push_blocks" if blocks else "push_cache",
                                               started, outcome))
@@ -646,11 +650,12 @@ def _repeat_call(push: bool) -> str:
     return "RepeatPush" if push else "RepeatPull"
 
 
-def _repeat_reply(stats: DaemonStats, repeat: Repeat, started: float, outcome: Outcome) -> Any:
+def _repeat_reply(stats: DaemonStats, repeat: Repeat, started: float, outcome: Outcome,
+                  native: bool) -> Any:
     push = repeat.shape.push
     reply_type = client_pb2.PushReply if push else client_pb2.PullCacheReply
     return reply_type(bytes=outcome.bytes, transport=outcome.transport,
-                      repeat_handle=repeat.handle,
+                      repeat_handle=repeat.handle, repeat_native=native,
                       **_timing(stats, "push_cache" if push else "pull_cache", started, outcome))
 
 

@@ -297,9 +297,9 @@ static int wait_for(hixl_ring *r, ready_fn ready, size_t len, _Atomic uint32_t *
                     uint64_t spin_ns, uint64_t deadline_ns, int stop_fd)
 {
     int rc;
-    uint64_t last = hixl_now_ns(), spin_until = last + spin_ns;
-    while ((rc = ready(r, len)) == 0 && !hixl_spin_over(&last, spin_until))
-        hixl_cpu_relax();
+    uint64_t spin_until = hixl_now_ns() + spin_ns;
+    while ((rc = ready(r, len)) == 0 && !hixl_spin_over(spin_until))
+        hixl_spin_pause();
     while (rc == 0) {
         atomic_store_explicit(asleep, 1, memory_order_relaxed);
         atomic_thread_fence(memory_order_seq_cst);

@@ -263,18 +263,20 @@ class PullCacheRequest(_message.Message):
     def __init__(self, src: _Optional[_Union[_common_pb2.CacheRef, _Mapping]] = ..., dst_cache_id: _Optional[int] = ..., batch_index: _Optional[int] = ..., size: _Optional[int] = ..., src_tensor_indices: _Optional[_Iterable[int]] = ..., dst_tensor_indices: _Optional[_Iterable[int]] = ..., tensor_num_per_layer: _Optional[int] = ..., src_blocks: _Optional[_Iterable[int]] = ..., dst_blocks: _Optional[_Iterable[int]] = ..., checksum: _Optional[_Union[Checksum, str]] = ...) -> None: ...
 
 class PullCacheReply(_message.Message):
-    __slots__ = ("bytes", "transport", "control_us", "data_us", "repeat_handle")
+    __slots__ = ("bytes", "transport", "control_us", "data_us", "repeat_handle", "repeat_native")
     BYTES_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     CONTROL_US_FIELD_NUMBER: _ClassVar[int]
     DATA_US_FIELD_NUMBER: _ClassVar[int]
     REPEAT_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    REPEAT_NATIVE_FIELD_NUMBER: _ClassVar[int]
     bytes: int
     transport: str
     control_us: int
     data_us: int
     repeat_handle: int
-    def __init__(self, bytes: _Optional[int] = ..., transport: _Optional[str] = ..., control_us: _Optional[int] = ..., data_us: _Optional[int] = ..., repeat_handle: _Optional[int] = ...) -> None: ...
+    repeat_native: bool
+    def __init__(self, bytes: _Optional[int] = ..., transport: _Optional[str] = ..., control_us: _Optional[int] = ..., data_us: _Optional[int] = ..., repeat_handle: _Optional[int] = ..., repeat_native: _Optional[bool] = ...) -> None: ...
 
 class PushRequest(_message.Message):
     __slots__ = ("dst", "src_cache_id", "src_batch_index", "src_tensor_indices", "dst_tensor_indices", "tensor_num_per_layer", "src_blocks", "dst_blocks", "checksum")
@@ -299,18 +301,20 @@ class PushRequest(_message.Message):
     def __init__(self, dst: _Optional[_Union[_common_pb2.CacheRef, _Mapping]] = ..., src_cache_id: _Optional[int] = ..., src_batch_index: _Optional[int] = ..., src_tensor_indices: _Optional[_Iterable[int]] = ..., dst_tensor_indices: _Optional[_Iterable[int]] = ..., tensor_num_per_layer: _Optional[int] = ..., src_blocks: _Optional[_Iterable[int]] = ..., dst_blocks: _Optional[_Iterable[int]] = ..., checksum: _Optional[_Union[Checksum, str]] = ...) -> None: ...
 
 class PushReply(_message.Message):
-    __slots__ = ("bytes", "transport", "control_us", "data_us", "repeat_handle")
+    __slots__ = ("bytes", "transport", "control_us", "data_us", "repeat_handle", "repeat_native")
     BYTES_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     CONTROL_US_FIELD_NUMBER: _ClassVar[int]
     DATA_US_FIELD_NUMBER: _ClassVar[int]
     REPEAT_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    REPEAT_NATIVE_FIELD_NUMBER: _ClassVar[int]
     bytes: int
     transport: str
     control_us: int
     data_us: int
     repeat_handle: int
-    def __init__(self, bytes: _Optional[int] = ..., transport: _Optional[str] = ..., control_us: _Optional[int] = ..., data_us: _Optional[int] = ..., repeat_handle: _Optional[int] = ...) -> None: ...
+    repeat_native: bool
+    def __init__(self, bytes: _Optional[int] = ..., transport: _Optional[str] = ..., control_us: _Optional[int] = ..., data_us: _Optional[int] = ..., repeat_handle: _Optional[int] = ..., repeat_native: _Optional[bool] = ...) -> None: ...
 
 class CacheOperand(_message.Message):
     __slots__ = ("cache_id", "pool_id", "tensor_offsets", "tensor_size", "batch_size", "buffer_id")
