@@ -331,6 +331,10 @@ class _Connection(asyncio.Protocol):
             self._binding.released()
         self._binding = binding
         if tag == RINGS_TAG and self._server.native is not None:
+            # Rings instead of a lane: the connection carries no calls, and is
+            # not one of the session's lane connections.
+            binding.released()
+            self._binding = None
             self._open_native(call_id, body.decode())
             return
         self._reply(call_id, REPLY_OK, b"")

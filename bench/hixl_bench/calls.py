@@ -75,7 +75,7 @@ QUIET_LINKS = {"HIXL_LINKS__HEARTBEAT_INTERVAL_S": "60", "HIXL_LINKS__DOWN_AFTER
                "HIXL_LINKS__LEASE_S": "3600"}
 
 
-def _requests(env: Clusters, op: str, path: str, nblocks: int,
+def requests_of(env: Clusters, op: str, path: str, nblocks: int,
               caches: tuple[Cache, Cache]) -> Callable[[int], Awaitable[None]]:
     local, remote = caches
     target = env.target_id(path)
@@ -101,7 +101,7 @@ def _requests(env: Clusters, op: str, path: str, nblocks: int,
 
 
 @contextlib.asynccontextmanager
-async def _caches(env: Clusters, op: str, path: str, nblocks: int,
+async def request_caches(env: Clusters, op: str, path: str, nblocks: int,
                   block: int) -> AsyncIterator[tuple[Cache, Cache]]:
     target = env.target_cm(path)
     if op == "blocks":
@@ -171,8 +171,8 @@ async def run(op: str, path: str, nblocks: int, block: int, requests: int, top: 
         os.environ.update(QUIET_LINKS)
         async with daemons(256 * MIB, 256 * MIB, 4) as pair, \
                 clusters(pair, 64 * MIB, (path,)) as env, \
-                _caches(env, op, path, nblocks, block) as caches:
-            request = _requests(env, op, path, nblocks, caches)
+                request_caches(env, op, path, nblocks, block) as caches:
+            request = requests_of(env, op, path, nblocks, caches)
             for i in range(WARM_UP):
                 await request(i)
             pids = {"daemon A (initiator)": pair.a.pid}
