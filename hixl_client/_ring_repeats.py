@@ -15,6 +15,7 @@ gives the full call's result or error. Everything runs on the loop's thread.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -36,9 +37,11 @@ from hixl_wire.lane import (
 from hixl_wire.link_status import link_failure
 from hixl_wire.rings import (
     COMPLETION,
+    KIND_CANCEL,
     KIND_PULL,
     KIND_PUSH,
     MAX_IN_FLIGHT,
+    OUTCOME_CANCELLED,
     OUTCOME_FAILED,
     OUTCOME_FALLBACK,
     OUTCOME_OK,
@@ -198,7 +201,21 @@ class RingRepeats:
         pending[call_id] = _Waiting(future, loop.time() + timeout_s + self._grace_s)
         if self._watchdog is None:
             self._watchdog = loop.call_later(WATCHDOG_TICK_S, self._watch)
-        return self._outcome(await self._answer(future, alone))
+        try:
+            answer = await self._answer(future, alone)
+        except asyncio.CancelledError:
+            self._cancel(call_id)
+            raise
+        return self._outcome(answer)
+
+    def _cancel(self, call_id: int) -> None:
+        """Tell the daemon a caller gave up ``call_id``: it answers the call at
+        once (OUTCOME_CANCELLED), so the call leaves the daemon's transfers under
+        way as a cancelled lane call does; the place in the ring is freed then."""
+        if self._closed or call_id not in self._pending:
+            return
+        with contextlib.suppress(*_RING_ERRORS):  # not sent: its own completion frees it
+            self._pair.outgoing.write(SUBMISSION.pack(call_id, 0, 0, 0, 0, KIND_CANCEL))
 
     async def _answer(self, future: asyncio.Future[_Answer], alone: bool) -> _Answer:
         if not alone:
@@ -261,7 +278,8 @@ class RingRepeats:
         try:
             while (frame := incoming.read()) is not None:
                 call_id, outcome, status, nbytes, data_us, _ = COMPLETION.unpack(frame)
-                if outcome not in (OUTCOME_OK, OUTCOME_FALLBACK, OUTCOME_FAILED):
+                if outcome not in (OUTCOME_OK, OUTCOME_FALLBACK, OUTCOME_FAILED,
+                                   OUTCOME_CANCELLED):
                     raise ValueError(f"unknown outcome {outcome}")
                 waiting = pending.pop(call_id, None)
                 if waiting is not None and not waiting.future.done():

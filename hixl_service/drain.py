@@ -43,8 +43,10 @@ Reply = TypeVar("Reply")
 class Drain:
     """Whether the daemon still takes new work, and the layer-wise tasks it waits for."""
 
-    def __init__(self, load: TransferLoad) -> None:
+    def __init__(self, load: TransferLoad, native: Callable[[], int] = lambda: 0) -> None:
+        """``native``: the transfers native lanes have out (native_lanes.py)."""
         self._load = load
+        self._native = native
         self.draining = False
         self.layerwise_tasks = 0  # TransferCache streams that started a task and still run
 
@@ -62,11 +64,11 @@ class Drain:
 
     @property
     def busy(self) -> bool:
-        return self._load.running > 0 or self.layerwise_tasks > 0
+        return self._load.running > 0 or self.layerwise_tasks > 0 or self._native() > 0
 
     def in_flight(self) -> str:
-        return (f"{self._load.running} transfer calls and {self.layerwise_tasks} layer-wise "
-                f"tasks")
+        return (f"{self._load.running} transfer calls, {self._native()} native transfers and "
+                f"{self.layerwise_tasks} layer-wise tasks")
 
     async def wait_idle(self, grace_s: float) -> bool:
         """Wait until no transfer call and no layer-wise task runs, at most ``grace_s``;

@@ -99,7 +99,7 @@ class Engine:
         self.clusters: dict[int, Cluster] = {}
         self._initializing: set[int] = set()
         self.sessions = Sessions()
-        self.drain = Drain(deps.load)
+        self.drain = Drain(deps.load, lambda: self.native.under_way)
         self.kit = deps.kit
         # Repeats run by native threads, from rings the clients write (native_lanes.py).
         self.native = NativeLanes(deps.stats)

@@ -106,10 +106,23 @@ class NativeLanes:
         return lane, pair, far
 
     def close(self, lane: hixl_native.NativeLane, pair: RingPair) -> None:
-        """End a lane (its connection closed): its thread first, then its rings."""
+        """End a lane (its connection closed): its thread first, then its rings.
+        The thread ends once the transfers it has out ended (each by its
+        deadline), so it is waited for off the event loop."""
         self._lanes.discard(lane)
-        lane.stop()
+        task = asyncio.get_running_loop().create_task(self._stop(lane, pair))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    @staticmethod
+    async def _stop(lane: hixl_native.NativeLane, pair: RingPair) -> None:
+        await asyncio.to_thread(lane.stop)
         pair.close()
+
+    @property
+    def under_way(self) -> int:
+        """Transfers the lanes have out now (their callers did not cancel them)."""
+        return sum(lane.under_way for lane in self._lanes)
 
     # -- cells -------------------------------------------------------------
 
@@ -198,7 +211,7 @@ class NativeLanes:
         """The daemon stops: every lane ended, every cell freed."""
         self.refuse()
         for lane in list(self._lanes):
-            lane.stop()
+            await asyncio.to_thread(lane.stop)
         self._lanes.clear()
         if self._closing:
             await asyncio.gather(*self._closing, return_exceptions=True)

@@ -659,7 +659,7 @@ def _repeat_reply(stats: DaemonStats, repeat: Repeat, started: float, outcome: O
                       **_timing(stats, "push_cache" if push else "pull_cache", started, outcome))
 
 
-def _timing(stats: DaemonStats, op: str, started: float, outcome: Outcome) -> dict[str, int]:
+def _timing(stats: DaemonStats, op: str, started: float, outcome: Outcome) -> dict[str, Any]:
     """The daemon's split of a transfer: control work and data movement, in us;
     counted in ``stats`` on the way (the one place a successful pull or push ends)."""
     control_s = max(0.0, time.perf_counter() - started - outcome.data_s)

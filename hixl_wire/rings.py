@@ -48,8 +48,11 @@ SUBMISSION = struct.Struct("<QQIIII")
 # call id, outcome, native status (OUTCOME_FAILED), bytes moved, microseconds
 # of data movement, reserved (0)
 COMPLETION = struct.Struct("<QiiQII")
-KIND_PULL, KIND_PUSH = 1, 2
-OUTCOME_OK, OUTCOME_FALLBACK, OUTCOME_FAILED = 0, 1, 2
+# KIND_CANCEL: the caller of call id gave up; the daemon answers that call at
+# once with OUTCOME_CANCELLED (its transfer runs on to its end), and the
+# cancel itself gets no completion.
+KIND_PULL, KIND_PUSH, KIND_CANCEL = 1, 2, 3
+OUTCOME_OK, OUTCOME_FALLBACK, OUTCOME_FAILED, OUTCOME_CANCELLED = 0, 1, 2, 3
 # The descriptors of a pair, in the order the HELLO reply carries them: the
 # submission ring's memfd, wait and wake ends, then the completion ring's.
 PAIR_FDS = 6

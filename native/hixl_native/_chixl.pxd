@@ -272,6 +272,8 @@ cdef extern from "native_lane.h" nogil:
         HIXL_NL_OK
         HIXL_NL_FALLBACK
         HIXL_NL_FAILED
+        HIXL_NL_CANCELLED
+        HIXL_NL_CANCEL
 
     int hixl_nl_cell_create(uint64_t handle, uint64_t owner, int push, int checksum,
                             hixl_link *link, hixl_mapping *local, const uint64_t *quads,
@@ -289,5 +291,6 @@ cdef extern from "native_lane.h" nogil:
     int hixl_nl_start(hixl_ring *submissions, hixl_ring *completions, uint64_t owner,
                       hixl_nl_log *log, hixl_nlane **out)
     uint64_t hixl_nl_served(hixl_nlane *l)
+    int hixl_nl_under_way(hixl_nlane *l)
     int hixl_nl_ended(hixl_nlane *l)
     void hixl_nl_stop(hixl_nlane *l)

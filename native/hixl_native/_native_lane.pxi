@@ -3,6 +3,8 @@
 NL_OK = HIXL_NL_OK
 NL_FALLBACK = HIXL_NL_FALLBACK
 NL_FAILED = HIXL_NL_FAILED
+NL_CANCELLED = HIXL_NL_CANCELLED
+NL_CANCEL = HIXL_NL_CANCEL  # a submission's kind: cancel the call it names
 
 
 cdef class RepeatCell:
@@ -162,7 +164,8 @@ cdef class NativeLane:
     """A thread that runs the repeats a client writes into ``submissions`` (this
     side consumes) and answers each in ``completions`` (this side produces),
     for the cells of ``owner``; it logs to ``log``. The rings are the lane's
-    until ``stop``, which must come before they are closed."""
+    until ``stop``, which must come before they are closed, and which waits
+    (GIL released) for transfers still out, each bounded by its deadline."""
 
     cdef hixl_nlane *_l
     cdef Ring _submissions
@@ -194,6 +197,11 @@ cdef class NativeLane:
     def served(self):
         """Submissions answered so far."""
         return hixl_nl_served(self._l) if self._l != NULL else 0
+
+    @property
+    def under_way(self):
+        """Transfers it has out now (cancelled ones not counted)."""
+        return hixl_nl_under_way(self._l) if self._l != NULL else 0
 
     @property
     def ended(self):

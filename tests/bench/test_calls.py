@@ -29,10 +29,15 @@ def test_every_process_reports_its_calls_per_request(op: str, path: str) -> None
                            "--requests", "400", "--top", "3"],
                           capture_output=True, text=True, timeout=120, check=True)
     out = done.stdout
-    # every request costs the client and the initiating daemon Python work,
-    # and the counts are per request: far fewer than the requests made
+    # every request costs the client Python work, and the counts are per
+    # request: far fewer than the requests made
     assert 10 < _calls(out, "client") < 1000
-    assert 10 < _calls(out, "daemon A (initiator)") < 1000
+    if op == "pull" and path == "tcp":
+        # Repeats over TCP run on daemon A's native lane: its Python only
+        # counts them afterwards, in batches.
+        assert _calls(out, "daemon A (initiator)") < 20
+    else:
+        assert 10 < _calls(out, "daemon A (initiator)") < 1000
     if path == "tcp":
         # The target's data server is native: repeats cost it no Python. What it
         # shows is its timers' work in the window (lease checks, the status
@@ -40,11 +45,10 @@ def test_every_process_reports_its_calls_per_request(op: str, path: str) -> None
         assert _calls(out, "daemon B (target)") < 1
     else:
         assert "daemon B" not in out
-    # A request waits for its reply, so the client sleeps and is woken about
-    # once per request; each process spends some CPU on every request.
+    # Each process spends some CPU on every request. (Waiting threads spin and
+    # yield before they sleep, so how often each sleeps depends on the host.)
     processes = ["client", "daemon A (initiator)"] + (["daemon B (target)"] if path == "tcp" else [])
     for process in processes:
         switches, voluntary, cpu_us = _switches(out, process)
         assert 0 <= voluntary <= switches < 100, out
         assert 0 < cpu_us < 100_000, out
-    assert _switches(out, "client")[1] > 0.5, out

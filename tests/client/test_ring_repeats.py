@@ -41,9 +41,11 @@ from hixl_wire.lane import (
 )
 from hixl_wire.rings import (
     COMPLETION,
+    KIND_CANCEL,
     KIND_PULL,
     KIND_PUSH,
     MAX_IN_FLIGHT,
+    OUTCOME_CANCELLED,
     OUTCOME_FAILED,
     OUTCOME_FALLBACK,
     OUTCOME_OK,
@@ -258,18 +260,22 @@ async def test_a_malformed_completion_closes_the_rings() -> None:
 
 
 @pytest.mark.asyncio
-async def test_a_cancelled_callers_late_completion_is_ignored() -> None:
+async def test_a_cancelled_call_is_cancelled_at_the_daemon_and_late_answers_ignored() -> None:
     async with rings() as (client, daemon):
         call = asyncio.ensure_future(client.repeat(False, 1, 0, 0, 5.0))
         (cancelled, *_), = await daemon.submissions(1)
         call.cancel()
         with pytest.raises(asyncio.CancelledError):
             await call
+        (cancel,) = await daemon.submissions(1)  # the daemon is told
+        assert (cancel[0], cancel[-1]) == (cancelled, KIND_CANCEL)
         later = asyncio.ensure_future(client.repeat(False, 2, 0, 0, 5.0))
         (call_id, *_), = await daemon.submissions(1)
-        daemon.complete(cancelled, nbytes=1)
+        daemon.complete(cancelled, outcome=OUTCOME_CANCELLED)  # its answer frees its place
+        daemon.complete(cancelled, nbytes=1)  # a stray one: ignored
         daemon.complete(call_id, nbytes=2)
         assert await asyncio.wait_for(later, 1.0) == Completion(2, 0)
+        assert not client._pending
 
 
 # ---- connect: the HELLO that asks for the rings ------------------------------------------------

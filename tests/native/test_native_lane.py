@@ -244,3 +244,101 @@ def test_a_full_log_counts_what_it_lost(lane: Lane, linked: Any) -> None:
         assert lane.log.take() == ([], 0)
     finally:
         c.close()
+
+
+def test_requests_in_flight_overlap_and_each_lands(lane: Lane, linked: Any) -> None:
+    """Submissions written together go to the link together (each answered by
+    its call id, in whatever order the replies come)."""
+    link, remote, local = linked
+    c = cell(link, local, 110)
+    c.publish()
+    try:
+        count = 64
+        for i in range(count):
+            assert lane.submit.write(SUBMISSION.pack(1000 + i, 110, i % SLOTS,
+                                                     (i * 3) % SLOTS, 5000, PULL))
+        done: dict[int, tuple[Any, ...]] = {}
+        deadline = time.monotonic() + 10
+        while len(done) < count:
+            frame = lane.complete.read()
+            if frame is None:
+                assert time.monotonic() < deadline, f"{len(done)} of {count} answered"
+                lane.complete.wait(0.2)
+                continue
+            answer = COMPLETION.unpack(frame)
+            done[answer[0]] = answer
+        assert sorted(done) == list(range(1000, 1000 + count))
+        assert {answer[1] for answer in done.values()} == {hn.NL_OK}
+        for slot in range(SLOTS):  # the last pull into each slot came from...
+            last = max(i for i in range(count) if (i * 3) % SLOTS == slot)
+            assert np.array_equal(slot_of(local, slot), slot_of(remote, last % SLOTS))
+        assert lane.lane.under_way == 0
+    finally:
+        c.close()
+
+
+@pytest.fixture
+def silent(cq: CompletionQueue, pools: tuple[SharedPool, SharedPool]) -> Iterator[Any]:
+    """A cell whose far side takes requests and never answers (its transfers
+    end by their 300 ms deadline)."""
+    from tests.native._native_support import RawServer
+
+    server = RawServer("silent")
+    link = hn.DataLink("127.0.0.1", server.port, TOKEN, 1, cq, 2000)
+    stuck = hn.RepeatCell(120, OWNER, False, False, link, pools[1], REGION, slot_ranges(),
+                          SLOT, SLOTS, SLOT, SLOTS, TENSORS * SLOT, 300)
+    stuck.publish()
+    yield stuck
+    stuck.close()
+    link.close()
+    server.close()
+
+
+def test_a_silent_far_side_holds_up_only_its_own(lane: Lane, linked: Any,
+                                                 silent: Any) -> None:
+    link, _, local = linked
+    quick = cell(link, local, 111)
+    quick.publish()
+    try:
+        assert lane.submit.write(SUBMISSION.pack(1, 120, 0, 0, 5000, PULL))
+        started = time.monotonic()
+        answer = lane.call(2, 111, 1, 1)
+        assert answer[:2] == (2, hn.NL_OK)
+        assert time.monotonic() - started < 0.25  # not behind the silent one's 300 ms
+        assert lane.lane.under_way == 1
+        first = COMPLETION.unpack(_next(lane))
+        call_id, outcome, status = first[:3]
+        assert (call_id, outcome, status) == (1, hn.NL_FAILED, hn.E_TIMEOUT)
+        assert lane.lane.under_way == 0
+    finally:
+        quick.close()
+
+
+def _next(lane: Lane, timeout_s: float = 5.0) -> bytes:
+    deadline = time.monotonic() + timeout_s
+    while (frame := lane.complete.read()) is None:
+        assert time.monotonic() < deadline, "no completion"
+        lane.complete.wait(0.2)
+    return frame
+
+
+def test_a_cancelled_call_is_answered_at_once(lane: Lane, silent: Any) -> None:
+    """Its transfer runs to its deadline (the memory stays in use until then),
+    but its caller hears at once, and nothing more about it later."""
+    assert lane.submit.write(SUBMISSION.pack(5, 120, 0, 0, 5000, PULL))
+    deadline = time.monotonic() + 5
+    while lane.lane.under_way != 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    assert lane.submit.write(SUBMISSION.pack(5, 0, 0, 0, 0, hn.NL_CANCEL))
+    assert COMPLETION.unpack(_next(lane))[:2] == (5, hn.NL_CANCELLED)
+    assert lane.lane.under_way == 0
+    assert silent.inflight == 1
+    while silent.inflight:  # its deadline ends it
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert lane.complete.read() is None
+    records, _ = lane.log.take()
+    assert [(r[1], r[2], r[3]) for r in records] == [(120, hn.NL_FAILED, hn.E_TIMEOUT)]
+    assert lane.submit.write(SUBMISSION.pack(6, 0, 0, 0, 0, hn.NL_CANCEL))  # nothing to cancel
+    assert lane.call(7, 999, 0, 0)[:2] == (7, hn.NL_FALLBACK)  # and the lane goes on

@@ -92,6 +92,14 @@ hixl_cq_node *hixl_cq_take(hixl_cq *q)
     return list;
 }
 
+int hixl_cq_pending(hixl_cq *q)
+{
+    pthread_mutex_lock(&q->mu);
+    int pending = q->head != NULL;
+    pthread_mutex_unlock(&q->mu);
+    return pending;
+}
+
 void hixl_cq_close(hixl_cq *q)
 {
     pthread_mutex_lock(&q->mu);

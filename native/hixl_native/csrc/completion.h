@@ -40,6 +40,8 @@ void hixl_cq_post(hixl_cq *q, hixl_cq_node *node);
 /* Resets the eventfd and returns every pending node, oldest first. The caller
  * frees each node with hixl_cq_node_free(). */
 hixl_cq_node *hixl_cq_take(hixl_cq *q);
+/* Nonzero while nodes wait (a look without a system call, for a spinning consumer). */
+int hixl_cq_pending(hixl_cq *q);
 void hixl_cq_close(hixl_cq *q);
 /* Frees a node handed out by hixl_cq_take (it may be a whole request). */
 void hixl_cq_node_free(hixl_cq_node *node);

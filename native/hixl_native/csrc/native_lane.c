@@ -14,6 +14,7 @@
 #include "completion.h"
 #include "copy.h"
 #include "hixl_common.h"
+#include "spin.h"
 #include "tcp_wire.h"
 
 /* A lane that served its last submission less than this ago expects the
@@ -22,9 +23,11 @@
  * work, much sooner than a sleeping thread would be woken. */
 #define SPIN_AFTER_NS 200000ull
 #define SPIN_NS 100000ull
-/* How long the lane's thread waits, on itself, for a request's reply before
- * a link worker takes the reply over (it then waits on its queue). */
-#define INLINE_WAIT_US 100000ull
+/* How long the lane's thread waits, on itself, for the reply of a request
+ * that is alone before a link worker takes the reply over (as the event
+ * loop's own inline wait, transports/tcp.py); requests with others pending
+ * go to the link's workers at once, so one slow far side delays no other. */
+#define INLINE_WAIT_US 200ull
 /* A client that leaves its completion ring full this long is not reading it. */
 #define STUCK_NS 5000000000ull
 
@@ -243,40 +246,34 @@ void hixl_nl_log_destroy(hixl_nl_log *g)
 
 /* ---- lanes ---- */
 
+typedef struct hixl_nl_pending {
+    hixl_nl_cell *cell; /* NULL: a free slot */
+    uint64_t request_id;
+    uint64_t call_id;
+    uint64_t handle;
+    uint64_t started_ns;
+    int cancelled; /* its completion went out already */
+} hixl_nl_pending;
+
 struct hixl_nlane {
     hixl_ring *submissions, *completions;
     uint64_t owner;
     hixl_nl_log *log;
-    hixl_cq *cq; /* this lane's own requests whose reply a link worker took over */
+    hixl_cq *cq; /* this lane's requests that did not end on its thread */
     int stop_fd;
     pthread_t thread;
     atomic_int ended;
     atomic_ulong served;
-    uint64_t *quads; /* the shifted quads of the request being sent */
+    atomic_int under_way; /* pending and not cancelled */
+    hixl_nl_pending pending[HIXL_NL_MAX_PENDING];
+    int npending;
+    uint64_t next_request; /* request ids: a sequence number above, the slot below */
+    uint64_t *quads;       /* the shifted quads of the request being sent */
     size_t quads_cap;
-    uint64_t last_served_ns;
-    uint64_t gap_ns; /* between the last two submissions' arrival and the one before's end */
+    uint64_t active_ns;    /* the last time a submission or a reply came */
 };
 
-/* The status of this lane's request posted to its queue: waits (each request
- * ends by its deadline; the link's close ends it sooner). */
-static int32_t posted_status(hixl_nlane *l)
-{
-    for (;;) {
-        hixl_cq_node *node = hixl_cq_take(l->cq);
-        if (node != NULL) {
-            int32_t status = node->status;
-            while (node != NULL) { /* only one request is ever out */
-                hixl_cq_node *next = node->next;
-                hixl_cq_node_free(node);
-                node = next;
-            }
-            return status;
-        }
-        struct pollfd p = {.fd = hixl_cq_fd(l->cq), .events = POLLIN};
-        (void)poll(&p, 1, 1000);
-    }
-}
+#define SLOT_BITS 16
 
 /* Shifts the cell's quads into l->quads; 0 when a range leaves the local
  * mapping or overflows (the full call words that error). */
@@ -305,63 +302,156 @@ static int shift_quads(hixl_nlane *l, const hixl_nl_cell *c, uint64_t remote_shi
     return 1;
 }
 
-static void run_cell(hixl_nlane *l, hixl_nl_cell *c, const hixl_nl_submission *s,
-                     hixl_nl_completion *done, uint64_t *data_ns)
+/* Writes one completion; not HIXL_OK once the ring is unusable (the client
+ * stopped reading it, or the lane stops). */
+static int complete(hixl_nlane *l, const hixl_nl_completion *done)
 {
-    if (s->src_batch >= c->src_slots || s->dst_batch >= c->dst_slots ||
-        !hixl_link_alive(c->link))
-        return;
-    uint64_t src_shift = (uint64_t)s->src_batch * c->src_stride;
-    uint64_t dst_shift = (uint64_t)s->dst_batch * c->dst_stride;
-    if (!(c->push ? shift_quads(l, c, dst_shift, src_shift)
-                  : shift_quads(l, c, src_shift, dst_shift)))
-        return;
-    uint64_t started = hixl_now_ns();
-    int32_t status = 1;
-    int rc = hixl_link_submit_wait_to(c->link, c->op, s->call_id, c->local,
-                                      (const uint8_t *)l->quads, c->n, c->timeout_ms,
-                                      INLINE_WAIT_US, &status, l->cq);
-    if (rc != HIXL_OK) /* nothing posted: the link closed, or no memory */
-        return;
-    if (status == 1)
-        status = posted_status(l);
-    *data_ns = hixl_now_ns() - started;
-    if (status == HIXL_E_REFUSED) /* the far side has no such region now: nothing moved */
-        return;
-    done->outcome = status == HIXL_OK ? HIXL_NL_OK : HIXL_NL_FAILED;
-    done->native_status = status;
-    done->bytes = status == HIXL_OK ? c->bytes : 0;
-    done->data_us = (uint32_t)(*data_ns / 1000);
+    int rc = hixl_ring_write(l->completions, done, sizeof(*done));
+    if (rc == HIXL_E_BUSY) { /* a client keeps fewer in flight than the ring holds */
+        rc = hixl_ring_wait_writable(l->completions, sizeof(*done), 0,
+                                     hixl_now_ns() + STUCK_NS, l->stop_fd);
+        if (rc == HIXL_OK)
+            rc = hixl_ring_write(l->completions, done, sizeof(*done));
+    }
+    return rc;
 }
 
-/* Runs one submission and writes its completion; not HIXL_OK once the
- * completion ring is unusable (the client stopped reading, or the lane stops). */
-static int serve(hixl_nlane *l, const hixl_nl_submission *s)
+/* The end of a transfer that ran: its completion (unless its caller
+ * cancelled it), its record in the log, and its cell let go. */
+static int finish(hixl_nlane *l, hixl_nl_cell *c, uint64_t call_id, uint64_t handle,
+                  int cancelled, int32_t status, uint64_t data_ns)
 {
-    hixl_nl_completion done = {.call_id = s->call_id, .outcome = HIXL_NL_FALLBACK};
-    uint64_t data_ns = 0;
+    int rc = HIXL_OK;
+    if (status != HIXL_E_REFUSED) {
+        hixl_nl_record rec = {.owner = l->owner, .handle = handle,
+                              .outcome = status == HIXL_OK ? HIXL_NL_OK : HIXL_NL_FAILED,
+                              .native_status = status,
+                              .bytes = status == HIXL_OK ? c->bytes : 0, .data_ns = data_ns};
+        log_add(l->log, &rec);
+    }
+    if (!cancelled) {
+        hixl_nl_completion done = {.call_id = call_id};
+        if (status == HIXL_E_REFUSED) { /* the far side has no such region now: nothing moved */
+            done.outcome = HIXL_NL_FALLBACK;
+        } else {
+            done.outcome = status == HIXL_OK ? HIXL_NL_OK : HIXL_NL_FAILED;
+            done.native_status = status;
+            done.bytes = status == HIXL_OK ? c->bytes : 0;
+            done.data_us = (uint32_t)(data_ns / 1000);
+        }
+        rc = complete(l, &done);
+    }
+    atomic_fetch_sub(&c->inflight, 1); /* the cell may be freed from here on */
+    return rc;
+}
+
+/* Takes the replies that link workers finished for this lane. */
+static int reap(hixl_nlane *l)
+{
+    int rc = HIXL_OK;
+    hixl_cq_node *node = hixl_cq_take(l->cq);
+    while (node != NULL) {
+        hixl_cq_node *next = node->next;
+        hixl_nl_pending *p = &l->pending[node->id & ((1u << SLOT_BITS) - 1)];
+        if (p->cell != NULL && p->request_id == node->id) {
+            hixl_nl_cell *c = p->cell;
+            p->cell = NULL;
+            l->npending--;
+            if (!p->cancelled)
+                atomic_fetch_sub(&l->under_way, 1);
+            int frc = finish(l, c, p->call_id, p->handle, p->cancelled, node->status,
+                             hixl_now_ns() - p->started_ns);
+            if (rc == HIXL_OK)
+                rc = frc;
+        }
+        hixl_cq_node_free(node);
+        node = next;
+    }
+    return rc;
+}
+
+/* Starts one submission: ends it here when it can (a fallback, or a request
+ * alone whose reply came within the inline wait), else leaves it pending
+ * on the link. `alone`: nothing else is pending or waiting in the ring. */
+static int start(hixl_nlane *l, const hixl_nl_submission *s, int alone)
+{
+    hixl_nl_completion fallback = {.call_id = s->call_id, .outcome = HIXL_NL_FALLBACK};
     hixl_nl_cell *c = NULL;
     if (s->kind == HIXL_NL_PULL || s->kind == HIXL_NL_PUSH)
         c = take_cell(s->handle, l->owner, s->kind == HIXL_NL_PUSH);
-    if (c != NULL) {
-        run_cell(l, c, s, &done, &data_ns);
-        if (done.outcome != HIXL_NL_FALLBACK) {
-            hixl_nl_record rec = {.owner = l->owner, .handle = s->handle,
-                                  .outcome = done.outcome,
-                                  .native_status = done.native_status,
-                                  .bytes = done.bytes, .data_ns = data_ns};
-            log_add(l->log, &rec);
+    if (c == NULL)
+        return complete(l, &fallback);
+    uint64_t src_shift = (uint64_t)s->src_batch * c->src_stride;
+    uint64_t dst_shift = (uint64_t)s->dst_batch * c->dst_stride;
+    if (s->src_batch >= c->src_slots || s->dst_batch >= c->dst_slots ||
+        !hixl_link_alive(c->link) ||
+        !(c->push ? shift_quads(l, c, dst_shift, src_shift)
+                  : shift_quads(l, c, src_shift, dst_shift))) {
+        atomic_fetch_sub(&c->inflight, 1);
+        return complete(l, &fallback);
+    }
+    unsigned slot = 0;
+    while (l->pending[slot].cell != NULL) /* the caller keeps a slot free */
+        slot++;
+    uint64_t request_id = (++l->next_request << SLOT_BITS) | slot;
+    uint64_t started = hixl_now_ns();
+    int32_t status = 1;
+    int rc = hixl_link_submit_wait_to(c->link, c->op, request_id, c->local,
+                                      (const uint8_t *)l->quads, c->n, c->timeout_ms,
+                                      alone ? INLINE_WAIT_US : 0, &status, l->cq);
+    if (rc != HIXL_OK) { /* nothing posted: the link closed, or no memory */
+        atomic_fetch_sub(&c->inflight, 1);
+        return complete(l, &fallback);
+    }
+    if (status != 1)
+        return finish(l, c, s->call_id, s->handle, 0, status, hixl_now_ns() - started);
+    l->pending[slot] = (hixl_nl_pending){.cell = c, .request_id = request_id,
+                                         .call_id = s->call_id, .handle = s->handle,
+                                         .started_ns = started};
+    l->npending++;
+    atomic_fetch_add(&l->under_way, 1);
+    return HIXL_OK;
+}
+
+/* The client gave up a call: its completion goes out now (the transfer
+ * itself runs to its end, as a cancelled call's does on the ordinary lane). */
+static int cancel(hixl_nlane *l, uint64_t call_id)
+{
+    for (int k = 0; k < HIXL_NL_MAX_PENDING; k++) {
+        hixl_nl_pending *p = &l->pending[k];
+        if (p->cell != NULL && !p->cancelled && p->call_id == call_id) {
+            p->cancelled = 1;
+            atomic_fetch_sub(&l->under_way, 1);
+            hixl_nl_completion done = {.call_id = call_id, .outcome = HIXL_NL_CANCELLED};
+            return complete(l, &done);
         }
-        atomic_fetch_sub(&c->inflight, 1); /* the cell may be freed from here on */
     }
-    int rc = hixl_ring_write(l->completions, &done, sizeof(done));
-    if (rc == HIXL_E_BUSY) { /* the client keeps fewer in flight than the ring holds */
-        rc = hixl_ring_wait_writable(l->completions, sizeof(done), 0, hixl_now_ns() + STUCK_NS,
-                                     l->stop_fd);
-        if (rc == HIXL_OK)
-            rc = hixl_ring_write(l->completions, &done, sizeof(done));
+    return HIXL_OK; /* answered already */
+}
+
+/* Waits for a submission or a reply: spins while replies are due or
+ * submissions came lately, then sleeps. HIXL_E_CANCELLED once stopped. */
+static int wait_for_work(hixl_nlane *l)
+{
+    uint64_t now = hixl_now_ns();
+    if (l->npending > 0 || now - l->active_ns < SPIN_AFTER_NS) {
+        uint64_t until = now + SPIN_NS;
+        while (!hixl_spin_over(until)) {
+            if (hixl_ring_readable(l->submissions) != 0 || hixl_cq_pending(l->cq))
+                return HIXL_OK;
+            hixl_spin_pause();
+        }
     }
-    return rc;
+    if (hixl_ring_arm(l->submissions, 0) != 1)
+        return HIXL_OK; /* a submission came meanwhile (or the ring is corrupt: read says) */
+    struct pollfd p[3] = {{.fd = l->submissions->wait_fd, .events = POLLIN},
+                          {.fd = hixl_cq_fd(l->cq), .events = POLLIN},
+                          {.fd = l->stop_fd, .events = POLLIN}};
+    int rc = poll(p, 3, -1);
+    hixl_ring_disarm(l->submissions);
+    if (rc < 0 && errno != EINTR)
+        return HIXL_E_IO;
+    return p[2].revents ? HIXL_E_CANCELLED : HIXL_OK;
 }
 
 static void *lane_main(void *arg)
@@ -369,29 +459,50 @@ static void *lane_main(void *arg)
     hixl_nlane *l = arg;
     hixl_nl_submission s;
     for (;;) {
-        uint64_t now = hixl_now_ns();
-        uint64_t spin = now - l->last_served_ns < SPIN_AFTER_NS && l->gap_ns < SPIN_AFTER_NS
-                            ? SPIN_NS : 0;
-        int rc = hixl_ring_wait_readable(l->submissions, spin, 0, l->stop_fd);
-        if (rc != HIXL_OK)
-            break; /* stopped (E_CANCELLED), or a corrupt ring */
-        uint64_t found = hixl_now_ns();
-        l->gap_ns = found - l->last_served_ns;
-        for (;;) {
+        if (hixl_cq_pending(l->cq)) {
+            l->active_ns = hixl_now_ns();
+            if (reap(l) != HIXL_OK)
+                break;
+        }
+        int took = 0, rc = HIXL_OK;
+        while (l->npending < HIXL_NL_MAX_PENDING) {
             size_t len = 0;
             rc = hixl_ring_read(l->submissions, &s, sizeof(s), &len);
-            if (rc == HIXL_E_BUSY)
+            if (rc == HIXL_E_BUSY) {
+                rc = HIXL_OK;
                 break;
-            if (rc != HIXL_OK || len != sizeof(s))
-                goto end; /* a corrupt ring or a foreign frame: the client is broken */
-            rc = serve(l, &s);
+            }
+            if (rc != HIXL_OK || len != sizeof(s)) {
+                rc = HIXL_E_PROTO; /* a corrupt ring or a foreign frame: the client is broken */
+                break;
+            }
+            took = 1;
             atomic_fetch_add(&l->served, 1);
+            if (s.kind == HIXL_NL_CANCEL) {
+                rc = cancel(l, s.call_id);
+            } else {
+                int alone = l->npending == 0 && hixl_ring_readable(l->submissions) == 0;
+                rc = start(l, &s, alone);
+            }
             if (rc != HIXL_OK)
-                goto end;
+                break;
         }
-        l->last_served_ns = hixl_now_ns();
+        if (rc != HIXL_OK)
+            break;
+        if (took) {
+            l->active_ns = hixl_now_ns();
+            continue;
+        }
+        if (wait_for_work(l) != HIXL_OK)
+            break;
     }
-end:
+    /* Requests still out use their cells' memory until they end (each by its
+     * deadline; a closed link ends them at once): wait for them. */
+    while (l->npending > 0) {
+        struct pollfd p = {.fd = hixl_cq_fd(l->cq), .events = POLLIN};
+        (void)poll(&p, 1, 1000);
+        (void)reap(l); /* their completions may find the ring unusable: no matter */
+    }
     atomic_store(&l->ended, 1);
     return NULL;
 }
@@ -429,6 +540,11 @@ int hixl_nl_start(hixl_ring *submissions, hixl_ring *completions, uint64_t owner
 uint64_t hixl_nl_served(hixl_nlane *l)
 {
     return atomic_load(&l->served);
+}
+
+int hixl_nl_under_way(hixl_nlane *l)
+{
+    return atomic_load(&l->under_way);
 }
 
 int hixl_nl_ended(hixl_nlane *l)

@@ -42,21 +42,24 @@ typedef struct hixl_nl_submission {
     uint32_t src_batch;
     uint32_t dst_batch;
     uint32_t timeout_ms; /* the client's; the cell's own timeout bounds the transfer */
-    uint32_t kind;       /* HIXL_NL_PULL or HIXL_NL_PUSH */
+    uint32_t kind;       /* HIXL_NL_PULL, HIXL_NL_PUSH or HIXL_NL_CANCEL (of call_id) */
 } hixl_nl_submission;
 
 /* One completion: 32 bytes (COMPLETION in hixl_wire/rings.py). */
 typedef struct hixl_nl_completion {
     uint64_t call_id;
-    int32_t outcome;       /* HIXL_NL_OK, _FALLBACK or _FAILED */
+    int32_t outcome;       /* HIXL_NL_OK, _FALLBACK, _FAILED or _CANCELLED */
     int32_t native_status; /* with _FAILED: the request's HIXL_E_* */
     uint64_t bytes;
     uint32_t data_us;
     uint32_t reserved;
 } hixl_nl_completion;
 
-enum { HIXL_NL_PULL = 1, HIXL_NL_PUSH = 2 };
-enum { HIXL_NL_OK = 0, HIXL_NL_FALLBACK = 1, HIXL_NL_FAILED = 2 };
+enum { HIXL_NL_PULL = 1, HIXL_NL_PUSH = 2, HIXL_NL_CANCEL = 3 };
+enum { HIXL_NL_OK = 0, HIXL_NL_FALLBACK = 1, HIXL_NL_FAILED = 2, HIXL_NL_CANCELLED = 3 };
+/* Transfers a lane has out at once (hixl_wire.rings.MAX_IN_FLIGHT); more
+ * wait in the ring. */
+#define HIXL_NL_MAX_PENDING 256
 
 /* ---- cells: the published prepared transfers ---- */
 
@@ -115,15 +118,25 @@ typedef struct hixl_nlane hixl_nlane;
  * Starts a lane thread reading `submissions` (the consumer side) and writing
  * `completions` (the producer side), for cells of `owner`, logging to `log`.
  * The rings and the log must outlive the lane (hixl_nl_stop first).
+ *
+ * A submission alone is sent, and its reply awaited for a short while, on
+ * the lane's thread; with others pending or waiting, each goes to the link
+ * at once and its reply comes back through the lane's own completion queue,
+ * so transfers overlap and a slow far side holds up only its own. A CANCEL
+ * submission answers its call at once (HIXL_NL_CANCELLED); the transfer runs
+ * to its end, as a cancelled call's does on the ordinary lane.
  */
 int hixl_nl_start(hixl_ring *submissions, hixl_ring *completions, uint64_t owner,
                   hixl_nl_log *log, hixl_nlane **out);
-/* Submissions served so far (any outcome). */
+/* Submissions served so far (any outcome, cancels too). */
 uint64_t hixl_nl_served(hixl_nlane *l);
+/* Transfers it has out now (not cancelled). */
+int hixl_nl_under_way(hixl_nlane *l);
 /* Nonzero once the thread ended on its own: a corrupt ring, or its client
  * stopped reading completions. */
 int hixl_nl_ended(hixl_nlane *l);
-/* Ends the thread (a transfer in progress first runs to its end) and frees the lane. */
+/* Ends the thread (transfers out first run to their end, each bounded by its
+ * deadline) and frees the lane. */
 void hixl_nl_stop(hixl_nlane *l);
 
 #endif
