@@ -23,10 +23,12 @@
  * work, much sooner than a sleeping thread would be woken. */
 #define SPIN_AFTER_NS 200000ull
 #define SPIN_NS 100000ull
-/* How long the lane's thread waits, on itself, for the reply of a request
- * that is alone before a link worker takes the reply over (as the event
- * loop's own inline wait, transports/tcp.py); requests with others pending
- * go to the link's workers at once, so one slow far side delays no other. */
+/* How long the lane's thread waits, on itself, for a request's reply before
+ * a link worker takes the reply over (as the event loop's own inline wait,
+ * transports/tcp.py). Sending and receiving on the lane's thread spares the
+ * hand-offs to and from a worker, which cost more than a small request's
+ * round trip; a far side slower than this holds up the requests behind it
+ * by this long at most, then its reply comes through the lane's queue. */
 #define INLINE_WAIT_US 200ull
 /* A client that leaves its completion ring full this long is not reading it. */
 #define STUCK_NS 5000000000ull
@@ -371,9 +373,9 @@ static int reap(hixl_nlane *l)
 }
 
 /* Starts one submission: ends it here when it can (a fallback, or a request
- * alone whose reply came within the inline wait), else leaves it pending
- * on the link. `alone`: nothing else is pending or waiting in the ring. */
-static int start(hixl_nlane *l, const hixl_nl_submission *s, int alone)
+ * whose reply came within the inline wait), else leaves it pending on the
+ * link. */
+static int start(hixl_nlane *l, const hixl_nl_submission *s)
 {
     hixl_nl_completion fallback = {.call_id = s->call_id, .outcome = HIXL_NL_FALLBACK};
     hixl_nl_cell *c = NULL;
@@ -398,7 +400,7 @@ static int start(hixl_nlane *l, const hixl_nl_submission *s, int alone)
     int32_t status = 1;
     int rc = hixl_link_submit_wait_to(c->link, c->op, request_id, c->local,
                                       (const uint8_t *)l->quads, c->n, c->timeout_ms,
-                                      alone ? INLINE_WAIT_US : 0, &status, l->cq);
+                                      INLINE_WAIT_US, &status, l->cq);
     if (rc != HIXL_OK) { /* nothing posted: the link closed, or no memory */
         atomic_fetch_sub(&c->inflight, 1);
         return complete(l, &fallback);
@@ -481,8 +483,7 @@ static void *lane_main(void *arg)
             if (s.kind == HIXL_NL_CANCEL) {
                 rc = cancel(l, s.call_id);
             } else {
-                int alone = l->npending == 0 && hixl_ring_readable(l->submissions) == 0;
-                rc = start(l, &s, alone);
+                rc = start(l, &s);
             }
             if (rc != HIXL_OK)
                 break;

@@ -119,10 +119,11 @@ typedef struct hixl_nlane hixl_nlane;
  * `completions` (the producer side), for cells of `owner`, logging to `log`.
  * The rings and the log must outlive the lane (hixl_nl_stop first).
  *
- * A submission alone is sent, and its reply awaited for a short while, on
- * the lane's thread; with others pending or waiting, each goes to the link
- * at once and its reply comes back through the lane's own completion queue,
- * so transfers overlap and a slow far side holds up only its own. A CANCEL
+ * Each submission is sent, and its reply awaited for a short while, on the
+ * lane's thread, which spares the hand-offs to and from a link worker; a
+ * reply that takes longer comes back through the lane's own completion
+ * queue while the lane goes on, so a slow far side holds up the requests
+ * behind it by that short wait only. A CANCEL
  * submission answers its call at once (HIXL_NL_CANCELLED); the transfer runs
  * to its end, as a cancelled call's does on the ordinary lane.
  */
