@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import hixl_native
@@ -130,17 +131,27 @@ class NativeLanes:
         """Whether the lanes run repeats of ``handle`` now (a cell is published)."""
         return handle in self._published
 
-    def offer(self, cluster: Cluster, repeat: Repeat, checksum: bool) -> None:
-        """After a transfer of ``repeat``'s shape succeeded (``checksum``: its
-        Checksum resolved now): publish its prepared transfer, unless a cell of
-        it is out already or it cannot run natively."""
+    def offer(self, cluster: Cluster, repeat: Repeat,
+              checksum_of: Callable[[int], bool]) -> bool:
+        """After a transfer of ``repeat``'s shape succeeded: publish its prepared
+        transfer, unless a cell of it is out already or it cannot run natively
+        (``checksum_of`` resolves the shape's Checksum); whether the lanes run
+        its repeats now."""
         prepared = repeat.found
-        if (self._refusing or prepared is None or repeat.handle in self._published
-                or prepared.bytes > MAX_NATIVE_BYTES or native_plan(prepared.handle) is None
-                or prepared.local.gone
-                or not prepared.current(cluster.registry, cluster.links, repeat.shape, checksum)):
-            return
+        if prepared is None or prepared.native_fit is False or self._refusing:
+            return False
+        if repeat.handle in self._published:
+            return True
+        if prepared.native_fit is None:  # asked once per prepared transfer
+            prepared.native_fit = (prepared.bytes <= MAX_NATIVE_BYTES
+                                   and native_plan(prepared.handle) is not None)
+            if not prepared.native_fit:
+                return False
+        if prepared.local.gone or not prepared.current(
+                cluster.registry, cluster.links, repeat.shape, checksum_of(repeat.shape.checksum)):
+            return False
         self.publish(cluster, repeat, prepared)
+        return self.runs(repeat.handle)
 
     def publish(self, cluster: Cluster, repeat: Repeat, prepared: PreparedTransfer) -> None:
         """Let the lanes run repeats of ``repeat`` from ``prepared`` (just found

@@ -54,6 +54,8 @@ class PreparedTransfer:
     bytes: int
     handle: Prepared  # the transport's, for the plan between slots 0 and 0
     checksum: bool  # whether its bytes carry a CRC-32C
+    # Whether a native lane can run it (native_lanes.py); None: not asked yet.
+    native_fit: bool | None = None
 
     def current(self, registry: CacheRegistry, links: Mapping[int, OutboundLink],
                 shape: TransferShape, checksum: bool) -> bool:

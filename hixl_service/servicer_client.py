@@ -417,9 +417,7 @@ class ClientServicer(client_pb2_grpc.ClientServicer):
     def _offer_native(self, cluster: Cluster, repeat: Repeat) -> bool:
         """Let the native lanes run the next repeats of a shape that just moved
         (native_lanes.py); whether they do."""
-        native = self._engine.native
-        native.offer(cluster, repeat, self._checksum(repeat.shape.checksum))
-        return native.runs(repeat.handle)
+        return self._engine.native.offer(cluster, repeat, self._checksum)
 
     @unary
     @refuses_while_draining("transfers")
