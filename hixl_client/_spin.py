@@ -7,8 +7,8 @@ as much again. So a lane call spins first: it looks at the lane's socket, the
 GIL released, for up to twice the time replies took lately
 (``hixl_native.spin_readable``), and sleeps only after that. Once replies
 take longer than the bound, spinning would only burn a core: the caller
-sleeps at once, and looks again when replies get quick again. The spin also
-ends as soon as the thread loses its CPU to another.
+sleeps at once, and looks again when replies get quick again. Between two
+looks the thread yields its core to any other that wants it (``csrc/spin.h``).
 """
 
 from __future__ import annotations

@@ -231,7 +231,7 @@ def spin_readable(int fd, double budget_us):
     """Busy-waits, the GIL released, up to ``budget_us`` for the stream socket
     ``fd`` to have something to read (bytes, its end, an error), for a caller
     that expects an answer sooner than sleeping and being woken would take.
-    Stops early once this thread lost its CPU (``csrc/spin.h``).
+    Yields the core between two looks (``csrc/spin.h``).
 
     Returns:
         Whether ``fd`` is readable.
