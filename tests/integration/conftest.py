@@ -8,6 +8,7 @@ service. Tests that stop, pause or kill a daemon start their own.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -118,3 +119,14 @@ def fill_random(cache: Cache, seed: int) -> list[np.ndarray]:
         view[:] = rng.integers(0, 256, view.size, dtype=np.uint8)
         out.append(view.copy())
     return out
+
+
+def logged(daemon: DaemonProcess, text: str, timeout_s: float = 5.0) -> bool:
+    """Whether ``text`` shows in the daemon's log within ``timeout_s`` (blocking:
+    call it in a thread from async code)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if text in daemon.log_path.read_text(errors="replace"):
+            return True
+        time.sleep(0.05)
+    return False

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 
@@ -38,7 +37,7 @@ from tests.clusters import cluster_info
 from tests.native._native_support import REPLY, REQUEST, FlipRelay
 
 from ._metrics_support import ascrape, value
-from .conftest import daemon_process, fill_random, options
+from .conftest import daemon_process, fill_random, logged, options
 
 pytestmark = pytest.mark.asyncio
 
@@ -109,15 +108,6 @@ async def clusters(relayed: Relayed, next_cluster_id: Callable[[], int]
 def tensors(cache: Cache) -> list[np.ndarray]:
     return [np.frombuffer(cache.tensor_view(i), dtype=np.uint8).copy()
             for i in range(cache.cache_desc.num_tensors)]
-
-
-def logged(daemon: DaemonProcess, text: str, timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if text in daemon.log_path.read_text(errors="replace"):
-            return True
-        time.sleep(0.05)
-    return False
 
 
 # Two tensors of 32 KiB: one contiguous 64 KiB extent, one range on the wire.
