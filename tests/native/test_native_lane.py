@@ -44,13 +44,7 @@ class Lane:
     def call(self, call_id: int, handle: int, src: int, dst: int, kind: int = PULL,
              timeout_s: float = 5.0) -> tuple[int, int, int, int, int, int]:
         assert self.submit.write(SUBMISSION.pack(call_id, handle, src, dst, 5000, kind))
-        deadline = time.monotonic() + timeout_s
-        while True:
-            frame = self.complete.read()
-            if frame is not None:
-                return COMPLETION.unpack(frame)
-            assert time.monotonic() < deadline, "no completion"
-            self.complete.wait(0.2)
+        return COMPLETION.unpack(_next(self, timeout_s))
 
 
 @pytest.fixture
@@ -257,16 +251,8 @@ def test_requests_in_flight_overlap_and_each_lands(lane: Lane, linked: Any) -> N
         for i in range(count):
             assert lane.submit.write(SUBMISSION.pack(1000 + i, 110, i % SLOTS,
                                                      (i * 3) % SLOTS, 5000, PULL))
-        done: dict[int, tuple[Any, ...]] = {}
-        deadline = time.monotonic() + 10
-        while len(done) < count:
-            frame = lane.complete.read()
-            if frame is None:
-                assert time.monotonic() < deadline, f"{len(done)} of {count} answered"
-                lane.complete.wait(0.2)
-                continue
-            answer = COMPLETION.unpack(frame)
-            done[answer[0]] = answer
+        answers = [COMPLETION.unpack(_next(lane)) for _ in range(count)]
+        done = {answer[0]: answer for answer in answers}
         assert sorted(done) == list(range(1000, 1000 + count))
         assert {answer[1] for answer in done.values()} == {hn.NL_OK}
         for slot in range(SLOTS):  # the last pull into each slot came from...
@@ -319,7 +305,7 @@ def _next(lane: Lane, timeout_s: float = 5.0) -> bytes:
     while (frame := lane.complete.read()) is None:
         assert time.monotonic() < deadline, "no completion"
         lane.complete.wait(0.2)
-    return frame
+    return bytes(frame)
 
 
 def test_a_cancelled_call_is_answered_at_once(lane: Lane, silent: Any) -> None:
