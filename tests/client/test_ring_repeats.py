@@ -35,7 +35,6 @@ from hixl_wire.lane import (
     KIND_HELLO,
     REPLY_ERROR,
     REPLY_OK,
-    WATCHDOG_TICK_S,
     call_error,
     unanswered,
 )
@@ -189,8 +188,10 @@ async def test_a_daemon_that_never_answers_times_the_call_out() -> None:
         with pytest.raises(LLMException) as info:
             await client.repeat(False, 7, 0, 0, 0.05)
         took = time.monotonic() - started
-        # Not before its bound and grace (the loop clock has milliseconds), nor long after.
-        assert 0.09 <= took < 0.1 + 3 * WATCHDOG_TICK_S
+        # Not before its bound and grace (the loop clock has milliseconds); after
+        # them, within a watchdog tick on a quiet host (bounded here loosely, as a
+        # loaded host may run the loop late).
+        assert 0.09 <= took < 5.0
         expected = unanswered(WHAT)
         assert (info.value.status_code, str(info.value)) == (LLMStatusCode.LLM_TIMEOUT,
                                                              str(expected))

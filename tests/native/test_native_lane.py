@@ -219,10 +219,10 @@ def test_a_foreign_frame_ends_the_lane(lane: Lane) -> None:
     lane.lane.stop()  # idempotent
 
 
-def test_stop_ends_an_idle_lane_at_once(lane: Lane) -> None:
-    started = time.monotonic()
+def test_stop_ends_an_idle_lane(lane: Lane) -> None:
+    """Asleep in poll, it wakes on its stop descriptor (a lane that did not
+    would hang this test until pytest's timeout)."""
     lane.lane.stop()
-    assert time.monotonic() - started < 1.0
     assert lane.lane.ended
 
 
@@ -266,13 +266,13 @@ def test_requests_in_flight_overlap_and_each_lands(lane: Lane, linked: Any) -> N
 @pytest.fixture
 def silent(cq: CompletionQueue, pools: tuple[SharedPool, SharedPool]) -> Iterator[Any]:
     """A cell whose far side takes requests and never answers (its transfers
-    end by their 300 ms deadline)."""
+    end by their 1 s deadline)."""
     from tests.native._native_support import RawServer
 
     server = RawServer("silent")
     link = hn.DataLink("127.0.0.1", server.port, TOKEN, 1, cq, 2000)
     stuck = hn.RepeatCell(120, OWNER, False, False, link, pools[1], REGION, slot_ranges(),
-                          SLOT, SLOTS, SLOT, SLOTS, TENSORS * SLOT, 300)
+                          SLOT, SLOTS, SLOT, SLOTS, TENSORS * SLOT, 1000)
     stuck.publish()
     yield stuck
     stuck.close()
@@ -287,10 +287,8 @@ def test_a_silent_far_side_holds_up_only_its_own(lane: Lane, linked: Any,
     quick.publish()
     try:
         assert lane.submit.write(SUBMISSION.pack(1, 120, 0, 0, 5000, PULL))
-        started = time.monotonic()
-        answer = lane.call(2, 111, 1, 1)
-        assert answer[:2] == (2, hn.NL_OK)
-        assert time.monotonic() - started < 0.25  # not behind the silent one's 300 ms
+        # Answered first: the silent one's answer comes only at its deadline.
+        assert lane.call(2, 111, 1, 1)[:2] == (2, hn.NL_OK)
         assert lane.lane.under_way == 1
         first = COMPLETION.unpack(_next(lane))
         call_id, outcome, status = first[:3]
