@@ -195,8 +195,10 @@ class Daemon:
                 logger.error("reload refused, the running configuration stays: %s", exc)
             else:
                 plan = plan_reload(self.config, loaded)
+                # Before the new settings apply (and are logged): a native lane
+                # runs no repeat prepared under the old checksum default after.
+                self.engine.native.revoke_all()
                 apply_reload(plan, self.trust, self.engine.deps)
-                self.engine.native.revoke_all()  # the checksum default may have changed
                 self.config = plan.config
             _systemd.notify(f"READY=1\nSTATUS={summary(self.engine)}")
             return plan

@@ -96,6 +96,9 @@ async def test_the_drain_takes_shapes_back_and_waits_for_the_lanes(
             async with aio.insecure_channel(decode.client_target) as channel:
                 await admin_pb2_grpc.AdminStub(channel).Drain(admin_pb2.DrainRequest(),
                                                               timeout=10)
+            # Drain answers before the daemon's stop begins the drain: wait for it.
+            assert await asyncio.to_thread(logged, decode, "draining: refusing", 10), \
+                decode.log_tail()
             with pytest.raises(LLMException, match="draining"):
                 await cm.pull_cache(key(3), dst, batch_index=3)
         finally:
