@@ -86,7 +86,7 @@ class NativeLanes:
         self._refusing = False  # draining: nothing new runs natively
         self._reader_at: asyncio.AbstractEventLoop | None = None
         self._closing: set[asyncio.Task[None]] = set()
-        self.native_transfers = 0  # what the lanes ran, for the admin status and tests
+        self.native_transfers = 0  # what the lanes ran (/metrics: lane="native")
 
     # -- lanes -------------------------------------------------------------
 
