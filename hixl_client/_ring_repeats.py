@@ -1,10 +1,24 @@
 """Repeated transfers through the session's rings (``hixl_wire.rings``).
 
 A repeat written to the submission ring is run by a native thread of the
-daemon; its completion comes back on the other ring. A call alone in flight
-spins for it (``_spin.ReplySpin``'s budget, the GIL released), since a small
-repeat is answered sooner than a sleeping event loop would be woken; calls
-that overlap sleep in the loop on the completion ring's pipe.
+daemon; its completion comes back on the other ring. A small repeat is
+answered sooner than a sleeping event loop would be woken, so the client
+looks for completions by spinning (``_spin.ReplySpin``'s budget, the GIL
+released) before it sleeps in the loop on the completion ring's pipe:
+
+* A caller that makes one call at a time spins in the call itself: its
+  answer is there when it awaits it, and the call never suspends.
+* Calls that overlap do not spin each on its own, which would hold the loop
+  while the others wait to be submitted. Each call awaits its answer, and one
+  *look* per turn of the loop (a callback queued behind the callers that are
+  ready) spins once for all of them, after they have all been submitted.
+  Every look that settled some calls queues the next one, behind the callers
+  it woke, so while calls flow the loop never sleeps; a look that found
+  nothing within the budget sleeps on the pipe.
+
+Which of the two a call takes follows how many calls the last look found in
+flight; one call in ``PROBE_EVERY`` that would spin in itself goes by the
+look instead, so that callers which have begun to overlap are noticed.
 
 The rings are a shortcut, never the only way: whenever they cannot take or
 run a call (full, closed, the daemon's ``OUTCOME_FALLBACK``) :meth:`repeat`
@@ -58,6 +72,10 @@ from .status import LLMException, LLMStatusCode
 logger = logging.getLogger(__name__)
 
 _CALL_IDS = 2**64
+# One call in this many that could spin in itself awaits the look instead:
+# callers of a loop that each spin in their call never overlap, and this is
+# how they are found to be several.
+PROBE_EVERY = 32
 _TIMEOUT_MS_MAX = 2**32 - 1
 # What a ring failure can raise: a corrupt ring (NativeError), a closed one (ValueError).
 _RING_ERRORS = (hixl_native.NativeError, ValueError, OSError)
@@ -107,6 +125,10 @@ class RingRepeats:
         self._pending: dict[int, _Waiting] = {}
         self._next_id = 0
         self._armed = False  # asleep on the completion ring's pipe
+        self._armed_at = 0.0  # when it went to sleep there (perf_counter)
+        self._look_due = False  # a look is queued on the loop
+        self._overlapping = True  # the last look found several calls in flight
+        self._inline_calls = 0  # calls that spun in themselves since the last look
         self._watchdog: asyncio.TimerHandle | None = None
         self._closed = False
         self._loop.add_reader(pair.incoming.wait_fd, self._completions_ready)
@@ -197,12 +219,17 @@ class RingRepeats:
         loop = self._loop
         future: asyncio.Future[_Answer] = loop.create_future()
         # Alone, and not asleep on the ring (which a spin's wait would undo).
-        alone = not pending and not self._armed
+        alone = not pending and not self._armed and not self._look_due
         pending[call_id] = _Waiting(future, loop.time() + timeout_s + self._grace_s)
         if self._watchdog is None:
             self._watchdog = loop.call_later(WATCHDOG_TICK_S, self._watch)
         try:
-            answer = await self._answer(future, alone)
+            if alone and not self._overlapping and self._inline_calls < PROBE_EVERY:
+                self._inline_calls += 1
+                answer = await self._spun(future)
+            else:
+                self._look_soon()
+                answer = await future
         except asyncio.CancelledError:
             self._cancel(call_id)
             raise
@@ -217,20 +244,42 @@ class RingRepeats:
         with contextlib.suppress(*_RING_ERRORS):  # not sent: its own completion frees it
             self._pair.outgoing.write(SUBMISSION.pack(call_id, 0, 0, 0, 0, KIND_CANCEL))
 
-    async def _answer(self, future: asyncio.Future[_Answer], alone: bool) -> _Answer:
-        if not alone:
-            self._sleep()
-            return await future
+    async def _spun(self, future: asyncio.Future[_Answer]) -> _Answer:
+        """The answer of the one call in flight, spun for in the call itself."""
         started = time.perf_counter()
-        try:
-            budget = self._spin.budget_us()
-            if budget > 0:
-                self._look(budget)
-            if not future.done():
-                self._sleep()
-            return await future
-        finally:
-            self._spin.took((time.perf_counter() - started) * 1e6)
+        budget = self._spin.budget_us()
+        if budget > 0:
+            self._look_for(budget)
+        if not future.done():
+            self._sleep(started)
+            if self._armed:
+                return await future  # _completions_ready counts the wait
+        self._spin.took((time.perf_counter() - started) * 1e6)
+        return await future  # done, unless the rings closed (then None)
+
+    def _look_soon(self) -> None:
+        if not self._look_due:
+            self._look_due = True
+            self._loop.call_soon(self._look)
+
+    def _look(self) -> None:
+        """One look for all the calls in flight (see the module): spin for
+        completions, then either queue the next look or sleep on the pipe."""
+        self._look_due = False
+        pending = self._pending
+        self._overlapping = len(pending) > 1
+        self._inline_calls = 0
+        if self._closed or self._armed or not pending:
+            return
+        started = time.perf_counter()
+        budget = self._spin.budget_us()
+        settled = self._look_for(budget) if budget > 0 else 0
+        if not settled:
+            self._sleep(started)
+            return
+        self._spin.took((time.perf_counter() - started) * 1e6)
+        if pending:
+            self._look_soon()
 
     def _outcome(self, answer: _Answer) -> Completion | None:
         if answer is None:
@@ -243,17 +292,19 @@ class RingRepeats:
             raise LLMException(text, status_code=code)
         return None  # OUTCOME_FALLBACK (others are refused in _drain)
 
-    def _look(self, budget_us: float) -> None:
+    def _look_for(self, budget_us: float) -> int:
         """Spin up to ``budget_us`` for a completion, the GIL released, and
-        settle what came."""
+        settle what came: how many calls that settled."""
         try:
             if self._pair.incoming.wait(0.0, spin_us=budget_us):
-                self._drain()
+                return self._drain()
         except _RING_ERRORS as exc:
             self._lost(f"the completion ring failed: {exc}")
+        return 0
 
-    def _sleep(self) -> None:
-        """Sleep on the completion ring's pipe while submissions are unanswered."""
+    def _sleep(self, since: float) -> None:
+        """Sleep on the completion ring's pipe while submissions are unanswered
+        (``since``: when the wait for them began, for the spin's budget)."""
         while not self._armed and self._pending and not self._closed:
             try:
                 self._armed = self._pair.incoming.arm()
@@ -262,19 +313,25 @@ class RingRepeats:
                 return
             if not self._armed:  # completions came meanwhile
                 self._drain()
+        if self._armed:
+            self._armed_at = since
 
     def _completions_ready(self) -> None:
         if self._closed:
             return
-        self._armed = False
+        if self._armed:
+            self._armed = False
+            self._spin.took((time.perf_counter() - self._armed_at) * 1e6)
         # Also when not armed: a spin's wait may leave a wake-up in the pipe.
         self._pair.incoming.disarm()
         self._drain()
-        self._sleep()
+        if self._pending:
+            self._look_soon()  # behind the callers just woken, which may submit more
 
-    def _drain(self) -> None:
-        """Settle the calls whose completions are in the ring."""
+    def _drain(self) -> int:
+        """Settle the calls whose completions are in the ring: how many."""
         incoming, pending = self._pair.incoming, self._pending
+        settled = 0
         try:
             while (frame := incoming.read()) is not None:
                 call_id, outcome, status, nbytes, data_us, _ = COMPLETION.unpack(frame)
@@ -282,10 +339,12 @@ class RingRepeats:
                                    OUTCOME_CANCELLED):
                     raise ValueError(f"unknown outcome {outcome}")
                 waiting = pending.pop(call_id, None)
+                settled += 1
                 if waiting is not None and not waiting.future.done():
                     waiting.future.set_result((outcome, status, nbytes, data_us))
         except (*_RING_ERRORS, struct.error) as exc:
             self._lost(f"a malformed completion: {exc}")
+        return settled
 
     def _watch(self) -> None:
         """Give up on calls past their bound; runs every WATCHDOG_TICK_S while

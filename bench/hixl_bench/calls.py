@@ -26,6 +26,8 @@ each process's context switches and CPU time (every thread's, from
 ``/proc``): a request that wakes a sleeping thread shows up there as a
 voluntary switch, so that figure says how many hand-offs between threads a
 request costs, as exactly as the call count says how much Python it runs.
+With ``--conc N`` that window keeps N requests in flight, and says how many
+it ran a second: where the CPU of each process goes when calls overlap.
 """
 
 from __future__ import annotations
@@ -142,10 +144,19 @@ def _report_tasks(name: str, totals: TaskTotals, requests: int) -> None:
 
 
 async def _unprofiled(pids: dict[str, int], requests: int,
-                      request: Callable[[int], Awaitable[None]]) -> None:
+                      request: Callable[[int], Awaitable[None]], conc: int) -> None:
+    """Run ``requests`` with ``conc`` in flight, and print what each process spent."""
     before = {name: task_totals(pid) for name, pid in pids.items()}
-    for i in range(requests):
-        await request(i)
+    numbers = iter(range(requests))
+    started = time.perf_counter()
+
+    async def worker() -> None:
+        for i in numbers:  # shared: the workers take the requests in turn
+            await request(i)
+
+    await asyncio.gather(*(worker() for _ in range(conc)))
+    took_s = time.perf_counter() - started
+    print(f"{requests} requests, {conc} in flight: {requests / took_s:,.0f} a second")
     for name, pid in pids.items():
         _report_tasks(name, task_totals(pid) - before[name], requests)
 
@@ -159,7 +170,8 @@ async def _wait_for(path: Path) -> None:
     await asyncio.sleep(0.1)  # the dump is written in one go; let it finish
 
 
-async def run(op: str, path: str, nblocks: int, block: int, requests: int, top: int) -> None:
+async def run(op: str, path: str, nblocks: int, block: int, requests: int, top: int,
+              conc: int = 1) -> None:
     with tempfile.TemporaryDirectory(prefix="hixl-calls-") as scratch:
         root = Path(scratch)
         (root / "sitecustomize.py").write_text(_SITECUSTOMIZE, encoding="utf-8")
@@ -179,7 +191,7 @@ async def run(op: str, path: str, nblocks: int, block: int, requests: int, top: 
             if path == "tcp":
                 pids["daemon B (target)"] = pair.b.pid
             await _unprofiled({"client": os.getpid(), **pids}, requests,
-                            lambda i: request(WARM_UP + i))
+                              lambda i: request(WARM_UP + i), conc)
             for pid in pids.values():
                 os.kill(pid, START)
             await asyncio.sleep(0.2)  # let the handlers run before counting starts
@@ -206,11 +218,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block", type=int, default=4096, help="bytes per range")
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--top", type=int, default=15, help="functions shown per process")
+    parser.add_argument("--conc", type=int, default=1,
+                        help="requests in flight while CPU and context switches are counted "
+                             "(the profiled window runs one at a time)")
     args = parser.parse_args(argv)
     if not 1 <= args.blocks <= BLOCKS or args.requests < 1:
         parser.error(f"--blocks must be in [1, {BLOCKS}] and --requests positive")
+    if not 1 <= args.conc <= SLOTS:
+        parser.error(f"--conc must be in [1, {SLOTS}]")
     import uvloop
-    uvloop.run(run(args.op, args.path, args.blocks, args.block, args.requests, args.top))
+    uvloop.run(run(args.op, args.path, args.blocks, args.block, args.requests, args.top,
+                   args.conc))
     return 0
 
 

@@ -26,7 +26,7 @@ import hixl_native
 import pytest
 from hixl_native import Ring
 
-from hixl_client._ring_repeats import Completion, RingRepeats
+from hixl_client._ring_repeats import PROBE_EVERY, Completion, RingRepeats
 from hixl_client._spin import ReplySpin
 from hixl_client.status import LLMException, LLMStatusCode
 from hixl_service.native_errors import link_error
@@ -213,6 +213,44 @@ async def test_calls_in_flight_get_their_own_completions_in_any_order() -> None:
             await asyncio.sleep(0)  # some now, some together
         assert await asyncio.wait_for(asyncio.gather(*calls), 1.0) == [
             Completion(handle * 10, handle) for handle in range(1, 11)]
+
+
+async def _worker(client: RingRepeats, handle: int, calls: int) -> None:
+    for _ in range(calls):
+        assert await client.repeat(False, handle, 0, 0, 1.5) == Completion(handle * 1000, 5)
+
+
+@pytest.mark.asyncio
+async def test_callers_that_overlap_are_all_submitted_before_the_client_spins() -> None:
+    # Spinning up to a second: a caller that spun in its own call would hold
+    # the loop, and the others could not submit until it was done.
+    async with rings(spin=ReplySpin(1e6)) as (client, daemon):
+        with daemon.answering(_moved) as seen:
+            await asyncio.gather(*(_worker(client, handle, 3) for handle in range(1, 5)))
+        handles = [submission[1] for submission in seen]
+        assert handles[:4] == [1, 2, 3, 4] and sorted(handles) == sorted([1, 2, 3, 4] * 3)
+
+
+@pytest.mark.asyncio
+async def test_a_caller_that_spins_in_its_calls_lets_others_in_every_probe_every_calls() -> None:
+    # The first caller runs alone, so it spins in its calls, which never yield
+    # the loop. The second caller is started from the daemon's thread after the
+    # first's third call: it can run only when one of the first's calls goes
+    # by the look instead, PROBE_EVERY calls later at the most.
+    loop = asyncio.get_running_loop()
+    second: list[asyncio.Future[None]] = []
+    async with rings(spin=ReplySpin(1e6)) as (client, daemon):
+        def answer(submission: Submission) -> tuple[int, int, int, int]:
+            if len(seen) == 3:
+                loop.call_soon_threadsafe(
+                    lambda: second.append(asyncio.ensure_future(_worker(client, 2, 1))))
+            return _moved(submission)
+
+        with daemon.answering(answer) as seen:
+            await _worker(client, 1, 3 * PROBE_EVERY)
+            await asyncio.wait_for(second[0], 1.0)
+        handles = [submission[1] for submission in seen]
+        assert handles.count(2) == 1 and 3 <= handles.index(2) <= 3 + PROBE_EVERY + 1
 
 
 @pytest.mark.asyncio
