@@ -8,6 +8,7 @@ handshake metadata, once, after the KV cache is registered.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -17,9 +18,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
-from ._kv_layout import kv_layout_of
+from ._kv_layout import KvLayout, kv_layout_of
+from ._kv_map import RUN_TOKENS, KvShape
 from ._metadata import HixlConnectorMetadata, HixlHandshake
-from ._params import Settings, cluster_id_of, layout_fingerprint
+from ._params import LOGGER_NAME, Settings, cluster_id_of, layout_family, layout_fingerprint
 from ._scheduler import HixlScheduler
 from ._stats import HixlConnectorStats
 from ._worker import HixlWorker
@@ -57,6 +59,32 @@ def _attention_kernel(vllm_config: VllmConfig) -> str:
         return ""
 
 
+# The kernels whose block interiors _kv_map knows (K transposed, then V).
+RUN_VIEW_KERNELS = frozenset({"vec", "vec16"})
+
+logger = logging.getLogger(LOGGER_NAME)
+
+
+def _kv_shape(vllm_config: VllmConfig, layout: KvLayout, kernel: str) -> KvShape | None:
+    """This worker's KV shape, when its blocks can also move as runs (``_kv_map``)
+    to and from instances with another block size; None otherwise."""
+    model, cache = vllm_config.model_config, vllm_config.cache_config
+    try:
+        import torch
+
+        itemsize = torch.empty((), dtype=getattr(torch, layout.dtype)).element_size()
+        shape = KvShape(cache.block_size, model.get_num_kv_heads(vllm_config.parallel_config),
+                        model.get_head_size(), itemsize)
+    except (AttributeError, TypeError):  # a dtype mix, or no such model facts
+        return None
+    if kernel not in RUN_VIEW_KERNELS or shape.block_bytes != layout.block_bytes or \
+            shape.block_size % RUN_TOKENS:
+        logger.info("hixl: KV blocks of %d bytes (kernel %r) move only between instances of "
+                    "the same block size", layout.block_bytes, kernel)
+        return None
+    return shape
+
+
 def _tensor_parallel_rank() -> int:
     from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 
@@ -87,7 +115,8 @@ class HixlConnector(KVConnectorBase_V1):
         self._scheduler: HixlScheduler | None = None
         self._worker: HixlWorker | None = None
         if role == KVConnectorRole.SCHEDULER:
-            self._scheduler = HixlScheduler(self._engine_id, settings)
+            self._scheduler = HixlScheduler(self._engine_id, settings,
+                                            vllm_config.cache_config.block_size)
         else:
             rank = _tensor_parallel_rank()
             self._worker = HixlWorker(settings, cluster_id_of(self._engine_id, rank), rank)
@@ -98,11 +127,16 @@ class HixlConnector(KVConnectorBase_V1):
         assert self._worker is not None
         layout = kv_layout_of(kv_caches, self._kv_cache_config.num_blocks)
         model = self._vllm_config.model_config
+        architecture = str(getattr(model, "architecture", ""))
+        kernel = _attention_kernel(self._vllm_config)
         fingerprint = layout_fingerprint(
-            str(getattr(model, "architecture", "")),
-            layout.dtype, self._vllm_config.cache_config.block_size,
-            len(layout.addresses), layout.block_bytes, _attention_kernel(self._vllm_config))
-        self._worker.register(layout, fingerprint)
+            architecture, layout.dtype, self._vllm_config.cache_config.block_size,
+            len(layout.addresses), layout.block_bytes, kernel)
+        shape = _kv_shape(self._vllm_config, layout, kernel)
+        family = "" if shape is None else layout_family(
+            architecture, layout.dtype, len(layout.addresses), shape.num_kv_heads,
+            shape.head_size, kernel)
+        self._worker.register(layout, fingerprint, shape, family)
 
     def get_handshake_metadata(self) -> KVConnectorHandshakeMetadata | None:
         return self._worker.handshake() if self._worker is not None else None

@@ -20,15 +20,25 @@ class HixlHandshake(KVConnectorHandshakeMetadata):
     peer_address: str
     cluster_id: int
     layout: str
+    kv_shape: tuple[int, ...] = ()  # KvShape.to_list(); () without a run view
+    family: str = ""
 
 
 @dataclass(frozen=True)
 class Load:
-    """Pull ``remote``'s blocks into ``block_ids`` (this instance's, in order)."""
+    """Pull ``remote``'s blocks into ``block_ids`` (this instance's, in order).
+
+    With ``num_tokens`` 0 the two lists pair up block for block. Otherwise the
+    blocks differ in size: ``block_ids`` hold tokens ``[first_token,
+    num_tokens)`` and ``remote.block_ids`` every token from the first, and
+    they move as runs (``_kv_map``).
+    """
 
     request_id: str
     block_ids: tuple[int, ...]
     remote: RemoteBlocks
+    first_token: int = 0
+    num_tokens: int = 0
 
 
 @dataclass

@@ -28,6 +28,11 @@ TOKENS = "remote_num_tokens"
 PEER = "hixl_peer_address"
 CLUSTERS = "hixl_cluster_ids"
 LAYOUT = "hixl_layout"
+# The KV shape ([block size, KV heads, head size, item size]) and its layout
+# family (every part of the layout but the block size): blocks of another
+# size move as runs (``_kv_map``) within one family.
+KV_SHAPE = "hixl_kv_shape"
+FAMILY = "hixl_layout_family"
 
 # Notification names (NotifyDesc.name); each message is request ids, one a line.
 DONE = "hixl-vllm/done"    # the decode side is done with these blocks: free them
@@ -95,13 +100,16 @@ class RemoteBlocks:
     peer_address: str
     cluster_ids: tuple[int, ...]  # one per worker rank
     layout: str
+    kv_shape: tuple[int, ...] = ()  # KvShape.to_list(); () when it has no run view
+    family: str = ""
 
     def to_params(self) -> dict[str, Any]:
         """The kv_transfer_params a decode request carries (JSON values only)."""
         return {DO_REMOTE_PREFILL: True, DO_REMOTE_DECODE: False, ENGINE: self.engine_id,
                 REQUEST: self.request_id, BLOCKS: list(self.block_ids),
                 TOKENS: self.num_tokens, PEER: self.peer_address,
-                CLUSTERS: list(self.cluster_ids), LAYOUT: self.layout}
+                CLUSTERS: list(self.cluster_ids), LAYOUT: self.layout,
+                KV_SHAPE: list(self.kv_shape), FAMILY: self.family}
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> RemoteBlocks | None:
@@ -111,7 +119,8 @@ class RemoteBlocks:
             clusters = tuple(int(c) for c in params[CLUSTERS])
             found = cls(str(params[ENGINE]), str(params[REQUEST]), blocks,
                         int(params.get(TOKENS) or 0), str(params[PEER]), clusters,
-                        str(params[LAYOUT]))
+                        str(params[LAYOUT]), tuple(int(v) for v in params.get(KV_SHAPE) or ()),
+                        str(params.get(FAMILY) or ""))
         except (KeyError, TypeError, ValueError):
             return None
         return found if found.block_ids and found.cluster_ids else None
@@ -119,11 +128,21 @@ class RemoteBlocks:
 
 def layout_fingerprint(model: str, dtype: str, block_size: int, regions: int,
                        block_bytes: int, kernel: str) -> str:
-    """A short name for a KV layout: two instances may move blocks only when
-    theirs are equal (same model, dtype, block size, tensor layout and the
+    """A short name for a KV layout: two instances may move whole blocks only
+    when theirs are equal (same model, dtype, block size, tensor layout and the
     attention kernel that orders each block's bytes)."""
     text = json.dumps([model, dtype, block_size, regions, block_bytes, kernel])
     return f"{regions}x{block_bytes}B-" + hashlib.blake2b(text.encode(), digest_size=6).hexdigest()
+
+
+def layout_family(model: str, dtype: str, regions: int, kv_heads: int, head_size: int,
+                  kernel: str) -> str:
+    """A short name for every part of a KV layout but its block size: two
+    instances of one family move KV as runs (``_kv_map``) whatever their
+    block sizes."""
+    text = json.dumps([model, dtype, regions, kv_heads, head_size, kernel])
+    return f"{regions}x{kv_heads}h{head_size}-" + \
+        hashlib.blake2b(text.encode(), digest_size=6).hexdigest()
 
 
 def request_ids_message(request_ids: Iterable[str]) -> bytes:

@@ -28,9 +28,10 @@ logger = logging.getLogger(LOGGER_NAME)
 class HixlScheduler:
     """Scheduler-side state of one vLLM engine."""
 
-    def __init__(self, engine_id: str, settings: Settings) -> None:
+    def __init__(self, engine_id: str, settings: Settings, block_size: int) -> None:
         self._engine_id = engine_id
         self._settings = settings
+        self._block_size = block_size  # tokens per block here
         self._workers: dict[int, HixlHandshake] = {}   # by tp rank
         # Decode side.
         self._waiting: dict[str, RemoteBlocks] = {}    # queued, not yet allocated
@@ -72,6 +73,10 @@ class HixlScheduler:
             self._abandoned.append(remote)  # all cached here: nothing to pull
             return
         local = blocks.get_unhashed_block_ids()
+        far_block_size = remote.kv_shape[0] if remote.kv_shape else self._block_size
+        if far_block_size != self._block_size:
+            self._load_runs(request, remote, local, num_external_tokens)
+            return
         # Blocks cached here already are not pulled: the rest are the prompt's tail.
         far = remote.block_ids[len(remote.block_ids) - len(local):] if local else ()
         if len(far) != len(local):
@@ -81,6 +86,24 @@ class HixlScheduler:
             self._abandoned.append(remote)
             return
         self._loads.append(Load(request.request_id, tuple(local), remote))
+
+    def _load_runs(self, request: Request, remote: RemoteBlocks, local: list[int],
+                   num_external_tokens: int) -> None:
+        """A load from blocks of another size: by tokens, not blocks (``Load``)."""
+        num_tokens = len(request.prompt_token_ids or ())
+        first = num_tokens - num_external_tokens  # cached here: a whole number of blocks
+        needed = -(-num_external_tokens // self._block_size)
+        far_needed = -(-num_tokens // remote.kv_shape[0])
+        if first % self._block_size or len(local) < needed or \
+                len(remote.block_ids) < far_needed:
+            logger.warning("request %s: tokens [%d, %d) in %d blocks of %d here, but the "
+                           "prefill side holds %d blocks of %d; it is computed here",
+                           request.request_id, first, num_tokens, len(local), self._block_size,
+                           len(remote.block_ids), remote.kv_shape[0])
+            self._abandoned.append(remote)
+            return
+        self._loads.append(Load(request.request_id, tuple(local[:needed]), remote,
+                                first_token=first, num_tokens=num_tokens))
 
     # -- prefill side (and decode requests ending early) ---------------------
 
@@ -108,7 +131,8 @@ class HixlScheduler:
         first = self._workers[ranks[0]]
         remote = RemoteBlocks(self._engine_id, request_id, tuple(block_ids),
                               request.num_computed_tokens, first.peer_address,
-                              tuple(self._workers[r].cluster_id for r in ranks), first.layout)
+                              tuple(self._workers[r].cluster_id for r in ranks), first.layout,
+                              tuple(first.kv_shape), first.family)
         self._holds.append(request_id)
         return True, remote.to_params()
 

