@@ -119,7 +119,9 @@ class HixlConnector(KVConnectorBase_V1):
                                             vllm_config.cache_config.block_size)
         else:
             rank = _tensor_parallel_rank()
-            self._worker = HixlWorker(settings, cluster_id_of(self._engine_id, rank), rank)
+            self._worker = HixlWorker(settings, cluster_id_of(self._engine_id, rank), rank,
+                                      vllm_config.parallel_config.tensor_parallel_size,
+                                      vllm_config.cache_config.block_size)
 
     # -- worker side -------------------------------------------------------------
 
@@ -134,8 +136,8 @@ class HixlConnector(KVConnectorBase_V1):
             len(layout.addresses), layout.block_bytes, kernel)
         shape = _kv_shape(self._vllm_config, layout, kernel)
         family = "" if shape is None else layout_family(
-            architecture, layout.dtype, len(layout.addresses), shape.num_kv_heads,
-            shape.head_size, kernel)
+            architecture, layout.dtype, len(layout.addresses),
+            model.get_total_num_kv_heads(), shape.head_size, kernel)
         self._worker.register(layout, fingerprint, shape, family)
 
     def get_handshake_metadata(self) -> KVConnectorHandshakeMetadata | None:

@@ -21,6 +21,7 @@ merges the ranges that lie end to end (the V runs), and nothing is staged.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -75,12 +76,12 @@ class KvShape:
         return cls(*values)
 
 
-def _span_runs(shape: KvShape, blocks: np.ndarray, chunks: np.ndarray) -> np.ndarray:
+def _span_runs(shape: KvShape, blocks: np.ndarray, chunks: np.ndarray,
+               heads: np.ndarray) -> np.ndarray:
     """Run indices of every 32-token span (block ``blocks[i]``, its ``chunks[i]``-th
-    span): shape (spans, heads, 2 * head_size), in the order both sides agree on
-    (per head, K's rows, then V's runs)."""
+    span) of each of ``heads``: shape (spans, heads, 2 * head_size), in the order
+    both sides agree on (per head, K's rows, then V's runs)."""
     per_block_chunks = shape.block_size // RUN_TOKENS
-    heads = np.arange(shape.num_kv_heads, dtype=np.int64)
     rows = np.arange(shape.head_size, dtype=np.int64)
     head_base = (blocks[:, None] * shape.num_kv_heads + heads[None, :]) * shape.runs_per_head
     # K row d of span c: run d * chunks_per_block + c of the head.
@@ -91,24 +92,35 @@ def _span_runs(shape: KvShape, blocks: np.ndarray, chunks: np.ndarray) -> np.nda
     return np.concatenate([k, v], axis=2)
 
 
-def run_ids(src: KvShape, dst: KvShape, src_blocks: list[int] | tuple[int, ...],
-            dst_blocks: list[int] | tuple[int, ...], first_token: int,
-            num_tokens: int) -> tuple[list[int], list[int]]:
+def run_ids(src: KvShape, dst: KvShape, src_blocks: Sequence[int], dst_blocks: Sequence[int],
+            first_token: int, num_tokens: int,
+            heads: Sequence[tuple[int, int]] | None = None) -> tuple[list[int], list[int]]:
     """The runs that carry tokens ``[first_token, num_tokens)`` from ``src``'s
     blocks (``src_blocks[i]`` holds tokens from ``i * src.block_size``) into
     ``dst``'s (``dst_blocks[j]`` from ``first_token + j * dst.block_size``):
     (source run ids, destination run ids), pairwise.
 
+    Args:
+        heads: (source head, destination head) pairs, each side's own head
+            numbers: which heads move where (another tensor-parallel split
+            gives each side other heads). None: every head to the same one.
+
     Raises:
-        ValueError: the shapes differ in more than block size, ``first_token``
-            is not on a destination block's start, or either side holds too
-            few blocks for the tokens.
+        ValueError: the shapes differ in more than block size and heads,
+            ``first_token`` is not on a destination block's start, either side
+            holds too few blocks for the tokens, or a head is not there.
     """
     src.check()
     dst.check()
-    if (src.num_kv_heads, src.head_size, src.itemsize) != (
-            dst.num_kv_heads, dst.head_size, dst.itemsize):
-        raise ValueError(f"KV shapes {src} and {dst} differ in more than block size")
+    if (src.head_size, src.itemsize) != (dst.head_size, dst.itemsize):
+        raise ValueError(f"KV shapes {src} and {dst} differ in head size or item size")
+    if heads is None:
+        if src.num_kv_heads != dst.num_kv_heads:
+            raise ValueError(f"KV shapes {src} and {dst} hold different heads; name them")
+        heads = [(h, h) for h in range(src.num_kv_heads)]
+    if not heads or any(not (0 <= s < src.num_kv_heads and 0 <= d < dst.num_kv_heads)
+                        for s, d in heads):
+        raise ValueError(f"heads {list(heads)} are not heads of {src} and {dst}")
     if first_token < 0 or first_token % dst.block_size or num_tokens <= first_token:
         raise ValueError(f"tokens [{first_token}, {num_tokens}) do not start a block of "
                          f"{dst.block_size}")
@@ -120,11 +132,36 @@ def run_ids(src: KvShape, dst: KvShape, src_blocks: list[int] | tuple[int, ...],
     starts = np.arange(first_token, num_tokens, RUN_TOKENS, dtype=np.int64)
     src_table = np.asarray(src_blocks, dtype=np.int64)
     dst_table = np.asarray(dst_blocks, dtype=np.int64)
+    pairs = np.asarray(heads, dtype=np.int64)
     src_runs = _span_runs(src, src_table[starts // src.block_size],
-                          (starts % src.block_size) // RUN_TOKENS)
+                          (starts % src.block_size) // RUN_TOKENS, pairs[:, 0])
     dst_runs = _span_runs(dst, dst_table[(starts - first_token) // dst.block_size],
-                          (starts % dst.block_size) // RUN_TOKENS)
+                          (starts % dst.block_size) // RUN_TOKENS, pairs[:, 1])
     return src_runs.ravel().tolist(), dst_runs.ravel().tolist()
+
+
+def head_sources(src_heads: int, src_ranks: int, dst_heads: int,
+                 dst_rank: int) -> dict[int, list[tuple[int, int]]]:
+    """Where one destination worker's KV heads are under another tensor-parallel
+    split: for each source rank that holds some, (its head, ours) pairs.
+
+    Each side's ``heads`` are one rank's, its ranks hold consecutive ones
+    (vLLM's split); both must hold every head once.
+
+    Raises:
+        ValueError: the two splits do not cover the same heads once each
+            (vLLM replicates KV heads across ranks when there are fewer heads
+            than ranks).
+    """
+    total = src_heads * src_ranks
+    if dst_rank < 0 or (dst_rank + 1) * dst_heads > total:
+        raise ValueError(f"{src_ranks} source ranks of {src_heads} KV heads do not hold "
+                         f"rank {dst_rank}'s {dst_heads} (heads replicated across ranks?)")
+    sources: dict[int, list[tuple[int, int]]] = {}
+    for ours in range(dst_heads):
+        head = dst_rank * dst_heads + ours
+        sources.setdefault(head // src_heads, []).append((head % src_heads, ours))
+    return sources
 
 
 def blocks_needed(shape: KvShape, first_token: int, num_tokens: int) -> int:

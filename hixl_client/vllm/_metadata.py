@@ -10,7 +10,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
 )
 
-from ._params import RemoteBlocks
+from ._params import Load, RemoteBlocks
 
 
 @dataclass
@@ -22,23 +22,6 @@ class HixlHandshake(KVConnectorHandshakeMetadata):
     layout: str
     kv_shape: tuple[int, ...] = ()  # KvShape.to_list(); () without a run view
     family: str = ""
-
-
-@dataclass(frozen=True)
-class Load:
-    """Pull ``remote``'s blocks into ``block_ids`` (this instance's, in order).
-
-    With ``num_tokens`` 0 the two lists pair up block for block. Otherwise the
-    blocks differ in size: ``block_ids`` hold tokens ``[first_token,
-    num_tokens)`` and ``remote.block_ids`` every token from the first, and
-    they move as runs (``_kv_map``).
-    """
-
-    request_id: str
-    block_ids: tuple[int, ...]
-    remote: RemoteBlocks
-    first_token: int = 0
-    num_tokens: int = 0
 
 
 @dataclass

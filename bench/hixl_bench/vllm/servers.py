@@ -122,6 +122,9 @@ class ServerSpec:
             :mod:`hixl_bench.vllm.procs`).
         demote_pollers: also move threads that poll while the server is idle
             (NIXL's UCX progress thread) to SCHED_IDLE.
+        nice: the server's niceness (``nice -n``): a server whose workers spin
+            on every core (tensor parallelism on a two-core host) leaves the
+            daemons their share of the cores.
     """
 
     python: str
@@ -139,9 +142,11 @@ class ServerSpec:
     extra_args: tuple[str, ...] = ()
     pin: bool = True
     demote_pollers: bool = False
+    nice: int = 0
 
     def argv(self, port: int) -> list[str]:
-        args = [self.python, "-m", "vllm.entrypoints.openai.api_server",
+        args = ["nice", "-n", str(self.nice)] if self.nice else []
+        args += [self.python, "-m", "vllm.entrypoints.openai.api_server",
                 "--model", str(self.model_dir), "--served-model-name", self.served_name,
                 "--host", "127.0.0.1", "--port", str(port),
                 "--dtype", "bfloat16", "--max-model-len", str(self.max_model_len),
