@@ -103,7 +103,8 @@ class HixlConnector(KVConnectorBase_V1):
     "kv_connector_module_path": "hixl_client.vllm", "kv_role": "kv_both",
     "kv_connector_extra_config": {"daemon": "unix:/run/hixl/hixl.sock"}}'``.
     Extra config keys: ``daemon`` (default ``$HIXL_DAEMON``, then the default
-    socket), ``lease_s`` (30), ``load_timeout_ms`` (10000).
+    socket), ``lease_s`` (30), ``load_timeout_ms`` (10000), ``mode`` ("pull",
+    or "push": the prefill instance pushes each layer as it is computed).
     """
 
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole,
@@ -114,6 +115,8 @@ class HixlConnector(KVConnectorBase_V1):
         self._engine_id = str(transfer_config.engine_id)
         self._scheduler: HixlScheduler | None = None
         self._worker: HixlWorker | None = None
+        self._layer_index: dict[str, int] = {}  # vLLM's layer names, in KV order
+        self._saves_of: KVConnectorMetadata | None = None  # the step push mode knows
         if role == KVConnectorRole.SCHEDULER:
             self._scheduler = HixlScheduler(self._engine_id, settings,
                                             vllm_config.cache_config.block_size)
@@ -138,26 +141,42 @@ class HixlConnector(KVConnectorBase_V1):
         family = "" if shape is None else layout_family(
             architecture, layout.dtype, len(layout.addresses),
             model.get_total_num_kv_heads(), shape.head_size, kernel)
-        self._worker.register(layout, fingerprint, shape, family)
+        self._layer_index = {name: index for index, name in enumerate(kv_caches)}
+        self._worker.register(layout, fingerprint, shape, family, len(kv_caches))
 
     def get_handshake_metadata(self) -> KVConnectorHandshakeMetadata | None:
         return self._worker.handshake() if self._worker is not None else None
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        # vLLM calls this after the forward when the step has no sync loads.
         assert self._worker is not None
         meta = self._get_connector_metadata()
         assert isinstance(meta, HixlConnectorMetadata)
+        self._begin_saves(meta)
         self._worker.start(meta)
+
+    def _begin_saves(self, meta: HixlConnectorMetadata) -> None:
+        """Hand push mode the step's requests once, before its first saved layer."""
+        if meta is not self._saves_of:
+            self._saves_of = meta
+            assert self._worker is not None
+            self._worker.begin_saves(meta)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # whole requests load before vLLM schedules them
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor,
                       attn_metadata: AttentionMetadata, **kwargs: Any) -> None:
-        return  # the decode side pulls; nothing is pushed
+        # Push mode: the layer's KV is written; it may go to the decode side now.
+        if self._worker is not None and layer_name in self._layer_index:
+            meta = self._get_connector_metadata()
+            assert isinstance(meta, HixlConnectorMetadata)
+            self._begin_saves(meta)
+            self._worker.layer_saved(self._layer_index[layer_name])
 
     def wait_for_save(self) -> None:
-        return
+        if self._worker is not None:
+            self._worker.wait_for_save()
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None,
                                                                 set[str] | None]:

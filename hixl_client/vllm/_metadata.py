@@ -10,7 +10,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
 )
 
-from ._params import Load, RemoteBlocks
+from ._params import Load, RemoteBlocks, Saved
 
 
 @dataclass
@@ -38,3 +38,6 @@ class HixlConnectorMetadata(KVConnectorMetadata):
     # (lease renewal), and requests that ended without pulling (release now).
     waiting: list[RemoteBlocks] = field(default_factory=list)
     abandoned: list[RemoteBlocks] = field(default_factory=list)
+    # Prefill side, push mode: requests whose KV may be pushed, whole or as
+    # this step computes each layer.
+    saves: list[Saved] = field(default_factory=list)

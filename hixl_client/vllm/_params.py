@@ -4,6 +4,7 @@ notification messages between instances."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -33,10 +34,21 @@ LAYOUT = "hixl_layout"
 # size move as runs (``_kv_map``) within one family.
 KV_SHAPE = "hixl_kv_shape"
 FAMILY = "hixl_layout_family"
+# Push mode: the prefill instance pushes ("push") or is pulled from ("pull"),
+# and the key it knows the request by (its own request id, or one the proxy
+# gave both instances when it sends the decode request first).
+MODE = "hixl_mode"
+TRANSFER = "hixl_transfer"
+# A probe: the prefill instance answers with its identity and keeps nothing.
+PROBE = "hixl_probe"
+MODES = ("pull", "push")
 
 # Notification names (NotifyDesc.name); each message is request ids, one a line.
 DONE = "hixl-vllm/done"    # the decode side is done with these blocks: free them
 HOLD = "hixl-vllm/hold"    # the decode side still wants these blocks: renew the lease
+# Push mode, messages of one JSON object each (Want, Pushed).
+WANT = "hixl-vllm/want"    # decode to prefill: push this request's KV into these blocks
+PUSHED = "hixl-vllm/pushed"  # prefill to decode: the push of a request ended
 
 
 @dataclass(frozen=True)
@@ -48,12 +60,17 @@ class Settings:
         lease_s: how long a prefill instance keeps a finished request's blocks
             for a decode instance that has not said it is done (renewed while
             the decode instance waits to pull).
-        load_timeout_ms: bounds one request's pull (hixl's sync_kv_timeout).
+        load_timeout_ms: bounds one request's pull or push (hixl's
+            sync_kv_timeout), and a decode request's wait for its push.
+        mode: "pull" (the decode instance pulls after the prefill finished)
+            or "push" (the prefill instance pushes each layer as it is
+            computed, once the decode instance said where: ``_push``).
     """
 
     daemon: str
     lease_s: float = 30.0
     load_timeout_ms: int = 10000
+    mode: str = "pull"
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any] | None) -> Settings:
@@ -63,7 +80,7 @@ class Settings:
             ValueError: an unknown key or a value of the wrong kind.
         """
         extra = dict(extra or {})
-        known = {"daemon", "lease_s", "load_timeout_ms"}
+        known = {"daemon", "lease_s", "load_timeout_ms", "mode"}
         unknown = sorted(set(extra) - known)
         if unknown:
             raise ValueError(f"HixlConnector: unknown kv_connector_extra_config keys "
@@ -79,7 +96,10 @@ class Settings:
                 0 < timeout_ms < 2**31):
             raise ValueError(f"HixlConnector: load_timeout_ms must be a positive int32, "
                              f"got {timeout_ms!r}")
-        return cls(daemon, float(lease_s), timeout_ms)
+        mode = extra.get("mode", "pull")
+        if mode not in MODES:
+            raise ValueError(f"HixlConnector: mode must be one of {list(MODES)}, got {mode!r}")
+        return cls(daemon, float(lease_s), timeout_ms, mode)
 
 
 def cluster_id_of(engine_id: str, rank: int) -> int:
@@ -102,6 +122,13 @@ class RemoteBlocks:
     layout: str
     kv_shape: tuple[int, ...] = ()  # KvShape.to_list(); () when it has no run view
     family: str = ""
+    mode: str = "pull"  # the prefill instance's
+    transfer: str = ""  # the key the prefill instance knows the request by (push mode)
+
+    @property
+    def pushes(self) -> bool:
+        """The prefill instance pushes this request when asked (a Want)."""
+        return self.mode == "push" and bool(self.transfer)
 
     def to_params(self) -> dict[str, Any]:
         """The kv_transfer_params a decode request carries (JSON values only)."""
@@ -109,21 +136,27 @@ class RemoteBlocks:
                 REQUEST: self.request_id, BLOCKS: list(self.block_ids),
                 TOKENS: self.num_tokens, PEER: self.peer_address,
                 CLUSTERS: list(self.cluster_ids), LAYOUT: self.layout,
-                KV_SHAPE: list(self.kv_shape), FAMILY: self.family}
+                KV_SHAPE: list(self.kv_shape), FAMILY: self.family, MODE: self.mode,
+                TRANSFER: self.transfer}
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> RemoteBlocks | None:
-        """Read kv_transfer_params; None when they do not name blocks to pull."""
+        """Read kv_transfer_params; None when they name neither blocks to pull
+        nor a prefill instance that pushes (the proxy's push flow names no
+        blocks: the prefill has not run yet)."""
         try:
-            blocks = tuple(int(b) for b in params[BLOCKS])
+            blocks = tuple(int(b) for b in params.get(BLOCKS) or ())
             clusters = tuple(int(c) for c in params[CLUSTERS])
-            found = cls(str(params[ENGINE]), str(params[REQUEST]), blocks,
+            found = cls(str(params[ENGINE]), str(params.get(REQUEST) or ""), blocks,
                         int(params.get(TOKENS) or 0), str(params[PEER]), clusters,
                         str(params[LAYOUT]), tuple(int(v) for v in params.get(KV_SHAPE) or ()),
-                        str(params.get(FAMILY) or ""))
+                        str(params.get(FAMILY) or ""), str(params.get(MODE) or "pull"),
+                        str(params.get(TRANSFER) or ""))
         except (KeyError, TypeError, ValueError):
             return None
-        return found if found.block_ids and found.cluster_ids else None
+        if not found.cluster_ids or not (found.block_ids or found.pushes):
+            return None
+        return found
 
 
 @dataclass(frozen=True)
@@ -137,6 +170,83 @@ class Load:
     remote: RemoteBlocks
     first_token: int
     num_tokens: int
+    push: bool = False  # ask the prefill instance to push instead (push mode)
+
+
+@dataclass(frozen=True)
+class Saved:
+    """Prefill side, push mode: a request whose KV this worker pushes when asked.
+
+    ``whole``: every layer is computed (the request finished); otherwise its
+    whole prompt is computed in this step, and each layer may go as soon as
+    vLLM saves it (``save_kv_layer``).
+    """
+
+    request_id: str
+    transfer: str
+    block_ids: tuple[int, ...]
+    num_tokens: int
+    whole: bool
+
+
+@dataclass(frozen=True)
+class Want:
+    """Decode to prefill, push mode: push ``transfer``'s KV into these blocks.
+
+    It carries the decode worker's facts (``_sources.Worker``), so the prefill
+    worker computes the pulls the decode worker would have made, and makes its
+    own share of them as pushes. ``tellers``: how many decode workers want
+    this prefill worker's part (it frees its blocks after the last).
+    """
+
+    transfer: str
+    cluster_id: int
+    peer_address: str
+    rank: int
+    ranks: int
+    layout: str
+    family: str
+    kv_shape: tuple[int, ...]
+    block_size: int
+    block_ids: tuple[int, ...]
+    first_token: int
+    num_tokens: int
+    tellers: int
+
+    def to_message(self) -> bytes:
+        return json.dumps(dataclasses.asdict(self)).encode()
+
+    @classmethod
+    def from_message(cls, message: bytes) -> Want:
+        """Raises ValueError on a message that is not a Want."""
+        try:
+            fields = json.loads(message)
+            want = cls(**fields)
+            return dataclasses.replace(want, kv_shape=tuple(want.kv_shape),
+                                       block_ids=tuple(want.block_ids))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"not a push request: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class Pushed:
+    """Prefill to decode, push mode: prefill rank ``rank``'s push of
+    ``transfer`` ended (``error`` empty: every byte landed)."""
+
+    transfer: str
+    rank: int
+    error: str = ""
+
+    def to_message(self) -> bytes:
+        return json.dumps(dataclasses.asdict(self)).encode()
+
+    @classmethod
+    def from_message(cls, message: bytes) -> Pushed:
+        """Raises ValueError on a message that is not a Pushed."""
+        try:
+            return cls(**json.loads(message))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"not a push report: {exc}") from exc
 
 
 def layout_fingerprint(model: str, dtype: str, block_size: int, regions: int,

