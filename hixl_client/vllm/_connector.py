@@ -104,7 +104,8 @@ class HixlConnector(KVConnectorBase_V1):
     "kv_connector_extra_config": {"daemon": "unix:/run/hixl/hixl.sock"}}'``.
     Extra config keys: ``daemon`` (default ``$HIXL_DAEMON``, then the default
     socket), ``lease_s`` (30), ``load_timeout_ms`` (10000), ``mode`` ("pull",
-    or "push": the prefill instance pushes each layer as it is computed).
+    or "push": the prefill instance pushes each layer as it is computed),
+    ``push_timeout_ms`` (120000: a decode request's wait for its pushes).
     """
 
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole,

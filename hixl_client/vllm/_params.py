@@ -60,17 +60,21 @@ class Settings:
         lease_s: how long a prefill instance keeps a finished request's blocks
             for a decode instance that has not said it is done (renewed while
             the decode instance waits to pull).
-        load_timeout_ms: bounds one request's pull or push (hixl's
-            sync_kv_timeout), and a decode request's wait for its push.
+        load_timeout_ms: bounds one request's pull, and each push (hixl's
+            sync_kv_timeout).
         mode: "pull" (the decode instance pulls after the prefill finished)
             or "push" (the prefill instance pushes each layer as it is
             computed, once the decode instance said where: ``_push``).
+        push_timeout_ms: push mode, decode side: bounds the wait for a
+            request's pushes, which includes the prefill instance's compute
+            when the proxy sent both requests at once.
     """
 
     daemon: str
     lease_s: float = 30.0
     load_timeout_ms: int = 10000
     mode: str = "pull"
+    push_timeout_ms: int = 120000
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any] | None) -> Settings:
@@ -80,7 +84,7 @@ class Settings:
             ValueError: an unknown key or a value of the wrong kind.
         """
         extra = dict(extra or {})
-        known = {"daemon", "lease_s", "load_timeout_ms", "mode"}
+        known = {"daemon", "lease_s", "load_timeout_ms", "mode", "push_timeout_ms"}
         unknown = sorted(set(extra) - known)
         if unknown:
             raise ValueError(f"HixlConnector: unknown kv_connector_extra_config keys "
@@ -88,18 +92,21 @@ class Settings:
         daemon = extra.get("daemon") or os.environ.get("HIXL_DAEMON") or default_daemon_target()
         lease_s = extra.get("lease_s", 30.0)
         timeout_ms = extra.get("load_timeout_ms", 10000)
+        push_timeout_ms = extra.get("push_timeout_ms", 120000)
         if not isinstance(daemon, str):
             raise ValueError(f"HixlConnector: daemon must be a gRPC target string, got {daemon!r}")
         if isinstance(lease_s, bool) or not isinstance(lease_s, (int, float)) or lease_s <= 0:
             raise ValueError(f"HixlConnector: lease_s must be seconds > 0, got {lease_s!r}")
-        if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or not (
-                0 < timeout_ms < 2**31):
-            raise ValueError(f"HixlConnector: load_timeout_ms must be a positive int32, "
-                             f"got {timeout_ms!r}")
+        for name, value in (("load_timeout_ms", timeout_ms),
+                            ("push_timeout_ms", push_timeout_ms)):
+            if isinstance(value, bool) or not isinstance(value, int) or not (
+                    0 < value < 2**31):
+                raise ValueError(f"HixlConnector: {name} must be a positive int32, "
+                                 f"got {value!r}")
         mode = extra.get("mode", "pull")
         if mode not in MODES:
             raise ValueError(f"HixlConnector: mode must be one of {list(MODES)}, got {mode!r}")
-        return cls(daemon, float(lease_s), timeout_ms, mode)
+        return cls(daemon, float(lease_s), timeout_ms, mode, push_timeout_ms)
 
 
 def cluster_id_of(engine_id: str, rank: int) -> int:

@@ -58,7 +58,7 @@ class HixlScheduler:
         # in push mode, the requests to push (by request id: their transfer
         # key), and what the workers may push this step.
         self._holds: list[str] = []
-        self._pushing: dict[str, str] = {}
+        self._pushing: dict[str, tuple[str, int]] = {}  # (transfer key, prompt tokens)
         self._saves: list[Saved] = []
 
     def set_handshakes(self, handshakes: dict[int, HixlHandshake]) -> None:
@@ -74,8 +74,9 @@ class HixlScheduler:
         params = request.kv_transfer_params or {}
         if self._settings.mode == "push" and params.get(DO_REMOTE_DECODE) and \
                 not params.get(PROBE):
-            self._pushing[request.request_id] = str(params.get(TRANSFER) or
-                                                    request.request_id)
+            self._pushing[request.request_id] = (str(params.get(TRANSFER) or
+                                                     request.request_id),
+                                                 len(request.prompt_token_ids or ()))
 
     def get_num_new_matched_tokens(self, request: Request,
                                    num_computed_tokens: int) -> tuple[int, bool]:
@@ -128,7 +129,7 @@ class HixlScheduler:
         waiting = self._waiting.pop(request_id, None)
         if waiting is not None:
             self._abandoned.append(waiting)  # ended before its blocks came: let them go
-        transfer = self._pushing.pop(request_id, "")
+        transfer = self._pushing.pop(request_id, ("", 0))[0]
         # A decode request that ends while its pull runs: vLLM itself keeps its
         # blocks until the workers report the load finished.
         if not params.get(DO_REMOTE_DECODE):
@@ -167,10 +168,11 @@ class HixlScheduler:
         # Push mode: a prompt computed whole in this step goes layer by layer
         # as the forward saves each (a prompt cut into chunks goes at the end).
         for new in scheduler_output.scheduled_new_reqs:
-            transfer = self._pushing.get(new.req_id)
-            prompt = len(new.prompt_token_ids or ())
-            if transfer and new.num_computed_tokens + scheduler_output.num_scheduled_tokens.get(
-                    new.req_id, 0) >= prompt:
+            transfer, prompt = self._pushing.get(new.req_id, ("", 0))
+            scheduled = scheduler_output.num_scheduled_tokens.get(new.req_id, 0)
+            # Only the step that computes every prompt token: the layers it saves
+            # are the whole prompt's (a first chunk's are not).
+            if transfer and prompt > 0 and new.num_computed_tokens + scheduled >= prompt:
                 self._saves.append(Saved(new.req_id, transfer, tuple(new.block_ids[0]), prompt,
                                          whole=False))
         meta = HixlConnectorMetadata(loads=self._loads, holds=self._holds,

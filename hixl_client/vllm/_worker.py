@@ -359,14 +359,13 @@ class HixlWorker:
                 await self._linked(cluster_id, remote.peer_address)
                 await self._dd.send_notify(cluster_id, NotifyDesc(WANT, want.to_message()),
                                            CONTROL_TIMEOUT_MS)
-            done, _ = await asyncio.wait(waits.values(),
-                                         timeout=self._settings.load_timeout_ms / 1000)
+            bound_ms = self._settings.push_timeout_ms
+            done, _ = await asyncio.wait(waits.values(), timeout=bound_ms / 1000)
             errors = [f.result() for f in done if f.result()]
             if len(done) < len(waits) or errors:
                 raise LLMException(
                     f"the push from engine {remote.engine_id} failed: "
-                    + ("; ".join(errors) if errors else
-                       f"no report within {self._settings.load_timeout_ms} ms"),
+                    + ("; ".join(errors) if errors else f"no report within {bound_ms} ms"),
                     status_code=LLMStatusCode.LLM_TIMEOUT if not errors
                     else LLMStatusCode.LLM_LINK_FAILED)
         except Exception as exc:

@@ -8,7 +8,13 @@ import pytest
 
 from hixl_client import LLMException, LLMStatusCode
 from hixl_client.vllm._kv_map import KvShape, run_ids
-from hixl_client.vllm._params import Load, RemoteBlocks, requests_message, requests_of
+from hixl_client.vllm._params import (
+    Load,
+    RemoteBlocks,
+    Settings,
+    requests_message,
+    requests_of,
+)
 from hixl_client.vllm._sources import Pull, Worker, pulls_of, tellers_of
 
 HEADS, HEAD_SIZE = 4, 32  # the model's KV heads
@@ -94,3 +100,24 @@ def test_done_messages_say_how_many_decode_workers_tell() -> None:
     # An older decode instance's lines (no count), empty lines, a bad count.
     assert requests_of(b"x\ny\t2\n\nz\tjunk\nw\t0") == [("x", 1), ("y", 2), ("z", 1),
                                                            ("w", 1)]
+
+
+def test_settings_refuse_an_unknown_mode_and_bad_bounds() -> None:
+    settings = Settings.from_extra_config({"daemon": "unix:/x", "mode": "push",
+                                           "push_timeout_ms": 5000})
+    assert (settings.mode, settings.push_timeout_ms, settings.load_timeout_ms) == (
+        "push", 5000, 10000)
+    assert Settings.from_extra_config({"daemon": "unix:/x"}).mode == "pull"
+    for extra, says in (({"mode": "stream"}, "mode must be one of"),
+                        ({"push_timeout_ms": 0}, "push_timeout_ms must be"),
+                        ({"push_timeout_ms": True}, "push_timeout_ms must be"),
+                        ({"pushing": 1}, "unknown kv_connector_extra_config keys")):
+        with pytest.raises(ValueError, match=says):
+            Settings.from_extra_config({"daemon": "unix:/x", **extra})
+
+
+def test_params_of_a_pushing_prefill_need_no_blocks() -> None:
+    pushing = RemoteBlocks("P", "", (), 0, "127.0.0.1:1", (10,), "L32", (), "", "push", "t1")
+    assert RemoteBlocks.from_params(pushing.to_params()) == pushing and pushing.pushes
+    pulled = RemoteBlocks("P", "r", (), 0, "127.0.0.1:1", (10,), "L32")
+    assert RemoteBlocks.from_params(pulled.to_params()) is None  # nothing to pull, no push

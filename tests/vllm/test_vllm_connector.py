@@ -109,7 +109,7 @@ def cluster(vllm_python: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
             split_spec(hixl_spec(vllm_python, work / "model", work / "split.log", None,
                                  b.client_target, extra, recompute)),
             hixl_spec(vllm_python, work / "model", work / "pushed.log", 1, b.client_target,
-                      {**push, "load_timeout_ms": PUSH_TIMEOUT_MS}, recompute)],
+                      {**push, "push_timeout_ms": PUSH_TIMEOUT_MS}, recompute)],
             timeout_s=900)
         try:
             yield Cluster(a, b, *servers)

@@ -7,8 +7,10 @@ talks to them over HTTP (:mod:`.api`), with the standard library only.
 ``tiny_model.py`` is a script for the vLLM environment that writes a small
 random Llama; ``python -m hixl_bench.vllm.nixl_check`` runs vLLM's own
 NixlConnector P -> D and checks it against D alone, ``python -m
-hixl_bench.vllm.pd`` does the same with hixl's HixlConnector, and ``python -m
-hixl_bench.vllm.compare`` times both side by side.
+hixl_bench.vllm.pd`` does the same with hixl's HixlConnector, ``python -m
+hixl_bench.vllm.compare`` times both side by side, and ``python -m
+hixl_bench.vllm.ttft`` times push mode (through HixlConnector's proxy,
+:mod:`.proxy_process`), pull mode and NixlConnector to the first decoded token.
 """
 
 from hixl_bench.vllm.api import (

@@ -50,7 +50,7 @@ __all__ = ["main"]
 # takes several hundred ms on one core here.
 MODEL = ("--layers", "12", "--hidden", "256", "--heads", "8", "--kv-heads", "8",
          "--head-dim", "128", "--intermediate", "512")
-MAX_MODEL_LEN = 2304
+MAX_MODEL_LEN = 2048  # the model's positions
 WAYS = ("hixl-push", "hixl-pull", "nixl")
 
 
@@ -150,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--python", help="the vLLM environment's python")
     parser.add_argument("--ways", default=",".join(WAYS))
-    parser.add_argument("--tokens", default="512,1024,2048", help="prompt lengths")
+    parser.add_argument("--tokens", default="512,1024,2000", help="prompt lengths")
     parser.add_argument("--prompts", type=int, default=5, help="prompts per length")
     parser.add_argument("--max-tokens", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
