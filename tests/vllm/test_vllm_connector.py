@@ -118,6 +118,21 @@ def cluster(vllm_python: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
                 server.stop()
 
 
+def decodes_its_own(prefill: VllmServer, decode: VllmServer,
+                    prompts: list[list[int]]) -> None:
+    """P -> D for each prompt as vLLM's toy proxy sends it: D loads every prompt
+    token (computes none), its tokens are its own, and P frees its blocks at once."""
+    counts = prompt_tokens_by_source(decode.port)
+    pd = [pd_complete(prefill.port, decode.port, p, MAX_TOKENS) for p in prompts]
+    after = prompt_tokens_by_source(decode.port)
+    assert after["external_kv_transfer"] - counts.get("external_kv_transfer", 0) == sum(
+        len(p) for p in prompts)
+    assert after["local_compute"] - counts.get("local_compute", 0) == 0
+    alone = [complete(decode.port, p, MAX_TOKENS) for p in prompts]
+    assert [r.decode.token_ids for r in pd] == [a.token_ids for a in alone]
+    wait_for(lambda: kv_usage(prefill) == 0, LEASE_S - 1, "P freed its blocks")
+
+
 def pushed_calls(daemon: DaemonProcess) -> int:
     """Successful push_blocks calls the daemon ran."""
     return sum(t.calls for t in daemon_status(daemon).transfers
@@ -248,16 +263,7 @@ def test_prefill_and_decode_with_different_block_sizes(cluster: Cluster, sizes: 
     TCP: D's tokens are its own, every prompt token transferred, none computed."""
     prefill, decode = (cluster.prefill, cluster.wide) if sizes == "32-to-64" else (
         cluster.wide, cluster.decode)
-    prompts = seeded_prompts(3, 300, 420, seed=11)
-    counts = prompt_tokens_by_source(decode.port)
-    pd = [pd_complete(prefill.port, decode.port, p, MAX_TOKENS) for p in prompts]
-    after = prompt_tokens_by_source(decode.port)
-    assert after["external_kv_transfer"] - counts.get("external_kv_transfer", 0) == sum(
-        len(p) for p in prompts)
-    assert after["local_compute"] - counts.get("local_compute", 0) == 0
-    alone = [complete(decode.port, p, MAX_TOKENS) for p in prompts]
-    assert [r.decode.token_ids for r in pd] == [a.token_ids for a in alone]
-    wait_for(lambda: kv_usage(prefill) == 0, LEASE_S - 1, "P freed its blocks")
+    decodes_its_own(prefill, decode, seeded_prompts(3, 300, 420, seed=11))
 
 
 @pytest.mark.parametrize("splits", ["tp1-to-tp2", "tp2-to-tp1"])
@@ -269,16 +275,7 @@ def test_prefill_and_decode_with_different_tensor_parallel_sizes(cluster: Cluste
     once, which it does only after every decode worker said done."""
     prefill, decode = (cluster.prefill, cluster.split) if splits == "tp1-to-tp2" else (
         cluster.split, cluster.decode)
-    prompts = seeded_prompts(3, 300, 420, seed=13)
-    counts = prompt_tokens_by_source(decode.port)
-    pd = [pd_complete(prefill.port, decode.port, p, MAX_TOKENS) for p in prompts]
-    after = prompt_tokens_by_source(decode.port)
-    assert after["external_kv_transfer"] - counts.get("external_kv_transfer", 0) == sum(
-        len(p) for p in prompts)
-    assert after["local_compute"] - counts.get("local_compute", 0) == 0
-    alone = [complete(decode.port, p, MAX_TOKENS) for p in prompts]
-    assert [r.decode.token_ids for r in pd] == [a.token_ids for a in alone]
-    wait_for(lambda: kv_usage(prefill) == 0, LEASE_S - 1, "P freed its blocks")
+    decodes_its_own(prefill, decode, seeded_prompts(3, 300, 420, seed=13))
     assert "within their lease" not in prefill.log_tail(5000)
 
 
@@ -303,19 +300,10 @@ def test_push_after_the_prefill_as_vllms_proxy_sends_it(cluster: Cluster) -> Non
     once it has blocks, P pushes it all at once (its prefill is over), and DP's
     tokens are its own; P frees its blocks at once."""
     prompts = seeded_prompts(3, 300, 420, seed=15)
-    decode = cluster.pushed
-    counts = prompt_tokens_by_source(decode.port)
     pushes = pushed_calls(cluster.daemon_a)
-    pd = [pd_complete(cluster.prefill.port, decode.port, p, MAX_TOKENS) for p in prompts]
-    after = prompt_tokens_by_source(decode.port)
+    decodes_its_own(cluster.prefill, cluster.pushed, prompts)
     assert pushed_calls(cluster.daemon_a) - pushes == len(prompts)  # each whole, at once
-    assert after["external_kv_transfer"] - counts.get("external_kv_transfer", 0) == sum(
-        len(p) for p in prompts)
-    assert after["local_compute"] - counts.get("local_compute", 0) == 0
-    alone = [complete(decode.port, p, MAX_TOKENS) for p in prompts]
-    assert [r.decode.token_ids for r in pd] == [a.token_ids for a in alone]
-    wait_for(lambda: kv_usage(cluster.prefill) == 0, LEASE_S - 1, "P freed its blocks")
-    assert "the push of" not in decode.log_tail(20000)  # no push failed
+    assert "the push of" not in cluster.pushed.log_tail(20000)  # no push failed
 
 
 def test_push_overlapping_the_prefill_through_hixls_proxy(cluster: Cluster,
