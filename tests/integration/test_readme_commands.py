@@ -67,6 +67,10 @@ SKIPPED = {
     "# on each host: its daemon (see \"Running the daemon\"; here the embedded defaults)":
         "a template with the reader's model and hosts, and vLLM installed "
         "(tests/vllm/test_vllm_connector.py starts such servers: hixl_bench.vllm.pd.hixl_spec)",
+    "# P and D as above, each with ...\"kv_connector_extra_config\":{\"mode\":\"push\"}...":
+        "a template with the reader's hosts and two vLLM servers in push mode "
+        "(tests/vllm/test_vllm_connector.py runs the proxy in both modes against such "
+        "servers: hixl_bench.vllm.proxy_process)",
     "bash scripts/vllm_env.sh                                   # vLLM's CPU build, in "
     "~/.cache/hixl": "minutes: tests/vllm/test_vllm_connector.py makes that environment and "
                      "runs the servers these commands start (hixl_bench.vllm.pd.pd_setup)",
