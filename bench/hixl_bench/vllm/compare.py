@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
-import signal
 import statistics
 import sys
 import tempfile
@@ -36,9 +34,10 @@ from typing import Any
 from hixl_service.testing import DaemonProcess
 
 from .api import complete, pd_complete
-from .nixl_check import nixl_missing, nixl_specs, seeded_prompts
+from .nixl_check import nixl_specs, seeded_prompts
 from .pd import hixl_spec, make_model
 from .procs import cpu_seconds, group_members, thread_seconds
+from .runs import append_row, stop_on_sigterm, without_missing_nixl
 from .servers import VllmServer, ensure_vllm_python, start_servers
 
 __all__ = ["main"]
@@ -147,10 +146,6 @@ def _print(row: dict[str, Any]) -> None:
               + ", ".join(f"{t} {u}" for t, u in threads.items()), flush=True)
 
 
-def _on_sigterm(signum: int, frame: Any) -> None:
-    raise SystemExit(128 + signum)
-
-
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m hixl_bench.vllm.compare",
                                      description=__doc__.split("\n")[0])
@@ -170,13 +165,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    stop_on_sigterm()
     python = args.python or ensure_vllm_python()
-    connectors = [c for c in args.connectors.split(",") if c]
-    if "nixl" in connectors and nixl_missing(python) is not None:
-        print(f"nixl does not import under {python}: NixlConnector is left out",
-              file=sys.stderr)
-        connectors.remove("nixl")
+    connectors = without_missing_nixl(python, [c for c in args.connectors.split(",") if c])
     shapes = [("tiny", (), args.prompts)] + ([("big", BIG_MODEL, args.big_prompts)]
                                              if args.big else [])
     rows = []
@@ -191,9 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                               args.idle_s, args.start_timeout)
                 _print(row)
                 rows.append(row)
-                if args.json_out is not None:
-                    with args.json_out.open("a") as out:
-                        out.write(json.dumps(row) + "\n")
+                append_row(args.json_out, row)
     return 0 if all(row["mismatches"] == 0 for row in rows) else 1
 
 

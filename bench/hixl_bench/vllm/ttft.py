@@ -26,8 +26,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
-import signal
 import statistics
 import sys
 import tempfile
@@ -39,9 +37,10 @@ from typing import Any
 from hixl_service.testing import DaemonProcess
 
 from .api import complete, pd_complete
-from .nixl_check import nixl_missing, nixl_specs, seeded_prompts
+from .nixl_check import nixl_specs, seeded_prompts
 from .pd import hixl_spec, make_model
 from .proxy_process import running_proxy
+from .runs import append_row, stop_on_sigterm, without_missing_nixl
 from .servers import ServerSpec, VllmServer, ensure_vllm_python, start_servers
 
 __all__ = ["main"]
@@ -141,10 +140,6 @@ def overlap(rows: list[dict[str, Any]]) -> None:
             row["vs_nixl"] = round(row["e2e_ttft_p50_ms"] / nixl["e2e_ttft_p50_ms"], 3)
 
 
-def _on_sigterm(signum: int, frame: Any) -> None:
-    raise SystemExit(128 + signum)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hixl_bench.vllm.ttft",
                                      description=__doc__.split("\n")[0])
@@ -157,13 +152,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--start-timeout", type=float, default=900.0)
     parser.add_argument("--json-out", type=Path)
     args = parser.parse_args(argv)
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    stop_on_sigterm()
     python = args.python or ensure_vllm_python()
-    ways = [w for w in args.ways.split(",") if w]
-    if "nixl" in ways and nixl_missing(python) is not None:
-        print(f"nixl does not import under {python}: NixlConnector is left out",
-              file=sys.stderr)
-        ways.remove("nixl")
+    ways = without_missing_nixl(python, [w for w in args.ways.split(",") if w])
     lengths = [int(t) for t in args.tokens.split(",")]
     prompts = {n: seeded_prompts(args.prompts, n, n, args.seed + n) for n in lengths}
     rows: list[dict[str, Any]] = []
@@ -176,9 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     overlap(rows)
     for row in rows:
         print("  ".join(f"{k}={v}" for k, v in row.items()), flush=True)
-        if args.json_out is not None:
-            with args.json_out.open("a") as out:
-                out.write(json.dumps(row) + "\n")
+        append_row(args.json_out, row)
     return 0 if all(row["mismatches"] == 0 for row in rows) else 1
 
 
