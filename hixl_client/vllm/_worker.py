@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import queue
 import time
 from collections import defaultdict
-from collections.abc import Coroutine, Iterable
+from collections.abc import Coroutine, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .. import (
@@ -93,7 +94,6 @@ class HixlWorker:
         self._dd: LLMDataDist | None = None
         self._cache: Cache | None = None
         self._runs: Cache | None = None  # the run view of the same memory
-        self._shape: KvShape | None = None
         self._shared: ShareableBuffer | None = None  # the KV memory, when shared in place
         self._me: Worker | None = None  # set by register()
         self._handshake: HixlHandshake | None = None
@@ -116,6 +116,7 @@ class HixlWorker:
         # waits for their reports, by (transfer, prefill rank), on the loop.
         self._pusher: Pusher | None = None
         self._tensors_per_layer = 1
+        self._saving = False  # the step thread's: this step hands push mode requests
         self._reports: dict[tuple[str, int], asyncio.Future[str]] = {}
 
     # -- start-up ------------------------------------------------------------
@@ -136,7 +137,6 @@ class HixlWorker:
         """
         family = family if shape is not None else ""
         self._me = Worker(fingerprint, family, shape, self._block_size, self._rank, self._ranks)
-        self._shape = shape
         if self._settings.mode == "push":
             regions = len(layout.addresses)
             layered = num_layers > 0 and regions % num_layers == 0
@@ -173,10 +173,11 @@ class HixlWorker:
             self._cache = await dd.cache_manager.register_blocks_cache(
                 desc, list(layout.addresses), BlocksCacheKey(self._cluster_id, MODEL_ID),
                 remote_accessible=pushing)
-            if self._shape is not None:
-                runs = layout.block_bytes // self._shape.run_bytes * layout.num_blocks
+            shape = self._me.shape if self._me is not None else None
+            if shape is not None:
+                runs = layout.block_bytes // shape.run_bytes * layout.num_blocks
                 self._runs = await dd.cache_manager.register_blocks_cache(
-                    CacheDesc(len(layout.addresses), [runs, self._shape.run_bytes],
+                    CacheDesc(len(layout.addresses), [runs, shape.run_bytes],
                               DataType.DT_UINT8),
                     list(layout.addresses), BlocksCacheKey(self._cluster_id, RUN_VIEW_MODEL_ID),
                     remote_accessible=pushing)
@@ -236,7 +237,7 @@ class HixlWorker:
         sending |= expired
         for request_id in sending:
             del self._held[request_id]
-        if self._pusher is not None and sending:
+        if self._pusher is not None:
             for request_id in sending:
                 self._loop_thread.loop().call_soon_threadsafe(self._pusher.forget, request_id)
         self._dones = {r: due for r, due in self._dones.items() if due[1] > now}
@@ -254,6 +255,7 @@ class HixlWorker:
         """The step's requests that push mode may push (before its forward's
         first ``layer_saved``, or without a forward)."""
         if self._pusher is not None:
+            self._saving = bool(meta.saves)
             self._loop_thread.loop().call_soon_threadsafe(self._pusher.begin_step, meta.saves)
 
     def layer_saved(self, layer: int) -> None:
@@ -263,8 +265,9 @@ class HixlWorker:
 
     def wait_for_save(self) -> None:
         """The step's forward ended: wait for the pushes it started, at most
-        load_timeout_ms (the request's blocks stay until each push ends)."""
-        if self._pusher is not None:
+        load_timeout_ms (the request's blocks stay until each push ends). A step
+        with nothing to push (every decode step) does not wait on the loop."""
+        if self._pusher is not None and self._saving:
             bound_s = self._settings.load_timeout_ms / 1000
             self._submit(self._pusher.end_step(bound_s)).result(timeout=bound_s + 5)
 
@@ -317,21 +320,33 @@ class HixlWorker:
             telling = asyncio.get_running_loop().create_task(self._tell(DONE, [remote]))
             self._telling.add(telling)
             telling.add_done_callback(self._telling.discard)
-        assert self._cache is not None
-        desc = self._cache.cache_desc
-        unit = self._shape.run_bytes if pulls[0].runs and self._shape else desc.shape[1]
-        return sum(len(pull.dst) for pull in pulls) * desc.num_tensors * unit, seconds
+        return sum(map(self._bytes_of, pulls)), seconds
+
+    def _view(self, pull: Pull) -> tuple[int, Cache]:
+        """The model id and the cache here of the view ``pull`` names (blocks or runs)."""
+        cache = self._runs if pull.runs else self._cache
+        assert cache is not None
+        return (RUN_VIEW_MODEL_ID if pull.runs else MODEL_ID), cache
+
+    def _bytes_of(self, pull: Pull) -> int:
+        desc = self._view(pull)[1].cache_desc
+        return len(pull.dst) * desc.num_tensors * desc.shape[1]  # shape[1]: a block's bytes
 
     async def _pull_one(self, remote: RemoteBlocks, pull: Pull) -> None:
         """One prefill worker's part of a load."""
         cluster_id = remote.cluster_ids[pull.rank]
+        model_id, cache = self._view(pull)
         assert self._dd is not None
-        cache = self._runs if pull.runs else self._cache
-        assert cache is not None
+        with self._relinking(cluster_id):
+            await self._dd.cache_manager.pull_blocks(BlocksCacheKey(cluster_id, model_id),
+                                                     cache, pull.src, pull.dst)
+
+    @contextlib.contextmanager
+    def _relinking(self, cluster_id: int) -> Iterator[None]:
+        """Forget the link to ``cluster_id`` when a call over it fails in a way a
+        new link may mend (the far daemon restarted): the next call links again."""
         try:
-            await self._dd.cache_manager.pull_blocks(
-                BlocksCacheKey(cluster_id, RUN_VIEW_MODEL_ID if pull.runs else MODEL_ID),
-                cache, pull.src, pull.dst)
+            yield
         except LLMException as exc:
             if exc.status_code in RELINK_ON:
                 self._links.pop(cluster_id, None)
@@ -387,13 +402,13 @@ class HixlWorker:
     async def _push_share(self, want: Want, pull: Pull, layers: range | None) -> None:
         """Prefill side: push this worker's share of a want (``layers``: None for all)."""
         await self._linked(want.cluster_id, want.peer_address)
+        model_id, cache = self._view(pull)
         assert self._dd is not None
-        cache = self._runs if pull.runs else self._cache
-        assert cache is not None
-        await self._dd.cache_manager.push_blocks(
-            BlocksCacheKey(want.cluster_id, RUN_VIEW_MODEL_ID if pull.runs else MODEL_ID),
-            cache, pull.src, pull.dst, src_layer_range=layers, dst_layer_range=layers,
-            tensor_num_per_layer=self._tensors_per_layer)
+        with self._relinking(want.cluster_id):
+            await self._dd.cache_manager.push_blocks(
+                BlocksCacheKey(want.cluster_id, model_id), cache, pull.src, pull.dst,
+                src_layer_range=layers, dst_layer_range=layers,
+                tensor_num_per_layer=self._tensors_per_layer)
 
     async def _report(self, want: Want, error: str) -> None:
         """Prefill side: tell the decode worker its push ended."""
