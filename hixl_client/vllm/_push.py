@@ -201,11 +201,10 @@ class Pusher:
 
     def _end(self, request: _Request, share: _Share) -> None:
         share.ended = True
-        error = share.error if share.pull is not None or share.error else ""
-        if error:
+        if share.error:
             logger.warning("hixl: request %s: push to cluster %d failed: %s",
-                           request.saved.request_id, share.want.cluster_id, error)
-        task = asyncio.get_running_loop().create_task(self._report(share.want, error))
+                           request.saved.request_id, share.want.cluster_id, share.error)
+        task = asyncio.get_running_loop().create_task(self._report(share.want, share.error))
         self._step.append(task)
         self._done(request.saved.request_id, share.want.tellers)
         self._drop_if_served(request)
